@@ -135,11 +135,20 @@ class BlockResult:
 
 # --------------------------------------------------------------------------------------------------
 # numba core
+#
+# Per-block state is one 16-byte row of ``blk`` (int32[N + 2, 4]): free-list links (``_NX``, ``_PV``;
+# rows N and N + 1 are the head / tail sentinels of the intrusive doubly linked free queue), ref count
+# and has-hash flag; ``dl`` (int32[N, 2]) links the block in the insertion-ordered circular chain of
+# blocks cached under its hash (duplicates). The hash table ``tab`` (int64[cap, 2] = key, first block
+# of the chain; -1 = empty) uses linear probing with backward-shift deletion; it holds at most N keys
+# and ``cap >= 2N``.
 # --------------------------------------------------------------------------------------------------
 
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _S33 = np.uint64(33)
+_NX, _PV, _RF, _HH = 0, 1, 2, 3
+_DN, _DP = 0, 1
 
 
 @njit(cache=True, inline="always")
@@ -153,156 +162,159 @@ def _fmix64(x):
 
 
 @njit(cache=True, inline="always")
-def _ht_find(key, tkeys, thead, mask):
-    """Slot holding ``key`` or ``-(empty_slot + 1)`` (open addressing, linear probing)."""
-    i = np.int64(_fmix64(key) & mask)
-    while thead[i] != -1:
-        if tkeys[i] == key:
+def _home(key, mask):
+    return np.int64(_fmix64(np.uint64(key)) & mask)
+
+
+@njit(cache=True, inline="always")
+def _ht_find(key, tab, mask):
+    """Slot holding ``key`` or ``-(empty_slot + 1)``."""
+    m = np.int64(mask)
+    i = _home(key, mask)
+    while tab[i, 1] != -1:
+        if tab[i, 0] == key:
             return i
-        i = (i + 1) & np.int64(mask)
+        i = (i + 1) & m
     return -(i + 1)
 
 
 @njit(cache=True)
-def _ht_delete_slot(i, tkeys, thead, mask):
+def _ht_delete_slot(i, tab, mask):
     """Backward-shift deletion of slot ``i``."""
     m = np.int64(mask)
     j = i
     while True:
         j = (j + 1) & m
-        if thead[j] == -1:
+        if tab[j, 1] == -1:
             break
-        k = np.int64(_fmix64(tkeys[j]) & mask)
+        k = _home(tab[j, 0], mask)
         if i <= j:
             stay = i < k and k <= j
         else:
             stay = i < k or k <= j
         if stay:
             continue
-        tkeys[i] = tkeys[j]
-        thead[i] = thead[j]
+        tab[i, 0] = tab[j, 0]
+        tab[i, 1] = tab[j, 1]
         i = j
-    thead[i] = -1
+    tab[i, 1] = -1
 
 
 @njit(cache=True, inline="always")
-def _ht_insert(x, key, tkeys, thead, dnext, dprev, mask):
+def _ht_insert(x, key, tab, dl, mask):
     """``BlockHashToBlockMap.insert``: append block ``x`` to the (insertion-ordered) chain of ``key``."""
-    i = _ht_find(key, tkeys, thead, mask)
+    i = _ht_find(key, tab, mask)
     if i >= 0:
-        h = thead[i]
-        t = dprev[h]
-        dnext[t] = x
-        dprev[x] = t
-        dnext[x] = h
-        dprev[h] = x
+        h = tab[i, 1]
+        t = dl[h, _DP]
+        dl[t, _DN] = x
+        dl[x, _DP] = t
+        dl[x, _DN] = h
+        dl[h, _DP] = x
     else:
         i = -i - 1
-        tkeys[i] = key
-        thead[i] = x
-        dnext[x] = x
-        dprev[x] = x
+        tab[i, 0] = key
+        tab[i, 1] = x
+        dl[x, _DN] = x
+        dl[x, _DP] = x
 
 
 @njit(cache=True, inline="always")
-def _ht_remove(x, key, tkeys, thead, dnext, dprev, mask):
+def _ht_remove(x, key, tab, dl, mask):
     """``BlockHashToBlockMap.pop(key, block_id)``."""
-    i = _ht_find(key, tkeys, thead, mask)
-    if dnext[x] == x:
-        _ht_delete_slot(i, tkeys, thead, mask)
+    i = _ht_find(key, tab, mask)
+    q = dl[x, _DN]
+    if q == x:
+        _ht_delete_slot(i, tab, mask)
     else:
-        p = dprev[x]
-        q = dnext[x]
-        dnext[p] = q
-        dprev[q] = p
-        if thead[i] == x:
-            thead[i] = q
+        p = dl[x, _DP]
+        dl[p, _DN] = q
+        dl[q, _DP] = p
+        if tab[i, 1] == x:
+            tab[i, 1] = q
 
 
 @njit(cache=True)
-def _lookup(hashes, off, maxhit, tkeys, thead, mask, rb, base, ref):
-    """``find_longest_cache_hit``: write the hit blocks to ``rb[base:]``; return (hits, probes, evictable)."""
+def _lookup(hashes, off, maxhit, tab, mask, rb, base, blk):
+    """``find_longest_cache_hit``: write hit blocks to ``rb[base:]``; return (hits, probes, evictable)."""
     h = 0
     probes = 0
     ev = 0
     while h < maxhit:
         probes += 1
-        i = _ht_find(hashes[off + h], tkeys, thead, mask)
+        i = _ht_find(hashes[off + h], tab, mask)
         if i < 0:
             break
-        x = thead[i]
+        x = tab[i, 1]
         rb[base + h] = x
-        if ref[x] == 0:
+        if blk[x, _RF] == 0:
             ev += 1
         h += 1
     return h, probes, ev
 
 
 @njit(cache=True)
-def _start(
-    h, nb, nfull, off, base, hashes, rb, ref, nxt, prv, head, has_hash, bhash, tkeys, thead, dnext, dprev, mask, st
-):
+def _start(h, nb, nfull, off, base, hashes, rb, blk, dl, head, bhash, tab, mask, st):
     """Touch the ``h`` hit blocks, pop ``nb - h`` new blocks from the head, cache the full ones."""
     free_count = st[0]
     for p in range(h):
         x = rb[base + p]
-        if ref[x] == 0:
-            a = prv[x]
-            c = nxt[x]
-            nxt[a] = c
-            prv[c] = a
+        if blk[x, _RF] == 0:  # BlockPool.touch: leave the free queue
+            a = blk[x, _PV]
+            c = blk[x, _NX]
+            blk[a, _NX] = c
+            blk[c, _PV] = a
             free_count -= 1
-        ref[x] += 1
+        blk[x, _RF] += 1
     ev = 0
     for p in range(h, nb):
-        x = nxt[head]
-        c = nxt[x]
-        nxt[head] = c
-        prv[c] = head
+        x = blk[head, _NX]  # popleft
+        c = blk[x, _NX]
+        blk[head, _NX] = c
+        blk[c, _PV] = head
         free_count -= 1
-        if has_hash[x]:
-            _ht_remove(x, bhash[x], tkeys, thead, dnext, dprev, mask)
-            has_hash[x] = False
+        if blk[x, _HH]:  # _maybe_evict_cached_block
+            _ht_remove(x, bhash[x], tab, dl, mask)
+            blk[x, _HH] = 0
             ev += 1
-        ref[x] = 1
+        blk[x, _RF] = 1
         rb[base + p] = x
-        if p < nfull:
+        if p < nfull:  # cache_full_blocks
             key = hashes[off + p]
             bhash[x] = key
-            has_hash[x] = True
-            _ht_insert(x, key, tkeys, thead, dnext, dprev, mask)
+            blk[x, _HH] = 1
+            _ht_insert(x, key, tab, dl, mask)
     st[0] = free_count
     st[1] += ev
-    n_blocks = nxt.shape[0] - 2
-    in_use = n_blocks - free_count
+    in_use = (blk.shape[0] - 2) - free_count
     if in_use > st[2]:
         st[2] = in_use
     st[4] += 2 * nb  # h touches + (nb - h) allocations + nb frees (frees counted here)
 
 
 @njit(cache=True)
-def _free(nb, base, rb, ref, nxt, prv, head, tail, has_hash, unhashed_to_head, st):
+def _free(nb, base, rb, blk, head, tail, unhashed_to_head, st):
     """``BlockPool.free_blocks(reversed(req_blocks))``."""
     cursor = head
     freed = 0
     for p in range(nb - 1, -1, -1):
         x = rb[base + p]
-        ref[x] -= 1
-        if ref[x] == 0:
+        blk[x, _RF] -= 1
+        if blk[x, _RF] == 0:
             freed += 1
-            if unhashed_to_head and not has_hash[x]:
-                c = nxt[cursor]
-                nxt[cursor] = x
-                prv[x] = cursor
-                nxt[x] = c
-                prv[c] = x
+            if unhashed_to_head and blk[x, _HH] == 0:  # prepend_n (order kept)
+                c = blk[cursor, _NX]
+                blk[cursor, _NX] = x
+                blk[x, _PV] = cursor
+                blk[x, _NX] = c
+                blk[c, _PV] = x
                 cursor = x
-            else:
-                a = prv[tail]
-                nxt[a] = x
-                prv[x] = a
-                nxt[x] = tail
-                prv[tail] = x
+            else:  # append_n
+                a = blk[tail, _PV]
+                blk[a, _NX] = x
+                blk[x, _PV] = a
+                blk[x, _NX] = tail
+                blk[tail, _PV] = x
     st[0] += freed
 
 
@@ -372,30 +384,22 @@ def _simulate_kernel(
 
     head = N
     tail = N + 1
-    nxt = np.empty(N + 2, np.int32)
-    prv = np.empty(N + 2, np.int32)
+    blk = np.zeros((N + 2, 4), np.int32)
+    dl = np.zeros((N, 2), np.int32)
     for i in range(N):
-        nxt[i] = i + 1
-        prv[i] = i - 1
-    if N > 0:
-        prv[0] = head
-        nxt[N - 1] = tail
-        nxt[head] = 0
-        prv[tail] = N - 1
-    else:
-        nxt[head] = tail
-        prv[tail] = head
-    ref = np.zeros(N, np.int32)
-    has_hash = np.zeros(N, np.bool_)
-    bhash = np.zeros(N, np.uint64)
-    dnext = np.zeros(N, np.int32)
-    dprev = np.zeros(N, np.int32)
+        blk[i, _NX] = i + 1
+        blk[i, _PV] = i - 1
+    blk[0, _PV] = head
+    blk[N - 1, _NX] = tail
+    blk[head, _NX] = 0
+    blk[tail, _PV] = N - 1
+    bhash = np.zeros(N, np.int64)
     cap = 16
     while cap < 2 * N:
         cap *= 2
     mask = np.uint64(cap - 1)
-    tkeys = np.zeros(cap, np.uint64)
-    thead = np.full(cap, -1, np.int32)
+    tab = np.zeros((cap, 2), np.int64)
+    tab[:, 1] = -1
 
     if not use_events:
         for r in range(n):
@@ -405,17 +409,14 @@ def _simulate_kernel(
                 wait_out[r] = np.nan
                 st[3] += 1
                 continue
-            T = prompt_tokens[r]
             off = hash_offsets[r]
-            maxhit = (T - 1) // b
-            h, probes, ev = _lookup(hashes, off, maxhit, tkeys, thead, mask, rb, 0, ref)
+            maxhit = (prompt_tokens[r] - 1) // b
+            h, probes, ev = _lookup(hashes, off, maxhit, tab, mask, rb, 0, blk)
             st[4] += probes
-            nfull = alloc_tokens[r] // b
-            _start(h, nb, nfull, off, 0, hashes, rb, ref, nxt, prv, head, has_hash, bhash, tkeys, thead,
-                   dnext, dprev, mask, st)
+            _start(h, nb, alloc_tokens[r] // b, off, 0, hashes, rb, blk, dl, head, bhash, tab, mask, st)
             hit_out[r] = h
             new_out[r] = nb - h
-            _free(nb, 0, rb, ref, nxt, prv, head, tail, has_hash, unhashed_to_head, st)
+            _free(nb, 0, rb, blk, head, tail, unhashed_to_head, st)
         return hit_out, new_out, wait_out, rej_out, st
 
     # discrete-event mode
@@ -427,12 +428,12 @@ def _simulate_kernel(
     qt = 0
     r = 0
     while r < n or hsize > 0:
-        # next event: finish (if not later than the next arrival) else arrival
+        # next event: a finish not later than the next arrival, else the arrival
         if hsize > 0 and (r >= n or ht[0] <= times[r]):
             now = ht[0]
             f = hr[0]
             hsize = _heap_pop(ht, hr, hsize)
-            _free(nb_arr[f], boff[f], rb, ref, nxt, prv, head, tail, has_hash, unhashed_to_head, st)
+            _free(nb_arr[f], boff[f], rb, blk, head, tail, unhashed_to_head, st)
         else:
             now = times[r]
             if nb_arr[r] > N:
@@ -447,20 +448,17 @@ def _simulate_kernel(
         while qh < qt:
             w = q[qh]
             nb = nb_arr[w]
-            T = prompt_tokens[w]
-            maxhit = (T - 1) // b
-            if st[0] < nb - maxhit:
+            maxhit = (prompt_tokens[w] - 1) // b
+            if st[0] < nb - maxhit:  # cannot fit even with a full hit: skip the lookup
                 break
             off = hash_offsets[w]
             base = boff[w]
-            h, probes, ev = _lookup(hashes, off, maxhit, tkeys, thead, mask, rb, base, ref)
+            h, probes, ev = _lookup(hashes, off, maxhit, tab, mask, rb, base, blk)
             st[4] += probes
-            if nb - h + ev > st[0]:
+            if nb - h + ev > st[0]:  # allocate_slots returns None
                 break
             qh += 1
-            nfull = alloc_tokens[w] // b
-            _start(h, nb, nfull, off, base, hashes, rb, ref, nxt, prv, head, has_hash, bhash, tkeys, thead,
-                   dnext, dprev, mask, st)
+            _start(h, nb, alloc_tokens[w] // b, off, base, hashes, rb, blk, dl, head, bhash, tab, mask, st)
             hit_out[w] = h
             new_out[w] = nb - h
             wait_out[w] = now - times[w]
@@ -545,7 +543,9 @@ def simulate_block(
         L = T + resp
     else:
         if response_tokens is not None:
-            raise BlockSimError("response_tokens: only used with colocated=True (PD mode keeps no response KV)")
+            raise BlockSimError(
+                "response_tokens: only used with colocated=True (PD mode keeps no response KV)"
+            )
         L = T
 
     off = _int_array("hash_offsets", hash_offsets).astype(np.int64)
@@ -555,9 +555,9 @@ def simulate_block(
     if hs.ndim != 1:
         raise BlockSimError(f"hashes: expected a 1-d array, got shape {hs.shape}")
     if hs.dtype == np.uint64:
-        hs = np.ascontiguousarray(hs)
+        hs = np.ascontiguousarray(hs).view(np.int64)
     elif hs.size == 0 or np.issubdtype(hs.dtype, np.integer):
-        hs = np.ascontiguousarray(hs.astype(np.int64, copy=False)).view(np.uint64)
+        hs = np.ascontiguousarray(hs.astype(np.int64, copy=False))
     else:
         raise BlockSimError(f"hashes: expected int64/uint64 ids, got dtype {hs.dtype}")
     if off[0] != 0 or off[-1] != hs.shape[0]:
