@@ -100,6 +100,19 @@ def run(n_events: int = 1_000_000, seed: int = 0, *, n_capacities: int = 1000, r
     thr_s, _ = _best_of(lambda: content_hit_thresholds(conv, R), repeats)
 
     agree_ref = bool(np.array_equal(res.hit, ref.hit) and res.evictions == ref.evictions)
+
+    # secondary: compiled vs reference at the quartile capacities (eviction-heavier / lighter regimes)
+    by_capacity = {}
+    for q in (0.25, 0.75):
+        Nq = int(np.quantile(finite, q))
+        sq, rq = _best_of(lambda Nq=Nq: simulate_content(conv, R, Nq), repeats)
+        fq, _ = _best_of(lambda Nq=Nq: simulate_content_reference(conv, R, Nq), 1)
+        by_capacity[f"q{int(q * 100)}"] = {
+            "N": Nq,
+            "hit_ratio": rq.hit_ratio,
+            "compiled_events_per_s": n / sq,
+            "speedup_vs_reference": fq / sq,
+        }
     agree_curve = int(curve[np.searchsorted(Ns, N_single)]) == res.reused_blocks
 
     out = {
@@ -118,6 +131,7 @@ def run(n_events: int = 1_000_000, seed: int = 0, *, n_capacities: int = 1000, r
         "thresholds_s": thr_s,
         "curve_over_single_ratio": curve_s / sim_s,
         "compiled_equals_reference": agree_ref,
+        "other_capacities": by_capacity,
         "curve_equals_simulation_at_N_single": agree_curve,
     }
     out["floors_met"] = {

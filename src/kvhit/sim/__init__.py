@@ -1,4 +1,4 @@
-"""Exact simulators of the whole-content LRU policy (paper App. B.4, Algorithm 1) and their all-capacity curves."""
+"""Exact simulators of whole-content LRU (paper App. B.4, Algorithm 1) and their all-capacity curves."""
 
 from kvhit.sim.content import (
     ContentInputError,

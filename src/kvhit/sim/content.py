@@ -47,15 +47,27 @@ class ContentInputError(ValueError):
 
 
 @njit(cache=True)
-def _check_nondecreasing(conv, R, C):  # pragma: no cover - compiled
-    """Return the first event index where ``R`` decreases within a conversation, or -1."""
+def _first_bad_R(conv, R, C):  # pragma: no cover - compiled
+    """First event index with ``R < 1`` or ``R`` below the conversation's previous ``R``; -1 if none."""
     last = np.zeros(C, dtype=np.int64)
     for i in range(conv.shape[0]):
-        c = conv[i]
-        if R[i] < last[c]:
+        c = np.uint64(conv[i])
+        r = R[i]
+        if r < 1 or r < last[c]:
             return i
-        last[c] = R[i]
+        last[c] = r
     return -1
+
+
+def _raise_bad_R(conv: np.ndarray, R: np.ndarray, i: int) -> None:
+    """Raise the :class:`ContentInputError` for event ``i`` flagged by a kernel's ``R`` check."""
+    r = int(R[i])
+    if r < 1:
+        raise ContentInputError(f"R must be >= 1 (content size in blocks), found R={r} at event {i}")
+    raise ContentInputError(
+        f"R must be nondecreasing within a conversation: event {i} has R={r}, below the previous R of "
+        f"the same conversation (conv index {int(conv[i])})"
+    )
 
 
 def _as_int_array(x, name: str) -> np.ndarray:
@@ -69,19 +81,18 @@ def _as_int_array(x, name: str) -> np.ndarray:
     if a.dtype.kind == "f":
         if not np.all(np.isfinite(a)) or not np.all(a == np.floor(a)):
             raise ContentInputError(f"{name} must hold integer values")
-    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        if np.abs(a).max() >= 2.0**63:
+            raise ContentInputError(f"{name} has values beyond int64")
+    if a.dtype == np.uint64 and int(a.max()) > np.iinfo(np.int64).max:
         raise ContentInputError(f"{name} has values beyond int64")
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-def validate_events(conv, R) -> tuple[np.ndarray, np.ndarray, int]:
-    """Validate an event stream and return ``(conv, R, C)`` as contiguous int64 arrays.
+def _prepare_events(conv, R) -> tuple[np.ndarray, np.ndarray, int]:
+    """Dtype, length and ``conv`` checks; return int64 ``(conv, R, C)`` with ``conv`` in ``[0, C)``.
 
-    ``conv`` is compacted to ``0..C-1`` when its labels are not already dense-ish (max label ≥ n), which
-    does not change any simulator output (conversation labels are never reported).
-
-    Raises :class:`ContentInputError` naming the offending field: lengths differ, ``conv < 0``,
-    ``R < 1``, or ``R`` decreasing within a conversation.
+    The ``R`` checks (``R ≥ 1``, nondecreasing per conversation) are left to the caller (fused into the
+    kernels, or :func:`validate_events`).
     """
     conv = _as_int_array(conv, "conv")
     R = _as_int_array(R, "R")
@@ -93,22 +104,30 @@ def validate_events(conv, R) -> tuple[np.ndarray, np.ndarray, int]:
     cmin = int(conv.min())
     if cmin < 0:
         raise ContentInputError(f"conv must be >= 0, found {cmin} at event {int(np.argmin(conv))}")
-    rmin = int(R.min())
-    if rmin < 1:
-        raise ContentInputError(f"R must be >= 1 (content size in blocks), found {rmin} at event {int(np.argmin(R))}")
     C = int(conv.max()) + 1
     if C > n:  # sparse labels: compact to 0..C-1 (labels are never reported)
         _, conv = np.unique(conv, return_inverse=True)
         conv = np.ascontiguousarray(conv.reshape(-1), dtype=np.int64)
         C = int(conv.max()) + 1
-    if C > np.iinfo(np.int32).max:
-        raise ContentInputError(f"conv: too many distinct conversations ({C}); at most 2**31-1 supported")
-    bad = int(_check_nondecreasing(conv, R, C))
-    if bad >= 0:
-        raise ContentInputError(
-            f"R must be nondecreasing within a conversation: event {bad} (conv label index {int(conv[bad])}) "
-            f"has R={int(R[bad])} below that conversation's previous R"
-        )
+    if C >= np.iinfo(np.int32).max:
+        raise ContentInputError(f"conv: too many distinct conversations ({C}); fewer than 2**31-1 supported")
+    return conv, R, C
+
+
+def validate_events(conv, R) -> tuple[np.ndarray, np.ndarray, int]:
+    """Validate an event stream and return ``(conv, R, C)`` as contiguous int64 arrays.
+
+    ``conv`` is compacted to ``0..C-1`` when its labels are sparse (max label ≥ n), which does not change
+    any simulator output (conversation labels are never reported).
+
+    Raises :class:`ContentInputError` naming the offending field: non-integer or non-1-D input, lengths
+    differ, ``conv < 0``, ``R < 1``, or ``R`` decreasing within a conversation.
+    """
+    conv, R, C = _prepare_events(conv, R)
+    if conv.shape[0]:
+        bad = int(_first_bad_R(conv, R, C))
+        if bad >= 0:
+            _raise_bad_R(conv, R, bad)
     return conv, R, C
 
 
@@ -117,12 +136,14 @@ def _validate_capacity(N, name: str = "N") -> int:
         raise ContentInputError(f"{name} must be an integer capacity in blocks, got bool")
     try:
         Ni = int(N)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ContentInputError(f"{name} must be an integer capacity in blocks, got {N!r}") from exc
     if Ni != N:
         raise ContentInputError(f"{name} must be an integer capacity in blocks, got {N!r}")
     if Ni < 0:
         raise ContentInputError(f"{name} must be >= 0, got {Ni}")
+    if Ni > np.iinfo(np.int64).max:
+        raise ContentInputError(f"{name} must fit in int64, got {Ni}")
     return Ni
 
 
@@ -147,69 +168,70 @@ def _validate_capacities(Ns, name: str = "Ns") -> np.ndarray:
 def _lru_kernel(conv, R, C, N, hit):  # pragma: no cover - compiled
     """Algorithm 1 over the whole stream; writes ``hit`` in place.
 
-    Returns ``(evictions, evicted_blocks, max_resident, reused_blocks, n_hits)`` where ``max_resident`` is
-    the largest resident total observed after the eviction loop of any event (must be ≤ N).
+    The resident list L is a circular doubly linked list over conversation indices with a sentinel node
+    ``C`` (``nxt`` points towards the LRU end); a non-resident conversation is a self-loop, so unlinking
+    it is a no-op and the hit/miss path has no branch. ``size[c] > 0`` is the resident ``Z_c``; after an
+    eviction ``size[c] = -Z_c`` keeps the last ``R`` for the monotonicity check. Indices are unsigned to
+    avoid numba's negative-index fix-ups.
+
+    Returns ``(bad, evictions, evicted_blocks, max_resident, reused_blocks, n_hits, total_blocks)``;
+    ``bad`` is the first event with an invalid ``R`` (``R < 1`` or decreasing), -1 if none, in which
+    case the other outputs are meaningless.
     """
-    nxt = np.empty(C, dtype=np.int32)  # towards LRU
-    prv = np.empty(C, dtype=np.int32)  # towards MRU
-    size = np.zeros(C, dtype=np.int64)  # 0 <=> not resident (R >= 1)
-    head = -1  # MRU
-    tail = -1  # LRU
+    S = np.uint32(C)  # sentinel: nxt[S] = MRU end, prv[S] = LRU end
+    nxt = np.arange(C + 1).astype(np.uint32)
+    prv = np.arange(C + 1).astype(np.uint32)
+    size = np.zeros(C + 1, dtype=np.int64)
     total = 0
     evictions = 0
     evicted_blocks = 0
     max_resident = 0
     reused = 0
     n_hits = 0
+    sum_R = 0
     for i in range(conv.shape[0]):
-        c = conv[i]
+        ii = np.uint64(i)
+        c = np.uint64(conv[ii])
+        r = R[ii]
         s = size[c]
-        if s > 0:
-            # line 1-3: hit, unlink from current position
-            hit[i] = 1
-            n_hits += 1
-            reused += s
-            total -= s
-            p = prv[c]
-            q = nxt[c]
-            if p >= 0:
-                nxt[p] = q
-            else:
-                head = q
-            if q >= 0:
-                prv[q] = p
-            else:
-                tail = p
-        else:
-            hit[i] = 0
-        # line 4-5: Z_θ <- R_j, insert at MRU
-        r = R[i]
+        if r < 1 or r < abs(s):
+            return i, 0, 0, 0, 0, 0, 0
+        # line 1: H = 1{θ ∈ L}; the stored content has size R_{j-1} = s
+        h = s > 0
+        sp = s if h else 0
+        hit[ii] = h
+        n_hits += h
+        reused += sp
+        # line 2-3: unlink (no-op for a non-resident self-loop)
+        p = prv[c]
+        q = nxt[c]
+        nxt[p] = q
+        prv[q] = p
+        # line 4-5: Z_θ <- R_j at the MRU end
         size[c] = r
-        total += r
-        prv[c] = -1
-        nxt[c] = head
-        if head >= 0:
-            prv[head] = c
-        else:
-            tail = c
-        head = c
+        total += r - sp
+        sum_R += r
+        f = nxt[S]
+        prv[c] = S
+        nxt[c] = f
+        prv[f] = c
+        nxt[S] = c
         # line 6-9: whole-content eviction from the LRU end
         while total > N:
-            v = tail
+            v = prv[S]
             sv = size[v]
             total -= sv
             evicted_blocks += sv
             evictions += 1
-            size[v] = 0
+            size[v] = -sv
             p = prv[v]
-            tail = p
-            if p >= 0:
-                nxt[p] = -1
-            else:
-                head = -1
+            prv[S] = p
+            nxt[p] = S
+            prv[v] = v
+            nxt[v] = v
         if total > max_resident:
             max_resident = total
-    return evictions, evicted_blocks, max_resident, reused, n_hits
+    return -1, evictions, evicted_blocks, max_resident, reused, n_hits, sum_R
 
 
 @njit(cache=True)
@@ -217,7 +239,7 @@ def _previous_sizes_kernel(conv, R, C):  # pragma: no cover - compiled
     last = np.zeros(C, dtype=np.int64)
     out = np.empty(conv.shape[0], dtype=np.int64)
     for i in range(conv.shape[0]):
-        c = conv[i]
+        c = np.uint64(conv[i])
         out[i] = last[c]
         last[c] = R[i]
     return out
@@ -227,19 +249,16 @@ def _previous_sizes_kernel(conv, R, C):  # pragma: no cover - compiled
 def _many_kernel(conv, R, C, Ns, keep_hits):  # pragma: no cover - compiled
     K = Ns.shape[0]
     n = conv.shape[0]
-    stats = np.zeros((K, 5), dtype=np.int64)
+    stats = np.zeros((K, 7), dtype=np.int64)
     hits = np.zeros((K if keep_hits else 0, n), dtype=np.uint8)
     for k in prange(K):
         if keep_hits:
             h = hits[k]
         else:
             h = np.empty(n, dtype=np.uint8)
-        ev, eb, mr, ru, nh = _lru_kernel(conv, R, C, Ns[k], h)
-        stats[k, 0] = ev
-        stats[k, 1] = eb
-        stats[k, 2] = mr
-        stats[k, 3] = ru
-        stats[k, 4] = nh
+        out = _lru_kernel(conv, R, C, Ns[k], h)
+        for m in range(7):
+            stats[k, m] = out[m]
     return stats, hits
 
 
@@ -346,12 +365,14 @@ def simulate_content(conv, R, N) -> ContentResult:
         (a ``ValueError``) on malformed input; the message names the field.
     """
     N = _validate_capacity(N)
-    conv, R, C = validate_events(conv, R)
+    conv, R, C = _prepare_events(conv, R)
     n = conv.shape[0]
-    hit = np.zeros(n, dtype=np.uint8)
+    hit = np.empty(n, dtype=np.uint8)
     if n == 0:
         return ContentResult(hit, N, 0, 0, 0, 0, 0)
-    ev, eb, mr, ru, _nh = _lru_kernel(conv, R, C, np.int64(N), hit)
+    bad, ev, eb, mr, ru, _nh, tot = _lru_kernel(conv, R, C, np.int64(N), hit)
+    if bad >= 0:
+        _raise_bad_R(conv, R, int(bad))
     res = ContentResult(
         hit=hit,
         N=N,
@@ -359,7 +380,7 @@ def simulate_content(conv, R, N) -> ContentResult:
         evicted_blocks=int(eb),
         max_resident=int(mr),
         reused_blocks=int(ru),
-        total_blocks=int(R.sum()),
+        total_blocks=int(tot),
     )
     if not res.capacity_ok:  # pragma: no cover - kernel invariant
         raise AssertionError(f"resident total {res.max_resident} exceeded capacity N={N}")
@@ -384,11 +405,11 @@ def simulate_content_many(conv, R, Ns, *, keep_hits: bool = False) -> ContentSwe
     stats, hits = _many_kernel(conv, R, C, Ns, bool(keep_hits))
     sweep = ContentSweep(
         Ns=Ns,
-        evictions=stats[:, 0].copy(),
-        evicted_blocks=stats[:, 1].copy(),
-        max_resident=stats[:, 2].copy(),
-        reused_blocks=stats[:, 3].copy(),
-        n_hits=stats[:, 4].copy(),
+        evictions=stats[:, 1].copy(),
+        evicted_blocks=stats[:, 2].copy(),
+        max_resident=stats[:, 3].copy(),
+        reused_blocks=stats[:, 4].copy(),
+        n_hits=stats[:, 5].copy(),
         total_blocks=int(R.sum()),
         hit=hits if keep_hits else None,
     )

@@ -55,9 +55,10 @@ from numba import njit
 
 from kvhit.sim.content import (
     ContentInputError,
+    _prepare_events,
     _previous_sizes_kernel,
+    _raise_bad_R,
     _validate_capacities,
-    validate_events,
 )
 
 __all__ = [
@@ -72,84 +73,149 @@ FIRST_TURN: int = int(np.iinfo(np.int64).max)
 
 
 @njit(cache=True)
-def _thresholds_kernel(conv, R, C):  # pragma: no cover - compiled
+def _thresholds_kernel(conv, R, C, out):  # pragma: no cover - compiled
+    """Write ``N*`` per event into ``out``; return the first event with an invalid ``R`` (or -1).
+
+    Fenwick tree over 1-based indices ``k = position + 1`` holding each conversation's current size at its
+    latest access. Appending position ``t`` sets ``tree[t+1]`` from the already-built lower nodes (so
+    nodes beyond the frontier are never touched), removal walks up only to the frontier, and the prefix
+    query runs a fixed ``L = bit length`` iterations (``tree[0] = 0`` absorbs the tail), which keeps the
+    loop branch-predictable. Indices are unsigned to avoid negative-index fix-ups.
+    """
     n = conv.shape[0]
-    tree = np.zeros(n + 1, dtype=np.int64)  # 1-based Fenwick tree over positions 0..n-1
+    L = 1
+    while (1 << L) <= n + 1:
+        L += 1
+    one = np.uint64(1)
+    tree = np.zeros(n + 1, dtype=np.int64)
     last = np.full(C, -1, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
     sentinel = np.iinfo(np.int64).max
-    W = 0
-    for t in range(n):
-        c = conv[t]
+    W = 0  # total current weight = Σ current sizes of all conversations seen so far
+    for tt in range(n):
+        t = np.uint64(tt)
+        c = np.uint64(conv[t])
         r = R[t]
-        s = last[c]
-        if s >= 0:
+        ls = last[c]
+        if ls >= 0:
+            s = np.uint64(ls)
             r_prev = R[s]
-            # inclusive prefix sum over positions 0..s
+            if r < r_prev:
+                return tt
+            # inclusive prefix over positions 0..s  ->  D = W - prefix
             acc = 0
-            k = s + 1
-            while k > 0:
-                acc += tree[k]
-                k -= k & (-k)
-            out[t] = (W - acc) + r_prev  # N* = D + R_{j-1}
-            # remove the old weight at s
-            k = s + 1
-            while k <= n:
+            j = s + one
+            for _ in range(L):
+                acc += tree[j]
+                j &= j - one
+            out[t] = W - acc + r_prev  # N* = D + R_{j-1}
+            # remove R_{j-1} at position s (nodes up to the frontier t only)
+            k = s + one
+            while k <= t:
                 tree[k] -= r_prev
-                k += k & (-k)
+                k += k & (~k + one)
             W -= r_prev
         else:
+            if r < 1:
+                return tt
             out[t] = sentinel
-        k = t + 1
-        while k <= n:
-            tree[k] += r
-            k += k & (-k)
+        # append R_j at position t: tree[t+1] = R_j + sum of positions (t+1-lowbit(t+1), t-1]
+        k = t + one
+        i = t
+        j = k & (k - one)
+        acc = r
+        while i > j:
+            acc += tree[i]
+            i &= i - one
+        tree[k] = acc
         W += r
-        last[c] = t
-    return out
+        last[c] = tt
+    return -1
 
 
 @njit(cache=True)
-def _bucket_kernel(thr, w, Ns_sorted, acc):  # pragma: no cover - compiled
-    """acc[k] += w[i] for the first k with Ns_sorted[k] >= thr[i] (skips k == K)."""
+def _grid_cell(x, fnmin, scale, G):  # pragma: no cover - compiled
+    """``f(x) = clamp(floor((float(x) - Nmin)·scale), 0, G-1)``, monotone nondecreasing in ``x``."""
+    y = (np.float64(x) - fnmin) * scale
+    if y < 0.0:
+        y = 0.0
+    if y > G - 1:
+        y = G - 1
+    return np.int64(y)
+
+
+@njit(cache=True)
+def _bucket_kernel(thr, w, Ns_sorted, acc, G):  # pragma: no cover - compiled
+    """``acc[k] += w[i]`` for the first ``k`` with ``Ns_sorted[k] ≥ thr[i]``; ``k = K`` (a dump slot) if none.
+
+    Grid lookup: with ``cell_lo[g]`` the first ``k`` with ``f(Ns_sorted[k]) ≥ g`` (``f`` monotone, see
+    :func:`_grid_cell`), the answer for ``x`` with ``f(x) = g`` lies in ``[cell_lo[g], cell_lo[g+1]]``:
+    every earlier capacity has a smaller cell hence is ``< x``, every later one a larger cell hence is
+    ``> x``. For evenly spread capacities and ``G ≥ K`` a cell holds at most one capacity, so one
+    comparison suffices; crowded cells fall back to a binary search.
+    """
     K = Ns_sorted.shape[0]
+    fnmin = np.float64(Ns_sorted[0])
+    span = np.float64(Ns_sorted[K - 1]) - fnmin
+    scale = G / span if span > 0 else 0.0
+    cell_lo = np.empty(G + 1, dtype=np.int64)
+    k = 0
+    for g in range(G + 1):
+        while k < K and _grid_cell(Ns_sorted[k], fnmin, scale, G) < g:
+            k += 1
+        cell_lo[g] = k
+    pad = np.empty(K + 1, dtype=np.int64)  # pad[K] = +inf sentinel for the one-step case
+    pad[:K] = Ns_sorted
+    pad[K] = np.iinfo(np.int64).max
     for i in range(thr.shape[0]):
-        wi = w[i]
-        if wi == 0:
-            continue
         x = thr[i]
-        lo = 0
-        hi = K
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if Ns_sorted[mid] < x:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < K:
-            acc[lo] += wi
+        g = _grid_cell(x, fnmin, scale, G)
+        lo = cell_lo[g]
+        hi = cell_lo[g + 1]
+        if hi - lo > 1:
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if pad[mid] < x:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        else:
+            lo += np.int64(pad[lo] < x) & np.int64(lo < hi)
+        acc[lo] += w[i]
+
+
+def _thresholds(conv, R) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    conv, R, C = _prepare_events(conv, R)
+    n = conv.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    if n:
+        bad = int(_thresholds_kernel(conv, R, C, out))
+        if bad >= 0:
+            _raise_bad_R(conv, R, bad)
+    return out, conv, R, C
 
 
 def content_hit_thresholds(conv, R) -> np.ndarray:
-    """Per-event hit threshold ``N*`` of Algorithm 1 (see module docstring for the proof).
+    """Per-event hit threshold ``N*`` of Algorithm 1 (see the module docstring for the proof).
 
     Event ``i`` is a hit at capacity ``N`` iff ``N ≥ N*[i]``; ``N*[i] = D_i + R_{j-1}`` with ``D_i`` the
     current content mass of the distinct conversations accessed since that conversation's previous
-    turn. First turns get :data:`FIRST_TURN` (int64 max). Returns int64[n].
+    turn. First turns get :data:`FIRST_TURN` (int64 max). Returns int64[n]. Raises
+    :class:`~kvhit.sim.content.ContentInputError` on malformed input.
     """
-    conv, R, C = validate_events(conv, R)
-    if conv.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64)
-    return _thresholds_kernel(conv, R, C)
+    return _thresholds(conv, R)[0]
 
 
-def _validate_weights(weights, n: int, thresholds: np.ndarray | None = None) -> np.ndarray:
+def _validate_weights(weights, n: int) -> np.ndarray:
     w = np.asarray(weights)
     if w.ndim != 1 or w.shape[0] != n:
-        raise ContentInputError(f"weights must be a 1-D array of length {n} (one per event), got shape {w.shape}")
+        raise ContentInputError(
+            f"weights must be a 1-D array of length {n} (one per event), got shape {w.shape}"
+        )
     if w.dtype.kind == "b":
-        w = w.astype(np.int64)
+        return w.astype(np.int64)
     if w.dtype.kind in "iu":
+        if w.dtype == np.uint64 and w.size and int(w.max()) > np.iinfo(np.int64).max:
+            raise ContentInputError("weights have values beyond int64")
         return np.ascontiguousarray(w, dtype=np.int64)
     if w.dtype.kind == "f":
         if not np.all(np.isfinite(w)):
@@ -161,9 +227,10 @@ def _validate_weights(weights, n: int, thresholds: np.ndarray | None = None) -> 
 def content_curve_from_thresholds(thresholds, weights, Ns) -> np.ndarray:
     """``Σ_i w_i·1{N ≥ N*_i}`` for every capacity ``N`` in ``Ns`` (any order, duplicates allowed).
 
-    Each event's weight is added to the bucket of the smallest sorted capacity ``≥ N*`` and the buckets
-    are cumulated — equivalent to sorting the thresholds and taking a cumulative sum, in O(n log |Ns|).
-    Integer weights give an exact int64 result, float weights a float64 one.
+    Equivalent to sorting the thresholds and taking a cumulative sum of the weights, done in one pass:
+    each event's weight goes to the bucket of the smallest sorted capacity ``≥ N*`` (grid lookup plus a
+    short binary search), then the buckets are cumulated. Events with threshold :data:`FIRST_TURN` never
+    count. Integer weights give an exact int64 result, float weights a float64 one.
     """
     thr = np.asarray(thresholds)
     if thr.ndim != 1 or thr.dtype.kind not in "iu":
@@ -171,13 +238,16 @@ def content_curve_from_thresholds(thresholds, weights, Ns) -> np.ndarray:
     thr = np.ascontiguousarray(thr, dtype=np.int64)
     w = _validate_weights(weights, thr.shape[0])
     Ns = _validate_capacities(Ns)
+    if Ns.size and int(Ns.max()) >= FIRST_TURN:
+        raise ContentInputError(f"Ns must be < 2**63-1 (the first-turn sentinel), got {int(Ns.max())}")
+    K = Ns.shape[0]
     order = np.argsort(Ns, kind="stable")
     Ns_sorted = np.ascontiguousarray(Ns[order])
-    acc = np.zeros(Ns.shape[0], dtype=w.dtype)
-    if thr.shape[0] and Ns.shape[0]:
-        _bucket_kernel(thr, w, Ns_sorted, acc)
-    out = np.empty_like(acc)
-    out[order] = np.cumsum(acc)
+    acc = np.zeros(K + 1, dtype=w.dtype)  # acc[K]: thresholds above every capacity (incl. FIRST_TURN)
+    if thr.shape[0] and K:
+        _bucket_kernel(thr, w, Ns_sorted, acc, 4 * K)
+    out = np.empty(K, dtype=w.dtype)
+    out[order] = np.cumsum(acc[:K])
     return out
 
 
@@ -187,11 +257,10 @@ def content_curve(conv, R, weights, Ns) -> np.ndarray:
     ``weights`` (length n) is the per-event weight: ``None`` means the base weight ``R_{j-1}`` (0 for
     first turns), giving the numerator of eq. (12); pass ``max(R_{j-1}-1, 0)`` for the practical weight
     or 0 for unmeasured events. Divide by ``Σ_j R_j`` for the eq. (12) hit ratio. Exactly equal to
-    running :func:`kvhit.sim.content.simulate_content` at each ``N`` (see the module docstring).
+    running :func:`kvhit.sim.content.simulate_content` at each ``N`` (see the module docstring), in
+    O(n log n + |Ns| log |Ns|) instead of O(n·|Ns|).
     """
-    conv, R, C = validate_events(conv, R)
-    n = conv.shape[0]
-    thr = _thresholds_kernel(conv, R, C) if n else np.zeros(0, dtype=np.int64)
+    thr, conv, R, C = _thresholds(conv, R)
     if weights is None:
-        weights = _previous_sizes_kernel(conv, R, C) if n else np.zeros(0, dtype=np.int64)
+        weights = _previous_sizes_kernel(conv, R, C) if conv.shape[0] else np.zeros(0, dtype=np.int64)
     return content_curve_from_thresholds(thr, weights, Ns)
