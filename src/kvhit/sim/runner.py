@@ -15,9 +15,10 @@ import numpy as np
 from ..workload.generate import generate
 from ..workload.spec import WorkloadSpec
 from ..workload.trace import Trace, Window
-from .metrics import HitStats, content_hit_stats, mean_ci
+from .metrics import HitStats, content_hit_stats, hit_stats, mean_ci
 
-__all__ = ["Replications", "simulate_trace_content", "replicate_content"]
+__all__ = ["BlockRequests", "Replications", "block_hit_stats", "block_requests", "replicate_content",
+           "simulate_trace_block", "simulate_trace_content"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +84,125 @@ def replicate_content(
         if progress is not None:
             progress(r + 1, replications)
     return Replications(int(N), stats, seeds, practical)
+
+
+@dataclass(frozen=True)
+class BlockRequests:
+    """A trace turned into the block simulator's request stream (row order of the trace = request order).
+
+    ``source`` says where the block identities came from: ``"tokens"`` (chained hashes of real token ids, like
+    vLLM), ``"counts"`` (synthetic ids from conversation and block index, token counts from ``cum_tokens``) or
+    ``"blocks"`` (block counts only: T_j = R_j·b − 1 tokens, i.e. R_j − 1 full blocks and one partial block —
+    the paper's practical model, eq. (28)).
+    """
+
+    prompt_tokens: np.ndarray
+    hash_offsets: np.ndarray
+    hashes: np.ndarray
+    response_tokens: np.ndarray | None
+    block_size: int
+    source: str
+
+
+def _prefix_csr(conv_off: np.ndarray, conv_idx: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Indices into a per-conversation CSR array selecting the first ``counts[r]`` entries of conversation
+    ``conv_idx[r]`` for every request r (flattened)."""
+    starts = np.repeat(conv_off[conv_idx], counts)
+    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return starts + within
+
+
+def block_requests(trace: Trace, *, block_size: int | None = None, colocated: bool = False,
+                   source: str = "auto") -> BlockRequests:
+    """Build the block simulator's input from a trace (see :class:`BlockRequests` for the three sources)."""
+    from .blockids import hashes_from_block_counts, hashes_from_token_ids
+
+    b = int(block_size or trace.block_size or 0)
+    if b < 1:
+        raise ValueError("block size unknown: the trace has no block_size; pass block_size=")
+    if source == "auto":
+        source = "tokens" if "new_tokens" in trace.lists else "counts" if "cum_tokens" in trace.cols else "blocks"
+    conv = trace.dense_conv()
+    resp = trace["response_tokens"] if "response_tokens" in trace.cols else None
+    if colocated and resp is None:
+        raise ValueError("colocated mode needs the trace's response_tokens column")
+    if source == "tokens":
+        if "new_tokens" not in trace.lists:
+            raise ValueError("source='tokens' needs the trace's new_tokens list column (build it with token ids)")
+        if colocated and "response_ids" not in trace.lists:
+            raise ValueError("colocated mode with token ids needs the response_ids list column")
+        C = int(conv.max()) + 1 if conv.size else 0
+        order = np.lexsort((trace["turn"], conv))
+        seqs: list[list[np.ndarray]] = [[] for _ in range(C)]
+        new = trace.lists["new_tokens"]
+        T = np.zeros(trace.n_turns, dtype=np.int64)
+        running = np.zeros(C, dtype=np.int64)
+        last_row = np.full(C, -1, dtype=np.int64)
+        for r in order:  # one pass in conversation-major order: T_j = running length of the prompt
+            c = conv[r]
+            seqs[c].append(new[r])
+            running[c] += new[r].size
+            T[r] = running[c]
+            last_row[c] = r
+        if colocated:
+            for c in range(C):
+                seqs[c].append(trace.lists["response_ids"][last_row[c]])
+        full_seqs = [np.concatenate(s) if s else np.zeros(0, np.int32) for s in seqs]
+        conv_off, conv_hashes = hashes_from_token_ids(full_seqs, b)
+        if "cum_tokens" in trace.cols and not np.array_equal(trace["cum_tokens"], T):
+            raise ValueError("trace column cum_tokens disagrees with the lengths of new_tokens")
+        L = T + (resp if colocated else 0)
+        counts = L // b
+        hashes = conv_hashes[_prefix_csr(conv_off, conv, counts)]
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return BlockRequests(T, offsets, hashes, resp if colocated else None, b, "tokens")
+    if source == "counts":
+        if "cum_tokens" not in trace.cols:
+            raise ValueError("source='counts' needs the trace's cum_tokens column")
+        T = trace["cum_tokens"].astype(np.int64)
+    elif source == "blocks":
+        if colocated:
+            raise ValueError("colocated mode needs token counts (cum_tokens, response_tokens)")
+        T = trace["R"].astype(np.int64) * b - 1
+    else:
+        raise ValueError(f"unknown source {source!r} (auto, tokens, counts, blocks)")
+    L = T + (resp if colocated else 0)
+    offsets, hashes = hashes_from_block_counts(conv, L // b)
+    return BlockRequests(T, offsets, hashes, resp if colocated else None, b, source)
+
+
+def block_hit_stats(trace: Trace, res, *, window: Window | None = None) -> dict:
+    """Hit metrics of a block simulation over a window: vLLM's token hit ratio (hits / queried prompt tokens),
+    the paper's block-weighted h (hit blocks / ⌈T_j/b⌉, eq. (6)), request hit rates and the partial-hit
+    histogram."""
+    from . import block as blk
+
+    mask = np.ones(trace.n_turns, bool) if window is None else window.mask(trace)
+    demand = res.prompt_blocks
+    stats = hit_stats(trace, res.hit_blocks.astype(float), res.hit_blocks > 0, demand, window)
+    return {
+        "token_hit_ratio": blk.token_hit_ratio(res, mask),
+        "h_blocks": blk.block_hit_ratio(res, mask),
+        "request_hit_rate": blk.request_hit_rate(res, mask),
+        "request_full_hit_rate": blk.request_hit_rate(res, mask, full=True),
+        "partial_hits": blk.partial_hit_histogram(res, mask),
+        "per_turn": stats.per_turn,
+        "n_measured": int(mask.sum()),
+        "evictions": int(res.evictions),
+        "peak_blocks_in_use": int(res.peak_blocks_in_use),
+        "rejected": int(res.n_rejected),
+        "mean_wait": float(np.nanmean(res.wait[mask])) if mask.any() else float("nan"),
+    }
+
+
+def simulate_trace_block(trace: Trace, N: int, *, engine: str = "vllm", colocated: bool = False,
+                         window: Window | None = None, block_size: int | None = None, source: str = "auto",
+                         hold: np.ndarray | None = None, requests: BlockRequests | None = None):
+    """Run the vLLM-faithful block simulator on a trace; returns ``(BlockResult, metrics dict)``."""
+    from .block import simulate_block
+
+    rq = requests or block_requests(trace, block_size=block_size, colocated=colocated, source=source)
+    res = simulate_block(rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=int(N), block_size=rq.block_size,
+                         engine=engine, colocated=colocated, response_tokens=rq.response_tokens,
+                         times=trace["time"] if hold is not None else None, hold=hold)
+    return res, block_hit_stats(trace, res, window=window)
