@@ -17,7 +17,7 @@ import numpy as np
 
 from ..workload.trace import Trace, Window
 
-__all__ = ["HitStats", "content_hit_stats", "hit_stats", "mean_ci"]
+__all__ = ["HitStats", "batch_means", "content_hit_stats", "hit_stats", "mean_ci"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +91,19 @@ def mean_ci(values, level: float = 0.95) -> tuple[float, float]:
         return float(v[0]), float("inf")
     half = stats.t.ppf(0.5 + level / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size)
     return float(v.mean()), float(half)
+
+
+def batch_means(trace: Trace, hit_weight: np.ndarray, demand: np.ndarray, window: Window | None = None,
+                n_batches: int = 10, level: float = 0.95) -> tuple[float, float]:
+    """Batch-means confidence interval for a single long run: the measured turns are cut into ``n_batches``
+    consecutive time batches of equal turn counts; h is computed per batch (ratio of sums) and a Student-t
+    interval is formed over batches. Returns (h over the whole window, half-width)."""
+    mask = np.ones(trace.n_turns, bool) if window is None else window.mask(trace)
+    idx = np.flatnonzero(mask)  # rows are sorted by time
+    if idx.size < 2 * n_batches:
+        return float("nan"), float("nan")
+    parts = np.array_split(idx, n_batches)
+    hs = [float(hit_weight[p].sum() / demand[p].sum()) for p in parts if demand[p].sum() > 0]
+    _, half = mean_ci(hs, level)
+    h = float(hit_weight[idx].sum() / demand[idx].sum())
+    return h, half
