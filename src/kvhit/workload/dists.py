@@ -501,8 +501,8 @@ class LogNormalW(Interarrival):
 class ScipyW(Interarrival):
     """Any frozen ``scipy.stats`` continuous distribution supported on [0, ∞) with a finite mean.
 
-    ∫₀ᵗ F̄ by adaptive quadrature (``scipy.integrate.quad``), split at ~56 quantiles of F so that every piece
-    is well resolved at any scale of t.
+    ∫₀ᵗ F̄ by Gauss–Legendre quadrature on pieces between ~210 quantiles of F (tabulated once), so every piece
+    is well resolved at any scale of t and a vector of t costs a few vectorized ``sf`` calls.
     """
 
     frozen: Any
@@ -525,22 +525,37 @@ class ScipyW(Interarrival):
     def cdf(self, t):
         return self.frozen.cdf(np.asarray(t, dtype=float))
 
+    _GL_X, _GL_W = np.polynomial.legendre.leggauss(24)
+
+    def _table(self):
+        """Breakpoints at quantiles of F and the cumulative ∫₀^q F̄ at each (24-point Gauss–Legendre per piece)."""
+        cached = self.__dict__.get("_tab")
+        if cached is not None:
+            return cached
+        probs = np.concatenate([[1e-12, 1e-9, 1e-6, 1e-4], np.linspace(0.005, 0.995, 199),
+                                [1 - 1e-4, 1 - 1e-6, 1 - 1e-9, 1 - 1e-12]])
+        qs = np.unique(self.frozen.ppf(probs))
+        qs = np.concatenate([[0.0], qs[np.isfinite(qs) & (qs > 0)]])
+        pieces = self._gl(qs[:-1], qs[1:])
+        tab = (qs, np.concatenate([[0.0], np.cumsum(pieces)]))
+        object.__setattr__(self, "_tab", tab)
+        return tab
+
+    def _gl(self, a, b):
+        half = (np.asarray(b) - np.asarray(a)) / 2
+        mid = (np.asarray(b) + np.asarray(a)) / 2
+        u = mid[..., None] + half[..., None] * self._GL_X
+        return half * (self.frozen.sf(u) @ self._GL_W)
+
     def int_sf(self, t):
+        """∫₀ᵗ F̄ = E[min(W, t)], vectorized: a precomputed table over ~210 quantile pieces plus one Gauss–Legendre
+        piece up to t (relative error ≲ 1e-9 for smooth F). Beyond the 1 − 1e-12 quantile F̄ < 1e-12, so the last
+        piece's error there is below 1e-12·(t − q) in absolute terms."""
         t = np.asarray(t, dtype=float)
         flat = np.maximum(t.ravel(), 0.0)
-        # Breakpoints at quantiles keep each quadrature piece well resolved, whatever the scale of t.
-        probs = np.concatenate([[1e-9, 1e-6, 1e-3], np.linspace(0.01, 0.99, 50), [0.999, 1 - 1e-6, 1 - 1e-9]])
-        qs = np.unique(self.frozen.ppf(probs))
-        qs = qs[np.isfinite(qs) & (qs > 0)]
-        out = np.empty_like(flat)
-        tol = 1e-12 * max(self.mean, 1e-300)
-        for i, ti in enumerate(flat):
-            pts = np.concatenate([[0.0], qs[qs < ti], [ti]])
-            acc = 0.0
-            for a, b in zip(pts[:-1], pts[1:], strict=True):
-                if b > a:
-                    acc += integrate.quad(self.frozen.sf, a, b, epsabs=tol, limit=200)[0]
-            out[i] = acc
+        qs, cum = self._table()
+        k = np.clip(np.searchsorted(qs, flat, side="right") - 1, 0, qs.size - 1)
+        out = cum[k] + self._gl(qs[k], flat)
         return out.reshape(t.shape) if t.ndim else float(out[0])
 
     def sample(self, rng, size):
