@@ -623,6 +623,139 @@ def demo(
     console.print(t)
 
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# kvhit plan / kvhit kv
+# ---------------------------------------------------------------------------------------------------------------
+
+ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (see `kvhit kv --list`) or a config.json path.")]
+AccelOpt = Annotated[str | None, typer.Option("--accelerator", "--gpu", help="Accelerator preset (H100, H200, …).")]
+KvGbOpt = Annotated[float | None, typer.Option("--kv-gb", help="KV budget in GiB (instead of an accelerator).")]
+
+
+def _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, block_size):
+    from .plan import make_workload
+    from .workload import Trace
+
+    if trace is not None:
+        return make_workload(Trace.read(trace), lam0=lam0, engine=engine, block_size=block_size)
+    sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
+    return make_workload(sp, engine=engine, block_size=block_size)
+
+
+@app.command()
+def plan(
+    trace: Annotated[Path | None, typer.Option("--trace", help="Workload trace (Parquet).")] = None,
+    spec: SpecOpt = None, lam0: Lam0Opt = None, p: POpt = None, mean_turns: TurnsOpt = None,
+    x_mean: XOpt = None, y_mean: YOpt = None, w_mean: WMeanOpt = None, w_dist: WDistOpt = "exponential",
+    w_cv: WCvOpt = 1.0,
+    model: ModelOpt = "qwen3-8b",
+    accelerator: AccelOpt = None,
+    kv_gb: KvGbOpt = None,
+    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 128,
+    dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: bf16 | fp16 | fp8 | fp32.")] = "bf16",
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
+    util: Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of HBM for vLLM.")] = 0.9,
+    target: Annotated[float | None, typer.Option("--target", help="Target hit ratio.")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="Predictor: paper | vllm | vllm-0.23 | content.")] = "paper",
+    verify: Annotated[bool, typer.Option("--verify", help="Check by exact simulation (block engine).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """How much HBM, what hit ratio, how much traffic: (a) h at the KV memory available, (b) the KV memory for
+    a target h, (c) the largest λ0 keeping the target, (d) prefill tokens saved per second."""
+    from .plan import capacity
+    from .plan import plan as plan_fn
+
+    def go():
+        wl = _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine,
+                            block_size)
+        cap = None
+        if accelerator is not None or kv_gb is not None:
+            cap = capacity(model, accelerator=accelerator, kv_gb=kv_gb, block_size=block_size, dtype=dtype,
+                           tp=tp, gpu_memory_utilization=util)
+        if cap is None and target is None:
+            raise ValueError("nothing to plan: give --accelerator or --kv-gb, and/or --target")
+        return plan_fn(wl, cap, target=target, verify=verify,
+                       verify_engine=engine if engine in ("vllm", "vllm-0.23") else "vllm")
+
+    res = _run(go)
+    if as_json:
+        _print_json(res.to_dict())
+        return
+    t = Table(title=f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, estimator: {res.estimator}")
+    t.add_column("question")
+    t.add_column("answer", justify="right")
+    if res.capacity:
+        c = res.capacity
+        t.add_row("KV capacity", f"{c['N']:,} blocks = {c['kv_gib']:.2f} GiB ({c['model']} on {c['accelerator']}, "
+                  f"{c['bytes_per_block'] / 2**20:.2f} MiB/block)")
+        t.add_row("(a) hit ratio at this capacity", _fmt(res.h_at_capacity))
+    t.add_row("workload ceiling h_max", _fmt(res.h_max))
+    if res.target is not None:
+        need = f"{res.N_for_target:,} blocks" + (f" = {res.gib_for_target:.2f} GiB" if res.gib_for_target else "")
+        t.add_row(f"(b) KV memory for h = {res.target:g}", need)
+        if res.capacity:
+            lm = res.lam0_max_for_target
+            t.add_row(f"(c) largest λ0 keeping h ≥ {res.target:g}", "unreachable" if lm is None else f"{lm:.4g}/s")
+    if res.saved_prefill_tokens_per_s is not None:
+        t.add_row("(d) prefill tokens saved", f"{res.saved_prefill_tokens_per_s:,.0f} tokens/s "
+                  f"({100 * res.saved_fraction:.1f}% of prompt tokens)")
+    if res.verify:
+        v = res.verify
+        t.add_row(f"verify: simulated ({v['policy']} {v['engine'] or ''})", f"{v['h_simulated']:.4f} "
+                  f"(prediction − simulation = {v['difference']:+.4f})")
+    console.print(t)
+    for n in res.notes:
+        console.print(f"[dim]note: {n}[/]")
+
+
+@app.command()
+def kv(
+    model: ModelOpt = "qwen3-8b",
+    accelerator: AccelOpt = None,
+    kv_gb: KvGbOpt = None,
+    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 128,
+    dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype.")] = "bf16",
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
+    util: Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of HBM for vLLM.")] = 0.9,
+    list_presets: Annotated[bool, typer.Option("--list", help="List model and accelerator presets.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """KV bytes per token and block for a model, and the block capacity N on an accelerator or a KV budget."""
+    from . import hardware
+    from .plan import capacity
+
+    if list_presets:
+        info = {"models": hardware.list_models(), "accelerators": hardware.list_accelerators()}
+        if as_json:
+            _print_json(info)
+        else:
+            console.print("models: " + ", ".join(info["models"]))
+            console.print("accelerators: " + ", ".join(info["accelerators"]))
+        return
+
+    def go():
+        m = hardware.resolve_model(model)
+        out = {"model": m.name, "bytes_per_token": m.bytes_per_token(dtype, tp),
+               "bytes_per_block": m.bytes_per_block(block_size, dtype, tp), "block_size": block_size,
+               "dtype": dtype, "tp": tp}
+        if accelerator is not None or kv_gb is not None:
+            c = capacity(m, accelerator=accelerator, kv_gb=kv_gb, block_size=block_size, dtype=dtype, tp=tp,
+                         gpu_memory_utilization=util)
+            out.update({"N": c.N, "kv_gib": c.kv_gib, "accelerator": c.accelerator})
+        return out
+
+    res = _run(go)
+    if as_json:
+        _print_json(res)
+        return
+    line = (f"{res['model']}: {res['bytes_per_token']:,} bytes/token ({res['dtype']}, TP {res['tp']}), "
+            f"{res['bytes_per_block']:,} bytes per {res['block_size']}-token block")
+    if "N" in res:
+        line += f"; {res['accelerator']}: {res['kv_gib']:.2f} GiB of KV → N = {res['N']:,} blocks"
+    console.print(line)
+
+
 def main() -> None:  # console-script entry point
     app()
 
