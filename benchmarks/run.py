@@ -27,8 +27,10 @@ def main(argv: list[str]) -> int:
     only = set(argv)
     names = sorted(p.stem for p in HERE.glob("bench_*.py"))
     results = {}
-    print(f"kvhit benchmarks — {platform.python_implementation()} {platform.python_version()}, "
-          f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print(
+        f"kvhit benchmarks — {platform.python_implementation()} {platform.python_version()}, "
+        f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    )
     for name in names:
         if only and name not in only and name.removeprefix("bench_") not in only:
             continue

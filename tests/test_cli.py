@@ -33,8 +33,10 @@ def test_estimate_json_matches_theory():
 
 def test_estimate_table_and_toml(tmp_path):
     p = tmp_path / "w.toml"
-    p.write_text('lam0 = 1.0\n[turns]\nkind = "geometric"\np = 0.5\n[increments]\nkind = "iid"\nz = 3\n'
-                 '[interarrival]\nkind = "deterministic"\nvalue = 30\n')
+    p.write_text(
+        'lam0 = 1.0\n[turns]\nkind = "geometric"\np = 0.5\n[increments]\nkind = "iid"\nz = 3\n'
+        '[interarrival]\nkind = "deterministic"\nvalue = 30\n'
+    )
     r = run("estimate", "--spec", str(p), "--N", "100")
     assert r.exit_code == 0, r.output
     assert "A_H_hash" in r.stdout and "h practical" in r.stdout
@@ -43,7 +45,10 @@ def test_estimate_table_and_toml(tmp_path):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["estimate", "--lam0", "-1", "--p", "0.5", "--x-mean", "2", "--y-mean", "2", "--w-mean", "3"], "lam0"),
+        (
+            ["estimate", "--lam0", "-1", "--p", "0.5", "--x-mean", "2", "--y-mean", "2", "--w-mean", "3"],
+            "lam0",
+        ),
         (["estimate", "--lam0", "1"], "missing flag"),
         (["estimate", "--spec", "/nonexistent.toml"], "nonexistent.toml"),
         (["simulate", *SCM, "--N", "abc"], "--N"),
@@ -68,8 +73,20 @@ def test_generate_stats_simulate_roundtrip(tmp_path):
     st = json.loads(r.stdout)
     assert st["L"] == 2500 and st["h_max_hash"] < st["h_max"] <= 1
     for policy in ("content", "block"):
-        r = run("simulate", "--trace", str(out), "--N", "50,400", "--warmup", "500", "--policy", policy,
-                "--block-size", "16", "--json")
+        r = run(
+            "simulate",
+            "--trace",
+            str(out),
+            "--N",
+            "50,400",
+            "--warmup",
+            "500",
+            "--policy",
+            policy,
+            "--block-size",
+            "16",
+            "--json",
+        )
         assert r.exit_code == 0, r.output
         res = json.loads(r.stdout)
         h = [row["h"] for row in res["rows"]]
@@ -94,8 +111,21 @@ def test_generate_error_leaves_no_file(tmp_path):
 def test_sharegpt_from_user_jsonl(tmp_path):
     src = "tests/data/sharegpt_small.jsonl"
     out = tmp_path / "sg.parquet"
-    r = run("trace", "sharegpt", "--source", src, "--warmup", "1", "--measured", "1", "--cache-dir",
-            str(tmp_path / "cache"), "-o", str(out), "--json")
+    r = run(
+        "trace",
+        "sharegpt",
+        "--source",
+        src,
+        "--warmup",
+        "1",
+        "--measured",
+        "1",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "-o",
+        str(out),
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     tr = Trace.read(out)
     assert tr.n_conversations == 2 and tr.has("cum_tokens", "R_full", "R_phys")

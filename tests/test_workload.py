@@ -49,8 +49,14 @@ def test_int_sf_matches_quadrature(F):
         # E[min(W, t)] by Monte-Carlo-free quadrature of the survival function, piecewise to catch atoms
         pts = np.unique(np.concatenate([[0.0, t], getattr(F, "samples", np.array([]))]))
         pts = pts[pts <= t]
-        ref = sum(integrate.quad(lambda u: 1 - float(F.cdf(u)), a, b, limit=200)[0] for a, b in
-                  zip(pts[:-1], pts[1:], strict=True)) if t > 0 else 0.0
+        ref = (
+            sum(
+                integrate.quad(lambda u: 1 - float(F.cdf(u)), a, b, limit=200)[0]
+                for a, b in zip(pts[:-1], pts[1:], strict=True)
+            )
+            if t > 0
+            else 0.0
+        )
         assert g == pytest.approx(ref, rel=1e-6, abs=1e-9)
     # E[min(W, ∞)] = E[W]
     assert float(F.int_sf(1e7)) == pytest.approx(F.mean, rel=1e-6)
@@ -66,8 +72,13 @@ def test_interarrival_sampling_mean(F):
 
 def test_int_dists_moments_and_sf():
     rng = np.random.default_rng(1)
-    for d in [Constant(3), Geometric(0.6), Geometric.from_mean(4.0), FinitePMF((1, 2, 5), (0.2, 0.5, 0.3)),
-              ScipyInt(stats.poisson(2.5), shift=1)]:
+    for d in [
+        Constant(3),
+        Geometric(0.6),
+        Geometric.from_mean(4.0),
+        FinitePMF((1, 2, 5), (0.2, 0.5, 0.3)),
+        ScipyInt(stats.poisson(2.5), shift=1),
+    ]:
         x = d.sample(rng, 200_000)
         assert x.min() >= 1
         assert abs(x.mean() - d.mean) < 5 * x.std() / np.sqrt(x.size) + 1e-12
@@ -81,18 +92,60 @@ def test_int_dists_moments_and_sf():
 @pytest.mark.parametrize(
     "bad, field",
     [
-        ({"lam0": 0, "turns": 2, "increments": {"kind": "iid", "z": 1},
-          "interarrival": {"kind": "exponential", "mean": 1}}, "lam0"),
-        ({"lam0": 1, "turns": {"kind": "geometric", "p": 1.2}, "increments": {"kind": "iid", "z": 1},
-          "interarrival": {"kind": "exponential", "mean": 1}}, "turns"),
-        ({"lam0": 1, "turns": 2, "increments": {"kind": "iid", "z": 0},
-          "interarrival": {"kind": "exponential", "mean": 1}}, "increments.z"),
-        ({"lam0": 1, "turns": 2, "increments": {"kind": "iid", "z": 1},
-          "interarrival": {"kind": "scipy", "name": "norm", "args": [5, 1]}}, "interarrival"),
-        ({"lam0": 1, "turns": 2, "increments": {"kind": "iid", "z": 1},
-          "interarrival": {"kind": "scipy", "name": "pareto", "args": [0.8]}}, "interarrival"),
-        ({"lam0": 1, "turns": 2, "increments": {"kind": "iid", "z": 1},
-          "interarrival": {"kind": "exponential"}}, "mean"),
+        (
+            {
+                "lam0": 0,
+                "turns": 2,
+                "increments": {"kind": "iid", "z": 1},
+                "interarrival": {"kind": "exponential", "mean": 1},
+            },
+            "lam0",
+        ),
+        (
+            {
+                "lam0": 1,
+                "turns": {"kind": "geometric", "p": 1.2},
+                "increments": {"kind": "iid", "z": 1},
+                "interarrival": {"kind": "exponential", "mean": 1},
+            },
+            "turns",
+        ),
+        (
+            {
+                "lam0": 1,
+                "turns": 2,
+                "increments": {"kind": "iid", "z": 0},
+                "interarrival": {"kind": "exponential", "mean": 1},
+            },
+            "increments.z",
+        ),
+        (
+            {
+                "lam0": 1,
+                "turns": 2,
+                "increments": {"kind": "iid", "z": 1},
+                "interarrival": {"kind": "scipy", "name": "norm", "args": [5, 1]},
+            },
+            "interarrival",
+        ),
+        (
+            {
+                "lam0": 1,
+                "turns": 2,
+                "increments": {"kind": "iid", "z": 1},
+                "interarrival": {"kind": "scipy", "name": "pareto", "args": [0.8]},
+            },
+            "interarrival",
+        ),
+        (
+            {
+                "lam0": 1,
+                "turns": 2,
+                "increments": {"kind": "iid", "z": 1},
+                "interarrival": {"kind": "exponential"},
+            },
+            "mean",
+        ),
         ({"lam0": 1, "turns": 2, "increments": {"kind": "iid", "z": 1}}, "interarrival"),
     ],
 )
@@ -182,17 +235,31 @@ def test_trace_parquet_roundtrip_and_atomic(tmp_path):
 
 
 def test_trace_lists_roundtrip(tmp_path):
-    tr = trace_from_conversations([2, 1], [1, 2, 1], lam0=1.0, interarrival=Exponential(1.0), seed=0,
-                                  lists={"new_tokens": [[1, 2], [3], [4, 5, 6]]})
+    tr = trace_from_conversations(
+        [2, 1],
+        [1, 2, 1],
+        lam0=1.0,
+        interarrival=Exponential(1.0),
+        seed=0,
+        lists={"new_tokens": [[1, 2], [3], [4, 5, 6]]},
+    )
     back = Trace.read(tr.write(tmp_path / "x.parquet"))
-    got = {(int(c), int(j)): list(x) for c, j, x in zip(back["conv"], back["turn"], back.lists["new_tokens"],
-                                                        strict=True)}
+    got = {
+        (int(c), int(j)): list(x) for c, j, x in zip(back["conv"], back["turn"], back.lists["new_tokens"], strict=True)
+    }
     assert got == {(0, 1): [1, 2], (0, 2): [3], (1, 1): [4, 5, 6]}
 
 
 def _cols():
-    return {"conv": [0, 0, 1], "conv_arrival": [0.0, 0.0, 1.0], "turn": [1, 2, 1], "time": [0.0, 2.0, 1.0],
-            "M": [2, 2, 1], "Z": [3, 2, 4], "R": [3, 5, 4]}
+    return {
+        "conv": [0, 0, 1],
+        "conv_arrival": [0.0, 0.0, 1.0],
+        "turn": [1, 2, 1],
+        "time": [0.0, 2.0, 1.0],
+        "M": [2, 2, 1],
+        "Z": [3, 2, 4],
+        "R": [3, 5, 4],
+    }
 
 
 @pytest.mark.parametrize(

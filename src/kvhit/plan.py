@@ -9,9 +9,9 @@ increasing in N and decreasing in λ0, so the inverse questions are answered by 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -73,8 +73,10 @@ def make_workload(
         lam = float(lam0 if lam0 is not None else mom.lam0_hat)
         F = est.empirical_F(mom)
         if engine == "paper":
+
             def predict(N, lam_):
                 return np.asarray(est.estimate(mom, N, lam_, F, practical=True).h, dtype=float)
+
             h_max = mom.h_max_hash
         else:
             if not hasattr(est, "estimate_engine"):
@@ -82,17 +84,25 @@ def make_workload(
             sel = np.isin(tr["conv"], conv_ids[conv_ids >= nw]) if nw > 0 else None
 
             def predict(N, lam_):
-                return np.asarray(est.estimate_engine(tr, N, lam_, "empirical", engine=engine, mask=sel).h,
-                                  dtype=float)
+                return np.asarray(est.estimate_engine(tr, N, lam_, "empirical", engine=engine, mask=sel).h, dtype=float)
+
             h_max = float(predict(np.array([1e12]), np.array([lam]))[0])
         if "cum_tokens" in tr.cols:
             per = np.bincount(np.searchsorted(conv_ids, tr["conv"]), weights=tr["cum_tokens"].astype(float))
             tokens = float(per[conv_ids >= nw].mean()) if nw > 0 else float(per.mean())
         else:
             tokens = mom.A_R * b
-        return Workload(predict, h_max, lam, mom.A_R, tokens, b,
-                        f"trace {Path(str(tr.meta.get('source', ''))).name} ({mom.L:,} conversations)", trace=tr,
-                        estimator=engine)
+        return Workload(
+            predict,
+            h_max,
+            lam,
+            mom.A_R,
+            tokens,
+            b,
+            f"trace {Path(str(tr.meta.get('source', ''))).name} ({mom.L:,} conversations)",
+            trace=tr,
+            estimator=engine,
+        )
     if isinstance(source, WorkloadSpec):
         if engine != "paper":
             raise PlanError("engine-aware estimates need a trace (token counts per turn); use engine='paper'")
@@ -101,8 +111,17 @@ def make_workload(
 
         def predict(N, lam_):
             return np.asarray(theory.mean_field(mom.A_R, mom.A_H_hash, mom.E_B, spec.interarrival, lam_, N)[0])
-        return Workload(predict, mom.h_max_hash, spec.lam0, mom.A_R, mom.A_R * block_size, block_size,
-                        f"spec {spec.name or ''}".strip(), spec=spec)
+
+        return Workload(
+            predict,
+            mom.h_max_hash,
+            spec.lam0,
+            mom.A_R,
+            mom.A_R * block_size,
+            block_size,
+            f"spec {spec.name or ''}".strip(),
+            spec=spec,
+        )
     raise PlanError(f"workload: expected a Trace or a WorkloadSpec, got {type(source).__name__}")
 
 
@@ -148,8 +167,9 @@ def capacity(
     return Capacity(int(hardware.blocks_from_bytes(kv_bytes, bpb)), int(bpb), kv_bytes, m.name, acc, block_size)
 
 
-def _bisect_increasing(f: Callable[[float], float], target: float, lo: float, hi: float, *, integer: bool,
-                       iters: int = 200) -> float:
+def _bisect_increasing(
+    f: Callable[[float], float], target: float, lo: float, hi: float, *, integer: bool, iters: int = 200
+) -> float:
     """Smallest x in [lo, hi] with f(x) ≥ target for nondecreasing f (integer or real x)."""
     for _ in range(iters):
         if integer and hi - lo <= 1:
@@ -209,15 +229,19 @@ def plan(
         # h is the fraction of the prompt demand served from cache (blocks ≈ tokens at block granularity)
         p.saved_fraction = p.h_at_capacity
         p.saved_prefill_tokens_per_s = p.h_at_capacity * wl.lam0 * wl.prompt_tokens_per_conv
-        p.notes.append("prefill saved = h × λ0 × prompt tokens per conversation; it counts prompt tokens not "
-                       "recomputed — attention cost grows with context, so the FLOP fraction saved is larger")
+        p.notes.append(
+            "prefill saved = h × λ0 × prompt tokens per conversation; it counts prompt tokens not "
+            "recomputed — attention cost grows with context, so the FLOP fraction saved is larger"
+        )
     if target is not None:
         p.target = float(target)
         if not 0 < target < 1:
             raise PlanError(f"target hit ratio must be in (0, 1), got {target}")
         if target >= wl.h_max:
-            raise PlanError(f"target hit ratio {target:.4f} is not reachable: this workload's ceiling is "
-                            f"h_max = {wl.h_max:.4f} (only history of continuing conversations can be reused)")
+            raise PlanError(
+                f"target hit ratio {target:.4f} is not reachable: this workload's ceiling is "
+                f"h_max = {wl.h_max:.4f} (only history of continuing conversations can be reused)"
+            )
         hi = 1
         while h_at(hi) < target:
             hi *= 2
@@ -272,5 +296,10 @@ def _verify(wl: Workload, N: int, predicted: float | None, policy: str, engine: 
         h = simulate_trace_content(tr, N, window=window, practical=True).h
     else:
         h = simulate_trace_block(tr, N, engine=engine, window=window)[1]["h_blocks"]
-    return {"policy": policy, "engine": engine if policy == "block" else None, "h_simulated": h,
-            "h_predicted": predicted, "difference": None if predicted is None else predicted - h}
+    return {
+        "policy": policy,
+        "engine": engine if policy == "block" else None,
+        "h_simulated": h,
+        "h_predicted": predicted,
+        "difference": None if predicted is None else predicted - h,
+    }

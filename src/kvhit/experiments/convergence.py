@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from .. import theory
 from ..sim.metrics import mean_ci
 from ..sim.runner import simulate_trace_content
 from ..workload import Geometric, WorkloadSpec, generate
-from ..workload.spec import PromptResponse
 from ..workload.dists import Constant, Exponential
+from ..workload.spec import PromptResponse
 from ..workload.trace import Window
 
 __all__ = ["ConvergenceRow", "default_spec", "convergence_table"]
@@ -41,8 +39,13 @@ class ConvergenceRow:
 def default_spec() -> WorkloadSpec:
     """An SCM (geometric turns, p = 0.6; X ~ Geometric(mean 2); Y = 1; W ~ Exp(1)) with λ0 chosen so that
     T_C = 1 (the cache holds one mean interarrival's worth of traffic): h(∞) is mid-range, not saturated."""
-    base = WorkloadSpec(1.0, Geometric(0.6), PromptResponse(Geometric.from_mean(2.0), Constant(1)),
-                        Exponential(1.0), name="convergence SCM")
+    base = WorkloadSpec(
+        1.0,
+        Geometric(0.6),
+        PromptResponse(Geometric.from_mean(2.0), Constant(1)),
+        Exponential(1.0),
+        name="convergence SCM",
+    )
     mom = theory.moments(base)
     lam0 = 1.0 / float(theory.d(1.0, mom, base.interarrival, lam0=1.0))  # d(1) = 1 at this λ0
     return base.with_lam0(lam0)
@@ -81,8 +84,10 @@ def main() -> None:  # pragma: no cover - a report for humans
     rows = convergence_table()
     print(f"{'N':>8} {'λ0·N':>10} {'h_sim':>8} {'±95%':>8} {'h(∞)':>8} {'h_sim−h(∞)':>11} {'turns':>10}")
     for r in rows:
-        print(f"{r.N:>8,} {r.lam0_scaled:>10.3f} {r.h_sim:>8.4f} {r.ci95:>8.4f} {r.h_inf:>8.4f} "
-              f"{r.error:>11.4f} {r.turns:>10,}")
+        print(
+            f"{r.N:>8,} {r.lam0_scaled:>10.3f} {r.h_sim:>8.4f} {r.ci95:>8.4f} {r.h_inf:>8.4f} "
+            f"{r.error:>11.4f} {r.turns:>10,}"
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

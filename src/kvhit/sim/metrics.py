@@ -48,8 +48,13 @@ class HitStats:
         return d
 
 
-def hit_stats(trace: Trace, hit_weight: np.ndarray, hit_any: np.ndarray, demand: np.ndarray,
-              window: Window | None = None) -> HitStats:
+def hit_stats(
+    trace: Trace,
+    hit_weight: np.ndarray,
+    hit_any: np.ndarray,
+    demand: np.ndarray,
+    window: Window | None = None,
+) -> HitStats:
     """General form: per-row hit weight (blocks reused), per-row hit indicator and per-row demand."""
     mask = np.ones(trace.n_turns, bool) if window is None else window.mask(trace)
     turn = trace["turn"]
@@ -69,8 +74,9 @@ def hit_stats(trace: Trace, hit_weight: np.ndarray, hit_any: np.ndarray, demand:
     return HitStats(num / den if den > 0 else float("nan"), num, den, req, int(mask.sum()), n_rev, per_turn)
 
 
-def content_hit_stats(trace: Trace, hit: np.ndarray, *, window: Window | None = None,
-                      practical: bool = False) -> HitStats:
+def content_hit_stats(
+    trace: Trace, hit: np.ndarray, *, window: Window | None = None, practical: bool = False
+) -> HitStats:
     """Eq. (12) (``practical=False``) or eq. (31) (``practical=True``) from whole-content hit indicators H_j."""
     hit = np.asarray(hit).astype(bool)
     if hit.shape != (trace.n_turns,):
@@ -93,8 +99,14 @@ def mean_ci(values, level: float = 0.95) -> tuple[float, float]:
     return float(v.mean()), float(half)
 
 
-def batch_means(trace: Trace, hit_weight: np.ndarray, demand: np.ndarray, window: Window | None = None,
-                n_batches: int = 10, level: float = 0.95) -> tuple[float, float]:
+def batch_means(
+    trace: Trace,
+    hit_weight: np.ndarray,
+    demand: np.ndarray,
+    window: Window | None = None,
+    n_batches: int = 10,
+    level: float = 0.95,
+) -> tuple[float, float]:
     """Batch-means confidence interval for a single long run: the measured turns are cut into ``n_batches``
     consecutive time batches of equal turn counts; h is computed per batch (ratio of sums) and a Student-t
     interval is formed over batches. Returns (h over the whole window, half-width)."""

@@ -17,8 +17,15 @@ from ..workload.spec import WorkloadSpec
 from ..workload.trace import Trace, Window
 from .metrics import HitStats, content_hit_stats, hit_stats, mean_ci
 
-__all__ = ["BlockRequests", "Replications", "block_hit_stats", "block_requests", "replicate_content",
-           "simulate_trace_block", "simulate_trace_content"]
+__all__ = [
+    "BlockRequests",
+    "Replications",
+    "block_hit_stats",
+    "block_requests",
+    "replicate_content",
+    "simulate_trace_block",
+    "simulate_trace_content",
+]
 
 
 @dataclass(frozen=True)
@@ -46,13 +53,20 @@ class Replications:
 
     def to_dict(self) -> dict:
         rq, rq_hw = self.request_hit_rate()
-        return {"N": self.N, "h_mean": self.h_mean, "h_ci95": self.h_ci95, "h": self.h.tolist(),
-                "request_hit_rate": rq, "request_hit_rate_ci95": rq_hw, "seeds": self.seeds,
-                "practical": self.practical, "n_measured": [s.n_measured for s in self.stats]}
+        return {
+            "N": self.N,
+            "h_mean": self.h_mean,
+            "h_ci95": self.h_ci95,
+            "h": self.h.tolist(),
+            "request_hit_rate": rq,
+            "request_hit_rate_ci95": rq_hw,
+            "seeds": self.seeds,
+            "practical": self.practical,
+            "n_measured": [s.n_measured for s in self.stats],
+        }
 
 
-def simulate_trace_content(trace: Trace, N: int, *, window: Window | None = None,
-                           practical: bool = False) -> HitStats:
+def simulate_trace_content(trace: Trace, N: int, *, window: Window | None = None, practical: bool = False) -> HitStats:
     """Algorithm 1 (whole-content LRU) on a trace at capacity ``N``; eq. (12) or (31) over the window."""
     from .content import simulate_content
 
@@ -112,8 +126,9 @@ def _prefix_csr(conv_off: np.ndarray, conv_idx: np.ndarray, counts: np.ndarray) 
     return starts + within
 
 
-def block_requests(trace: Trace, *, block_size: int | None = None, colocated: bool = False,
-                   source: str = "auto") -> BlockRequests:
+def block_requests(
+    trace: Trace, *, block_size: int | None = None, colocated: bool = False, source: str = "auto"
+) -> BlockRequests:
     """Build the block simulator's input from a trace (see :class:`BlockRequests` for the three sources)."""
     from .blockids import hashes_from_block_counts, hashes_from_token_ids
 
@@ -195,14 +210,32 @@ def block_hit_stats(trace: Trace, res, *, window: Window | None = None) -> dict:
     }
 
 
-def simulate_trace_block(trace: Trace, N: int, *, engine: str = "vllm", colocated: bool = False,
-                         window: Window | None = None, block_size: int | None = None, source: str = "auto",
-                         hold: np.ndarray | None = None, requests: BlockRequests | None = None):
+def simulate_trace_block(
+    trace: Trace,
+    N: int,
+    *,
+    engine: str = "vllm",
+    colocated: bool = False,
+    window: Window | None = None,
+    block_size: int | None = None,
+    source: str = "auto",
+    hold: np.ndarray | None = None,
+    requests: BlockRequests | None = None,
+):
     """Run the vLLM-faithful block simulator on a trace; returns ``(BlockResult, metrics dict)``."""
     from .block import simulate_block
 
     rq = requests or block_requests(trace, block_size=block_size, colocated=colocated, source=source)
-    res = simulate_block(rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=int(N), block_size=rq.block_size,
-                         engine=engine, colocated=colocated, response_tokens=rq.response_tokens,
-                         times=trace["time"] if hold is not None else None, hold=hold)
+    res = simulate_block(
+        rq.prompt_tokens,
+        rq.hash_offsets,
+        rq.hashes,
+        N=int(N),
+        block_size=rq.block_size,
+        engine=engine,
+        colocated=colocated,
+        response_tokens=rq.response_tokens,
+        times=trace["time"] if hold is not None else None,
+        hold=hold,
+    )
     return res, block_hit_stats(trace, res, window=window)

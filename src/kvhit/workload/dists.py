@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import integrate, special, stats
+from scipy import special, stats
 
 __all__ = [
     "SpecError",
@@ -269,8 +269,13 @@ class ScipyInt(IntDist):
         return (np.asarray(self.frozen.rvs(size=size, random_state=rng)) + self.shift).astype(np.int64)
 
     def to_dict(self):
-        return {"kind": "scipy", "name": self.frozen.dist.name, "args": list(self.frozen.args),
-                "kwds": dict(self.frozen.kwds), "shift": self.shift}
+        return {
+            "kind": "scipy",
+            "name": self.frozen.dist.name,
+            "args": list(self.frozen.args),
+            "kwds": dict(self.frozen.kwds),
+            "shift": self.shift,
+        }
 
 
 def int_dist_from_dict(d: dict[str, Any] | int, where: str) -> IntDist:
@@ -532,8 +537,13 @@ class ScipyW(Interarrival):
         cached = self.__dict__.get("_tab")
         if cached is not None:
             return cached
-        probs = np.concatenate([[1e-12, 1e-9, 1e-6, 1e-4], np.linspace(0.005, 0.995, 199),
-                                [1 - 1e-4, 1 - 1e-6, 1 - 1e-9, 1 - 1e-12]])
+        probs = np.concatenate(
+            [
+                [1e-12, 1e-9, 1e-6, 1e-4],
+                np.linspace(0.005, 0.995, 199),
+                [1 - 1e-4, 1 - 1e-6, 1 - 1e-9, 1 - 1e-12],
+            ]
+        )
         qs = np.unique(self.frozen.ppf(probs))
         qs = np.concatenate([[0.0], qs[np.isfinite(qs) & (qs > 0)]])
         pieces = self._gl(qs[:-1], qs[1:])
@@ -562,8 +572,12 @@ class ScipyW(Interarrival):
         return np.asarray(self.frozen.rvs(size=size, random_state=rng), dtype=float)
 
     def to_dict(self):
-        return {"kind": "scipy", "name": self.frozen.dist.name, "args": list(self.frozen.args),
-                "kwds": dict(self.frozen.kwds)}
+        return {
+            "kind": "scipy",
+            "name": self.frozen.dist.name,
+            "args": list(self.frozen.args),
+            "kwds": dict(self.frozen.kwds),
+        }
 
     def describe(self) -> str:
         return f"scipy.{self.frozen.dist.name} (mean {self.mean:.4g} s)"
@@ -643,6 +657,4 @@ def interarrival_from_dict(d: dict[str, Any], where: str = "interarrival") -> In
         raise SpecError(f"{where}: {e}") from None
     except (TypeError, AttributeError) as e:
         raise SpecError(f"{where}: {e}") from None
-    raise SpecError(
-        f"{where}: unknown kind {kind!r} (exponential, deterministic, gamma, lognormal, scipy, empirical)"
-    )
+    raise SpecError(f"{where}: unknown kind {kind!r} (exponential, deterministic, gamma, lognormal, scipy, empirical)")

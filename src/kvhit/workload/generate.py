@@ -77,8 +77,9 @@ def generate(
     meta = {
         "source": "synthetic",
         "seed": int(seed),
-        "spec": spec.to_dict() if not isinstance(inc, EmpiricalConversations) else {"lam0": lam0,
-                                                                                     "increments": "empirical"},
+        "spec": spec.to_dict()
+        if not isinstance(inc, EmpiricalConversations)
+        else {"lam0": lam0, "increments": "empirical"},
         "n_conversations": n,
     }
     if X is not None:
@@ -143,7 +144,11 @@ def trace_from_conversations(
     arrivals = start + np.cumsum(rng.exponential(1.0 / lam0, size=M.size))
     cols = _timed_columns(rng, M, Z, arrivals, interarrival)
     cols.update(extra or {})
-    m = {"seed": int(seed), "lam0": lam0, "interarrival": interarrival.to_dict()
-         if not hasattr(interarrival, "samples") else interarrival.describe(), "n_conversations": int(M.size)}
+    m = {
+        "seed": int(seed),
+        "lam0": lam0,
+        "interarrival": interarrival.to_dict() if not hasattr(interarrival, "samples") else interarrival.describe(),
+        "n_conversations": int(M.size),
+    }
     m.update(meta or {})
     return Trace.from_columns(cols, m, lists, where="trace")

@@ -246,9 +246,7 @@ def increments_from_dict(d: dict[str, Any], where: str = "increments") -> Increm
         if kind == "iid":
             return IIDIncrements(int_dist_from_dict(d["z"], f"{where}.z"))
         if kind == "turn_dependent":
-            return TurnDependent(
-                tuple(int_dist_from_dict(x, f"{where}.dists[{i}]") for i, x in enumerate(d["dists"]))
-            )
+            return TurnDependent(tuple(int_dist_from_dict(x, f"{where}.dists[{i}]") for i, x in enumerate(d["dists"])))
         if kind == "prompt_response":
             return PromptResponse(int_dist_from_dict(d["x"], f"{where}.x"), int_dist_from_dict(d["y"], f"{where}.y"))
         if kind == "empirical_conversations":

@@ -145,8 +145,9 @@ class Trace:
         def fail(mask: np.ndarray, col: str, what: str) -> None:
             if mask.any():
                 i = int(np.argmax(mask))
-                raise TraceError(f"{where}: row {i} (conv {int(c['conv'][i])}, turn {int(c['turn'][i])}), "
-                                 f"column {col!r}: {what}")
+                raise TraceError(
+                    f"{where}: row {i} (conv {int(c['conv'][i])}, turn {int(c['turn'][i])}), column {col!r}: {what}"
+                )
 
         if n == 0:
             return
@@ -166,15 +167,19 @@ class Trace:
         bad = turn_s != expected_turn
         if bad.any():
             i = int(order[np.argmax(bad)])
-            raise TraceError(f"{where}: row {i} (conv {int(c['conv'][i])}), column 'turn': turns of a "
-                             f"conversation must be 1, 2, … without gaps or repeats")
+            raise TraceError(
+                f"{where}: row {i} (conv {int(c['conv'][i])}), column 'turn': turns of a "
+                f"conversation must be 1, 2, … without gaps or repeats"
+            )
         Z_s, R_s = c["Z"][order], c["R"][order]
         R_prev = np.concatenate([[0], R_s[:-1]])
         bad = R_s != np.where(first, 0, R_prev) + Z_s
         if bad.any():
             i = int(order[np.argmax(bad)])
-            raise TraceError(f"{where}: row {i} (conv {int(c['conv'][i])}, turn {int(c['turn'][i])}), "
-                             f"column 'R': R_j must equal R_(j-1) + Z_j")
+            raise TraceError(
+                f"{where}: row {i} (conv {int(c['conv'][i])}, turn {int(c['turn'][i])}), "
+                f"column 'R': R_j must equal R_(j-1) + Z_j"
+            )
         t_s = c["time"][order]
         bad = ~first & (t_s < np.concatenate([[0.0], t_s[:-1]]))
         if bad.any():
@@ -238,8 +243,13 @@ class Trace:
         B = np.zeros(ids.size, dtype=np.int64)
         idx = np.searchsorted(ids, c["conv"])
         np.maximum.at(B, idx, c["R"])
-        return {"conv": ids, "arrival": c["conv_arrival"][first], "M": c["M"][first].astype(np.int64),
-                "B": B, "observed": counts}
+        return {
+            "conv": ids,
+            "arrival": c["conv_arrival"][first],
+            "M": c["M"][first].astype(np.int64),
+            "B": B,
+            "observed": counts,
+        }
 
     def select(self, mask: np.ndarray) -> Trace:
         """A new trace with the rows where ``mask`` is true (no re-validation of conversation completeness)."""
@@ -303,7 +313,7 @@ class Trace:
             if name in LIST_COLUMNS:
                 offsets = col.offsets.to_numpy()
                 flat = col.values.to_numpy(zero_copy_only=False)
-                lists[name] = [flat[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+                lists[name] = [flat[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
             else:
                 if col.null_count:
                     i = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
