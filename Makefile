@@ -26,12 +26,18 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not slow"
 
-bench: $(STAMP)
-	$(BIN)/python benchmarks/run.py
+# libCacheSim (GPL) is a benchmark-only comparison: installed beside, never into, the project environment.
+BENCH_DEPS := .bench_deps
+$(BENCH_DEPS)/.installed:
+	$(BIN)/pip install --quiet --no-deps --target $(BENCH_DEPS) libcachesim==0.3.5 || echo "libcachesim unavailable: skipped"
+	mkdir -p $(BENCH_DEPS) && touch $@
+
+bench: $(STAMP) $(BENCH_DEPS)/.installed
+	PYTHONPATH=$(BENCH_DEPS) $(BIN)/python benchmarks/run.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) .numba_cache .pytest_cache build src/*.egg-info
+	rm -rf $(VENV) $(BENCH_DEPS) .numba_cache .pytest_cache build src/*.egg-info
