@@ -1,0 +1,363 @@
+"""Tests of kvhit.experiments: the eq. (80) timing, the block-request gather, the estimator registry, the
+statistics and the end-to-end tiny reproduction (App. E)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvhit.estimate import estimate, trace_moments
+from kvhit.experiments import (
+    ESTIMATORS,
+    SETTINGS,
+    ExperimentError,
+    LatencyModel,
+    Setting,
+    register_estimator,
+    reproduce,
+    summarize,
+)
+from kvhit.experiments.paper import (
+    _block_requests,
+    load_sample,
+    observed_gaps,
+    points,
+    retime,
+    run_point,
+)
+from kvhit.sim.runner import block_requests
+from kvhit.workload.dists import Exponential
+from kvhit.workload.sharegpt import build_sharegpt_trace
+from kvhit.workload.trace import Trace, Window
+
+TINY = SETTINGS["tiny"]
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return load_sample(TINY, 3)
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repro") / "out"
+    calls = []
+    res = reproduce(out, setting="tiny", jobs=2, progress=lambda d, t: calls.append((d, t)))
+    return res, out, calls
+
+
+# ------------------------------------------------------------------------------------------------------------
+# settings and latency model
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_paper_setting_matches_app_e():
+    s = SETTINGS["paper"]
+    assert s.capacity == 2275
+    assert (s.n_warm, s.n_meas, s.block_size) == (1000, 5000, 128)
+    assert s.exp1_lam0 == 1.5 and s.exp2_mu_F == 135.0
+    assert s.exp1_mu_F == tuple(float(x) for x in range(90, 241, 15))
+    assert s.exp2_lam0 == (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)
+    assert len(s.seeds) == 5
+    assert len(points(s)) == 11 + 7
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"n_meas": 1}, "n_meas"),
+        ({"exp1_mu_F": ()}, "exp1_mu_F"),
+        ({"exp2_lam0": (1.0, -1.0)}, "exp2_lam0"),
+        ({"seeds": (1, 1)}, "seeds"),
+        ({"engines": ("sglang",)}, "engines"),
+        ({"exp1_lam0": 0.0}, "exp1_lam0"),
+        ({"N": 0}, "N"),
+    ],
+)
+def test_setting_validation(kw, field):
+    with pytest.raises(ExperimentError, match=field):
+        Setting(**kw)
+
+
+def test_latency_model():
+    lm = LatencyModel(ttft_base_s=0.1, prefill_tokens_per_s=1000.0, tpot_s=0.02)
+    np.testing.assert_allclose(lm.e2e([2000, 500], [100, 50], [10, 0]), [0.1 + 2.0 + 0.2, 0.1 + 0.5])
+    lm_new = replace(lm, prefill="new")
+    np.testing.assert_allclose(lm_new.ttft([2000], [100]), [0.1 + 0.1])
+    for kw, field in (
+        ({"tpot_s": -1.0}, "tpot_s"),
+        ({"prefill_tokens_per_s": 0.0}, "prefill_tokens_per_s"),
+        ({"prefill": "some"}, "prefill"),
+        ({"ttft_base_s": math.nan}, "ttft_base_s"),
+    ):
+        with pytest.raises(ExperimentError, match=field):
+            LatencyModel(**kw)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# sample and eq. (80) timing
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_sample_is_build_sharegpt_trace_sample(sample):
+    base, _ = build_sharegpt_trace(n_warm=TINY.n_warm, n_meas=TINY.n_meas, seed=3, block_size=128)
+    o = np.lexsort((base["turn"], base["conv"]))
+    for k in ("conv", "turn", "M", "Z", "R", "cum_tokens", "response_tokens"):
+        np.testing.assert_array_equal(sample.cols[k], base[k][o])
+
+
+def test_retime_eq80(sample):
+    lam0, mu = 0.7, 40.0
+    lat = LatencyModel(tpot_s=0.3)
+    run = retime(sample, lam0, mu, lat)
+    tr = run.trace
+    assert isinstance(tr, Trace)
+    c = sample.cols
+    # rows map back to sample rows
+    np.testing.assert_array_equal(tr["conv"], c["conv"][run.order])
+    np.testing.assert_array_equal(tr["turn"], c["turn"][run.order])
+    # arrivals: cumulative unit exponentials / λ0, in sample order (warm-up conversations first)
+    conv = tr.conversations()
+    np.testing.assert_allclose(conv["arrival"], np.cumsum(sample.u_arrival) / lam0)
+    # slow reference of eq. (80), conversation by conversation
+    e2e = lat.e2e(c["cum_tokens"], sample.new_tokens, c["response_tokens"])
+    t_ref = np.empty(c["conv"].size)
+    binds = np.zeros(c["conv"].size, bool)
+    for r in range(c["conv"].size):
+        if c["turn"][r] == 1:
+            t_ref[r] = np.sum(sample.u_arrival[: c["conv"][r] + 1]) / lam0
+        else:
+            w = max(e2e[r - 1], mu * sample.u_gap[r])
+            binds[r] = e2e[r - 1] > mu * sample.u_gap[r]
+            t_ref[r] = t_ref[r - 1] + w
+    np.testing.assert_allclose(tr["time"], t_ref[run.order], rtol=1e-12, atol=1e-9)
+    np.testing.assert_array_equal(run.e2e_binds, binds[run.order])
+    assert binds.any() and not binds.all()
+    # every gap is at least the previous turn's end-to-end time
+    W = tr.interarrivals()
+    assert W.min() >= 0.05
+
+
+def test_retime_common_random_numbers(sample):
+    lat = TINY.latency
+    a, b = retime(sample, 1.5, 90.0, lat), retime(sample, 1.5, 180.0, lat)
+    ga, gb = a.trace.interarrivals(), b.trace.interarrivals()
+    assert ga.size == gb.size and np.all(gb >= ga - 1e-9) and gb.mean() > ga.mean()
+    with pytest.raises(ExperimentError, match="lam0"):
+        retime(sample, 0.0, 90.0, lat)
+    with pytest.raises(ExperimentError, match="mu_F"):
+        retime(sample, 1.0, -1.0, lat)
+
+
+def test_block_requests_gather_matches_runner(sample):
+    """The per-seed hash gather equals kvhit.sim.runner.block_requests on a trace carrying the token ids."""
+    base, _ = build_sharegpt_trace(n_warm=TINY.n_warm, n_meas=TINY.n_meas, seed=3, block_size=128, keep_token_ids=True)
+    o = np.lexsort((base["turn"], base["conv"]))
+    new_cm = [base.lists["new_tokens"][i] for i in o]
+    run = retime(sample, 1.5, 60.0, TINY.latency)
+    tr = run.trace
+    with_ids = Trace.from_columns(
+        dict(tr.cols), dict(tr.meta), {"new_tokens": [new_cm[i] for i in run.order]}, sort=False
+    )
+    ref = block_requests(with_ids, source="tokens")
+    got = _block_requests(sample, run, 128)
+    np.testing.assert_array_equal(got.prompt_tokens, ref.prompt_tokens)
+    np.testing.assert_array_equal(got.hash_offsets, ref.hash_offsets)
+    np.testing.assert_array_equal(got.hashes, ref.hashes)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# gaps and estimators
+# ------------------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 5), st.floats(0.1, 10.0)), min_size=2, max_size=12),
+    st.floats(0.0, 60.0),
+    st.integers(0, 3),
+)
+def test_observed_gaps_reference(convs, end, min_conv):
+    """Gaps of consecutive turns both inside the mask, against a slow loop."""
+    cols = {k: [] for k in ("conv", "conv_arrival", "turn", "time", "M", "Z", "R")}
+    for i, (m, w) in enumerate(convs):
+        for j in range(1, m + 1):
+            cols["conv"].append(i)
+            cols["conv_arrival"].append(float(i))
+            cols["turn"].append(j)
+            cols["time"].append(i + (j - 1) * w)
+            cols["M"].append(m)
+            cols["Z"].append(1)
+            cols["R"].append(j)
+    tr = Trace.from_columns(cols)
+    mask = (tr["time"] <= end) & (tr["conv"] >= min_conv)
+    got = np.sort(observed_gaps(tr, mask))
+    ref = []
+    for i, (m, w) in enumerate(convs):
+        if i < min_conv:
+            continue
+        ref += [w for j in range(2, m + 1) if i + (j - 1) * w <= end]
+    np.testing.assert_allclose(got, np.sort(ref), rtol=1e-9, atol=1e-9)
+    with pytest.raises(ExperimentError, match="measured_mask"):
+        observed_gaps(tr, mask[:-1])
+
+
+def test_estimators_are_eq38_with_the_named_F(sample):
+    run = retime(sample, 1.5, 90.0, TINY.latency)
+    tr = run.trace
+    w = Window.warmup_conversations(tr, TINY.n_warm)
+    m = w.mask(tr) & (tr["conv"] >= TINY.n_warm)
+    mom = trace_moments(tr, rows=m, block="paper")
+    assert mom.L == TINY.n_meas
+    N = 500
+    gaps = observed_gaps(tr, m)
+    assert ESTIMATORS["prior"](tr, m, N, 1.5, 90.0) == pytest.approx(estimate(mom, N, 1.5, Exponential(90.0)).h)
+    assert ESTIMATORS["posterior"](tr, m, N, 1.5, 90.0) == pytest.approx(
+        estimate(mom, N, 1.5, Exponential(gaps.mean())).h
+    )
+    h_emp = ESTIMATORS["empirical"](tr, m, N, 1.5, 90.0)
+    assert 0 < h_emp <= mom.h_max_hash
+    # the prior decreases in μ_F and λ0 (eq. (38): larger T_C demand)
+    assert ESTIMATORS["prior"](tr, m, N, 1.5, 200.0) < ESTIMATORS["prior"](tr, m, N, 1.5, 90.0)
+    assert ESTIMATORS["prior"](tr, m, N, 2.0, 90.0) < ESTIMATORS["prior"](tr, m, N, 1.0, 90.0)
+
+
+def test_register_estimator():
+    with pytest.raises(ExperimentError, match="already registered"):
+        register_estimator("prior", ESTIMATORS["prior"])
+    with pytest.raises(ExperimentError, match="not callable"):
+        register_estimator("x_not_callable", 3)
+    with pytest.raises(ExperimentError, match="name"):
+        register_estimator("a/b", ESTIMATORS["prior"])
+    register_estimator("half_prior", lambda tr, m, N, lam0, mu: 0.5 * ESTIMATORS["prior"](tr, m, N, lam0, mu))
+    try:
+        assert "half_prior" in ESTIMATORS
+    finally:
+        ESTIMATORS.pop("half_prior")
+
+
+def test_run_point_with_custom_estimator(sample):
+    est = {"zero": lambda tr, m, N, lam0, mu: 0.0, "prior": ESTIMATORS["prior"]}
+    r = run_point(sample, TINY, 1.5, 90.0, est)
+    assert r["est/zero"] == 0.0 and 0 < r["est/prior"] < 1
+    for k in ("actual/vllm", "actual/vllm-0.23", "actual/alg1", "actual/vllm:token"):
+        assert 0 <= r[k] <= 1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# statistics
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_summarize_ae_re_and_checks():
+    st_ = replace(TINY, seeds=(0, 1), exp1_mu_F=(130.0, 200.0), exp2_lam0=(1.0,), engines=("vllm-0.23",))
+    runs = []
+    for s in (0, 1):
+        for lam0, mu in ((1.5, 130.0), (1.5, 200.0), (1.0, 135.0)):
+            act = 0.20 + 0.01 * s
+            runs.append(
+                {
+                    "seed": s,
+                    "lam0": lam0,
+                    "mu_F": mu,
+                    "actual/vllm-0.23": act,
+                    "actual/vllm-0.23:token": act,
+                    "actual/alg1": 0.1,
+                    "actual/alg1-phys": 0.15,
+                    "est/prior": act + (0.03 if mu == 200.0 else 0.01),
+                    "W/x": 1.0,
+                }
+            )
+    summ = summarize({"setting": st_, "runs": runs, "estimators": ["prior"], "seconds": 0.0, "jobs": 1})
+    p1 = summ["experiments"]["1"]["points"]
+    assert [p["x"] for p in p1] == [130.0, 200.0]
+    ae = p1[1]["stats"]["ae/prior/vllm-0.23"]
+    assert ae["mean"] == pytest.approx(0.03) and ae["values"] == pytest.approx([0.03, 0.03])
+    re = p1[0]["stats"]["re/prior/vllm-0.23"]
+    assert re["values"] == pytest.approx([0.01 / 0.20, 0.01 / 0.21])
+    act = p1[0]["stats"]["actual/vllm-0.23"]
+    assert act["mean"] == pytest.approx(0.205) and act["ci95"] > 0
+    ck = {(c["bound"], c["actual"]): c for c in summ["checks"] if c["estimator"] == "prior"}
+    c = ck[("Exp. 1: AE < 0.02", "vllm-0.23")]
+    assert not c["pass"] and c["worst"] == pytest.approx(0.03) and c["at_x"] == 200.0
+    c = ck[("Exp. 1: RE < 10% for 120 ≤ μ_F ≤ 165 s", "vllm-0.23")]
+    assert c["pass"] and c["n_points"] == 1
+    assert ck[("Exp. 2: AE < 0.015", "vllm-0.23")]["pass"]
+    assert not ck[("Exp. 2: AE < 0.015", "alg1")]["pass"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# end to end (tiny setting)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_reproduce_tiny_files_and_progress(tiny_result):
+    res, out, calls = tiny_result
+    names = {p.name for p in res.files}
+    for f in ("fig2", "fig3", "fig4", "fig5", "fig6"):
+        assert {f + ".png", f + ".svg"} <= names
+        assert (out / (f + ".png")).stat().st_size > 1000
+    assert {"results.json", "report.md"} <= names
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".out.tmp-")]  # temp dir removed
+    total = calls[-1][1]
+    assert calls[0] == (0, total) and calls[-1] == (total, total) and total == 4
+    assert res.seconds["total"] > 0
+
+
+def test_reproduce_tiny_results_sane(tiny_result):
+    res, out, _ = tiny_result
+    data = json.loads((out / "results.json").read_text())
+    assert data["setting"]["N"] == 2275 and data["setting"]["name"] == "tiny"
+    assert len(data["runs"]) == 4
+    for r in data["runs"]:
+        hmax = r["moments"]["h_max"]
+        for k, v in r.items():
+            if k.startswith("actual/"):
+                assert 0 <= v <= 1, k
+            if k.startswith("est/"):
+                assert 0 < v <= r["moments"]["h_max_hash"] + 1e-12 <= hmax + 1e-12, k
+        assert r["actual/alg1"] <= hmax
+        assert r["W/realized_mean"] > 0
+    for e in ("1", "2"):
+        pts = data["summary"]["experiments"][e]["points"]
+        assert len(pts) == 2
+        for p in pts:
+            for k, s in p["stats"].items():
+                if k.startswith("ae/"):
+                    assert s["mean"] is not None and math.isfinite(s["mean"])
+        for en in ("prior", "posterior", "empirical"):
+            a, b = (p["stats"][f"est/{en}"]["mean"] for p in pts)
+            assert b < a, (e, en)  # decreasing in μ_F (Exp. 1) and in λ0 (Exp. 2)
+        for act in ("vllm-0.23", "vllm", "alg1"):
+            a, b = (p["stats"][f"actual/{act}"]["mean"] for p in pts)
+            assert b < a, (e, act)
+    assert {c["bound"] for c in data["summary"]["checks"]} == {
+        "Exp. 1: AE < 0.02",
+        "Exp. 1: RE < 16%",
+        "Exp. 1: RE < 10% for 120 ≤ μ_F ≤ 165 s",
+        "Exp. 2: AE < 0.015",
+        "Exp. 2: RE < 7%",
+    } - {"Exp. 1: RE < 10% for 120 ≤ μ_F ≤ 165 s"}
+    assert isinstance(res.passed, bool)
+
+
+def test_reproduce_tiny_report(tiny_result):
+    _, out, _ = tiny_result
+    md = (out / "report.md").read_text()
+    for head in (
+        "## Settings",
+        "## Experiment 1",
+        "## Experiment 2",
+        "## The paper's bounds beside ours",
+        "## Discussion",
+        "## Files",
+    ):
+        assert head in md
+    assert "N = 2,275" in md and ("PASS" in md or "FAIL" in md)
+    assert "nan" not in md.lower().replace("nanosec", "")
