@@ -996,6 +996,52 @@ def kv(
     console.print(line)
 
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# kvhit reproduce
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def reproduce(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("out/reproduce"),
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer seeds and points (≤ 2 minutes).")] = False,
+    seeds: Annotated[int | None, typer.Option("--seeds", help="Number of seeds per point.")] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (default: all cores).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
+) -> None:
+    """Reproduce the paper's Experiments 1–2 (App. E): Figs. 2–6, results.json and report.md in --out."""
+    from .experiments import reproduce as reproduce_fn
+
+    def go():
+        if seeds is not None and seeds < 1:
+            raise ValueError("--seeds must be ≥ 1")
+        with _progress() as prog:
+            task = prog.add_task("reproducing", total=None)
+            res = reproduce_fn(out, quick=quick, seeds=range(seeds) if seeds else None, jobs=jobs,
+                               progress=lambda d, t: prog.update(task, completed=d, total=t))
+        return res
+
+    res = _run(go)
+    if as_json:
+        _print_json({"out": str(res.out_dir), "files": [str(f) for f in res.files], "seconds": res.seconds,
+                     "checks": res.checks, "passed": res.passed})
+        return
+    t = Table(title="the paper's bounds, checked (worst point over the grid, mean over seeds)")
+    for col in ["bound", "estimator", "actual", "worst", "at", "verdict"]:
+        t.add_column(col, justify="right" if col in ("worst", "at") else "left")
+    for c in res.checks:  # the two engine orders' block-weighted h; report.md has every actual
+        if not c["paper_estimator"] or c["actual"] not in ("vllm-0.23", "vllm"):
+            continue
+        worst = f"{100 * c['worst']:.1f}%" if c["metric"] == "re" else f"{c['worst']:.4f}"
+        t.add_row(c["bound"].replace(" for 120 ≤ μ_F ≤ 165 s", " (120–165 s)"), c["estimator"], c["actual"],
+                  worst, _fmt(c["at_x"], 2),
+                  "[green]pass[/]" if c["pass"] else "[red]fail[/]")
+    console.print(t)
+    console.print(f"wrote {len(res.files)} files to [bold]{res.out_dir}[/] in {res.seconds['total']:.1f} s "
+                  f"(report: {res.out_dir / 'report.md'})")
+
+
 def main() -> None:  # console-script entry point
     app()
 
