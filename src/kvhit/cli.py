@@ -1008,17 +1008,25 @@ def reproduce(
     quick: Annotated[bool, typer.Option("--quick", help="Fewer seeds and points (≤ 2 minutes).")] = False,
     seeds: Annotated[int | None, typer.Option("--seeds", help="Number of seeds per point.")] = None,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (default: all cores).")] = None,
+    tpot: Annotated[float | None, typer.Option("--tpot", help="Decode time per output token (s) of the eq. (80) "
+                                               "latency model (default 0.15, calibrated; see report).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
 ) -> None:
     """Reproduce the paper's Experiments 1–2 (App. E): Figs. 2–6, results.json and report.md in --out."""
+    from dataclasses import replace
+
+    from .experiments import get_setting
     from .experiments import reproduce as reproduce_fn
 
     def go():
         if seeds is not None and seeds < 1:
             raise ValueError("--seeds must be ≥ 1")
+        st = get_setting("quick" if quick else "paper")
+        if tpot is not None:
+            st = replace(st, latency=replace(st.latency, tpot_s=tpot))
         with _progress() as prog:
             task = prog.add_task("reproducing", total=None)
-            res = reproduce_fn(out, quick=quick, seeds=range(seeds) if seeds else None, jobs=jobs,
+            res = reproduce_fn(out, setting=st, seeds=range(seeds) if seeds else None, jobs=jobs,
                                progress=lambda d, t: prog.update(task, completed=d, total=t))
         return res
 
