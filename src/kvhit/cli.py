@@ -459,11 +459,22 @@ def _estimates_for_spec(sp, Ns: list[int], practical: bool) -> list[dict]:
     ]
 
 
-def _estimates_for_trace(tr, Ns: list[int], window, practical: bool) -> list[dict]:
-    from .estimate import estimate, trace_moments
+def measured_moments(tr, window):
+    """Eq. (35)–(37) over the measured conversations (those arriving inside the window, i.e. after the warm-up),
+    and λ0: the trace's recorded rate when it has one, else the Poisson estimate from those arrivals."""
+    from .estimate import trace_moments
 
-    mom = trace_moments(tr, rows=window.mask(tr), incomplete="drop")
-    lam0 = mom.lam0_hat
+    conv = tr.conversations()
+    sel = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)
+    mom = trace_moments(tr, conv["conv"][sel])
+    lam0 = float(tr.meta["lam0"]) if "lam0" in tr.meta else mom.lam0_hat
+    return mom, lam0
+
+
+def _estimates_for_trace(tr, Ns: list[int], window, practical: bool) -> list[dict]:
+    from .estimate import estimate
+
+    mom, lam0 = measured_moments(tr, window)
     out = []
     e_b = estimate(mom, np.asarray(Ns, float), lam0, "empirical", practical=False)
     e_p = estimate(mom, np.asarray(Ns, float), lam0, "empirical", practical=True)
@@ -996,7 +1007,6 @@ def kv(
     console.print(line)
 
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # kvhit reproduce
 # ---------------------------------------------------------------------------------------------------------------
@@ -1008,8 +1018,14 @@ def reproduce(
     quick: Annotated[bool, typer.Option("--quick", help="Fewer seeds and points (≤ 2 minutes).")] = False,
     seeds: Annotated[int | None, typer.Option("--seeds", help="Number of seeds per point.")] = None,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (default: all cores).")] = None,
-    tpot: Annotated[float | None, typer.Option("--tpot", help="Decode time per output token (s) of the eq. (80) "
-                                               "latency model (default 0.15, calibrated; see report).")] = None,
+    tpot: Annotated[
+        float | None,
+        typer.Option(
+            "--tpot",
+            help="Decode time per output token (s) of the eq. (80) "
+            "latency model (default 0.15, calibrated; see report).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
 ) -> None:
     """Reproduce the paper's Experiments 1–2 (App. E): Figs. 2–6, results.json and report.md in --out."""
@@ -1026,14 +1042,26 @@ def reproduce(
             st = replace(st, latency=replace(st.latency, tpot_s=tpot))
         with _progress() as prog:
             task = prog.add_task("reproducing", total=None)
-            res = reproduce_fn(out, setting=st, seeds=range(seeds) if seeds else None, jobs=jobs,
-                               progress=lambda d, t: prog.update(task, completed=d, total=t))
+            res = reproduce_fn(
+                out,
+                setting=st,
+                seeds=range(seeds) if seeds else None,
+                jobs=jobs,
+                progress=lambda d, t: prog.update(task, completed=d, total=t),
+            )
         return res
 
     res = _run(go)
     if as_json:
-        _print_json({"out": str(res.out_dir), "files": [str(f) for f in res.files], "seconds": res.seconds,
-                     "checks": res.checks, "passed": res.passed})
+        _print_json(
+            {
+                "out": str(res.out_dir),
+                "files": [str(f) for f in res.files],
+                "seconds": res.seconds,
+                "checks": res.checks,
+                "passed": res.passed,
+            }
+        )
         return
     t = Table(title="the paper's bounds, checked (worst point over the grid, mean over seeds)")
     for col in ["bound", "estimator", "actual", "worst", "at", "verdict"]:
@@ -1042,12 +1070,148 @@ def reproduce(
         if not c["paper_estimator"] or c["actual"] not in ("vllm-0.23", "vllm"):
             continue
         worst = f"{100 * c['worst']:.1f}%" if c["metric"] == "re" else f"{c['worst']:.4f}"
-        t.add_row(c["bound"].replace(" for 120 ≤ μ_F ≤ 165 s", " (120–165 s)"), c["estimator"], c["actual"],
-                  worst, _fmt(c["at_x"], 2),
-                  "[green]pass[/]" if c["pass"] else "[red]fail[/]")
+        t.add_row(
+            c["bound"].replace(" for 120 ≤ μ_F ≤ 165 s", " (120–165 s)"),
+            c["estimator"],
+            c["actual"],
+            worst,
+            _fmt(c["at_x"], 2),
+            "[green]pass[/]" if c["pass"] else "[red]fail[/]",
+        )
     console.print(t)
-    console.print(f"wrote {len(res.files)} files to [bold]{res.out_dir}[/] in {res.seconds['total']:.1f} s "
-                  f"(report: {res.out_dir / 'report.md'})")
+    console.print(
+        f"wrote {len(res.files)} files to [bold]{res.out_dir}[/] in {res.seconds['total']:.1f} s "
+        f"(report: {res.out_dir / 'report.md'})"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# kvhit curve
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def curve_data(tr, Ns: np.ndarray, window, *, policies=("content", "vllm", "vllm-0.23"), engines_est=()) -> dict:
+    """Hit ratio at every capacity in ``Ns``: exact simulated curves in one pass each (Algorithm 1 with the
+    practical weight; the vLLM block cache, block-weighted) and the mean-field estimates."""
+    from .estimate import estimate
+    from .sim.blockcurve import block_curve
+    from .sim.runner import block_requests
+    from .sim.stackdist import content_curve_from_thresholds, content_hit_thresholds
+
+    mask = window.mask(tr)
+    out: dict[str, Any] = {"N": Ns}
+    if "content" in policies:
+        thr = content_hit_thresholds(tr.dense_conv(), tr["R"])
+        w = np.where(mask, np.maximum(tr.R_prev() - 1, 0), 0)
+        out["Algorithm 1 (content LRU)"] = content_curve_from_thresholds(thr, w, Ns) / tr["R"][mask].sum()
+    engines = [p for p in policies if p in ("vllm", "vllm-0.23")]
+    if engines:
+        rq = block_requests(tr)
+        for e in engines:
+            c = block_curve(
+                rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e, mask=mask
+            )
+            label = "vLLM ≥ 0.24 (block cache)" if e == "vllm" else "vLLM ≤ 0.23 (block cache)"
+            out[label] = c["block_hit_ratio"]
+            out[label + " token ratio"] = c["token_hit_ratio"]
+    mom, lam0 = measured_moments(tr, window)
+    out["estimate: paper eq. (39), F̂"] = np.asarray(estimate(mom, Ns.astype(float), lam0, "empirical").h)
+    out["h_max"] = mom.h_max_hash
+    out["lam0"] = lam0
+    return out
+
+
+@app.command()
+def curve(
+    trace: Annotated[Path | None, typer.Option("--trace", help="Workload trace (Parquet).")] = None,
+    spec: SpecOpt = None,
+    lam0: Lam0Opt = None,
+    p: POpt = None,
+    mean_turns: TurnsOpt = None,
+    x_mean: XOpt = None,
+    y_mean: YOpt = None,
+    w_mean: WMeanOpt = None,
+    w_dist: WDistOpt = "exponential",
+    w_cv: WCvOpt = 1.0,
+    conversations: Annotated[int, typer.Option("--conversations", "-n", help="Spec mode: conversations.")] = 20_000,
+    seed: Annotated[int, typer.Option("--seed", help="Spec mode: seed.")] = 0,
+    n_min: Annotated[int, typer.Option("--n-min", help="Smallest capacity (blocks).")] = 64,
+    n_max: Annotated[
+        int | None, typer.Option("--n-max", help="Largest capacity (default: where every history fits).")
+    ] = None,
+    points: Annotated[int, typer.Option("--points", help="Capacities on a log grid.")] = 1000,
+    policies: Annotated[
+        str, typer.Option("--policies", help="Comma list of content, vllm, vllm-0.23.")
+    ] = "content,vllm,vllm-0.23",
+    model: ModelOpt = "qwen3-8b",
+    block_size: Annotated[int | None, typer.Option("--block-size", help="Tokens per block.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write PREFIX.png and PREFIX.svg.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimator's curve."""
+    from . import hardware
+    from .workload import Trace, Window, generate
+
+    def go():
+        if trace is not None:
+            tr = Trace.read(trace)
+            if block_size:
+                tr.meta["block_size"] = block_size
+        else:
+            sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
+            tr = generate(sp, seed, n_conversations=conversations)
+            tr.meta.update(n_warm=conversations // 5, block_size=block_size or 128)
+        pol = tuple(x.strip() for x in policies.split(",") if x.strip())
+        bad = set(pol) - {"content", "vllm", "vllm-0.23"}
+        if bad:
+            raise ValueError(f"--policies: unknown {sorted(bad)} (content, vllm, vllm-0.23)")
+        n_warm = int(tr.meta.get("n_warm", 0))
+        window = Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
+        hi = n_max or int(2 * tr.conversations()["B"].sum() / max(tr.n_conversations, 1) * 200)
+        if n_min < 1 or hi <= n_min or points < 2:
+            raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
+        Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
+        data = curve_data(tr, Ns, window, policies=pol)
+        b = tr.block_size or 128
+        bpb = hardware.resolve_model(model).bytes_per_block(b)
+        data["bytes_per_block"] = bpb
+        if plot is not None:
+            from .plots import plot_curves
+
+            lines = {
+                k: (Ns, v)
+                for k, v in data.items()
+                if isinstance(v, np.ndarray) and k != "N" and not k.endswith("token ratio")
+            }
+            data["figures"] = plot_curves(
+                lines,
+                str(plot),
+                h_max=data["h_max"],
+                bytes_per_block=bpb,
+                title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b})",
+            )
+        return data
+
+    data = _run(go)
+    if as_json:
+        _print_json(data)
+        return
+    Ns = data["N"]
+    keys = [k for k, v in data.items() if isinstance(v, np.ndarray) and k != "N"]
+    t = Table(
+        title=f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {data['h_max']:.4f})"
+    )
+    t.add_column("N (blocks)", justify="right")
+    t.add_column("GiB", justify="right")
+    for k in keys:
+        t.add_column(k, justify="right")
+    for i in np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int)):
+        t.add_row(
+            _fmt(int(Ns[i])), f"{Ns[i] * data['bytes_per_block'] / 2**30:.2f}", *[_fmt(float(data[k][i])) for k in keys]
+        )
+    console.print(t)
+    for f in data.get("figures", []):
+        console.print(f"wrote {f}")
 
 
 def main() -> None:  # console-script entry point

@@ -104,3 +104,40 @@ def plot_fig2(
         fig.savefig(p, dpi=150)
         paths.append(p)
     return paths
+
+
+def plot_curves(
+    curves: dict, out_prefix, *, h_max: float | None = None, bytes_per_block: int | None = None, title: str = ""
+) -> list:
+    """Hit ratio vs capacity: one line per entry of ``curves`` (``{label: (N array, h array)}``), h_max as a
+    dashed line, and a secondary x-axis in GiB of KV when ``bytes_per_block`` is given. Writes PNG and SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, (N, h) in curves.items():
+        style = "--" if label.startswith("estimate") else "-"
+        ax.plot(N, h, style, label=label, lw=1.6)
+    if h_max is not None:
+        ax.axhline(h_max, color="0.3", ls=":", lw=1.2, label=f"h_max = {h_max:.3f}")
+    ax.set_xlabel("KV capacity N (blocks)")
+    ax.set_ylabel("hit ratio h")
+    ax.set_ylim(0, None)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    if bytes_per_block:
+        gib = bytes_per_block / 2**30
+        sec = ax.secondary_xaxis("top", functions=(lambda n: n * gib, lambda g: g / gib))
+        sec.set_xlabel("KV memory (GiB)")
+    fig.tight_layout()
+    out = []
+    for ext in ("png", "svg"):
+        path = f"{out_prefix}.{ext}"
+        fig.savefig(path, dpi=130)
+        out.append(path)
+    plt.close(fig)
+    return out

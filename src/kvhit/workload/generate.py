@@ -56,7 +56,6 @@ def generate(
             raise SpecError("no conversation arrived within the horizon; lengthen it")
 
     inc = spec.increments
-    X = Y = None
     if isinstance(inc, EmpiricalConversations):
         M, Z = inc.draw(rng, n)
     else:
@@ -77,13 +76,12 @@ def generate(
     meta = {
         "source": "synthetic",
         "seed": int(seed),
+        "lam0": lam0,
         "spec": spec.to_dict()
         if not isinstance(inc, EmpiricalConversations)
         else {"lam0": lam0, "increments": "empirical"},
         "n_conversations": n,
     }
-    if X is not None:
-        meta["prompt_blocks_mean"] = float(np.mean(X))
     return Trace.from_columns(cols, meta, where="generated trace")
 
 
