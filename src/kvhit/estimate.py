@@ -47,6 +47,7 @@ __all__ = [
     "displacement_moments",
     "estimate_engine",
     "estimate_finite",
+    "estimate_window",
 ]
 
 #: How R_{i,j} and its hashable part are read from a trace (argument ``block`` of :func:`trace_moments`).
@@ -229,9 +230,7 @@ def trace_moments(
         R = _column(trace, "R_phys", block)[order]
         H = R - 1
     else:
-        R = (_column(trace, "R_phys", block) if "R_phys" in trace.cols else np.asarray(trace["R"], np.int64))[
-            order
-        ]
+        R = (_column(trace, "R_phys", block) if "R_phys" in trace.cols else np.asarray(trace["R"], np.int64))[order]
         H = _column(trace, "R_full", block)[order]
     starts = np.flatnonzero(np.concatenate([[True], conv[1:] != conv[:-1]]))
     counts = np.diff(np.append(starts, conv.size))
@@ -305,9 +304,7 @@ def _gaps(source: Trace | TraceMoments) -> np.ndarray:
     elif isinstance(source, TraceMoments):
         W = source.W
     else:
-        raise EstimateError(
-            f"source: an empirical F̂ needs a Trace or TraceMoments, got {type(source).__name__}"
-        )
+        raise EstimateError(f"source: an empirical F̂ needs a Trace or TraceMoments, got {type(source).__name__}")
     if W.size == 0:
         raise EstimateError("trace: no interarrival gap observed (every conversation has a single turn)")
     return W
@@ -375,20 +372,15 @@ def estimate(
         if F not in ("empirical", "posterior"):
             raise EstimateError(f"F: expected 'empirical', 'posterior' or an Interarrival, got {F!r}")
         if not isinstance(mom, TraceMoments):
-            raise EstimateError(
-                f"F={F!r} needs observed gaps: pass a Trace or TraceMoments, or give F explicitly"
-            )
+            raise EstimateError(f"F={F!r} needs observed gaps: pass a Trace or TraceMoments, or give F explicitly")
         F = empirical_F(mom) if F == "empirical" else posterior_F(mom)
     elif not isinstance(F, Interarrival):
-        raise EstimateError(
-            f"F: expected 'empirical', 'posterior' or an Interarrival, got {type(F).__name__}"
-        )
+        raise EstimateError(f"F: expected 'empirical', 'posterior' or an Interarrival, got {type(F).__name__}")
     if lam0 is None:
         lam0 = getattr(mom, "lam0_hat", math.nan)
         if not (isinstance(lam0, float) and math.isfinite(lam0) and lam0 > 0):
             raise EstimateError(
-                "lam0: not given and not estimable from the source (need ≥ 2 conversation "
-                "arrivals spread in time)"
+                "lam0: not given and not estimable from the source (need ≥ 2 conversation arrivals spread in time)"
             )
     return _result(mom, F, lam0, N, practical)
 
@@ -402,9 +394,7 @@ def estimate_spec(
     if not isinstance(spec, WorkloadSpec):
         raise EstimateError(f"spec: expected a WorkloadSpec, got {type(spec).__name__}")
     mom = theory.moments(spec)
-    return _result(
-        mom, spec.interarrival if F is None else F, spec.lam0 if lam0 is None else lam0, N, practical
-    )
+    return _result(mom, spec.interarrival if F is None else F, spec.lam0 if lam0 is None else lam0, N, practical)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -768,7 +758,12 @@ def _grid_eval(G: _Occupancy, xs: np.ndarray, max_points: int = 16384) -> np.nda
 
 
 def _hits_per_lambda(
-    acc: EngineAccounting, F: Interarrival, lam0: float, N: np.ndarray, finite: bool, partial: bool,
+    acc: EngineAccounting,
+    F: Interarrival,
+    lam0: float,
+    N: np.ndarray,
+    finite: bool,
+    partial: bool,
     fluctuations: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(h, τ(C)) for the capacities N (1-d) at one λ0."""
@@ -871,10 +866,7 @@ def estimate_engine(
     lam = np.asarray(lam0, dtype=float)
     if not np.isfinite(lam).all() or (lam <= 0).any():
         raise EstimateError("lam0: must be finite and > 0")
-    integer = finite and (acc.mode == "prefix" and partial or fluctuations)
-    Nb, lb = np.broadcast_arrays(_capacities(N, integer or fluctuations and finite), lam)
-    if fluctuations and not finite:
-        _capacities(N, False)
+    Nb, lb = np.broadcast_arrays(_capacities(N, finite and acc.mode == "prefix" and partial), lam)
     if acc.cap_offset and (Nb <= acc.cap_offset).any():
         raise EstimateError(f"N: must exceed {acc.cap_offset} block(s) for engine {acc.engine!r}")
     h = np.empty(Nb.shape)
@@ -919,3 +911,227 @@ def estimate_finite(
     if isinstance(source, Trace):
         source = engine_accounting(source, accounting="paper", rows=rows)
     return estimate_engine(source, N, lam0, F, accounting="paper", finite=True, fluctuations=False)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Window-exact (transient) form: the measured rows, their own gaps, and no conversation before the origin
+# ----------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _phi_table_kernel(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, out_v):  # pragma: no cover
+    """out[it, is] += Σ_i ∫_{a > −s} Φ_t^{(i)}(a) (and Φ²) da: the background mass of conversations that
+    arrived after the system origin, for a tagged access s seconds after the origin (see
+    :func:`_phi_moments_kernel`)."""
+    nconv = conv_ptr.size - 1
+    ns = sgrid.size
+    for c in range(nconv):
+        p0 = conv_ptr[c]
+        p1 = conv_ptr[c + 1]
+        M = p1 - p0
+        s = offsets[p0:p1]
+        bp = np.empty(2 * M)
+        seg_lo = np.empty(2 * M)
+        seg_hi = np.empty(2 * M)
+        seg_m = np.empty(2 * M)
+        seg_v = np.empty(2 * M)
+        for it in range(tgrid.size):
+            t = tgrid[it]
+            for k in range(M):
+                bp[2 * k] = -s[k]
+                bp[2 * k + 1] = t - s[k]
+            bp.sort()
+            lo_lim = -s[M - 1]
+            nseg = 0
+            for q in range(2 * M - 1):
+                lo = max(bp[q], lo_lim)
+                hi = min(bp[q + 1], t)
+                if hi <= lo:
+                    continue
+                am = 0.5 * (lo + hi)
+                kl = np.searchsorted(s, t - am, side="right")
+                kf = np.searchsorted(s, -am, side="right") + 1
+                if kf > kl:
+                    continue
+                phi = cum_new[p0 + kl - 1]
+                if kf >= 2:
+                    phi += hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
+                seg_lo[nseg] = lo
+                seg_hi[nseg] = hi
+                seg_m[nseg] = phi
+                seg_v[nseg] = phi * phi
+                nseg += 1
+            for js in range(ns):
+                cut = -sgrid[js]
+                am_ = 0.0
+                av_ = 0.0
+                for q in range(nseg):
+                    lo = max(seg_lo[q], cut)
+                    if seg_hi[q] > lo:
+                        am_ += seg_m[q] * (seg_hi[q] - lo)
+                        av_ += seg_v[q] * (seg_hi[q] - lo)
+                out_m[it, js] += am_
+                out_v[it, js] += av_
+
+
+@njit(cache=True)
+def _row_hits_kernel(H, size, mean, sd, C, prefix, out):  # pragma: no cover - numba
+    """Expected hit blocks per row: Σ_{i<H} P(D ≤ C − 1 − i) (prefix) or H·P(D ≤ C − size) (whole), with
+    D ~ Normal(mean, sd²) and a ½-block continuity correction (sd = 0: D = mean)."""
+    for r in range(H.size):
+        h = H[r]
+        tot = 0.0
+        if prefix:
+            for i in range(int(h)):
+                x = C - 1 - i
+                if x < 0:
+                    break
+                if sd[r] > 0:
+                    tot += 0.5 * math.erfc(-(x + 0.5 - mean[r]) / (sd[r] * math.sqrt(2.0)))
+                elif mean[r] <= x:
+                    tot += 1.0
+        else:
+            x = C - size[r]
+            if x >= 0:
+                if sd[r] > 0:
+                    tot = h * 0.5 * math.erfc(-(x + 0.5 - mean[r]) / (sd[r] * math.sqrt(2.0)))
+                elif mean[r] <= x:
+                    tot = h
+        out[r] = tot
+
+
+def _bilinear(tab: np.ndarray, tg: np.ndarray, sg: np.ndarray, t: np.ndarray, s: np.ndarray) -> np.ndarray:
+    t = np.clip(t, tg[0], tg[-1])
+    s = np.clip(s, sg[0], sg[-1])
+    i = np.clip(np.searchsorted(tg, t, side="right") - 1, 0, tg.size - 2)
+    j = np.clip(np.searchsorted(sg, s, side="right") - 1, 0, sg.size - 2)
+    u = (t - tg[i]) / (tg[i + 1] - tg[i])
+    v = (s - sg[j]) / (sg[j + 1] - sg[j])
+    return (
+        tab[i, j] * (1 - u) * (1 - v)
+        + tab[i + 1, j] * u * (1 - v)
+        + tab[i, j + 1] * (1 - u) * v
+        + tab[i + 1, j + 1] * u * v
+    )
+
+
+def estimate_window(
+    trace: Trace,
+    N: Any,
+    lam0: float,
+    *,
+    window: Any = None,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    accounting: str = "engine",
+    partial: bool = True,
+    fluctuations: bool = True,
+    origin: float | None = 0.0,
+    block_size: int | None = None,
+    n_t: int = 96,
+    n_s: int = 48,
+) -> EngineEstimate:
+    """The engine estimator evaluated on the rows a measurement actually counts (window-exact form).
+
+    The predicted hit ratio is Σ_{r ∈ window} unit·E[hits_r] / Σ_{r ∈ window} demand_r over the window's rows
+    (the metric's own ratio of sums), where row r (turn j+1 ≥ 2 of its conversation, gap W_r since turn j,
+    which happened s_r seconds after ``origin``) has E[hits_r] = Σ_{i<H_j} P(D_r ≤ C − 1 − i) (vLLM,
+    tail-first freeing; ``partial=False`` or whole content: H_j·P(D_r ≤ C − size_j)). D_r, the displacement
+    over (s_r, s_r + W_r], is the Poisson random measure of Lemma D.1 restricted to conversations that arrived
+    after the origin (no conversation exists before the system starts: the warm-up transient of App. E), with
+    mean λ0 m₁(W_r; s_r) and variance λ0 V₁(W_r; s_r) tabulated on an ``n_t`` × ``n_s`` grid and
+    interpolated; the marks are the trace's own conversations (all of them). ``origin=None`` drops the
+    restriction (stationary). ``fluctuations=False`` uses D_r = its mean.
+
+    Each row's own realized gap W_r is used (the tagged gap, independent of the background in the model);
+    the background is never replayed.
+    """
+    if not isinstance(trace, Trace):
+        raise EstimateError(f"trace: expected a Trace, got {type(trace).__name__}")
+    acc = engine_accounting(trace, engine=engine, metric=metric, accounting=accounting, block_size=block_size)
+    lam0 = float(lam0)
+    if not (math.isfinite(lam0) and lam0 > 0):
+        raise EstimateError(f"lam0: must be finite and > 0, got {lam0!r}")
+    Ns = _capacities(N, True)
+    if window is None:
+        wmask = np.ones(trace.n_turns, bool)
+    elif hasattr(window, "mask"):
+        wmask = np.asarray(window.mask(trace), bool)
+    else:
+        wmask = np.asarray(window, bool)
+        if wmask.shape != (trace.n_turns,):
+            raise EstimateError(f"window: a row mask must have shape ({trace.n_turns},), got {wmask.shape}")
+    # rows in conversation-major order, as in engine_accounting (all conversations)
+    order = np.lexsort((trace["turn"], trace["conv"]))
+    conv = trace["conv"][order]
+    first = np.concatenate([[True], conv[1:] != conv[:-1]])
+    t_abs = np.asarray(trace["time"], dtype=float)[order]
+    wm = wmask[order]
+    # metric demand per row and the previous turn's reuse/size
+    ptr = acc.conv_ptr
+    last = np.zeros(conv.size, bool)
+    last[ptr[1:] - 1] = True
+    reuse_all = np.empty(conv.size)
+    size_all = np.empty(conv.size)
+    reuse_all[~last] = acc.reuse
+    size_all[~last] = acc.size
+    reuse_all[last] = 0.0
+    size_all[last] = 0.0
+    demand = _row_demand(trace, acc, order)
+    rev = wm & ~first  # measured revisits
+    H = np.concatenate([[0.0], reuse_all[:-1]])[rev]
+    S = np.concatenate([[0.0], size_all[:-1]])[rev]
+    W = (t_abs - np.concatenate([[0.0], t_abs[:-1]]))[rev]
+    t0 = float(trace["conv_arrival"].min()) if origin is None else float(origin)
+    s_start = t_abs[rev] - W - t0  # time of the previous access since the origin
+    if origin is None:
+        s_start = np.full(W.size, np.inf)
+    wmax = float(W.max()) if W.size else 1.0
+    tg = np.unique(np.concatenate([np.linspace(0.0, wmax, n_t), np.quantile(W, np.linspace(0, 1, n_t))]))
+    life = float(acc.offsets.max())
+    if origin is None:
+        sg = np.array([0.0, 1.0]) * (life + 1.0) + 1e12  # beyond every lifetime: stationary
+        s_eval = np.full(W.size, sg[0])
+    else:
+        sg = np.unique(np.concatenate([np.linspace(0.0, life + wmax, n_s), [life + wmax + 1.0]]))
+        s_eval = np.maximum(s_start, 0.0)
+    m_tab = np.zeros((tg.size, sg.size))
+    v_tab = np.zeros((tg.size, sg.size))
+    _phi_table_kernel(acc.conv_ptr, acc.offsets, acc.cum_new, acc.hist_all, tg, sg, m_tab, v_tab)
+    mean = lam0 * _bilinear(m_tab, tg, sg, W, s_eval) / acc.L
+    sd = np.sqrt(lam0 * _bilinear(v_tab, tg, sg, W, s_eval) / acc.L) if fluctuations else np.zeros(W.size)
+    den = float(demand[wm].sum())
+    h = np.empty(Ns.shape)
+    flat = Ns.ravel()
+    out = np.empty(W.size)
+    hf = h.ravel()
+    for k, n in enumerate(flat):
+        _row_hits_kernel(H, S, mean, sd, float(n - acc.cap_offset), acc.mode == "prefix" and partial, out)
+        hf[k] = acc.unit * out.sum() / den
+    h = hf.reshape(Ns.shape)
+    scalar = h.ndim == 0
+    return EngineEstimate(
+        h=float(h) if scalar else h,
+        T_C=math.nan,
+        h_max=acc.h_max,
+        N=float(Ns) if scalar else Ns,
+        lam0=lam0,
+        engine=acc.engine,
+        metric=acc.metric,
+        accounting=acc.accounting,
+        finite=True,
+        partial=bool(partial and acc.mode == "prefix"),
+        fluctuations=bool(fluctuations),
+    )
+
+
+def _row_demand(trace: Trace, acc: EngineAccounting, order: np.ndarray) -> np.ndarray:
+    if acc.engine in ("paper", "content"):
+        return np.asarray(trace["R"], dtype=float)[order]
+    b = acc.block_size
+    T = (
+        np.asarray(trace["cum_tokens"], dtype=np.int64)[order]
+        if "cum_tokens" in trace.cols
+        else np.asarray(trace["R"], dtype=np.int64)[order] * b - 1
+    )
+    return T.astype(float) if acc.metric == "tokens" else (-(-T // b)).astype(float)

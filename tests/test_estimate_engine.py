@@ -1,0 +1,202 @@
+"""Engine-aware, finite-capacity and fluctuation estimators (kvhit.estimate.estimate_engine & co.)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvhit.estimate import (
+    EstimateError,
+    displacement_moments,
+    engine_accounting,
+    estimate,
+    estimate_engine,
+    estimate_finite,
+    estimate_window,
+    trace_moments,
+)
+from kvhit.sim.metrics import mean_ci
+from kvhit.sim.runner import block_requests, simulate_trace_block
+from kvhit.workload.blocks import block_accounting
+from kvhit.workload.dists import Exponential
+from kvhit.workload.generate import trace_from_conversations
+from kvhit.workload.trace import Window
+
+
+def token_trace(seed, n_conv=400, b=16, lam0=1.0, mu=20.0, p_mean=60.0, r_mean=30.0, m_mean=4.0):
+    rng = np.random.default_rng(seed)
+    M = 1 + rng.geometric(1 / m_mean, size=n_conv)
+    n = int(M.sum())
+    p = 1 + rng.poisson(p_mean, size=n)
+    r = 1 + rng.poisson(r_mean, size=n)
+    cols = block_accounting(M, p, r, b)
+    extra = {k: cols[k] for k in ("prompt_tokens", "response_tokens", "cum_tokens", "R_full", "R_phys")}
+    return trace_from_conversations(
+        M, cols["Z"], lam0=lam0, interarrival=Exponential(mu), seed=seed, extra=extra, meta={"block_size": b}
+    )
+
+
+def hand_trace():
+    # one conversation, b = 4: T = 5, 9, 16 (p1 = 5; r1 = 2, p2 = 2; r2 = 3, p3 = 4), plus a 1-turn one (T = 8)
+    M = np.array([3, 1])
+    p = np.array([5, 2, 4, 8])
+    r = np.array([2, 3, 1, 1])
+    cols = block_accounting(M, p, r, 4)
+    extra = {k: cols[k] for k in ("prompt_tokens", "response_tokens", "cum_tokens", "R_full", "R_phys")}
+    return trace_from_conversations(
+        M, cols["Z"], lam0=1.0, interarrival=Exponential(1.0), seed=0, extra=extra, meta={"block_size": 4}
+    )
+
+
+def test_hand_worked_accounting_both_engines():
+    tr = hand_trace()
+    assert sorted(tr["cum_tokens"].tolist()) == [5, 8, 9, 16]
+    assert sorted(tr["R"].tolist()) == [2, 2, 4, 6]  # paper: ⌈T/b⌉ + earlier partial prompts
+    new = engine_accounting(tr, engine="vllm", metric="tokens")
+    old = engine_accounting(tr, engine="vllm-0.23", metric="blocks")
+    # full blocks ⌊T/b⌋: conv 0: 1, 2, 4; conv 1: 2.  ≥ 0.24: E_B = (4 + 2)/2; ≤ 0.23 adds partial prompts 5, 9
+    assert new.E_B == pytest.approx(3.0)
+    assert old.E_B == pytest.approx(4.0)
+    assert new.A == old.A == pytest.approx((1 + 2) / 2)  # cached full history moving on revisits
+    assert new.cap_offset == 1 and old.cap_offset == 0
+    assert sorted(new.reuse.tolist()) == [1.0, 2.0]
+    assert new.h_max == pytest.approx(4 * 3 / (5 + 9 + 16 + 8))  # hit tokens / prompt tokens
+    assert old.h_max == pytest.approx(3 / (2 + 3 + 4 + 2))  # hit blocks / ⌈T/b⌉
+    paper = engine_accounting(tr, accounting="paper")
+    assert paper.E_B == pytest.approx((6 + 2) / 2) and paper.A == pytest.approx((2 - 1 + 4 - 1) / 2)
+    content = engine_accounting(tr, engine="content")
+    assert content.A == pytest.approx((2 + 4) / 2)
+
+
+def test_paper_accounting_reproduces_estimate_exactly():
+    tr = token_trace(1)
+    N = np.array([[50.0], [200.0], [800.0]])
+    lam = np.array([0.5, 1.0, 2.0])
+    ref = estimate(tr, N, lam)
+    got = estimate_engine(tr, N, lam, accounting="paper", finite=False, fluctuations=False)
+    np.testing.assert_allclose(got.h, ref.h, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(got.T_C, ref.T_C, rtol=1e-12, atol=0)
+
+
+def test_finite_reduces_to_mean_field_when_sizes_negligible():
+    tr = token_trace(2, n_conv=200)
+    mom = trace_moments(tr)
+    N = 1e7
+    R_max = float(tr["R"].max())
+    for lam in (N / 2000.0, N / 400.0):
+        mf = estimate(mom, N, lam).h
+        fin = estimate_finite(tr, N, lam).h
+        assert fin <= mf + 1e-15  # F(τ(N − R)) ≤ F(τ(N))
+        # |F̂(τ(N)) − F̂(τ(N − R))| ≤ P(τ(N − R_max) < W ≤ τ(N)); τ moves by ≤ R_max/(λ0 E_B)
+        w = np.sort(tr.interarrivals())
+        tn = float(estimate(mom, N, lam).T_C)
+        band = np.mean((w > tn - R_max / (lam * mom.E_B)) & (w <= tn))
+        assert mf - fin <= band * mom.h_max_hash + 1e-12
+
+
+def test_finite_no_hit_when_size_exceeds_capacity():
+    tr = token_trace(3, n_conv=100)
+    acc = engine_accounting(tr, accounting="paper")
+    N = float(acc.size.min()) - 1  # every turn larger than the cache
+    assert estimate_finite(acc, N, 1.0).h == 0.0
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    engine=st.sampled_from(["vllm", "vllm-0.23", "content"]),
+    metric=st.sampled_from(["tokens", "blocks"]),
+    finite=st.booleans(),
+    partial=st.booleans(),
+    fluct=st.booleans(),
+)
+def test_vectorized_equals_scalar_loop(engine, metric, finite, partial, fluct):
+    acc = engine_accounting(_TR, engine=engine, metric=metric)
+    N = np.array([40, 90, 300, 1000])
+    lam = np.array([[0.7], [1.6]])
+    vec = estimate_engine(acc, N, lam, finite=finite, partial=partial, fluctuations=fluct).h
+    for i in range(2):
+        for k in range(4):
+            s = estimate_engine(acc, int(N[k]), float(lam[i, 0]), finite=finite, partial=partial, fluctuations=fluct).h
+            assert vec[i, k] == pytest.approx(s, rel=1e-9, abs=1e-12)
+
+
+_TR = token_trace(4, n_conv=300)
+
+
+def test_displacement_moments_against_direct_integration():
+    tr = token_trace(5, n_conv=12, m_mean=3.0)
+    acc = engine_accounting(tr, engine="vllm-0.23")
+    ts = np.array([0.0, 3.0, 17.0, 60.0])
+    m1, v1 = displacement_moments(acc, ts)
+    # closed form of the mean (Lemma D.4 with each conversation's own gaps)
+    L = acc.L
+    ptr = acc.conv_ptr
+    W = np.diff(acc.offsets)[np.diff(np.repeat(np.arange(L), np.diff(ptr))) == 0]
+    hist_nl = acc.hist_all[np.setdiff1d(np.arange(acc.hist_all.size), ptr[1:] - 1)]
+    closed = acc.E_B * ts + np.array([(hist_nl * np.minimum(W, t)).sum() / L for t in ts])
+    np.testing.assert_allclose(m1, closed, rtol=1e-10, atol=1e-9)
+    # brute-force Riemann sum over arrival times a of Φ_t(a) and Φ_t(a)² (independent slow reference)
+    new = np.diff(np.concatenate([[0.0], acc.cum_new]))
+    for t, mv, vv in zip(ts, m1, v1, strict=True):
+        sm = sv = 0.0
+        for c in range(L):
+            s = acc.offsets[ptr[c] : ptr[c + 1]]
+            hist = acc.hist_all[ptr[c] : ptr[c + 1]]
+            nw = new[ptr[c] : ptr[c + 1]]
+            nw[0] = acc.cum_new[ptr[c]]
+            a = np.linspace(-s[-1], t, 20001)[:-1] + (t + s[-1]) / 40000
+            da = (t + s[-1]) / 20000
+            for ai in a:
+                inw = (ai + s > 0) & (ai + s <= t)
+                if not inw.any():
+                    continue
+                kf = int(np.argmax(inw))
+                phi = nw[inw].sum() + (hist[kf - 1] if kf > 0 else 0.0)
+                sm += phi * da
+                sv += phi * phi * da
+        assert mv == pytest.approx(sm / L, rel=2e-3, abs=1e-6)
+        assert vv == pytest.approx(sv / L, rel=2e-3, abs=1e-6)
+
+
+def test_bad_input_names_field():
+    with pytest.raises(EstimateError, match="engine"):
+        engine_accounting(_TR, engine="sglang")
+    with pytest.raises(EstimateError, match="metric"):
+        engine_accounting(_TR, metric="requests")
+    with pytest.raises(EstimateError, match="N"):
+        estimate_engine(_TR, 100.5, 1.0)
+    with pytest.raises(EstimateError, match="lam0"):
+        estimate_engine(_TR, 100, -1.0)
+
+
+def _accuracy(n_seeds, n_conv, N, lam0, engine):
+    errs, acts = [], []
+    for seed in range(n_seeds):
+        tr = token_trace(100 + seed, n_conv=n_conv, lam0=lam0)
+        win = Window.warmup_conversations(tr, n_conv // 5)
+        _, m = simulate_trace_block(tr, N, engine=engine, window=win, requests=block_requests(tr, source="counts"))
+        est = estimate_window(tr, N, lam0, window=win, engine=engine).h
+        errs.append(est - m["token_hit_ratio"])
+        acts.append(m["token_hit_ratio"])
+    return errs, acts
+
+
+@pytest.mark.parametrize("engine", ["vllm", "vllm-0.23"])
+def test_window_estimator_within_simulation_ci(engine):
+    # the errors est − sim over independent replications: their mean must be within the Student-t 95% CI
+    # half-width of the simulated hit ratio's replication mean (plus the CI of the errors themselves)
+    errs, acts = _accuracy(4, 1500, 400, 1.0, engine)
+    e_mean, e_hw = mean_ci(errs)
+    _, a_hw = mean_ci(acts)
+    assert 0.05 < np.mean(acts) < 0.6
+    assert abs(e_mean) <= e_hw + a_hw
+
+
+@pytest.mark.slow
+def test_window_estimator_within_simulation_ci_large():
+    errs, acts = _accuracy(6, 6000, 1200, 2.0, "vllm")
+    e_mean, e_hw = mean_ci(errs)
+    _, a_hw = mean_ci(acts)
+    assert abs(e_mean) <= e_hw + a_hw
