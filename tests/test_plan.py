@@ -24,7 +24,7 @@ def test_capacity_matches_paper():
 
 
 def test_plan_answers_are_inverses(spec):
-    wl = make_workload(spec)
+    wl = make_workload(spec, engine="paper")
     cap = capacity("qwen3-8b", kv_gb=10)
     p = plan(wl, cap, target=0.5)
     assert p.h_at_capacity == pytest.approx(float(theory.h_mean_field(spec, cap.N, practical=True)))
@@ -38,16 +38,27 @@ def test_plan_answers_are_inverses(spec):
 
 
 def test_target_above_ceiling_is_refused(spec):
-    wl = make_workload(spec)
+    wl = make_workload(spec, engine="paper")
     with pytest.raises(PlanError, match="h_max"):
         plan(wl, None, target=0.73)  # practical ceiling A_H_hash/A_R < p = 0.75
 
 
-def test_plan_on_trace_with_verify(spec):
+@pytest.mark.parametrize("engine", ["vllm", "vllm-0.23", "content"])
+def test_engine_plan_on_trace_inverse_and_verify(spec, engine):
     tr = generate(spec, 1, n_conversations=6000)
     tr.meta.update(n_warm=1000, block_size=16)
-    wl = make_workload(tr)
+    wl = make_workload(tr, engine=engine)
     cap = capacity("qwen3-8b", kv_gb=5, block_size=16)
-    p = plan(wl, cap, verify=True, verify_policy="content")
+    p = plan(wl, cap, target=0.3, verify=True)
     v = p.verify
     assert 0 < v["h_simulated"] < wl.h_max and np.isfinite(v["difference"])
+    h = lambda N: float(wl.predict(np.array([float(N)]), np.array([wl.lam0]))[0])  # noqa: E731
+    assert h(p.N_for_target) >= 0.3 > h(p.N_for_target - 1)
+    lm = p.lam0_max_for_target
+    hl = lambda lam: float(wl.predict(np.array([float(cap.N)]), np.array([lam]))[0])  # noqa: E731
+    assert hl(lm * (1 - 1e-4)) >= 0.3 > hl(lm * (1 + 1e-4))
+
+
+def test_unknown_engine_refused(spec):
+    with pytest.raises(PlanError, match="engine"):
+        make_workload(spec, engine="sglang")

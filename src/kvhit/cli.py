@@ -846,14 +846,14 @@ AccelOpt = Annotated[str | None, typer.Option("--accelerator", "--gpu", help="Ac
 KvGbOpt = Annotated[float | None, typer.Option("--kv-gb", help="KV budget in GiB (instead of an accelerator).")]
 
 
-def _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, block_size):
+def _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size):
     from .plan import make_workload
     from .workload import Trace
 
     if trace is not None:
-        return make_workload(Trace.read(trace), lam0=lam0, engine=engine, block_size=block_size)
+        return make_workload(Trace.read(trace), lam0=lam0, engine=engine, metric=metric, block_size=block_size)
     sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
-    return make_workload(sp, engine=engine, block_size=block_size)
+    return make_workload(sp, engine=engine, metric=metric, block_size=block_size)
 
 
 @app.command()
@@ -876,8 +876,17 @@ def plan(
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
     util: Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of HBM for vLLM.")] = 0.9,
     target: Annotated[float | None, typer.Option("--target", help="Target hit ratio.")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="Predictor: paper | vllm | vllm-0.23 | content.")] = "paper",
-    verify: Annotated[bool, typer.Option("--verify", help="Check by exact simulation (block engine).")] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine", help="vllm (≥ 0.24) | vllm-0.23 | content (Algorithm 1) | paper (eq. 39 as published)."
+        ),
+    ] = "vllm",
+    metric: Annotated[str, typer.Option("--metric", help="tokens (vLLM's hit rate) | blocks.")] = "tokens",
+    compare: Annotated[
+        str | None, typer.Option("--compare", help="Another engine to compare at the same capacity, e.g. vllm-0.23.")
+    ] = None,
+    verify: Annotated[bool, typer.Option("--verify", help="Check by exact simulation of the engine.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """How much HBM, what hit ratio, how much traffic: (a) h at the KV memory available, (b) the KV memory for
@@ -886,7 +895,9 @@ def plan(
     from .plan import plan as plan_fn
 
     def go():
-        wl = _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, block_size)
+        wl = _load_workload(
+            trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size
+        )
         cap = None
         if accelerator is not None or kv_gb is not None:
             cap = capacity(
@@ -900,19 +911,25 @@ def plan(
             )
         if cap is None and target is None:
             raise ValueError("nothing to plan: give --accelerator or --kv-gb, and/or --target")
-        return plan_fn(
-            wl,
-            cap,
-            target=target,
-            verify=verify,
-            verify_engine=engine if engine in ("vllm", "vllm-0.23") else "vllm",
-        )
+        res = plan_fn(wl, cap, target=target, verify=verify)
+        if compare is not None:
+            if cap is None:
+                raise ValueError("--compare needs a capacity (--accelerator or --kv-gb)")
+            other = _load_workload(
+                trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, compare, metric, block_size
+            )
+            h_other = float(other.predict(np.array([float(cap.N)]), np.array([wl.lam0]))[0])
+            res.compare = {"engine": compare, "h_at_capacity": h_other, "gain": res.h_at_capacity - h_other}
+        return res
 
     res = _run(go)
     if as_json:
         _print_json(res.to_dict())
         return
-    t = Table(title=f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, estimator: {res.estimator}")
+    t = Table(
+        title=f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, predictor: {res.estimator} "
+        f"({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})"
+    )
     t.add_column("question")
     t.add_column("answer", justify="right")
     if res.capacity:
@@ -935,10 +952,16 @@ def plan(
             "(d) prefill tokens saved",
             f"{res.saved_prefill_tokens_per_s:,.0f} tokens/s ({100 * res.saved_fraction:.1f}% of prompt tokens)",
         )
+    if res.compare:
+        c = res.compare
+        t.add_row(
+            f"vs {c['engine']} at this capacity",
+            f"{c['h_at_capacity']:.4f} → {res.estimator} gains {c['gain']:+.4f}",
+        )
     if res.verify:
         v = res.verify
         t.add_row(
-            f"verify: simulated ({v['policy']} {v['engine'] or ''})",
+            f"verify: simulated {v['simulator']}",
             f"{v['h_simulated']:.4f} (prediction − simulation = {v['difference']:+.4f})",
         )
     console.print(t)

@@ -30,21 +30,24 @@ class PlanError(ValueError):
 Predictor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
+ENGINES = ("vllm", "vllm-0.23", "content", "paper")
+
+
 @dataclass
 class Workload:
     """What the planner needs of a workload: a vectorized predictor h(N, λ0), its ceiling h_max, λ0, and the
-    per-conversation demand in blocks (Â_R) and prompt tokens, for converting h into work saved."""
+    prompt tokens per conversation (to turn h into prefill work saved)."""
 
     predict: Predictor
     h_max: float
     lam0: float
-    A_R_blocks: float
     prompt_tokens_per_conv: float
     block_size: int
     description: str
     trace: Trace | None = None
     spec: WorkloadSpec | None = None
-    estimator: str = "paper"
+    estimator: str = "vllm"
+    metric: str = "tokens"
 
 
 def make_workload(
@@ -52,77 +55,97 @@ def make_workload(
     *,
     lam0: float | None = None,
     block_size: int = 128,
-    engine: str = "paper",
+    engine: str = "vllm",
+    metric: str = "tokens",
     n_warm: int | None = None,
+    sample_conversations: int = 20_000,
+    seed: int = 0,
 ) -> Workload:
-    """Wrap a trace (empirical moments and F̂ over its measured conversations) or a spec (prior moments and F).
+    """Wrap a trace (statistics and F̂ over its measured conversations, i.e. those after ``n_warm``) or a spec.
 
-    ``engine`` selects the predictor: ``"paper"`` is the paper's practical estimator (eq. (39)); engine-aware
-    predictors (``"vllm"``, ``"vllm-0.23"``, ``"content"``) use :func:`kvhit.estimate.estimate_engine` when it is
-    available for a trace.
+    ``engine`` selects the predictor of the engine the user runs (:func:`kvhit.estimate.estimate_engine`, with
+    the engine's own block accounting, finite capacity, tail-first partial hits and fluctuations):
+    ``"vllm"`` (≥ 0.24 free-queue order), ``"vllm-0.23"``, ``"content"`` (Algorithm 1); or ``"paper"``, the
+    paper's estimator eq. (38)–(39) with its block rule. ``metric`` is vLLM's token hit ratio (``"tokens"``) or
+    the block-weighted h (``"blocks"``); the paper's and Algorithm 1's h are block-weighted.
+
+    A spec is evaluated in closed form with ``engine="paper"``; the engine-aware predictors need per-turn token
+    counts, so a spec is first sampled into a trace of ``sample_conversations`` conversations (``seed``), read
+    as the practical model (T_j = R_j·b − 1 tokens: R_j − 1 full blocks and one partial block).
     """
     from . import estimate as est
     from . import theory
+    from .workload.generate import generate
 
-    if isinstance(source, Trace):
-        tr = source
-        b = tr.block_size or block_size
-        nw = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
-        conv_ids = np.unique(tr["conv"])
-        mom = est.trace_moments(tr, conv_ids >= nw if nw > 0 else None)
-        lam = float(lam0 if lam0 is not None else mom.lam0_hat)
-        F = est.empirical_F(mom)
-        if engine == "paper":
-
-            def predict(N, lam_):
-                return np.asarray(est.estimate(mom, N, lam_, F, practical=True).h, dtype=float)
-
-            h_max = mom.h_max_hash
-        else:
-            if not hasattr(est, "estimate_engine"):
-                raise PlanError(f"engine {engine!r}: engine-aware estimators are not available in this build")
-            sel = np.isin(tr["conv"], conv_ids[conv_ids >= nw]) if nw > 0 else None
-
-            def predict(N, lam_):
-                return np.asarray(est.estimate_engine(tr, N, lam_, "empirical", engine=engine, mask=sel).h, dtype=float)
-
-            h_max = float(predict(np.array([1e12]), np.array([lam]))[0])
-        if "cum_tokens" in tr.cols:
-            per = np.bincount(np.searchsorted(conv_ids, tr["conv"]), weights=tr["cum_tokens"].astype(float))
-            tokens = float(per[conv_ids >= nw].mean()) if nw > 0 else float(per.mean())
-        else:
-            tokens = mom.A_R * b
-        return Workload(
-            predict,
-            h_max,
-            lam,
-            mom.A_R,
-            tokens,
-            b,
-            f"trace {Path(str(tr.meta.get('source', ''))).name} ({mom.L:,} conversations)",
-            trace=tr,
-            estimator=engine,
-        )
+    if engine not in ENGINES:
+        raise PlanError(f"engine: unknown engine {engine!r} ({', '.join(ENGINES)})")
+    if metric not in ("tokens", "blocks"):
+        raise PlanError(f"metric: expected tokens or blocks, got {metric!r}")
     if isinstance(source, WorkloadSpec):
-        if engine != "paper":
-            raise PlanError("engine-aware estimates need a trace (token counts per turn); use engine='paper'")
         spec = source if lam0 is None else source.with_lam0(lam0)
-        mom = theory.moments(spec)
+        if engine == "paper":
+            mom = theory.moments(spec)
+
+            def predict(N, lam_):
+                return np.asarray(theory.mean_field(mom.A_R, mom.A_H_hash, mom.E_B, spec.interarrival, lam_, N)[0])
+
+            return Workload(
+                predict,
+                mom.h_max_hash,
+                spec.lam0,
+                mom.A_R * block_size,
+                block_size,
+                f"spec {spec.name or ''}".strip(),
+                spec=spec,
+                estimator="paper",
+                metric="blocks",
+            )
+        n_warm = sample_conversations // 4 if n_warm is None else n_warm
+        source = generate(spec, seed, n_conversations=sample_conversations + n_warm)
+        source.meta.update(n_warm=n_warm, block_size=block_size)
+    if not isinstance(source, Trace):
+        raise PlanError(f"workload: expected a Trace or a WorkloadSpec, got {type(source).__name__}")
+    tr = source
+    b = tr.block_size or block_size
+    nw = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
+    conv_ids = np.unique(tr["conv"])
+    measured = conv_ids >= nw
+    mom = est.trace_moments(tr, measured)
+    lam = float(lam0 if lam0 is not None else tr.meta.get("lam0", mom.lam0_hat))
+    F = est.empirical_F(mom)
+    if engine == "paper":
 
         def predict(N, lam_):
-            return np.asarray(theory.mean_field(mom.A_R, mom.A_H_hash, mom.E_B, spec.interarrival, lam_, N)[0])
+            return np.asarray(est.estimate(mom, N, lam_, F, practical=True).h, dtype=float)
 
-        return Workload(
-            predict,
-            mom.h_max_hash,
-            spec.lam0,
-            mom.A_R,
-            mom.A_R * block_size,
-            block_size,
-            f"spec {spec.name or ''}".strip(),
-            spec=spec,
-        )
-    raise PlanError(f"workload: expected a Trace or a WorkloadSpec, got {type(source).__name__}")
+        h_max, metric = mom.h_max_hash, "blocks"
+    else:
+        acc = est.engine_accounting(tr, engine=engine, metric=metric, block_size=b, mask=measured)
+
+        def predict(N, lam_):
+            return np.asarray(est.estimate_engine(acc, N, lam_, F).h, dtype=float)
+
+        h_max = float(acc.h_max)
+        if engine == "content":
+            metric = "blocks"
+    if "cum_tokens" in tr.cols:
+        per = np.bincount(np.searchsorted(conv_ids, tr["conv"]), weights=tr["cum_tokens"].astype(float))
+    else:
+        per = np.bincount(np.searchsorted(conv_ids, tr["conv"]), weights=(tr["R"] * b - 1).astype(float))
+    tokens = float(per[measured].mean())
+    name = Path(str(tr.meta.get("source", ""))).name or "trace"
+    return Workload(
+        predict,
+        h_max,
+        lam,
+        tokens,
+        b,
+        f"{name} ({mom.L:,} conversations)",
+        trace=tr,
+        spec=source if isinstance(source, WorkloadSpec) else None,
+        estimator=engine,
+        metric=metric,
+    )
 
 
 @dataclass(frozen=True)
@@ -167,19 +190,23 @@ def capacity(
     return Capacity(int(hardware.blocks_from_bytes(kv_bytes, bpb)), int(bpb), kv_bytes, m.name, acc, block_size)
 
 
-def _bisect_increasing(
-    f: Callable[[float], float], target: float, lo: float, hi: float, *, integer: bool, iters: int = 200
-) -> float:
-    """Smallest x in [lo, hi] with f(x) ≥ target for nondecreasing f (integer or real x)."""
-    for _ in range(iters):
-        if integer and hi - lo <= 1:
-            return hi
-        mid = (lo + hi) / 2 if not integer else (lo + hi) // 2
-        if f(mid) >= target:
-            hi = mid
-        else:
-            lo = mid
-        if not integer and hi - lo <= 1e-9 * max(1.0, hi):
+def _smallest_capacity(h: Callable[[np.ndarray], np.ndarray], target: float, points: int = 128) -> int:
+    """Smallest integer N with h(N) ≥ target for nondecreasing, vectorized h: a doubling search for a bracket,
+    then grids of ``points`` capacities that shrink the bracket until it is one block wide (few vectorized
+    evaluations instead of one scalar call per bisection step)."""
+    hi = 2
+    while h(np.array([hi]))[0] < target:
+        hi *= 4
+        if hi > 1 << 42:
+            raise PlanError("no finite capacity reaches the target")
+    lo = 1  # h(1) = 0 < target
+    while hi - lo > 1:
+        grid = np.unique(np.linspace(lo, hi, min(points, hi - lo + 1)).astype(np.int64))
+        ok = h(grid) >= target
+        k = int(np.argmax(ok))  # first capacity reaching the target (ok[-1] is true: grid[-1] = hi)
+        hi = int(grid[k])
+        lo = int(grid[k - 1]) if k > 0 else lo
+        if k > 0 and hi - lo <= 1:
             break
     return hi
 
@@ -190,6 +217,7 @@ class Plan:
 
     workload: str
     estimator: str
+    metric: str
     lam0: float
     h_max: float
     capacity: dict | None = None
@@ -201,6 +229,7 @@ class Plan:
     saved_prefill_tokens_per_s: float | None = None
     saved_fraction: float | None = None
     verify: dict = field(default_factory=dict)
+    compare: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -213,15 +242,22 @@ def plan(
     *,
     target: float | None = None,
     verify: bool = False,
-    verify_policy: str = "block",
-    verify_engine: str = "vllm",
 ) -> Plan:
     """Answer (a) h at the capacity, (b) N and GiB for ``target``, (c) the largest λ0 keeping ``target`` at the
     capacity, (d) prefill tokens saved per second and the fraction of prefill tokens (≈ compute) avoided."""
-    p = Plan(wl.description, wl.estimator, wl.lam0, wl.h_max)
+    p = Plan(wl.description, wl.estimator, wl.metric, wl.lam0, wl.h_max)
 
     def h_at(N: float, lam0: float = wl.lam0) -> float:
+        if N < 2:  # one block holds nothing reusable (vLLM keeps one free block for the next allocation)
+            return 0.0
         return float(wl.predict(np.array([float(N)]), np.array([lam0]))[0])
+
+    def h_vec_N(Ns: np.ndarray) -> np.ndarray:
+        h = np.zeros(Ns.shape)
+        ok = Ns >= 2
+        if ok.any():
+            h[ok] = wl.predict(Ns[ok].astype(float), np.full(int(ok.sum()), wl.lam0))
+        return h
 
     if cap is not None:
         p.capacity = asdict(cap) | {"kv_gib": cap.kv_gib}
@@ -242,63 +278,67 @@ def plan(
                 f"target hit ratio {target:.4f} is not reachable: this workload's ceiling is "
                 f"h_max = {wl.h_max:.4f} (only history of continuing conversations can be reused)"
             )
-        hi = 1
-        while h_at(hi) < target:
-            hi *= 2
-            if hi > 1 << 40:
-                raise PlanError("no finite capacity reaches the target")
-        p.N_for_target = int(_bisect_increasing(h_at, target, 0, hi, integer=True))
+        p.N_for_target = _smallest_capacity(h_vec_N, target)
         if cap is not None:
             p.gib_for_target = p.N_for_target * cap.bytes_per_block / hardware.GIB
             h_cap = h_at(cap.N)
             if h_cap < target:
                 p.notes.append(f"at λ0 = {wl.lam0:g} the capacity reaches only h = {h_cap:.4f} < target")
             # (c) the largest λ0 with h(N, λ0) ≥ target (h decreases in λ0)
-            hi_l = max(wl.lam0, 1e-6)
-            while h_at(cap.N, hi_l) >= target and hi_l < 1e12:
-                hi_l *= 2
-            p.lam0_max_for_target = _largest_lam0(lambda lam0: h_at(cap.N, lam0), target, hi_l)
+            p.lam0_max_for_target = _largest_lam0(lambda lam0: h_at(cap.N, lam0), target, wl.lam0)
     if verify and cap is not None:
-        p.verify = _verify(wl, cap.N, p.h_at_capacity, verify_policy, verify_engine)
+        p.verify = _verify(wl, cap.N, p.h_at_capacity)
     return p
 
 
-def _largest_lam0(h: Callable[[float], float], target: float, hi: float) -> float | None:
-    """Largest λ0 in (0, hi] with h(λ0) ≥ target for nonincreasing h (None if even λ0 → 0 misses)."""
-    lo = hi * 1e-9
-    if h(lo) < target:
-        return None
-    for _ in range(200):
-        mid = math.sqrt(lo * hi)
-        if h(mid) >= target:
-            lo = mid
+def _largest_lam0(h: Callable[[float], float], target: float, lam_ref: float, rtol: float = 1e-5) -> float | None:
+    """Largest λ0 with h(λ0) ≥ target for nonincreasing h: bracket by factors of 4 around ``lam_ref``, then
+    Brent's method on log λ0 (each evaluation of an engine predictor costs a fraction of a second, so few
+    evaluations matter more than vectorization here). None if even λ_ref·4⁻²⁰ misses the target."""
+    from scipy.optimize import brentq
+
+    def g(x: float) -> float:
+        return h(math.exp(x)) - target
+
+    x0 = math.log(lam_ref)
+    lo, hi = x0, x0
+    if g(x0) >= 0:
+        for _ in range(40):
+            hi += math.log(4)
+            if g(hi) < 0:
+                break
+            lo = hi
         else:
-            hi = mid
-        if hi / lo - 1 < 1e-9:
-            break
-    return lo
+            return math.exp(hi)
+    else:
+        for _ in range(20):
+            lo -= math.log(4)
+            if g(lo) >= 0:
+                break
+            hi = lo
+        else:
+            return None
+    return math.exp(brentq(g, lo, hi, xtol=rtol))
 
 
-def _verify(wl: Workload, N: int, predicted: float | None, policy: str, engine: str) -> dict:
-    """Exact simulation at capacity N on the workload's trace (or a generated one for a spec)."""
+def _verify(wl: Workload, N: int, predicted: float | None) -> dict:
+    """Exact simulation at capacity N on the workload's trace, by the simulator of the predicted engine (the
+    vLLM block cache, or Algorithm 1 for ``content``/``paper``), in the predicted metric."""
     from .sim.runner import simulate_trace_block, simulate_trace_content
-    from .workload.generate import generate
     from .workload.trace import Window
 
     tr = wl.trace
-    if tr is None:
-        tr = generate(wl.spec, 0, n_conversations=30_000)
-        tr.meta["n_warm"] = 5_000
     tr.meta.setdefault("block_size", wl.block_size)
     nw = int(tr.meta.get("n_warm", 0))
     window = Window.warmup_conversations(tr, nw) if nw > 0 else Window.all()
-    if policy == "content":
-        h = simulate_trace_content(tr, N, window=window, practical=True).h
+    if wl.estimator in ("content", "paper"):
+        sim, h = "Algorithm 1 (practical weight)", simulate_trace_content(tr, N, window=window, practical=True).h
     else:
-        h = simulate_trace_block(tr, N, engine=engine, window=window)[1]["h_blocks"]
+        m = simulate_trace_block(tr, N, engine=wl.estimator, window=window)[1]
+        sim, h = f"{wl.estimator} block cache", m["token_hit_ratio"] if wl.metric == "tokens" else m["h_blocks"]
     return {
-        "policy": policy,
-        "engine": engine if policy == "block" else None,
+        "simulator": sim,
+        "metric": wl.metric,
         "h_simulated": h,
         "h_predicted": predicted,
         "difference": None if predicted is None else predicted - h,
