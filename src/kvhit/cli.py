@@ -1116,7 +1116,7 @@ def reproduce(
 def curve_data(tr, Ns: np.ndarray, window, *, policies=("content", "vllm", "vllm-0.23"), engines_est=()) -> dict:
     """Hit ratio at every capacity in ``Ns``: exact simulated curves in one pass each (Algorithm 1 with the
     practical weight; the vLLM block cache, block-weighted) and the mean-field estimates."""
-    from .estimate import estimate
+    from .estimate import empirical_F, engine_accounting, estimate, estimate_engine
     from .sim.blockcurve import block_curve
     from .sim.runner import block_requests
     from .sim.stackdist import content_curve_from_thresholds, content_hit_thresholds
@@ -1138,7 +1138,14 @@ def curve_data(tr, Ns: np.ndarray, window, *, policies=("content", "vllm", "vllm
             out[label] = c["block_hit_ratio"]
             out[label + " token ratio"] = c["token_hit_ratio"]
     mom, lam0 = measured_moments(tr, window)
-    out["estimate: paper eq. (39), F̂"] = np.asarray(estimate(mom, Ns.astype(float), lam0, "empirical").h)
+    F = empirical_F(mom)
+    out["estimate: paper eq. (39), F̂"] = np.asarray(estimate(mom, Ns.astype(float), lam0, F).h)
+    conv = tr.conversations()
+    measured = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)
+    for e in policies:
+        acc = engine_accounting(tr, engine=e, metric="blocks", mask=measured)
+        label = {"content": "Algorithm 1", "vllm": "vLLM ≥ 0.24", "vllm-0.23": "vLLM ≤ 0.23"}[e]
+        out[f"estimate: {label} (engine-aware)"] = np.asarray(estimate_engine(acc, Ns, lam0, F).h)
     out["h_max"] = mom.h_max_hash
     out["lam0"] = lam0
     return out
@@ -1171,7 +1178,11 @@ def curve(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write PREFIX.png and PREFIX.svg.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimator's curve."""
+    """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
+
+    Simulated and estimated curves are block-weighted (Σ hit blocks / Σ prompt blocks); vLLM's token hit ratio
+    of each simulated engine is in the --json output.
+    """
     from . import hardware
     from .workload import Trace, Window, generate
 
@@ -1220,7 +1231,7 @@ def curve(
         _print_json(data)
         return
     Ns = data["N"]
-    keys = [k for k, v in data.items() if isinstance(v, np.ndarray) and k != "N"]
+    keys = [k for k, v in data.items() if isinstance(v, np.ndarray) and k != "N" and not k.endswith("token ratio")]
     t = Table(
         title=f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {data['h_max']:.4f})"
     )
