@@ -109,17 +109,19 @@ def plot_fig2(
 def plot_curves(
     curves: dict, out_prefix, *, h_max: float | None = None, bytes_per_block: int | None = None, title: str = ""
 ) -> list:
-    """Hit ratio vs capacity: one line per entry of ``curves`` (``{label: (N array, h array)}``), h_max as a
-    dashed line, and a secondary x-axis in GiB of KV when ``bytes_per_block`` is given. Writes PNG and SVG."""
+    """Hit ratio vs capacity: one line per entry of ``curves`` (``{label: (N array, h array)}``; labels starting
+    with "estimate" dashed, in the colour of the engine they predict), h_max as a dotted line, and a secondary x-axis in GiB of KV when ``bytes_per_block`` is given. Writes PNG and SVG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for label, (N, h) in curves.items():
+    family = {"Algorithm 1": "C0", "≥ 0.24": "C1", "≤ 0.23": "C2", "paper": "C3"}
+    for i, (label, (N, h)) in enumerate(curves.items()):
         style = "--" if label.startswith("estimate") else "-"
-        ax.plot(N, h, style, label=label, lw=1.6)
+        color = next((c for key, c in family.items() if key in label), f"C{4 + i % 6}")
+        ax.plot(N, h, style, color=color, label=label, lw=1.6)
     if h_max is not None:
         ax.axhline(h_max, color="0.3", ls=":", lw=1.2, label=f"h_max = {h_max:.3f}")
     ax.set_xlabel("KV capacity N (blocks)")
