@@ -71,7 +71,7 @@ def _fmt(x: Any, digits: int = 4) -> str:
             return "–"
         if math.isinf(x):
             return "∞"
-        if x != 0 and (abs(x) >= 1e6 or abs(x) < 1e-3):
+        if x != 0 and (abs(x) >= 1e6 or abs(x) < 1e-4):
             return f"{x:.{digits}e}"
         return f"{x:,.{digits}f}"
     if isinstance(x, int | np.integer):
@@ -319,6 +319,18 @@ def simulate_trace_rows(
     return rows
 
 
+def _add_engine_estimates(out: dict, source, Ns: list[int], policy: str, engine: str, block_size: int = 128) -> None:
+    """The engine-aware estimate (block-weighted, like the simulated h) of the simulated engine beside each row."""
+    from .plan import make_workload
+
+    wl = make_workload(
+        source, engine="content" if policy == "content" else engine, metric="blocks", block_size=block_size
+    )
+    h = wl.predict(np.asarray(Ns, float), np.full(len(Ns), wl.lam0))
+    for e, v in zip(out["estimate"], h, strict=True):
+        e["h_engine"] = float(v)
+
+
 @app.command()
 def simulate(
     N: NOpt = None,
@@ -373,6 +385,7 @@ def simulate(
             out["trace"] = str(trace)
             out["rows"] = simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, block_size)
             out["estimate"] = _estimates_for_trace(tr, Ns, window, weighting == "practical")
+            _add_engine_estimates(out, tr, Ns, policy, engine)
             return out
         sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
         n_warm = warmup if warmup is not None else max(1, conversations // 5)
@@ -412,6 +425,7 @@ def simulate(
             out["rows"].append(row)
         out["spec"] = sp.to_dict()
         out["estimate"] = _estimates_for_spec(sp, Ns, weighting == "practical")
+        _add_engine_estimates(out, sp, Ns, policy, engine, block_size or 128)
         return out
 
     res = _run(go)
@@ -419,16 +433,18 @@ def simulate(
         _print_json(res)
         return
     t = Table(title=f"simulated hit ratio — policy {policy}" + (f", engine {engine}" if policy == "block" else ""))
-    for col in ["N", "h (sim)", "± 95%", "request hit rate", "h (mean-field estimate)"]:
+    for col in ["N", "h (sim)", "± 95%", "request hit rate", "paper estimate (eq. 39)", "engine-aware estimate"]:
         t.add_column(col, justify="right")
-    est = {e["N"]: e["h"] for e in res.get("estimate", [])}
+    est = {e["N"]: e for e in res.get("estimate", [])}
     for row in res["rows"]:
+        e = est.get(row["N"], {})
         t.add_row(
             _fmt(row["N"]),
             _fmt(row["h"]),
             _fmt(row["h_ci95"]),
             _fmt(row["request_hit_rate"]),
-            _fmt(est.get(row["N"], float("nan"))),
+            _fmt(e.get("h", float("nan"))),
+            _fmt(e.get("h_engine", float("nan"))),
         )
     console.print(t)
 
@@ -506,11 +522,21 @@ def estimate(
     w_mean: WMeanOpt = None,
     w_dist: WDistOpt = "exponential",
     w_cv: WCvOpt = 1.0,
+    engine: Annotated[
+        str | None,
+        typer.Option("--engine", help="Also predict this engine: vllm (≥ 0.24) | vllm-0.23 | content (Algorithm 1)."),
+    ] = None,
+    sample: Annotated[
+        int, typer.Option("--sample", help="With --engine: conversations sampled from the spec.")
+    ] = 20_000,
+    seed: Annotated[int, typer.Option("--seed", help="With --engine: sampling seed.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Mean-field estimate from a workload spec: moments, T_C, h_max and h (base eq. (25), practical eq. (32)).
 
-    λ0 is the physical (unscaled) arrival rate and N the capacity in blocks (threshold form, eq. (38)).
+    λ0 is the physical (unscaled) arrival rate and N the capacity in blocks (threshold form, eq. (38)). With
+    --engine, the engine-aware estimate (the engine's block accounting, finite capacity, tail-first partial hits,
+    fluctuations; docs/estimators.md) of a sample of the spec is shown too, in both of vLLM's metrics.
     """
     from . import theory
 
@@ -518,7 +544,17 @@ def estimate(
         sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
         Ns = _parse_ints(N, "--N") or [2275]
         mom = theory.moments(sp)
+        est = _estimates_for_spec(sp, Ns, True)
+        if engine is not None:
+            from .plan import make_workload
+
+            for metric in ("blocks", "tokens"):
+                wl = make_workload(sp, engine=engine, metric=metric, sample_conversations=sample, seed=seed)
+                h = wl.predict(np.asarray(Ns, float), np.full(len(Ns), sp.lam0))
+                for e, v in zip(est, h, strict=True):
+                    e[f"h_engine_{metric}"] = float(v)
         return {
+            "engine": engine,
             "spec": sp.to_dict(),
             "moments": {
                 "A_R": mom.A_R,
@@ -533,7 +569,7 @@ def estimate(
                 "truncation_J": mom.truncation_J,
                 "truncation_error_bound": vars(mom.truncation_error_bound),
             },
-            "estimates": _estimates_for_spec(sp, Ns, True),
+            "estimates": est,
         }
 
     res = _run(go)
@@ -560,8 +596,14 @@ def estimate(
     t = Table(title=f"mean-field estimate, λ0 = {res['spec']['lam0']:g}/s")
     for col in ["N (blocks)", "T_C (s)", "h base (eq. 25)", "T_C prac (s)", "h practical (eq. 32/39)"]:
         t.add_column(col, justify="right")
+    if res["engine"]:
+        t.add_column(f"h {res['engine']} (blocks)", justify="right")
+        t.add_column(f"h {res['engine']} (tokens)", justify="right")
     for e in res["estimates"]:
-        t.add_row(_fmt(e["N"]), _fmt(e["T_C"], 2), _fmt(e["h_base"]), _fmt(e["T_C_prac"], 2), _fmt(e["h_prac"]))
+        row = [_fmt(e["N"]), _fmt(e["T_C"], 2), _fmt(e["h_base"]), _fmt(e["T_C_prac"], 2), _fmt(e["h_prac"])]
+        if res["engine"]:
+            row += [_fmt(e["h_engine_blocks"]), _fmt(e["h_engine_tokens"])]
+        t.add_row(*row)
     console.print(t)
 
 
@@ -789,13 +831,20 @@ def demo(
         blocks = {
             e: simulate_trace_block(tr, N, engine=e, window=window, requests=rq)[1] for e in ("vllm", "vllm-0.23")
         }
+        estimates = {"prior": prior, "posterior": post, "empirical": emp}
+        from .plan import make_workload
+
+        tr.meta["n_warm"] = 1000
+        for e in ("content", "vllm", "vllm-0.23"):
+            wl = make_workload(tr, engine=e, metric="blocks", lam0=lam0)
+            estimates[f"engine:{e}"] = float(wl.predict(np.array([float(N)]), np.array([lam0]))[0])
         return {
             "report": rep,
             "stats": st,
             "N": N,
             "lam0": lam0,
             "w_mean": w_mean,
-            "estimates": {"prior": prior, "posterior": post, "empirical": emp},
+            "estimates": estimates,
             "simulated": {
                 "content": content.h,
                 "vllm": blocks["vllm"]["h_blocks"],
@@ -823,6 +872,13 @@ def demo(
     t.add_row("estimate: prior", _fmt(e["prior"]), "eq. (38)–(39), F = Exp(mean w), paper block rule")
     t.add_row("estimate: posterior", _fmt(e["posterior"]), "same, F = Exp(realized mean)")
     t.add_row("estimate: empirical F̂", _fmt(e["empirical"]), "same, F = empirical CDF of the gaps")
+    t.add_row("estimate: engine-aware, Algorithm 1", _fmt(e["engine:content"]), "finite N + fluctuations")
+    t.add_row(
+        "estimate: engine-aware, vLLM ≥ 0.24",
+        _fmt(e["engine:vllm"]),
+        "engine block accounting, tail-first partial hits, finite N, fluctuations (docs/estimators.md)",
+    )
+    t.add_row("estimate: engine-aware, vLLM ≤ 0.23", _fmt(e["engine:vllm-0.23"]), "same, older free-queue order")
     t.add_row("simulated: Algorithm 1", _fmt(sim["content"]), "whole-content LRU, practical weight (eq. 31)")
     t.add_row(
         "simulated: vLLM ≥ 0.24",
