@@ -381,6 +381,8 @@ def simulate(
         out: dict[str, Any] = {"policy": policy, "rows": []}
         if trace is not None:
             tr = Trace.read(trace)
+            if tr.block_size is None:
+                tr.meta["block_size"] = block_size or 128
             window = _window_for(tr, warmup, warmup_time)
             out["trace"] = str(trace)
             out["rows"] = simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, block_size)
@@ -1232,6 +1234,9 @@ def curve(
     model: ModelOpt = "qwen3-8b",
     block_size: Annotated[int | None, typer.Option("--block-size", help="Tokens per block.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write PREFIX.png and PREFIX.svg.")] = None,
+    warmup: Annotated[
+        int | None, typer.Option("--warmup", help="Warm-up conversations (default: the trace's n_warm).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
@@ -1245,8 +1250,10 @@ def curve(
     def go():
         if trace is not None:
             tr = Trace.read(trace)
-            if block_size:
-                tr.meta["block_size"] = block_size
+            if block_size or tr.block_size is None:
+                tr.meta["block_size"] = block_size or 128
+            if warmup is not None:
+                tr.meta["n_warm"] = warmup
         else:
             sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
             tr = generate(sp, seed, n_conversations=conversations)
