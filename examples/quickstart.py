@@ -1,4 +1,4 @@
-"""kvhit from Python: a workload spec → theory, a trace → simulators and estimators. Run: python examples/quickstart.py"""
+"""kvhit from Python: spec → theory; trace → simulators and estimators. Run: python examples/quickstart.py"""
 
 import numpy as np
 

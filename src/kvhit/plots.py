@@ -110,7 +110,8 @@ def plot_curves(
     curves: dict, out_prefix, *, h_max: float | None = None, bytes_per_block: int | None = None, title: str = ""
 ) -> list:
     """Hit ratio vs capacity: one line per entry of ``curves`` (``{label: (N array, h array)}``; labels starting
-    with "estimate" dashed, in the colour of the engine they predict), h_max as a dotted line, and a secondary x-axis in GiB of KV when ``bytes_per_block`` is given. Writes PNG and SVG."""
+    with "estimate" dashed, in the colour of the engine they predict), h_max as a dotted line, and a secondary
+    x-axis in GiB of KV when ``bytes_per_block`` is given. Writes PNG and SVG."""
     import matplotlib
 
     matplotlib.use("Agg")
