@@ -129,3 +129,24 @@ def test_sharegpt_from_user_jsonl(tmp_path):
     assert r.exit_code == 0, r.output
     tr = Trace.read(out)
     assert tr.n_conversations == 2 and tr.has("cum_tokens", "R_full", "R_phys")
+
+
+@pytest.mark.parametrize("fixture", ["mooncake_small.jsonl", "weka_0022.json"])
+def test_blocks_trace_simulate_and_curve_agree(fixture):
+    path = f"tests/data/production/{fixture}"
+    r = run("simulate", "--blocks-trace", path, "--N", "300,3000", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert {row["engine"] for row in rows} == {"vllm", "vllm-0.23"}
+    r = run("curve", "--blocks-trace", path, "--n-min", "300", "--n-max", "3000", "--points", "2", "--json")
+    assert r.exit_code == 0, r.output
+    curve = json.loads(r.stdout)
+    for row in rows:  # the one-pass curve equals the simulator at the same capacities
+        k = curve["N"].index(row["N"])
+        label = "vLLM ≥ 0.24" if row["engine"] == "vllm" else "vLLM ≤ 0.23"
+        assert curve[f"{label} token hit ratio"][k] == pytest.approx(row["token_hit_ratio"], abs=1e-12, nan_ok=True)
+
+
+def test_blocks_trace_malformed_is_one_line_error():
+    r = run("simulate", "--blocks-trace", "tests/data/production/mooncake_malformed.jsonl", "--N", "100")
+    assert r.exit_code == 2 and "mooncake_malformed.jsonl" in r.output and "Traceback" not in r.output

@@ -319,6 +319,51 @@ def simulate_trace_rows(
     return rows
 
 
+BlocksTraceOpt = Annotated[
+    Path | None,
+    typer.Option("--blocks-trace", help="A production block-id trace: Mooncake .jsonl, or WEKA .json file/dir."),
+]
+ArrivalOpt = Annotated[
+    str, typer.Option("--arrival", help="WEKA: conversation starts: sequential | poisson (--rate) | uniform (--span).")
+]
+RateOpt = Annotated[float | None, typer.Option("--rate", help="WEKA poisson arrivals: conversations per second.")]
+SpanOpt = Annotated[float | None, typer.Option("--span", help="WEKA uniform arrivals over [0, span] seconds.")]
+
+
+def _read_blocks_trace(path: Path, arrival: str, rate: float | None, span: float | None, seed: int):
+    from .workload.production import read_production
+
+    kw: dict[str, Any] = {}
+    if path.is_dir() or path.suffix == ".json":
+        kw = {"arrival": arrival, "rate": rate, "span": span, "seed": seed}
+    return read_production(path, **kw)
+
+
+def _blocks_trace_rows(pt, Ns: list[int], engines: list[str], warmup_time: float | None) -> list[dict]:
+    from .sim import block as blk
+
+    rq = pt.to_block_requests()
+    mask = np.ones(rq.prompt_tokens.shape[0], bool) if warmup_time is None else pt.time >= pt.time[0] + warmup_time
+    rows = []
+    for e in engines:
+        for N in Ns:
+            res = blk.simulate_block(
+                rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=N, block_size=rq.block_size, engine=e
+            )
+            rows.append(
+                {
+                    "N": N,
+                    "engine": e,
+                    "token_hit_ratio": blk.token_hit_ratio(res, mask),
+                    "h_blocks": blk.block_hit_ratio(res, mask),
+                    "request_hit_rate": blk.request_hit_rate(res, mask),
+                    "rejected": int(res.n_rejected),
+                    "evictions": int(res.evictions),
+                }
+            )
+    return rows
+
+
 def _add_engine_estimates(out: dict, source, Ns: list[int], policy: str, engine: str, block_size: int = 128) -> None:
     """The engine-aware estimate (block-weighted, like the simulated h) of the simulated engine beside each row."""
     from .plan import make_workload
@@ -329,6 +374,30 @@ def _add_engine_estimates(out: dict, source, Ns: list[int], policy: str, engine:
     h = wl.predict(np.asarray(Ns, float), np.full(len(Ns), wl.lam0))
     for e, v in zip(out["estimate"], h, strict=True):
         e["h_engine"] = float(v)
+
+
+def _print_blocks_trace(res: dict) -> None:
+    d = res["describe"]
+    console.print(
+        f"{res['blocks_trace']}: {d['requests']:,} requests over {d['time_span_s']:,.0f} s, "
+        f"{d['block_size']}-token blocks; infinite-cache ceiling: token hit ratio "
+        f"{d['ideal_token_hit_ratio']:.4f}; largest request {d['min_N']:,} blocks"
+    )
+    t = Table(title="vLLM prefix cache on a production trace (token hit ratio = vLLM's prefix_cache_hits/queries)")
+    for col in ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate", "rejected"]:
+        t.add_column(col, justify="right")
+    for r in res["rows"]:
+        t.add_row(
+            _fmt(r["N"]),
+            r["engine"],
+            _fmt(r["token_hit_ratio"]),
+            _fmt(r["h_blocks"]),
+            _fmt(r["request_hit_rate"]),
+            _fmt(r["rejected"]),
+        )
+    console.print(t)
+    if any(r["rejected"] for r in res["rows"]):
+        console.print("[yellow]note: requests larger than N are rejected by vLLM and excluded from the ratios[/]")
 
 
 @app.command()
@@ -363,9 +432,14 @@ def simulate(
         int, typer.Option("--replications", "-r", help="Independent replications (spec mode).")
     ] = 5,
     seed: Annotated[int, typer.Option("--seed", help="Base seed (replication r uses seed + r).")] = 0,
+    blocks_trace: BlocksTraceOpt = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Simulate the hit ratio: Algorithm 1 (content) or the vLLM block cache, on a trace or a spec.
+    """Simulate the hit ratio: Algorithm 1 (content) or the vLLM block cache, on a trace, a spec, or a production
+    block-id trace (--blocks-trace: Mooncake FAST'25 .jsonl or WEKA Claude-Code .json; both engine orders).
 
     On a spec, each replication generates a fresh trace (seed + r) and the 95% interval is over replications;
     on a trace file the interval is from batch means. The mean-field estimate is shown beside it.
@@ -379,6 +453,11 @@ def simulate(
         if policy == "block" and engine not in ("vllm", "vllm-0.23"):
             raise ValueError(f"--engine: unknown engine {engine!r} (vllm, vllm-0.23)")
         out: dict[str, Any] = {"policy": policy, "rows": []}
+        if blocks_trace is not None:
+            pt = _read_blocks_trace(blocks_trace, arrival, rate, span, seed)
+            out.update(policy="block", blocks_trace=str(blocks_trace), describe=pt.describe())
+            out["rows"] = _blocks_trace_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time)
+            return out
         if trace is not None:
             tr = Trace.read(trace)
             if tr.block_size is None:
@@ -433,6 +512,9 @@ def simulate(
     res = _run(go)
     if as_json:
         _print_json(res)
+        return
+    if "blocks_trace" in res:
+        _print_blocks_trace(res)
         return
     t = Table(title=f"simulated hit ratio — policy {policy}" + (f", engine {engine}" if policy == "block" else ""))
     for col in ["N", "h (sim)", "± 95%", "request hit rate", "paper estimate (eq. 39)", "engine-aware estimate"]:
@@ -1209,6 +1291,39 @@ def curve_data(tr, Ns: np.ndarray, window, *, policies=("content", "vllm", "vllm
     return out
 
 
+def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, model, plot) -> dict:
+    """Exact all-capacity curves of both vLLM orders on a production block-id trace (token metric)."""
+    from . import hardware
+    from .sim.blockcurve import block_curve
+
+    pt = _read_blocks_trace(path, arrival, rate, span, seed)
+    d = pt.describe()
+    rq = pt.to_block_requests()
+    hi = n_max or int(4 * d.get("distinct_blocks", d["min_N"] * 10))
+    if n_min < 1 or hi <= n_min or points < 2:
+        raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
+    Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
+    data: dict[str, Any] = {"N": Ns}
+    for e, label in (("vllm", "vLLM ≥ 0.24"), ("vllm-0.23", "vLLM ≤ 0.23")):
+        c = block_curve(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e)
+        data[f"{label} token hit ratio"] = c["token_hit_ratio"]
+    data["h_max"] = d["ideal_token_hit_ratio"]
+    data["lam0"] = float("nan")
+    data["bytes_per_block"] = hardware.resolve_model(model).bytes_per_block(rq.block_size)
+    if plot is not None:
+        from .plots import plot_curves
+
+        lines = {k: (Ns, v) for k, v in data.items() if isinstance(v, np.ndarray) and k != "N"}
+        data["figures"] = plot_curves(
+            lines,
+            str(plot),
+            h_max=data["h_max"],
+            bytes_per_block=data["bytes_per_block"],
+            title=f"{Path(path).name}: vLLM token hit ratio vs capacity (b = {rq.block_size})",
+        )
+    return data
+
+
 @app.command()
 def curve(
     trace: Annotated[Path | None, typer.Option("--trace", help="Workload trace (Parquet).")] = None,
@@ -1237,6 +1352,10 @@ def curve(
     warmup: Annotated[
         int | None, typer.Option("--warmup", help="Warm-up conversations (default: the trace's n_warm).")
     ] = None,
+    blocks_trace: BlocksTraceOpt = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
@@ -1248,6 +1367,8 @@ def curve(
     from .workload import Trace, Window, generate
 
     def go():
+        if blocks_trace is not None:
+            return _blocks_trace_curve(blocks_trace, arrival, rate, span, seed, n_min, n_max, points, model, plot)
         if trace is not None:
             tr = Trace.read(trace)
             if block_size or tr.block_size is None:
