@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.estimate import estimate, trace_moments
+from kvhit.estimate import estimate, estimate_engine, estimate_finite, estimate_window, trace_moments
 from kvhit.experiments import (
     ESTIMATORS,
     SETTINGS,
@@ -24,11 +24,18 @@ from kvhit.experiments import (
     summarize,
 )
 from kvhit.experiments.paper import (
+    ENGINE_TARGET,
+    ESTIMATOR_TARGETS,
+    INGREDIENT_COLUMNS,
+    PAPER_ESTIMATORS,
     _block_requests,
+    ingredient_estimates,
     load_sample,
+    measured_window,
     observed_gaps,
     points,
     retime,
+    run_experiments,
     run_point,
 )
 from kvhit.sim.runner import block_requests
@@ -235,11 +242,59 @@ def test_register_estimator():
         register_estimator("x_not_callable", 3)
     with pytest.raises(ExperimentError, match="name"):
         register_estimator("a/b", ESTIMATORS["prior"])
+    with pytest.raises(ExperimentError, match="target"):
+        register_estimator("x_bad_target", ESTIMATORS["prior"], target="a/b")
     register_estimator("half_prior", lambda tr, m, N, lam0, mu: 0.5 * ESTIMATORS["prior"](tr, m, N, lam0, mu))
     try:
-        assert "half_prior" in ESTIMATORS
+        assert "half_prior" in ESTIMATORS and "half_prior" not in ESTIMATOR_TARGETS
+        register_estimator("half_prior", ESTIMATORS["prior"], target="alg1", replace_existing=True)
+        assert ESTIMATOR_TARGETS["half_prior"] == "alg1"
     finally:
         ESTIMATORS.pop("half_prior")
+        ESTIMATOR_TARGETS.pop("half_prior", None)
+
+
+def test_engine_estimators_registered_with_their_actuals():
+    for e in ("vllm", "vllm-0.23"):
+        for fam in ("engine", "window"):
+            assert ESTIMATOR_TARGETS[f"{fam}:{e}"] == e
+            assert ESTIMATOR_TARGETS[f"{fam}:{e}:token"] == f"{e}:token"
+    assert ESTIMATOR_TARGETS["engine:content"] == ESTIMATOR_TARGETS["finite"] == "alg1"
+    assert not set(PAPER_ESTIMATORS) & set(ESTIMATOR_TARGETS)
+
+
+def test_engine_estimators_are_kvhit_estimate(sample):
+    """The registered estimators and the ingredient columns are the kvhit.estimate functions with the empirical
+    F̂ of the measured conversations, the given λ0 and App. E's window (independent calls, no memo)."""
+    lam0, mu, N = 1.5, 90.0, 300
+    tr = retime(sample, lam0, mu, TINY.latency).trace
+    win = Window.warmup_conversations(tr, TINY.n_warm)
+    m = win.mask(tr) & (tr["conv"] >= TINY.n_warm)
+    w2 = measured_window(tr, m)
+    assert (w2.start, w2.end) == (win.start, win.end)
+    np.testing.assert_array_equal(w2.mask(tr), win.mask(tr))
+    ing = ingredient_estimates(tr, m, N, lam0, "vllm-0.23", "tokens")
+    assert list(ing) == list(INGREDIENT_COLUMNS)
+    assert ing["paper"] == pytest.approx(estimate(trace_moments(tr, rows=m), N, lam0).h, rel=1e-12)
+    ref = {
+        "a": estimate_engine(tr, N, lam0, engine="vllm-0.23", finite=False, fluctuations=False, rows=m).h,
+        "a+c": estimate_engine(tr, N, lam0, engine="vllm-0.23", partial=False, fluctuations=False, rows=m).h,
+        "a+b+c": estimate_engine(tr, N, lam0, engine="vllm-0.23", fluctuations=False, rows=m).h,
+        "a+b+c+d": estimate_engine(tr, N, lam0, engine="vllm-0.23", rows=m).h,
+        "window": estimate_window(tr, N, lam0, window=win, engine="vllm-0.23").h,
+    }
+    for c, v in ref.items():
+        assert ing[c] == pytest.approx(v, rel=1e-12), c
+    assert ESTIMATORS["engine:vllm-0.23:token"](tr, m, N, lam0, mu) == pytest.approx(ref["a+b+c+d"], rel=1e-12)
+    assert ESTIMATORS["window:vllm-0.23:token"](tr, m, N, lam0, mu) == pytest.approx(ref["window"], rel=1e-12)
+    blk = estimate_window(tr, N, lam0, window=win, engine="vllm", metric="blocks").h
+    assert ESTIMATORS["window:vllm"](tr, m, N, lam0, mu) == pytest.approx(blk, rel=1e-12)
+    fin = estimate_finite(tr, N, lam0, rows=m).h
+    assert ESTIMATORS["finite"](tr, m, N, lam0, mu) == pytest.approx(fin, rel=1e-12)
+    with pytest.raises(ExperimentError, match="metric"):
+        ingredient_estimates(tr, m, N, lam0, "vllm", "bytes")
+    with pytest.raises(ExperimentError, match="measured_mask"):
+        measured_window(tr, np.zeros(tr.n_turns, bool))
 
 
 def test_run_point_with_custom_estimator(sample):
@@ -290,6 +345,66 @@ def test_summarize_ae_re_and_checks():
     assert c["pass"] and c["n_points"] == 1
     assert ck[("Exp. 2: AE < 0.015", "vllm-0.23")]["pass"]
     assert not ck[("Exp. 2: AE < 0.015", "alg1")]["pass"]
+    assert "ingredients" not in summ  # no ingr/ keys in these runs
+
+
+def test_summarize_targeted_estimators_and_ingredients():
+    """A targeted estimator is compared with its own actual only and checked against ENGINE_TARGET; the
+    ingredient summary holds every point's mean signed error and the max |error| per grid (hand numbers)."""
+    st_ = replace(TINY, seeds=(0, 1), exp1_mu_F=(130.0, 200.0), exp2_lam0=(1.0,), engines=("vllm",))
+    errs = {(1.5, 130.0): (0.002, 0.004), (1.5, 200.0): (-0.003, -0.009), (1.0, 135.0): (0.001, 0.001)}
+    runs = []
+    for s in (0, 1):
+        for (lam0, mu), e in errs.items():
+            r = {"seed": s, "lam0": lam0, "mu_F": mu, "actual/alg1": 0.1, "actual/alg1-phys": 0.1}
+            r["actual/vllm"] = r["actual/vllm:token"] = 0.2
+            r["est/prior"] = 0.25
+            r["est/engine:vllm"] = 0.2 + e[s]
+            for c in INGREDIENT_COLUMNS:
+                r[f"ingr/vllm/{c}"] = 0.2 + e[s] * (2.0 if c == "paper" else 1.0)
+                r[f"ingr/vllm:token/{c}"] = 0.2
+            runs.append(r)
+    raw = {
+        "setting": st_,
+        "runs": runs,
+        "estimators": ["prior", "engine:vllm"],
+        "targets": {"engine:vllm": "vllm"},
+        "seconds": 0.0,
+        "jobs": 1,
+    }
+    summ = summarize(raw)
+    p1 = summ["experiments"]["1"]["points"]
+    assert "ae/engine:vllm/vllm" in p1[0]["stats"] and "ae/engine:vllm/alg1" not in p1[0]["stats"]
+    assert "ae/prior/alg1" in p1[0]["stats"]
+    assert summ["targets"] == {"engine:vllm": "vllm"}
+    eng = {c["experiment"]: c for c in summ["checks"] if c["estimator"] == "engine:vllm"}
+    assert set(eng) == {1, 2} and all(not c["paper_estimator"] and c["limit"] == ENGINE_TARGET for c in eng.values())
+    assert eng[1]["worst"] == pytest.approx(0.006) and eng[1]["at_x"] == 200.0 and not eng[1]["pass"]
+    assert eng[2]["worst"] == pytest.approx(0.001) and eng[2]["pass"]
+    assert not [c for c in summ["checks"] if c["estimator"] == "engine:vllm" and c["bound"].startswith("Exp. 1: AE <")]
+    ing = summ["ingredients"]
+    assert ing["columns"] == list(INGREDIENT_COLUMNS) and ing["actuals"] == ["vllm", "vllm:token"]
+    g1 = ing["experiments"]["1"]
+    assert [p["x"] for p in g1["points"]] == [130.0, 200.0]
+    assert g1["points"][1]["error"]["vllm"]["window"] == pytest.approx(-0.006)
+    assert g1["points"][1]["error"]["vllm"]["paper"] == pytest.approx(-0.012)
+    assert g1["max_abs_error"]["vllm"]["window"] == pytest.approx(0.006)
+    assert g1["max_ae"]["vllm"]["a"] == pytest.approx(0.006)
+    assert g1["max_abs_error_run"]["vllm"]["a"] == pytest.approx(0.009)
+    assert not g1["target_met"]["vllm"]["window"] and g1["target_met"]["vllm:token"]["window"]
+    assert ing["experiments"]["2"]["target_met"]["vllm"]["a+b+c+d"]
+    assert ing["experiments"]["2"]["target_met_every_run"]["vllm"]["paper"]  # |2 × 0.001| ≤ 0.005 on each run
+
+
+def test_run_experiments_skips_estimators_of_engines_not_simulated():
+    st_ = replace(TINY, engines=("vllm",), exp1_mu_F=(90.0,), exp2_lam0=(1.5,), exp2_mu_F=90.0, ingredients=False)
+    est = {k: ESTIMATORS[k] for k in ("prior", "engine:vllm", "engine:vllm-0.23", "finite")}
+    raw = run_experiments(st_, jobs=1, estimators=est)
+    assert raw["estimators"] == ["prior", "engine:vllm", "finite"]
+    assert raw["targets"] == {"engine:vllm": "vllm", "finite": "alg1"}
+    (r,) = raw["runs"]
+    assert not [k for k in r if k.startswith("ingr/")]
+    assert abs(r["est/engine:vllm"] - r["actual/vllm"]) < 0.2
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -320,8 +435,10 @@ def test_reproduce_tiny_results_sane(tiny_result):
         for k, v in r.items():
             if k.startswith("actual/"):
                 assert 0 <= v <= 1, k
-            if k.startswith("est/"):
+            if k.startswith("est/") and k[4:] not in ESTIMATOR_TARGETS:
                 assert 0 < v <= r["moments"]["h_max_hash"] + 1e-12 <= hmax + 1e-12, k
+            elif k.startswith(("est/", "ingr/")):
+                assert 0 <= v <= 1, k
         assert r["actual/alg1"] <= hmax
         assert r["W/realized_mean"] > 0
     for e in ("1", "2"):
@@ -337,7 +454,7 @@ def test_reproduce_tiny_results_sane(tiny_result):
         for act in ("vllm-0.23", "vllm", "alg1"):
             a, b = (p["stats"][f"actual/{act}"]["mean"] for p in pts)
             assert b < a, (e, act)
-    assert {c["bound"] for c in data["summary"]["checks"]} == {
+    assert {c["bound"] for c in data["summary"]["checks"] if c["paper_estimator"]} == {
         "Exp. 1: AE < 0.02",
         "Exp. 1: RE < 16%",
         "Exp. 1: RE < 10% for 120 ≤ μ_F ≤ 165 s",
@@ -345,6 +462,43 @@ def test_reproduce_tiny_results_sane(tiny_result):
         "Exp. 2: RE < 7%",
     } - {"Exp. 1: RE < 10% for 120 ≤ μ_F ≤ 165 s"}
     assert isinstance(res.passed, bool)
+    eng = [c for c in data["summary"]["checks"] if not c["paper_estimator"] and c["estimator"] in ESTIMATOR_TARGETS]
+    assert {(c["estimator"], c["experiment"]) for c in eng} == {(k, e) for k in ESTIMATOR_TARGETS for e in (1, 2)}
+    assert all(c["actual"] == ESTIMATOR_TARGETS[c["estimator"]] and c["limit"] == ENGINE_TARGET for c in eng)
+
+
+def test_reproduce_tiny_ingredient_table(tiny_result):
+    """results.json["ingredients"]: every point of both grids, every vLLM actual and every column has a finite
+    signed error equal to the mean over seeds of ingr − actual in the runs; report.md has the tables."""
+    res, out, _ = tiny_result
+    data = json.loads((out / "results.json").read_text())
+    ing = data["ingredients"]
+    assert ing == data["summary"]["ingredients"]
+    acts = ["vllm-0.23", "vllm", "vllm-0.23:token", "vllm:token"]
+    assert ing["columns"] == list(INGREDIENT_COLUMNS) and sorted(ing["actuals"]) == sorted(acts)
+    assert ing["target"] == ENGINE_TARGET
+    runs = {(r["lam0"], r["mu_F"]): r for r in data["runs"]}  # one seed
+    for e, n in (("1", len(TINY.exp1_mu_F)), ("2", len(TINY.exp2_lam0))):
+        g = ing["experiments"][e]
+        assert len(g["points"]) == n
+        for p in g["points"]:
+            r = runs[(p["lam0"], p["mu_F"])]
+            for a in acts:
+                for c in INGREDIENT_COLUMNS:
+                    v = p["error"][a][c]
+                    assert v is not None and math.isfinite(v), (e, p["x"], a, c)
+                    assert v == pytest.approx(r[f"ingr/{a}/{c}"] - r[f"actual/{a}"], abs=1e-12)
+        for a in acts:
+            for c in INGREDIENT_COLUMNS:
+                assert g["max_abs_error"][a][c] == pytest.approx(max(abs(p["error"][a][c]) for p in g["points"]))
+                assert g["target_met"][a][c] == (g["max_ae"][a][c] <= ENGINE_TARGET)
+    md = (out / "report.md").read_text()
+    assert "## Each ingredient's contribution to the error" in md
+    assert "### Max |error| per grid, engine and ingredient" in md
+    for e in ("1", "2"):
+        for a in acts:
+            assert f"### Experiment {e}, `{a}`: signed error per ingredient" in md
+    assert res.summary["ingredients"]["experiments"].keys() == {"1", "2"}
 
 
 def test_reproduce_tiny_report(tiny_result):
