@@ -1242,6 +1242,21 @@ def reproduce(
             "[green]pass[/]" if c["pass"] else "[red]fail[/]",
         )
     console.print(t)
+    t = Table(title="kvhit's engine-aware estimators vs the engine they predict (target: AE ≤ 0.005)")
+    for col in ["check", "estimator", "actual", "worst AE", "at", "verdict"]:
+        t.add_column(col, justify="right" if col in ("worst AE", "at") else "left")
+    for c in res.checks:
+        if c["paper_estimator"] or "engine target" not in c["bound"]:
+            continue
+        t.add_row(
+            c["bound"].replace(" (engine target)", ""),
+            c["estimator"],
+            c["actual"],
+            f"{c['worst']:.4f}",
+            _fmt(c["at_x"], 2),
+            "[green]pass[/]" if c["pass"] else "[red]fail[/]",
+        )
+    console.print(t)
     console.print(
         f"wrote {len(res.files)} files to [bold]{res.out_dir}[/] in {res.seconds['total']:.1f} s "
         f"(report: {res.out_dir / 'report.md'})"
