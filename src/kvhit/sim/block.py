@@ -471,13 +471,80 @@ def _simulate_kernel(
 # --------------------------------------------------------------------------------------------------
 
 
-def _int_array(name: str, a, ndim: int = 1) -> np.ndarray:
+def _int_array(name: str, a, ndim: int = 1, error: type[BlockSimError] = BlockSimError) -> np.ndarray:
     arr = np.asarray(a)
     if arr.ndim != ndim:
-        raise BlockSimError(f"{name}: expected a {ndim}-d array, got shape {arr.shape}")
+        raise error(f"{name}: expected a {ndim}-d array, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise BlockSimError(f"{name}: expected integers, got dtype {arr.dtype}")
+        raise error(f"{name}: expected integers, got dtype {arr.dtype}")
     return arr
+
+
+def request_stream(
+    prompt_tokens,
+    hash_offsets,
+    hashes,
+    *,
+    block_size,
+    engine: str,
+    colocated: bool,
+    response_tokens=None,
+    error: type[BlockSimError] = BlockSimError,
+):
+    """Validate a request stream (shared by :func:`simulate_block` and :mod:`kvhit.sim.blockcurve`).
+
+    Returns ``(T, L, resp, off, hs, b)``: prompt tokens, allocated tokens (``T`` or ``T + resp`` when
+    colocated), response tokens (or None), CSR offsets and int64 ids, block size. Every request must carry
+    exactly ``L // b`` ids (its full blocks). Errors are ``error`` instances naming the field (and request).
+    """
+    if engine not in ENGINES:
+        raise error(f"engine: expected one of {sorted(ENGINES)}, got {engine!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer) or block_size < 1:
+        raise error(f"block_size: expected a positive integer, got {block_size!r}")
+    b = int(block_size)
+    T = _int_array("prompt_tokens", prompt_tokens, error=error).astype(np.int64)
+    n = T.shape[0]
+    if n and T.min() < 1:
+        raise error("prompt_tokens: every request needs at least 1 prompt token")
+    if colocated:
+        if response_tokens is None:
+            raise error("response_tokens: required when colocated=True")
+        resp = _int_array("response_tokens", response_tokens, error=error).astype(np.int64)
+        if resp.shape != (n,):
+            raise error(f"response_tokens: expected shape ({n},), got {resp.shape}")
+        if n and resp.min() < 0:
+            raise error("response_tokens: must be >= 0")
+        L = T + resp
+    else:
+        if response_tokens is not None:
+            raise error("response_tokens: only used with colocated=True (PD mode keeps no response KV)")
+        resp = None
+        L = T
+    off = _int_array("hash_offsets", hash_offsets, error=error).astype(np.int64)
+    if off.shape != (n + 1,):
+        raise error(f"hash_offsets: expected shape ({n + 1},), got {off.shape}")
+    hs = np.asarray(hashes)
+    if hs.ndim != 1:
+        raise error(f"hashes: expected a 1-d array, got shape {hs.shape}")
+    if hs.dtype == np.uint64:
+        hs = np.ascontiguousarray(hs).view(np.int64)
+    elif hs.size == 0 or np.issubdtype(hs.dtype, np.integer):
+        hs = np.ascontiguousarray(hs.astype(np.int64, copy=False))
+    else:
+        raise error(f"hashes: expected int64/uint64 ids, got dtype {hs.dtype}")
+    if off[0] != 0 or off[-1] != hs.shape[0]:
+        raise error(f"hash_offsets: must start at 0 and end at len(hashes)={hs.shape[0]}")
+    counts = np.diff(off)
+    expected = L // b
+    bad = np.flatnonzero(counts != expected)
+    if bad.size:
+        r = int(bad[0])
+        what = "(prompt + response)" if colocated else "prompt"
+        raise error(
+            f"hashes: request {r} has {int(counts[r])} block hashes but {what} tokens // block_size = "
+            f"{int(expected[r])} ({bad.size} request(s) mismatch)"
+        )
+    return T, L, resp, off, hs, b
 
 
 def simulate_block(
@@ -517,61 +584,21 @@ def simulate_block(
         Arrival times (non-decreasing) and per-request hold durations (``>= 0``). Without ``hold``,
         requests are instantaneous and ``times`` is not used.
     """
-    if engine not in ENGINES:
-        raise BlockSimError(f"engine: expected one of {sorted(ENGINES)}, got {engine!r}")
     if isinstance(N, bool) or not isinstance(N, int | np.integer) or N < 1:
         raise BlockSimError(f"N: expected a positive integer, got {N!r}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer) or block_size < 1:
-        raise BlockSimError(f"block_size: expected a positive integer, got {block_size!r}")
     if N >= 2**31 - 2:
         raise BlockSimError(f"N: at most 2**31 - 3 blocks supported, got {N}")
     N = int(N)
-    b = int(block_size)
-
-    T = _int_array("prompt_tokens", prompt_tokens).astype(np.int64)
+    T, L, _, off, hs, b = request_stream(
+        prompt_tokens,
+        hash_offsets,
+        hashes,
+        block_size=block_size,
+        engine=engine,
+        colocated=colocated,
+        response_tokens=response_tokens,
+    )
     n = T.shape[0]
-    if n and T.min() < 1:
-        raise BlockSimError("prompt_tokens: every request needs at least 1 prompt token")
-    if colocated:
-        if response_tokens is None:
-            raise BlockSimError("response_tokens: required when colocated=True")
-        resp = _int_array("response_tokens", response_tokens).astype(np.int64)
-        if resp.shape != (n,):
-            raise BlockSimError(f"response_tokens: expected shape ({n},), got {resp.shape}")
-        if n and resp.min() < 0:
-            raise BlockSimError("response_tokens: must be >= 0")
-        L = T + resp
-    else:
-        if response_tokens is not None:
-            raise BlockSimError(
-                "response_tokens: only used with colocated=True (PD mode keeps no response KV)"
-            )
-        L = T
-
-    off = _int_array("hash_offsets", hash_offsets).astype(np.int64)
-    if off.shape != (n + 1,):
-        raise BlockSimError(f"hash_offsets: expected shape ({n + 1},), got {off.shape}")
-    hs = np.asarray(hashes)
-    if hs.ndim != 1:
-        raise BlockSimError(f"hashes: expected a 1-d array, got shape {hs.shape}")
-    if hs.dtype == np.uint64:
-        hs = np.ascontiguousarray(hs).view(np.int64)
-    elif hs.size == 0 or np.issubdtype(hs.dtype, np.integer):
-        hs = np.ascontiguousarray(hs.astype(np.int64, copy=False))
-    else:
-        raise BlockSimError(f"hashes: expected int64/uint64 ids, got dtype {hs.dtype}")
-    if off[0] != 0 or off[-1] != hs.shape[0]:
-        raise BlockSimError(f"hash_offsets: must start at 0 and end at len(hashes)={hs.shape[0]}")
-    counts = np.diff(off)
-    expected = L // b
-    bad = np.flatnonzero(counts != expected)
-    if bad.size:
-        r = int(bad[0])
-        what = "(prompt + response)" if colocated else "prompt"
-        raise BlockSimError(
-            f"hashes: request {r} has {int(counts[r])} block hashes but {what} tokens // block_size = "
-            f"{int(expected[r])} ({bad.size} request(s) mismatch)"
-        )
 
     if hold is None:
         use_events = False

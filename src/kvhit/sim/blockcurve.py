@@ -90,6 +90,7 @@ from numba import njit
 from kvhit.sim.block import (
     ENGINES,
     BlockSimError,
+    request_stream,
     simulate_block,
 )
 from kvhit.sim.stackdist import FIRST_TURN, content_curve_from_thresholds
@@ -458,15 +459,6 @@ class BlockThresholds:
 # --------------------------------------------------------------------------------------------------
 
 
-def _int_array(name: str, a) -> np.ndarray:
-    arr = np.asarray(a)
-    if arr.ndim != 1:
-        raise BlockCurveError(f"{name}: expected a 1-d array, got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise BlockCurveError(f"{name}: expected integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64)
-
-
 def _capacities(Ns) -> np.ndarray:
     a = np.asarray(Ns)
     if a.ndim == 0:
@@ -482,52 +474,16 @@ def _capacities(Ns) -> np.ndarray:
 
 
 def _inputs(prompt_tokens, hash_offsets, hashes, block_size, engine, colocated, response_tokens):
-    if engine not in ENGINES:
-        raise BlockCurveError(f"engine: expected one of {sorted(ENGINES)}, got {engine!r}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer) or block_size < 1:
-        raise BlockCurveError(f"block_size: expected a positive integer, got {block_size!r}")
-    b = int(block_size)
-    T = _int_array("prompt_tokens", prompt_tokens)
-    n = T.shape[0]
-    if n and T.min() < 1:
-        raise BlockCurveError("prompt_tokens: every request needs at least 1 prompt token")
-    if colocated:
-        if response_tokens is None:
-            raise BlockCurveError("response_tokens: required when colocated=True")
-        resp = _int_array("response_tokens", response_tokens)
-        if resp.shape != (n,):
-            raise BlockCurveError(f"response_tokens: expected shape ({n},), got {resp.shape}")
-        if n and resp.min() < 0:
-            raise BlockCurveError("response_tokens: must be >= 0")
-        L = T + resp
-    else:
-        if response_tokens is not None:
-            raise BlockCurveError("response_tokens: only used with colocated=True")
-        resp = None
-        L = T
-    off = _int_array("hash_offsets", hash_offsets)
-    if off.shape != (n + 1,):
-        raise BlockCurveError(f"hash_offsets: expected shape ({n + 1},), got {off.shape}")
-    hs = np.asarray(hashes)
-    if hs.ndim != 1:
-        raise BlockCurveError(f"hashes: expected a 1-d array, got shape {hs.shape}")
-    if hs.dtype == np.uint64:
-        hs = np.ascontiguousarray(hs).view(np.int64)
-    elif hs.size == 0 or np.issubdtype(hs.dtype, np.integer):
-        hs = np.ascontiguousarray(hs.astype(np.int64, copy=False))
-    else:
-        raise BlockCurveError(f"hashes: expected int64/uint64 ids, got dtype {hs.dtype}")
-    if off[0] != 0 or off[-1] != hs.shape[0]:
-        raise BlockCurveError(f"hash_offsets: must start at 0 and end at len(hashes)={hs.shape[0]}")
-    counts = np.diff(off)
-    bad = np.flatnonzero(counts != L // b)
-    if bad.size:
-        r = int(bad[0])
-        what = "(prompt + response)" if colocated else "prompt"
-        raise BlockCurveError(
-            f"hashes: request {r} has {int(counts[r])} block hashes but {what} tokens"
-            f" // block_size = {int(L[r] // b)} ({bad.size} request(s) mismatch)"
-        )
+    T, L, resp, off, hs, b = request_stream(
+        prompt_tokens,
+        hash_offsets,
+        hashes,
+        block_size=block_size,
+        engine=engine,
+        colocated=colocated,
+        response_tokens=response_tokens,
+        error=BlockCurveError,
+    )
     if hs.shape[0] >= 2**31 - 1:
         raise BlockCurveError("hashes: at most 2**31 - 2 block accesses supported")
     return T, L, resp, off, hs, b
