@@ -152,7 +152,9 @@ _DN, _DP = 0, 1
 
 
 @njit(cache=True, inline="always")
-def _fmix64(x):
+def fmix64(x):
+    """MurmurHash3's 64-bit finalizer: a bijection of uint64 words (shared by the hash table, the synthetic
+    block ids and the production-trace re-chaining)."""
     x ^= x >> _S33
     x *= _M1
     x ^= x >> _S33
@@ -163,7 +165,7 @@ def _fmix64(x):
 
 @njit(cache=True, inline="always")
 def _home(key, mask):
-    return np.int64(_fmix64(np.uint64(key)) & mask)
+    return np.int64(fmix64(np.uint64(key)) & mask)
 
 
 @njit(cache=True, inline="always")

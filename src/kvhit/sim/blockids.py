@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from kvhit.sim.block import BlockSimError
+from kvhit.sim.block import fmix64 as _fmix64
 
 __all__ = ["hashes_from_token_ids", "hashes_from_block_counts", "block_id", "MAX_CONVERSATION_ID"]
 
@@ -37,22 +38,10 @@ _MAX_POS = (1 << _POS_BITS) - 1
 _P1 = np.uint64(0x9E3779B185EBCA87)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _P4 = np.uint64(0x85EBCA77C2B2AE63)
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _ROOT = np.uint64(0x6B766869745F524F)  # "kvhit_RO": root of every chain (vLLM's NONE_HASH role)
 _S33 = np.uint64(33)
 _S31 = np.uint64(31)
 _L31 = np.uint64(64 - 31)
-
-
-@njit(cache=True, inline="always")
-def _fmix64(x):
-    x ^= x >> _S33
-    x *= _M1
-    x ^= x >> _S33
-    x *= _M2
-    x ^= x >> _S33
-    return x
 
 
 @njit(cache=True)
@@ -160,15 +149,8 @@ def hashes_from_token_ids(token_ids, block_size: int, *, extra_key=None) -> tupl
         if tok_off.ndim != 1 or (tok_off.size and not np.issubdtype(tok_off.dtype, np.integer)):
             raise BlockSimError("token_ids: CSR offsets must be a 1-d integer array")
         tok_off = tok_off.astype(np.int64)
-        if (
-            tok_off.size == 0
-            or tok_off[0] != 0
-            or tok_off[-1] != flat.shape[0]
-            or np.any(np.diff(tok_off) < 0)
-        ):
-            raise BlockSimError(
-                "token_ids: CSR offsets must start at 0, be non-decreasing, end at len(tokens)"
-            )
+        if tok_off.size == 0 or tok_off[0] != 0 or tok_off[-1] != flat.shape[0] or np.any(np.diff(tok_off) < 0):
+            raise BlockSimError("token_ids: CSR offsets must start at 0, be non-decreasing, end at len(tokens)")
     elif isinstance(token_ids, Sequence) or isinstance(token_ids, np.ndarray) and token_ids.dtype == object:
         arrs = [np.asarray(a) for a in token_ids]
         for k, a in enumerate(arrs):

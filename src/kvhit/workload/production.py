@@ -71,6 +71,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from kvhit.sim.block import fmix64 as _fmix64
+
 __all__ = [
     "ProductionTrace",
     "ProductionTraceError",
@@ -127,9 +129,7 @@ class ProductionTrace:
     session_source: str  #: "file", "derived:prefix-subtree" or "none"
     rechained: bool  #: the ids were re-chained (the given ids were not a chained stream)
     n_partial_dropped: int  #: partial-block ids dropped by the ``ceil`` hash-count rule
-    skipped: tuple[
-        tuple[str, str, str], ...
-    ] = ()  #: (file, record, reason) of records skipped (strict=False)
+    skipped: tuple[tuple[str, str, str], ...] = ()  #: (file, record, reason) of records skipped (strict=False)
     meta: dict = field(default_factory=dict)
 
     # ---- basic properties -------------------------------------------------------------------------
@@ -312,22 +312,9 @@ class ProductionTrace:
 # chain property and re-chaining
 # --------------------------------------------------------------------------------------------------
 
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
 _SEED = np.uint64(0x9E3779B97F4A7C15)
 _SALT = np.uint64(0x632BE59BD9B4E019)
 _MUL = np.uint64(0xD6E8FEB86659FD93)
-
-
-@njit(cache=True, inline="always")
-def _fmix64(x):
-    x ^= x >> _S33
-    x *= _M1
-    x ^= x >> _S33
-    x *= _M2
-    x ^= x >> _S33
-    return x
 
 
 @njit(cache=True)
@@ -677,9 +664,7 @@ def _weka_walk(reqs, base_t: float, label: str, agent: int, counter: list, out: 
                 out.append(_Skip(f"{lab}: field 'requests': expected the sub-agent's request list"))
                 continue
             counter[0] += 1
-            _weka_walk(
-                sub, base_t + t, lab + ".requests", counter[0], counter, out, i if sub_of is None else sub_of
-            )
+            _weka_walk(sub, base_t + t, lab + ".requests", counter[0], counter, out, i if sub_of is None else sub_of)
             continue
         if typ not in ("n", "s"):
             out.append(_Skip(f"{lab}: field 'type': expected 'n', 's' or 'subagent', got {typ!r}"))
@@ -734,9 +719,7 @@ def read_weka(
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ProductionTraceError(f"{f}: invalid JSON: {e}") from None
         if not isinstance(d, dict):
-            raise ProductionTraceError(
-                f"{f}: expected a JSON object (one conversation), got {type(d).__name__}"
-            )
+            raise ProductionTraceError(f"{f}: expected a JSON object (one conversation), got {type(d).__name__}")
         fb = d.get("block_size")
         if not _is_int(fb) or fb < 1:
             raise ProductionTraceError(f"{f}: field 'block_size': expected a positive integer, got {fb!r}")
@@ -746,9 +729,7 @@ def read_weka(
             raise ProductionTraceError(f"{f}: field 'block_size': {fb} differs from {b} of {files[0]}")
         scope = d.get("hash_id_scope")
         if scope not in ("local", "global"):
-            raise ProductionTraceError(
-                f"{f}: field 'hash_id_scope': expected 'local' or 'global', got {scope!r}"
-            )
+            raise ProductionTraceError(f"{f}: field 'hash_id_scope': expected 'local' or 'global', got {scope!r}")
         reqs = d.get("requests")
         if not isinstance(reqs, list):
             raise ProductionTraceError(f"{f}: field 'requests': expected a list")
@@ -771,9 +752,7 @@ def read_weka(
                         raise _Skip("field 'hash_ids': missing")
                     h, _ = _hash_list(r["hash_ids"], T, fb, hash_count)
                     if scope == "local" and h and (min(h) < 0 or max(h) >= 2**_NS_SHIFT):
-                        raise _Skip(
-                            f"field 'hash_ids': local ids must lie in [0, 2**{_NS_SHIFT}) to be namespaced"
-                        )
+                        raise _Skip(f"field 'hash_ids': local ids must lie in [0, 2**{_NS_SHIFT}) to be namespaced")
                 except _Skip as e:
                     raise _Skip(f"{lab}: {e}") from None
             except _Skip as e:
@@ -855,9 +834,7 @@ def _starts(arrival, C, rate, span, seed, starts, gap) -> np.ndarray | None:
     if starts is not None:
         s = np.asarray(starts, dtype=np.float64)
         if s.shape != (C,) or not np.all(np.isfinite(s)) or (C and s.min() < 0):
-            raise ProductionTraceError(
-                f"starts: expected {C} finite offsets >= 0 (one per file), got shape {s.shape}"
-            )
+            raise ProductionTraceError(f"starts: expected {C} finite offsets >= 0 (one per file), got shape {s.shape}")
         return s
     if arrival not in _ARRIVALS:
         raise ProductionTraceError(f"arrival: expected one of {_ARRIVALS} (or starts=), got {arrival!r}")
@@ -868,9 +845,7 @@ def _starts(arrival, C, rate, span, seed, starts, gap) -> np.ndarray | None:
     rng = np.random.default_rng(seed)
     if arrival == "poisson":
         if not _is_num(rate) or rate <= 0:
-            raise ProductionTraceError(
-                f"rate: arrival='poisson' needs a rate > 0 (conversations/s), got {rate!r}"
-            )
+            raise ProductionTraceError(f"rate: arrival='poisson' needs a rate > 0 (conversations/s), got {rate!r}")
         s = np.zeros(C, np.float64)
         if C > 1:
             s[1:] = np.cumsum(rng.exponential(1.0 / rate, C - 1))
