@@ -10,9 +10,20 @@ Columns (ingredients, cumulative): paper = eq. (39) on the measured conversation
 (mean field); a+c = own size in the threshold (all or nothing); a+b+c = tail-first partial prefix hits;
 a+b+c+d = Gaussian fluctuations of D(W) (Lemma D.1); win = window-exact form (the counted rows, their own gaps,
 no conversation before the system origin: the warm-up transient) with d; win-d = same without fluctuations.
+These columns count every request (``rejection=False``, the estimators before rejection-aware accounting);
+a+b+c+d+r and win+r add (r): requests with ⌈T/b⌉ > N are rejected by vLLM (EngineAccounting.admitted).
+
+Part ``content``: Algorithm 1 (``simulate_trace_content(..., practical=True)``, eq. (31) over the same window)
+against paper eq. (39), ``estimate_finite`` (the issue's finite-capacity estimator, paper accounting) and the
+engine-aware ``engine="content"`` estimators (mean field; finite; finite + fluctuations; window form), on the
+ShareGPT setting (λ0 = 1.5, μ = 135 s, N = 2,275) and the long-context workload.
+
+Part ``warm``: the stationary estimator (a+b+c+d+r) against the simulation with a 4,000-conversation warm-up
+(ShareGPT, λ0 = 1.5, μ = 135 s, N = 2,275, 4,000 + 3,500 conversations), to separate the window's warm-up
+transient from the accounting.
 
     NUMBA_CACHE_DIR=/tmp/numba_cache /tmp/venvtest/bin/python benchmarks/estimator_accuracy.py [--seeds 0 1] \
-        [--json out.json] [--quick]
+        [--json out.json] [--quick] [--only sharegpt long content warm]
 """
 
 from __future__ import annotations
@@ -23,15 +34,23 @@ import time
 
 import numpy as np
 
-from kvhit.estimate import engine_accounting, estimate, estimate_engine, estimate_window, trace_moments
-from kvhit.sim.runner import block_requests, simulate_trace_block
+from kvhit.estimate import (
+    engine_accounting,
+    estimate,
+    estimate_engine,
+    estimate_finite,
+    estimate_window,
+    trace_moments,
+)
+from kvhit.sim.runner import block_requests, simulate_trace_block, simulate_trace_content
 from kvhit.workload.blocks import block_accounting
 from kvhit.workload.dists import Exponential
 from kvhit.workload.generate import trace_from_conversations
 from kvhit.workload.sharegpt import build_sharegpt_trace
 from kvhit.workload.trace import Window
 
-COLS = ["paper", "a", "a+c", "a+b+c", "a+b+c+d", "win-d", "win"]
+COLS = ["paper", "a", "a+c", "a+b+c", "a+b+c+d", "win-d", "win", "a+b+c+d+r", "win+r"]
+CONTENT_COLS = ["eq39", "finite", "content-a", "content-a+c", "content-a+c+d", "content-win"]
 ENGINES = ["vllm", "vllm-0.23"]
 METRICS = {"tokens": "token_hit_ratio", "blocks": "h_blocks"}
 
@@ -41,12 +60,16 @@ def predictions(tr, n_warm, N, lam0, engine, metric):
     win = Window.warmup_conversations(tr, n_warm)
     acc = engine_accounting(tr, engine=engine, metric=metric, rows=rows)
     out = {"paper": estimate(trace_moments(tr, rows=rows), N, lam0).h}
-    out["a"] = estimate_engine(acc, N, lam0, finite=False, fluctuations=False).h
-    out["a+c"] = estimate_engine(acc, N, lam0, partial=False, fluctuations=False).h
-    out["a+b+c"] = estimate_engine(acc, N, lam0, fluctuations=False).h
-    out["a+b+c+d"] = estimate_engine(acc, N, lam0).h
-    out["win-d"] = estimate_window(tr, N, lam0, window=win, engine=engine, metric=metric, fluctuations=False).h
-    out["win"] = estimate_window(tr, N, lam0, window=win, engine=engine, metric=metric).h
+    kw = {"rejection": False}
+    out["a"] = estimate_engine(acc, N, lam0, finite=False, fluctuations=False, **kw).h
+    out["a+c"] = estimate_engine(acc, N, lam0, partial=False, fluctuations=False, **kw).h
+    out["a+b+c"] = estimate_engine(acc, N, lam0, fluctuations=False, **kw).h
+    out["a+b+c+d"] = estimate_engine(acc, N, lam0, **kw).h
+    wkw = {"window": win, "engine": engine, "metric": metric}
+    out["win-d"] = estimate_window(tr, N, lam0, fluctuations=False, **wkw, **kw).h
+    out["win"] = estimate_window(tr, N, lam0, **wkw, **kw).h
+    out["a+b+c+d+r"] = estimate_engine(acc, N, lam0).h
+    out["win+r"] = estimate_window(tr, N, lam0, **wkw).h
     return out
 
 
@@ -110,6 +133,86 @@ def long_context_grid(seeds, quick):
     return out
 
 
+def content_point(tr, n_warm, N, lam0):
+    """Algorithm 1 simulated (eq. (31) over App. E's window) and its estimators at one capacity."""
+    win = Window.warmup_conversations(tr, n_warm)
+    rows = Window.warmup_conversations(tr, n_warm, only_measured=True).mask(tr)
+    acc = engine_accounting(tr, engine="content", rows=rows)
+    return {
+        "actual": float(simulate_trace_content(tr, N, window=win, practical=True).h),
+        "eq39": estimate(trace_moments(tr, rows=rows), N, lam0).h,
+        "finite": estimate_finite(tr, N, lam0, rows=rows).h,
+        "content-a": estimate_engine(acc, N, lam0, finite=False, fluctuations=False).h,
+        "content-a+c": estimate_engine(acc, N, lam0, fluctuations=False).h,
+        "content-a+c+d": estimate_engine(acc, N, lam0).h,
+        "content-win": estimate_window(tr, N, lam0, window=win, engine="content").h,
+    }
+
+
+def content_grid(seeds, quick):
+    Ns = [600, 1200] if quick else [400, 800, 1600]
+    out = []
+    for seed in seeds:
+        tr, _ = build_sharegpt_trace(
+            n_warm=1000, n_meas=5000, seed=seed, lam0=1.5, interarrival=Exponential(135.0), block_size=128
+        )
+        out.append({"workload": "sharegpt", "N": 2275, "seed": seed, "res": content_point(tr, 1000, 2275, 1.5)})
+        tr = long_context_trace(seed, lam0=0.05, mu=30.0)
+        for N in Ns:
+            out.append({"workload": "long", "N": N, "seed": seed, "res": content_point(tr, 500, N, 0.05)})
+    return out
+
+
+def content_table(points):
+    lines = [
+        "| workload | N | seed | Algorithm 1 sim | " + " | ".join(f"err {c}" for c in CONTENT_COLS) + " |",
+        "|" + "---|" * (4 + len(CONTENT_COLS)),
+    ]
+    for p in points:
+        r = p["res"]
+        errs = " | ".join(f"{r[c] - r['actual']:+.4f}" for c in CONTENT_COLS)
+        lines.append(f"| {p['workload']} | {p['N']} | {p['seed']} | {r['actual']:.4f} | {errs} |")
+    lines += ["", "| workload | " + " | ".join(f"max abs {c}" for c in CONTENT_COLS) + " |"]
+    lines.append("|" + "---|" * (1 + len(CONTENT_COLS)))
+    for w in sorted({p["workload"] for p in points}):
+        ps = [p["res"] for p in points if p["workload"] == w]
+        mx = [max(abs(r[c] - r["actual"]) for r in ps) for c in CONTENT_COLS]
+        lines.append(f"| {w} | " + " | ".join(f"{x:.4f}" for x in mx) + " |")
+    return "\n".join(lines)
+
+
+def warm_grid(seeds, n_warm=4000, n_meas=3500):
+    """Stationary estimator vs the simulation after a long warm-up (ShareGPT, λ0 = 1.5, μ = 135 s; the corpus
+    has 7,506 conversations with ≥ 2 turns, so 4,000 + 3,500)."""
+    out = []
+    for seed in seeds:
+        tr, _ = build_sharegpt_trace(
+            n_warm=n_warm, n_meas=n_meas, seed=seed, lam0=1.5, interarrival=Exponential(135.0), block_size=128
+        )
+        win = Window.warmup_conversations(tr, n_warm)
+        rows = Window.warmup_conversations(tr, n_warm, only_measured=True).mask(tr)
+        rq = block_requests(tr, source="counts")
+        for eng in ENGINES:
+            _, m = simulate_trace_block(tr, 2275, engine=eng, window=win, requests=rq)
+            acc = engine_accounting(tr, engine=eng, metric="tokens", rows=rows)
+            out.append(
+                {
+                    "seed": seed,
+                    "engine": eng,
+                    "actual": float(m["token_hit_ratio"]),
+                    "a+b+c+d+r": float(estimate_engine(acc, 2275, 1.5).h),
+                }
+            )
+    return out
+
+
+def warm_table(points):
+    lines = ["| engine | seed | actual (tokens) | err a+b+c+d+r |", "|---|---|---|---|"]
+    for p in points:
+        lines.append(f"| {p['engine']} | {p['seed']} | {p['actual']:.4f} | {p['a+b+c+d+r'] - p['actual']:+.4f} |")
+    return "\n".join(lines)
+
+
 def table(points, engine, metric):
     lines = [
         "| grid | λ0 | μ_W | N | seed | actual | " + " | ".join(f"err {c}" for c in COLS) + " |",
@@ -143,34 +246,42 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["sharegpt", "long"], default=None)
+    ap.add_argument("--only", nargs="+", choices=["sharegpt", "long", "content", "warm"], default=None)
     a = ap.parse_args()
+    parts = a.only or ["sharegpt", "long", "content", "warm"]
     t0 = time.perf_counter()
     pts = []
-    if a.only in (None, "sharegpt"):
+    if "sharegpt" in parts:
         pts += sharegpt_grid(a.seeds, a.quick)
-    if a.only in (None, "long"):
+    if "long" in parts:
         pts += long_context_grid(a.seeds, a.quick)
-    print("## Max |estimate − simulated| per grid, engine, metric and ingredient\n")
-    print(summary(pts))
-    for eng in ENGINES:
-        for metric in METRICS:
-            print(f"\n## {eng}, metric {metric}: estimate − actual per point\n")
-            print(table(pts, eng, metric))
+    dump = {}
+    if pts:
+        print("## Max |estimate − simulated| per grid, engine, metric and ingredient\n")
+        print(summary(pts))
+        for eng in ENGINES:
+            for metric in METRICS:
+                print(f"\n## {eng}, metric {metric}: estimate − actual per point\n")
+                print(table(pts, eng, metric))
+        dump["engine"] = [
+            {**{k: v for k, v in p.items() if k != "res"}, "res": {f"{e}/{m}": r for (e, m), r in p["res"].items()}}
+            for p in pts
+        ]
+    if "content" in parts:
+        cp = content_grid(a.seeds, a.quick)
+        print("\n## Algorithm 1 (content): estimate − simulated (practical metric eq. (31))\n")
+        print(content_table(cp))
+        dump["content"] = cp
+    if "warm" in parts:
+        wp = warm_grid(sorted(set(a.seeds) | {0, 1, 2}) if not a.quick else a.seeds)
+        print("\n## Stationary estimator after a 4,000-conversation warm-up (ShareGPT, λ0 = 1.5, μ = 135 s, 3,500")
+        print("measured conversations, N = 2,275, vLLM token metric)\n")
+        print(warm_table(wp))
+        dump["warm"] = wp
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(
-                [
-                    {
-                        **{k: v for k, v in p.items() if k != "res"},
-                        "res": {f"{e}/{m}": r for (e, m), r in p["res"].items()},
-                    }
-                    for p in pts
-                ],
-                f,
-                indent=1,
-            )
+            json.dump(dump, f, indent=1)
 
 
 if __name__ == "__main__":

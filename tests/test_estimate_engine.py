@@ -200,3 +200,119 @@ def test_window_estimator_within_simulation_ci_large():
     e_mean, e_hw = mean_ci(errs)
     _, a_hw = mean_ci(acts)
     assert abs(e_mean) <= e_hw + a_hw
+
+
+# ----------------------------------------------------------------------------------------------------------
+# rejection-aware accounting (vLLM rejects a request with ⌈T_j/b⌉ > N)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_simulator_rejects_exactly_the_oversize_turns_and_their_successors():
+    # the premise of EngineAccounting.admitted: rejected iff ⌈T_j/b⌉ > N, and T is cumulative, so a rejected
+    # turn's later turns are rejected too (hand trace: conv 0 needs 2, 3, 4 blocks; conv 1 needs 2)
+    tr = hand_trace()
+    need = -(-tr["cum_tokens"] // 4)
+    for N in (1, 2, 3, 4):
+        for eng in ("vllm", "vllm-0.23"):
+            res, _ = simulate_trace_block(tr, N, engine=eng, requests=block_requests(tr, source="counts"))
+            np.testing.assert_array_equal(res.rejected, need > N)
+
+
+def test_hand_worked_admitted_accounting():
+    tr = hand_trace()
+    acc = engine_accounting(tr, engine="vllm", metric="tokens")
+    assert acc.max_need == 4 and acc.admitted(4) is acc
+    # N = 3: conv 0 keeps turns 1, 2 (T = 5, 9; full blocks 1, 2), turn 3 (T = 16, 4 blocks) is rejected;
+    # conv 1 (T = 8) is admitted. New blocks 1 + 1 (conv 0) + 2 (conv 1); the history moving on a revisit is
+    # turn 1's single block (turn 2's history never comes back: its next turn is rejected)
+    a3 = acc.admitted(3)
+    assert a3.L == 2
+    assert a3.E_B == pytest.approx(4 / 2)
+    assert a3.A == pytest.approx(1 / 2)
+    assert a3.A_R == pytest.approx((5 + 9 + 8) / 2)  # rejected prompts leave the demand
+    assert a3.A_hit == pytest.approx(4 * 1 / 2)
+    assert a3.reuse.tolist() == [1.0]
+    # N = 2: conv 0 keeps turn 1 only, no revisit is admitted: nothing can hit
+    a2 = acc.admitted(2)
+    assert a2.E_B == pytest.approx((1 + 2) / 2) and a2.A == 0.0 and a2.A_R == pytest.approx((5 + 8) / 2)
+    assert a2.reuse.size == 0
+    # ≤ 0.23 adds the partial prompts (T = 5, 9) to the new-block displacement; blocks metric: ⌈T/b⌉ demand
+    old3 = engine_accounting(tr, engine="vllm-0.23", metric="blocks").admitted(3)
+    assert old3.E_B == pytest.approx((4 + 2) / 2) and old3.A_R == pytest.approx((2 + 3 + 2) / 2)
+    # Algorithm 1 never rejects
+    content = engine_accounting(tr, engine="content")
+    assert content.admitted(1) is content
+
+
+def test_rejection_aware_estimate_hand_worked():
+    from kvhit.theory import solve_T_C
+
+    tr = hand_trace()
+    acc = engine_accounting(tr, engine="vllm", metric="tokens")
+    F = Exponential(1.0)
+    lam = 0.7
+    # mean field at N = 3 on the admitted accounting (C = N − 1): h = A_hit F(τ(C)) / A_R with
+    # λ0 E_B τ + λ0 A ∫₀^τ F̄ = C, E_B = 2, A = 1/2, A_hit = 2, A_R = 11 (see the hand-worked accounting)
+    tau = float(solve_T_C(2.0, 0.5, F, lam, 2.0))
+    want = 2.0 * float(F.cdf(tau)) / 11.0
+    got = estimate_engine(acc, 3, lam, F, finite=False, fluctuations=False)
+    assert got.h == pytest.approx(want, rel=1e-12)
+    assert got.T_C == pytest.approx(tau, rel=1e-12)
+    # without rejection the rejected turn 3 counts (demand 16 tokens, 2 reusable blocks): a different number
+    assert abs(estimate_engine(acc, 3, lam, F, finite=False, fluctuations=False, rejection=False).h - want) > 0.01
+    # no revisit admitted (N = 2) and no request admitted (N = 1, ≤ 0.23; ≥ 0.24 needs N > 1): nothing hits
+    old = engine_accounting(tr, engine="vllm-0.23", metric="tokens")
+    for fl in (False, True):
+        assert estimate_engine(old, [1, 2], lam, F, fluctuations=fl).h.tolist() == [0.0, 0.0]
+        assert estimate_engine(acc, 2, lam, F, fluctuations=fl).h == 0.0
+    # nothing rejected from max ⌈T/b⌉ on: identical to rejection=False
+    for N in (4, 9):
+        assert estimate_engine(acc, N, lam, F).h == estimate_engine(acc, N, lam, F, rejection=False).h
+
+
+def test_prefix_variance_table_equals_direct_moments_of_admitted_set():
+    # the per-prefix ∫Φ² table summed at J_i(N) must equal displacement_moments of the admitted accounting
+    # (an independent kernel), for every admitted set
+    from kvhit.estimate import _PrefixVariance
+
+    acc = engine_accounting(_TR, engine="vllm-0.23", metric="tokens")
+    tg = np.array([0.0, 1.5, 7.0, 20.0, 55.0, 200.0])
+    pv = _PrefixVariance(acc, tg)
+    for N in np.unique(np.quantile(acc.need, [0.0, 0.2, 0.5, 0.8, 0.97])).astype(int):
+        _, v = displacement_moments(acc.admitted(int(N)), tg)
+        np.testing.assert_allclose(pv.v1(int(N)), v, rtol=1e-10, atol=1e-9)
+
+
+def test_rejection_vectorized_over_capacities_equals_per_capacity():
+    acc = engine_accounting(_TR, engine="vllm", metric="blocks")
+    Ns = np.unique(np.quantile(acc.need, np.linspace(0, 1, 9)).astype(int) + np.array([0, 1] * 4 + [0]))
+    Ns = np.append(Ns, acc.max_need + 5)
+    vec = estimate_engine(acc, Ns, 1.2).h
+    for k, N in enumerate(Ns):
+        one = estimate_engine(acc.admitted(int(N)), int(N), 1.2, rejection=False).h
+        assert vec[k] == pytest.approx(one, rel=1e-9, abs=1e-12)
+
+
+def _accuracy_rejection(n_seeds, rejection):
+    # prompts large against N: ≈ 10-20 % of the requests need more than N blocks
+    errs, acts = [], []
+    for seed in range(n_seeds):
+        tr = token_trace(200 + seed, n_conv=1500, b=16, lam0=0.2, mu=20.0, p_mean=250.0, r_mean=60.0)
+        win = Window.warmup_conversations(tr, 300)
+        N = 100
+        res, m = simulate_trace_block(tr, N, engine="vllm", window=win, requests=block_requests(tr, source="counts"))
+        est = estimate_window(tr, N, 0.2, window=win, engine="vllm", rejection=rejection).h
+        errs.append(est - m["token_hit_ratio"])
+        acts.append(m["token_hit_ratio"])
+    return errs, acts, res.rejected.mean()
+
+
+def test_window_estimator_with_rejections_within_simulation_ci():
+    errs, acts, frac = _accuracy_rejection(4, True)
+    assert 0.05 < frac < 0.5
+    e_mean, e_hw = mean_ci(errs)
+    _, a_hw = mean_ci(acts)
+    assert abs(e_mean) <= e_hw + a_hw
+    # and counting the rejected requests (the former estimator) is detectably wrong on the same workload
+    errs0, _, _ = _accuracy_rejection(4, False)
+    assert abs(np.mean(errs0)) > e_hw + a_hw + abs(e_mean)

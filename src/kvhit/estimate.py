@@ -460,11 +460,73 @@ class EngineAccounting:
     offsets: np.ndarray = field(repr=False)
     cum_new: np.ndarray = field(repr=False)
     hist_all: np.ndarray = field(repr=False)
+    need: np.ndarray | None = field(repr=False, default=None)
+    new_all: np.ndarray | None = field(repr=False, default=None)
+    demand_all: np.ndarray | None = field(repr=False, default=None)
 
     @property
     def h_max(self) -> float:
         """The ceiling A_hit/A_R of the metric (all histories hit in full)."""
         return self.A_hit / self.A_R
+
+    @property
+    def max_need(self) -> int:
+        """max_j ⌈T_j/b⌉: from this capacity on no request is rejected (0 for whole-content models)."""
+        return int(self.need.max()) if self.need is not None and self.need.size else 0
+
+    def admitted(self, N: float) -> EngineAccounting:
+        """The accounting of what an engine with N usable blocks actually runs (vLLM rejects a request with
+        ⌈T_j/b⌉ > N: no state change, no displacement, excluded from the metric, see
+        :func:`kvhit.sim.block.token_hit_ratio`). The prompt is cumulative (T_{j+1} ≥ T_j), so once turn j
+        of a conversation is rejected all its later turns are too: each conversation keeps its admitted prefix
+        of J_i(N) = #{j : ⌈T_j/b⌉ ≤ N} turns and is accounted as a conversation of J_i(N) turns — its history
+        after turn J_i never comes back (no history displacement, no hit), and no rejected turn adds demand.
+        L (the arrival normalisation of λ0) is unchanged: conversations rejected from their first turn still
+        arrive, they just contribute nothing. Returns ``self`` when nothing is rejected or for whole-content
+        models (Algorithm 1 inserts an oversize content and evicts it: no rejection)."""
+        if self.need is None or N >= self.max_need:
+            return self
+        keep = self.need <= N
+        nconv = self.conv_ptr.size - 1
+        cid = np.repeat(np.arange(nconv), np.diff(self.conv_ptr))
+        cnt = np.bincount(cid[keep], minlength=nconv)
+        nz = cnt > 0
+        ptr = np.concatenate([[0], np.cumsum(cnt[nz])]).astype(np.int64)
+        new = self.new_all[keep]
+        hist = self.hist_all[keep]
+        dem = self.demand_all[keep]
+        last = np.zeros(new.size, bool)
+        last[ptr[1:] - 1] = True
+        starts = ptr[:-1]
+        cs = np.cumsum(new)
+        cum_new = cs - np.repeat(cs[starts] - new[starts], cnt[nz]) if new.size else cs
+        nl = ~last
+        L = self.L
+        return EngineAccounting(
+            engine=self.engine,
+            metric=self.metric,
+            accounting=self.accounting,
+            block_size=self.block_size,
+            L=L,
+            E_B=float(new.sum() / L),
+            A=float(hist[nl].sum() / L),
+            A_R=float(dem.sum() / L),
+            A_hit=float(self.unit * hist[nl].sum() / L),
+            unit=self.unit,
+            cap_offset=self.cap_offset,
+            mode=self.mode,
+            reuse=hist[nl],
+            size=hist[nl],
+            W=self.W,
+            lam0_hat=self.lam0_hat,
+            conv_ptr=ptr,
+            offsets=self.offsets[keep],
+            cum_new=cum_new,
+            hist_all=hist,
+            need=None,
+            new_all=new,
+            demand_all=dem,
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -545,6 +607,7 @@ def engine_accounting(
         size = R.astype(float)
         demand = R.astype(float)
         unit, cap_offset, mode = 1.0, 0, "whole"
+        need = None  # Algorithm 1 inserts an oversize content and evicts it at once: nothing is rejected
         if accounting == "paper":
             engine_, metric_ = "paper", "blocks"
         else:
@@ -558,6 +621,9 @@ def engine_accounting(
             T = R * b - 1
         if (T < 1).any():
             raise EstimateError("cum_tokens: every prompt needs at least one token")
+        if (np.diff(T)[~first[1:]] < 0).any():
+            raise EstimateError("cum_tokens: the prompt T_j must not shrink within a conversation (cumulative)")
+        need = -(-T // b)  # ⌈T_j/b⌉ blocks: vLLM rejects the request when this exceeds N
         Hf = T // b
         Hprev = np.where(first, 0, np.concatenate([[0], Hf[:-1]]))
         new = (Hf - Hprev).astype(float)
@@ -594,6 +660,9 @@ def engine_accounting(
         offsets=offsets,
         cum_new=np.cumsum(new) - np.repeat(np.cumsum(new)[starts] - new[starts], counts),
         hist_all=hist,
+        need=need,
+        new_all=new,
+        demand_all=demand,
     )
 
 
@@ -687,6 +756,83 @@ def _representatives(F: Interarrival, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.interp(q, cdf, grid), np.full(k, 1.0 / k)
 
 
+def _fluct_grid(F: Interarrival, k: int = 1024) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Representatives (w_q, p_q) of F and the t grid on which V₁(t) is tabulated and interpolated."""
+    w, p = _representatives(F, k)
+    wmax = float(w.max())
+    tg = np.unique(np.concatenate([np.linspace(0.0, wmax, 129), np.quantile(w, np.linspace(0, 1, 129))]))
+    return w, p, tg
+
+
+@njit(cache=True)
+def _phi2_prefix_kernel(conv_ptr, offsets, cum_new, hist, tgrid, out_v):  # pragma: no cover - numba
+    """out_v[p0 + J − 1, it] = ∫ Φ_t^{(i,J)}(a)² da for every conversation i (rows p0..p1−1) and every admitted
+    prefix J = 1..M_i of its turns (the conversation truncated to its first J turns, as
+    :meth:`EngineAccounting.admitted` makes it): the same segments as :func:`_phi_moments_kernel`; on a
+    segment with first/last in-window access k_f ≤ k_l the truncated Φ is 0 for J < k_f, hist[k_f − 1] −
+    cum_new[k_f − 1] + cum_new[J] for k_f ≤ J < k_l and the full Φ for J ≥ k_l (a difference array)."""
+    nconv = conv_ptr.size - 1
+    for c in range(nconv):
+        p0 = conv_ptr[c]
+        p1 = conv_ptr[c + 1]
+        M = p1 - p0
+        s = offsets[p0:p1]
+        bp = np.empty(2 * M)
+        tail = np.zeros(M + 1)
+        for it in range(tgrid.size):
+            t = tgrid[it]
+            for k in range(M):
+                bp[2 * k] = -s[k]
+                bp[2 * k + 1] = t - s[k]
+            bp.sort()
+            lo_lim = -s[M - 1]
+            tail[:] = 0.0
+            for q in range(2 * M - 1):
+                lo = max(bp[q], lo_lim)
+                hi = min(bp[q + 1], t)
+                if hi <= lo:
+                    continue
+                am = 0.5 * (lo + hi)
+                kl = np.searchsorted(s, t - am, side="right")
+                kf = np.searchsorted(s, -am, side="right") + 1
+                if kf > kl:
+                    continue
+                h0 = 0.0
+                if kf >= 2:
+                    h0 = hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
+                ln = hi - lo
+                for J in range(kf, kl):
+                    phi = h0 + cum_new[p0 + J - 1]
+                    out_v[p0 + J - 1, it] += phi * phi * ln
+                phi = h0 + cum_new[p0 + kl - 1]
+                tail[kl] += phi * phi * ln
+            run = 0.0
+            for J in range(1, M + 1):
+                run += tail[J]
+                out_v[p0 + J - 1, it] += run
+
+
+class _PrefixVariance:
+    """V₁(t) (Lemma D.1, per unit λ0) of every admitted set of :meth:`EngineAccounting.admitted` from one
+    table of the per-conversation, per-prefix ∫Φ² (:func:`_phi2_prefix_kernel`): V₁ at capacity N is the sum
+    over conversations of their row for J_i(N) turns, divided by L."""
+
+    def __init__(self, acc: EngineAccounting, tg: np.ndarray):
+        self.acc = acc
+        self.tab = np.zeros((acc.hist_all.size, tg.size))
+        _phi2_prefix_kernel(acc.conv_ptr, acc.offsets, acc.cum_new, acc.hist_all, tg, self.tab)
+        cid = np.repeat(np.arange(acc.conv_ptr.size - 1), np.diff(acc.conv_ptr))
+        self.cid = cid
+
+    def v1(self, N: float) -> np.ndarray:
+        acc = self.acc
+        keep = acc.need <= N
+        last = np.zeros(keep.size, bool)
+        nxt = np.append(keep[1:], False) & (np.append(self.cid[1:], -1) == self.cid)
+        last[keep & ~nxt] = True  # the last admitted turn of each conversation
+        return self.tab[last].sum(axis=0) / acc.L
+
+
 class _Occupancy:
     """G(x) = P(D(W) ≤ x): the probability that the displacement over a tagged gap W stays within x blocks.
 
@@ -695,13 +841,20 @@ class _Occupancy:
     variance λ0 V₁(W) (:func:`displacement_moments`, Lemma D.1), with a continuity correction of ½ block:
     G(x) = E_W Φ((x + ½ − d(W)) / √(λ0 V₁(W)))."""
 
-    def __init__(self, acc: EngineAccounting, F: Interarrival, lam0: float, fluctuations: bool, k: int = 1024):
+    def __init__(
+        self,
+        acc: EngineAccounting,
+        F: Interarrival,
+        lam0: float,
+        fluctuations: bool,
+        k: int = 1024,
+        v1: np.ndarray | None = None,
+    ):
         self.acc, self.F, self.lam0, self.fluct = acc, F, float(lam0), bool(fluctuations)
         if self.fluct:
-            w, p = _representatives(F, k)
-            wmax = float(w.max())
-            tg = np.unique(np.concatenate([np.linspace(0.0, wmax, 129), np.quantile(w, np.linspace(0, 1, 129))]))
-            _, v1 = displacement_moments(acc, tg)
+            w, p, tg = _fluct_grid(F, k)
+            if v1 is None:
+                _, v1 = displacement_moments(acc, tg)
             self.w, self.p = w, p
             self.mean = self.lam0 * (acc.E_B * w + acc.A * np.asarray(F.int_sf(w), dtype=float))
             self.sd = np.sqrt(self.lam0 * np.interp(w, tg, v1))
@@ -765,12 +918,17 @@ def _hits_per_lambda(
     finite: bool,
     partial: bool,
     fluctuations: bool,
+    v1: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(h, τ(C)) for the capacities N (1-d) at one λ0."""
-    G = _Occupancy(acc, F, lam0, fluctuations)
+    """(h, τ(C)) for the capacities N (1-d) at one λ0 (``v1``: V₁ on :func:`_fluct_grid`'s t grid, if known)."""
+    total = acc.A_R * acc.L
+    if total <= 0 or acc.E_B <= 0:  # every request rejected (or no full block): nothing can hit
+        return np.zeros(N.shape), np.zeros(N.shape)
+    G = _Occupancy(acc, F, lam0, fluctuations, v1=v1)
     C = N - acc.cap_offset
     tau = G.tau(np.maximum(C, 0.0))
-    total = acc.A_R * acc.L
+    if acc.reuse.size == 0:  # no admitted revisit
+        return np.zeros(N.shape), tau
     if not finite:
         h = acc.A_hit * acc.L * G(C) / total
         return h, tau
@@ -820,6 +978,7 @@ def estimate_engine(
     fluctuations: bool = True,
     block_size: int | None = None,
     rows: Any = None,
+    rejection: bool = True,
 ) -> EngineEstimate:
     """Hit ratio of the engine the user runs, from a trace (docs/estimators.md derives every term).
 
@@ -836,6 +995,12 @@ def estimate_engine(
       block i of the history survives iff D + i + 1 ≤ C).
 
     ``accounting="paper", finite=False, fluctuations=False`` is :func:`estimate` (eq. (35)–(39)) exactly.
+
+    ``rejection=True`` (vLLM engines): at each capacity N the accounting is that of the admitted requests
+    (:meth:`EngineAccounting.admitted`: a request with ⌈T_j/b⌉ > N is rejected — no displacement, no demand,
+    no hit — and so are the later turns of its conversation); capacities are grouped by the admitted set,
+    which only changes at the distinct values of ⌈T_j/b⌉. When no request is admitted, h = 0. Without
+    rejections (N ≥ max ⌈T_j/b⌉, and always for Algorithm 1 / the paper's rule) nothing changes.
 
     Args:
         source: a :class:`Trace` (read with :func:`engine_accounting`; ``rows`` selects conversations as in
@@ -871,10 +1036,17 @@ def estimate_engine(
         raise EstimateError(f"N: must exceed {acc.cap_offset} block(s) for engine {acc.engine!r}")
     h = np.empty(Nb.shape)
     tc = np.empty(Nb.shape)
+    pv = None
     for lv in np.unique(lb):
         sel = lb == lv
-        hh, tt = _hits_per_lambda(acc, Fr, float(lv), Nb[sel].astype(float), finite, partial, fluctuations)
-        h[sel], tc[sel] = hh, tt
+        for acc_g, sub, n_adm in _admission_groups(acc, Nb, sel, rejection):
+            v1 = None
+            if fluctuations and acc_g is not acc and acc_g.A_R > 0 and acc_g.E_B > 0:
+                if pv is None:
+                    pv = _PrefixVariance(acc, _fluct_grid(Fr)[2])
+                v1 = pv.v1(n_adm)
+            hh, tt = _hits_per_lambda(acc_g, Fr, float(lv), Nb[sub].astype(float), finite, partial, fluctuations, v1=v1)
+            h[sub], tc[sub] = hh, tt
     scalar = h.ndim == 0
 
     def out(x):
@@ -893,6 +1065,20 @@ def estimate_engine(
         partial=bool(partial and acc.mode == "prefix"),
         fluctuations=bool(fluctuations),
     )
+
+
+def _admission_groups(acc: EngineAccounting, Nb: np.ndarray, sel: np.ndarray, rejection: bool):
+    """(accounting of the admitted requests, boolean mask of the capacities) for each distinct admitted set
+    among the capacities ``Nb[sel]`` (:meth:`EngineAccounting.admitted`)."""
+    if not rejection or acc.need is None:
+        yield acc, sel, math.inf
+        return
+    thr = np.unique(acc.need)
+    key = np.searchsorted(thr, Nb, side="right")  # number of distinct thresholds ⌈T/b⌉ ≤ N
+    for k in np.unique(key[sel]):
+        sub = sel & (key == k)
+        n_adm = float(thr[k - 1]) if k else 0.0  # the admitted set is {⌈T/b⌉ ≤ n_adm}
+        yield (acc if k == thr.size else acc.admitted(n_adm)), sub, n_adm
 
 
 def estimate_finite(
@@ -1030,6 +1216,7 @@ def estimate_window(
     block_size: int | None = None,
     n_t: int = 96,
     n_s: int = 48,
+    rejection: bool = True,
 ) -> EngineEstimate:
     """The engine estimator evaluated on the rows a measurement actually counts (window-exact form).
 
@@ -1045,6 +1232,10 @@ def estimate_window(
 
     Each row's own realized gap W_r is used (the tagged gap, independent of the background in the model);
     the background is never replayed.
+
+    ``rejection=True`` (vLLM engines): at capacity N, rows with ⌈T_j/b⌉ > N are rejected (left out of the
+    numerator and the denominator, as the simulator's metrics do) and the background is the admitted
+    accounting :meth:`EngineAccounting.admitted` (one moment table per distinct admitted set).
     """
     if not isinstance(trace, Trace):
         raise EstimateError(f"trace: expected a Trace, got {type(trace).__name__}")
@@ -1095,19 +1286,36 @@ def estimate_window(
     else:
         sg = np.unique(np.concatenate([np.linspace(0.0, life + wmax, n_s), [life + wmax + 1.0]]))
         s_eval = np.maximum(s_start, 0.0)
-    m_tab = np.zeros((tg.size, sg.size))
-    v_tab = np.zeros((tg.size, sg.size))
-    _phi_table_kernel(acc.conv_ptr, acc.offsets, acc.cum_new, acc.hist_all, tg, sg, m_tab, v_tab)
-    mean = lam0 * _bilinear(m_tab, tg, sg, W, s_eval) / acc.L
-    sd = np.sqrt(lam0 * _bilinear(v_tab, tg, sg, W, s_eval) / acc.L) if fluctuations else np.zeros(W.size)
-    den = float(demand[wm].sum())
     h = np.empty(Ns.shape)
     flat = Ns.ravel()
-    out = np.empty(W.size)
     hf = h.ravel()
-    for k, n in enumerate(flat):
-        _row_hits_kernel(H, S, mean, sd, float(n - acc.cap_offset), acc.mode == "prefix" and partial, out)
-        hf[k] = acc.unit * out.sum() / den
+    # rows of ``order`` are the accounting's rows (conversation-major, all conversations)
+    need_rows = acc.need if (rejection and acc.need is not None) else None
+    groups = (
+        [(acc, np.ones(flat.size, bool), math.inf)]
+        if need_rows is None
+        else list(_admission_groups(acc, flat, np.ones(flat.size, bool), True))
+    )
+    for acc_g, sub, n_adm in groups:
+        adm = np.ones(conv.size, bool) if need_rows is None else need_rows <= n_adm
+        den = float(demand[wm & adm].sum())
+        if den <= 0:
+            hf[sub] = 0.0
+            continue
+        keep = adm[rev]  # the measured revisits that are admitted (their previous turn then is too)
+        m_tab = np.zeros((tg.size, sg.size))
+        v_tab = np.zeros((tg.size, sg.size))
+        _phi_table_kernel(acc_g.conv_ptr, acc_g.offsets, acc_g.cum_new, acc_g.hist_all, tg, sg, m_tab, v_tab)
+        Wk, sk = W[keep], s_eval[keep]
+        mean = lam0 * _bilinear(m_tab, tg, sg, Wk, sk) / acc.L
+        sd = np.sqrt(lam0 * _bilinear(v_tab, tg, sg, Wk, sk) / acc.L) if fluctuations else np.zeros(Wk.size)
+        out = np.empty(Wk.size)
+        for k in np.flatnonzero(sub):
+            n = flat[k]
+            _row_hits_kernel(
+                H[keep], S[keep], mean, sd, float(n - acc.cap_offset), acc.mode == "prefix" and partial, out
+            )
+            hf[k] = acc.unit * out.sum() / den
     h = hf.reshape(Ns.shape)
     scalar = h.ndim == 0
     return EngineEstimate(
