@@ -206,7 +206,7 @@ def block_hit_stats(trace: Trace, res, *, window: Window | None = None) -> dict:
         "evictions": int(res.evictions),
         "peak_blocks_in_use": int(res.peak_blocks_in_use),
         "rejected": int(res.n_rejected),
-        "mean_wait": float(np.nanmean(res.wait[mask])) if mask.any() else float("nan"),
+        "mean_wait": float(np.mean(w[np.isfinite(w)])) if np.isfinite(w := res.wait[mask]).any() else float("nan"),
     }
 
 
