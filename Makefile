@@ -36,8 +36,8 @@ bench: $(STAMP) $(BENCH_DEPS)/.installed
 	PYTHONPATH=$(BENCH_DEPS) $(BIN)/python benchmarks/run.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) $(BENCH_DEPS) .numba_cache .pytest_cache build src/*.egg-info

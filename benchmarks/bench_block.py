@@ -113,9 +113,7 @@ def _libcachesim_lru(tr: dict, N: int) -> dict | None:
     }
 
 
-def run(
-    seed: int = 0, min_accesses: int = 10_000_000, N: int = 30_000, ref_accesses: int = 1_000_000
-) -> dict:
+def run(seed: int = 0, min_accesses: int = 10_000_000, N: int = 30_000, ref_accesses: int = 1_000_000) -> dict:
     tr = make_trace(seed, min_accesses)
     b = tr["block_size"]
     T, off, hs = tr["T"], tr["off"], tr["hashes"]
@@ -166,9 +164,7 @@ def run(
 
     # timed event mode (hold = 2 s per request) on the full trace
     hold = np.full(T.size, 2.0)
-    simulate_block(
-        small["T"], small["off"], small["hashes"], N=N, block_size=b, times=small["times"], hold=hold[:2000]
-    )
+    simulate_block(small["T"], small["off"], small["hashes"], N=N, block_size=b, times=small["times"], hold=hold[:2000])
     t0 = time.perf_counter()
     res_ev = simulate_block(T, off, hs, N=N, block_size=b, times=tr["times"], hold=hold)
     dt_ev = time.perf_counter() - t0
@@ -183,9 +179,7 @@ def run(
     lcs_res = _libcachesim_lru(tr, N)
     if lcs_res is not None:
         out["libcachesim_lru"] = lcs_res
-        out["numba_accesses_per_s_over_libcachesim"] = (
-            out["numba"]["accesses_per_s"] / lcs_res["accesses_per_s"]
-        )
+        out["numba_accesses_per_s_over_libcachesim"] = out["numba"]["accesses_per_s"] / lcs_res["accesses_per_s"]
     return out
 
 

@@ -15,7 +15,7 @@ print("mean-field h (eq. 32):", np.round(theory.h_mean_field(spec, Ns, practical
 
 trace = generate(spec, seed=0, n_conversations=25_000)  # a reproducible trace (columns conv, time, Z, R, ...)
 trace.meta["block_size"] = 128
-window = Window.warmup_conversations(trace, 5_000)      # skip the warm-up conversations
+window = Window.warmup_conversations(trace, 5_000)  # skip the warm-up conversations
 for N in Ns:
     alg1 = simulate_trace_content(trace, N, window=window, practical=True).h
     _, vllm = simulate_trace_block(trace, N, engine="vllm", window=window)
@@ -23,7 +23,9 @@ for N in Ns:
 
 conv = trace.conversations()
 measured = conv["conv"][conv["arrival"] >= window.start]
-mom = trace_moments(trace, measured)                       # eq. (35)-(37)
+mom = trace_moments(trace, measured)  # eq. (35)-(37)
 print("paper estimator (eq. 39):", np.round(estimate(mom, Ns, 1.5, "empirical").h, 4))
-print("engine-aware (vLLM):     ", np.round(estimate_engine(trace, Ns, 1.5, metric="blocks",
-                                                            rows=np.isin(trace["conv"], measured)).h, 4))
+print(
+    "engine-aware (vLLM):     ",
+    np.round(estimate_engine(trace, Ns, 1.5, metric="blocks", rows=np.isin(trace["conv"], measured)).h, 4),
+)

@@ -108,8 +108,7 @@ def test_empirical_F_exact_vs_quadrature():
     for t in (0.0, 0.05, 7.3, 30.0, 95.0, 1e4):
         pts = np.unique(np.concatenate([[0.0, t], w[w < t]]))
         ref = sum(
-            integrate.quad(lambda u: 1 - float(F.cdf(u)), a, c)[0]
-            for a, c in zip(pts[:-1], pts[1:], strict=True)
+            integrate.quad(lambda u: 1 - float(F.cdf(u)), a, c)[0] for a, c in zip(pts[:-1], pts[1:], strict=True)
         )
         assert float(F.int_sf(t)) == pytest.approx(ref, rel=1e-12, abs=1e-12)
     E_B, A = 13.0, 22.5

@@ -130,9 +130,7 @@ def test_dtype_scaling(name):
     assert m.bytes_per_token("auto") == bf16  # torch_dtype bfloat16
 
 
-@pytest.mark.parametrize(
-    "tp, expected_heads", [(1, 8), (2, 4), (4, 2), (8, 1), (16, 1), (32, 1), (3, 3), (5, 2)]
-)
+@pytest.mark.parametrize("tp, expected_heads", [(1, 8), (2, 4), (4, 2), (8, 1), (16, 1), (32, 1), (3, 3), (5, 2)])
 def test_tp_sharding_llama70b(tp, expected_heads):
     m = get_model("Llama-3.1-70B")
     assert m.kv_heads_per_rank(tp) == expected_heads
@@ -168,9 +166,7 @@ def test_random_dense_configs_match_reference(layers, q_mult, kv_heads, head_dim
     ref = ref_bytes_per_token(layers, kv_heads, head_dim, nb, tp)
     assert m.bytes_per_token(dtype, tp) == ref
     assert m.bytes_per_block(block, dtype, tp) == ref * block
-    assert kv_capacity_blocks(m, kv_bytes=10 * GIB, block_size=block, dtype=dtype, tp=tp) == (10 * GIB) // (
-        ref * block
-    )
+    assert kv_capacity_blocks(m, kv_bytes=10 * GIB, block_size=block, dtype=dtype, tp=tp) == (10 * GIB) // (ref * block)
 
 
 def test_num_key_value_heads_defaults_to_attention_heads():
@@ -230,14 +226,10 @@ def test_qwen2_style_max_window_layers():
         "num_key_value_heads": 8,
     }
     base["hidden_size"] = 32 * 128
-    on = model_from_config(
-        {**base, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 28}
-    )
+    on = model_from_config({**base, "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 28})
     assert on.layer_types == ("full",) * 28 + ("sliding",) * 8
     assert on.kv_bytes_per_token().sliding == 8 * 2 * 8 * 128 * 2
-    off = model_from_config(
-        {**base, "use_sliding_window": False, "sliding_window": 131072, "max_window_layers": 28}
-    )
+    off = model_from_config({**base, "use_sliding_window": False, "sliding_window": 131072, "max_window_layers": 28})
     assert off.num_sliding_layers == 0 and off.sliding_window is None
     with pytest.raises(ModelConfigError, match="max_window_layers"):
         model_from_config({**base, "use_sliding_window": True, "sliding_window": 4096})
@@ -442,9 +434,7 @@ def test_dense_parameter_counts(name, published):
     m = get_model(name)
     assert m.num_parameters == published
     root = resources.files("kvhit").joinpath("data", "models")
-    stem = {"Qwen3-8B": "qwen3-8b", "Qwen3-32B": "qwen3-32b", "Llama-3.1-8B": "llama-3.1-8b"}.get(
-        name, "llama-3.1-70b"
-    )
+    stem = {"Qwen3-8B": "qwen3-8b", "Qwen3-32B": "qwen3-32b", "Llama-3.1-8B": "llama-3.1-8b"}.get(name, "llama-3.1-70b")
     cfg = json.loads(root.joinpath(stem + ".json").read_text(encoding="utf-8"))
     assert hw.estimate_num_parameters(cfg) == published  # config-derived count agrees with stored count
 
@@ -474,22 +464,14 @@ def test_kv_budget_hand_computed():
     # explicit weights, TP splits weights; utilization and reserve are honoured
     b = kv_budget_bytes("H200", "Llama-3.1-70B", tp=4, gpu_memory_utilization=0.8, reserve_bytes=GIB)
     assert b == math.floor(0.8 * 141 * GIB) - math.ceil(70_553_706_496 * 2 / 4) - GIB
-    n = kv_capacity_blocks(
-        "Llama-3.1-70B", "H200", tp=4, gpu_memory_utilization=0.8, reserve_bytes=GIB, block_size=16
-    )
+    n = kv_capacity_blocks("Llama-3.1-70B", "H200", tp=4, gpu_memory_utilization=0.8, reserve_bytes=GIB, block_size=16)
     assert n == b // (2 * 80 * 2 * 128 * 2 * 16)
+    assert kv_budget_bytes("H100", m, weights_bytes=10 * GIB, reserve_bytes=0) == math.floor(0.9 * 80 * GIB) - 10 * GIB
     assert (
-        kv_budget_bytes("H100", m, weights_bytes=10 * GIB, reserve_bytes=0)
-        == math.floor(0.9 * 80 * GIB) - 10 * GIB
-    )
-    assert (
-        kv_budget_bytes("H100", m, weights_dtype="fp8", reserve_bytes=0)
-        == math.floor(0.9 * 80 * GIB) - 8_190_735_360
+        kv_budget_bytes("H100", m, weights_dtype="fp8", reserve_bytes=0) == math.floor(0.9 * 80 * GIB) - 8_190_735_360
     )
     custom = Accelerator("toy", 10 * GIB, "none")
-    assert (
-        kv_budget_bytes(custom, m, gpu_memory_utilization=1.0, weights_bytes=0, reserve_bytes=0) == 10 * GIB
-    )
+    assert kv_budget_bytes(custom, m, gpu_memory_utilization=1.0, weights_bytes=0, reserve_bytes=0) == 10 * GIB
 
 
 def test_kv_budget_errors():

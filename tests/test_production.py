@@ -204,9 +204,7 @@ def test_weka_identical_files_never_share(tmp_path):
     assert tr.hashes.tolist() == [1, 2, 2**32 + 1, 2**32 + 2, 1, 2, 3, 2**32 + 1, 2**32 + 2, 2**32 + 3]
     # hash_id_scope "global": ids are shared across files
     doc["hash_id_scope"] = "global"
-    g = read_weka(
-        [_write_json(tmp_path / "c.json", doc), _write_json(tmp_path / "d.json", doc)], starts=[0, 1]
-    )
+    g = read_weka([_write_json(tmp_path / "c.json", doc), _write_json(tmp_path / "d.json", doc)], starts=[0, 1])
     rq = g.to_block_requests()
     res = simulate_block(rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=64, block_size=4)
     assert res.hit_blocks.tolist() == [0, 2, 2, 3]
@@ -252,9 +250,7 @@ def test_weka_arrival_models():
     assert np.all(np.diff(s.time) >= 0)
     # same requests and per-conversation id streams whatever the arrival model
     assert sorted(s.prompt_tokens.tolist()) == sorted(seq.prompt_tokens.tolist())
-    assert read_weka(DATA, max_files=2).files == tuple(
-        str(DATA / n) for n in ("weka_0014_cut.json", "weka_0022.json")
-    )
+    assert read_weka(DATA, max_files=2).files == tuple(str(DATA / n) for n in ("weka_0014_cut.json", "weka_0022.json"))
     with pytest.raises(ProductionTraceError, match="rate"):
         read_weka(files, arrival="poisson")
     with pytest.raises(ProductionTraceError, match="span"):
@@ -441,11 +437,7 @@ def test_non_chained_input_is_rechained(tmp_path):
 
 @pytest.mark.parametrize("which", ["mooncake", "weka"])
 def test_describe_against_reference(which):
-    tr = (
-        read_mooncake(MOON)
-        if which == "mooncake"
-        else read_weka([W22, W26, W14], arrival="uniform", span=600)
-    )
+    tr = read_mooncake(MOON) if which == "mooncake" else read_weka([W22, W26, W14], arrival="uniform", span=600)
     d = tr.describe()
     b = tr.block_size
     hits = _slow_ideal(tr)
@@ -485,14 +477,10 @@ def test_simulate_and_curve_agree(engine, which):
         Ns = [1191, 1500, 2500, 4000, 8000]
     rq = tr.to_block_requests()
     assert isinstance(rq, BlockRequests) and rq.source == "production" and rq.response_tokens is None
-    curve = block_curve(
-        rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=engine
-    )
+    curve = block_curve(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=engine)
     prev = -1.0
     for k, N in enumerate(Ns):
-        res = simulate_block(
-            rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=N, block_size=rq.block_size, engine=engine
-        )
+        res = simulate_block(rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=N, block_size=rq.block_size, engine=engine)
         assert curve["hit_blocks"][k] == res.hit_blocks[~res.rejected].sum()
         assert curve["token_hit_ratio"][k] == pytest.approx(token_hit_ratio(res))
         if N >= tr.describe()["min_N"]:  # below it rejected requests leave the measured set

@@ -42,13 +42,9 @@ def test_recovers_complete_records_of_truncated_json():
 
 @pytest.mark.parametrize("tail,n", [("", 0), ("\n", 0), (' {"id": "x", "conv', 1), (" {}, ", 2), (" {}", 2)])
 def test_truncation_points(tmp_path, tail, n):
-    body = (
-        '[ {"id": "r0", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},'
-    )
+    body = '[ {"id": "r0", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},'
     if n == 2:
-        body += (
-            ' {"id": "r1", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}'
-        )
+        body += ' {"id": "r1", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}'
         body += "," if tail.strip().endswith(",") else ""
         tail = ""
     f = tmp_path / "t.json"
@@ -60,9 +56,7 @@ def test_truncation_points(tmp_path, tail, n):
 
 def test_complete_json_is_not_truncated_and_corruption_is_an_error(tmp_path):
     f = tmp_path / "ok.json"
-    f.write_text(
-        json.dumps([{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}])
-    )
+    f.write_text(json.dumps([{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}]))
     convs, rep = load_sharegpt(f)
     assert not rep.truncated and rep.n_kept == 1 and convs[0].id == "0"
     bad = tmp_path / "bad.json"
@@ -104,9 +98,7 @@ def test_strict_names_file_record_id_and_field(tmp_path):
     k = next(i for i, rec in enumerate(recs) if isinstance(rec, dict) and rec.get("id") == "unknown")
     f = tmp_path / "two.json"
     f.write_text(json.dumps([recs[0], recs[k]]))
-    with pytest.raises(
-        ShareGPTFormatError, match=r"record 1 \(id 'unknown'\), field conversations\[1\]\.from"
-    ):
+    with pytest.raises(ShareGPTFormatError, match=r"record 1 \(id 'unknown'\), field conversations\[1\]\.from"):
         load_sharegpt(f, strict=True)
 
 
@@ -144,9 +136,7 @@ def _synthetic_jsonl(path: Path, n: int, seed: int = 0) -> Path:
             m = int(rng.integers(1, 6))
             msgs = []
             for j in range(m):
-                msgs.append(
-                    {"from": "human", "value": f"question {i}.{j} " + "x" * int(rng.integers(1, 300))}
-                )
+                msgs.append({"from": "human", "value": f"question {i}.{j} " + "x" * int(rng.integers(1, 300))})
                 msgs.append({"from": "gpt", "value": f"answer {i}.{j} " + "y" * int(rng.integers(1, 600))})
             f.write(json.dumps({"id": f"s{i}", "conversations": msgs}) + "\n")
     return path
@@ -212,9 +202,7 @@ def test_build_trace_cache_and_ids(tmp_path):
     assert rep2.cache["hit"] and rep2.cache["path"] == rep.cache["path"]
     for k in tr.cols:
         assert np.array_equal(tr[k], tr2[k]), k
-    assert all(
-        np.array_equal(a, b) for a, b in zip(tr.lists["new_tokens"], tr2.lists["new_tokens"], strict=True)
-    )
+    assert all(np.array_equal(a, b) for a, b in zip(tr.lists["new_tokens"], tr2.lists["new_tokens"], strict=True))
     # another block size reuses the token cache; Parquet round trip of the trace
     tr3, rep3 = build_sharegpt_trace(
         n_warm=5,
@@ -272,9 +260,7 @@ def test_plot_fig2(tmp_path):
         block_size=32,
     )
     d = fig2_data(tr)
-    assert d["n_conversations"] == 10 and d["n_turns"] == int(
-        tr.select(tr["conv"] >= 3).conversations()["M"].sum()
-    )
+    assert d["n_conversations"] == 10 and d["n_turns"] == int(tr.select(tr["conv"] >= 3).conversations()["M"].sum())
     paths = plot_fig2(tr, tmp_path / "out" / "fig2")
     assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.stat().st_size > 1000 for p in paths)
 

@@ -157,9 +157,7 @@ def event_streams(draw, max_events=60, max_convs=8, max_inc=12):
 
 def _capacities(R):
     tot = int(R.sum())
-    return np.unique(
-        np.concatenate([np.arange(0, 12), [int(R.max()), int(R.max()) + 1, tot // 3, tot // 2, tot]])
-    )
+    return np.unique(np.concatenate([np.arange(0, 12), [int(R.max()), int(R.max()) + 1, tot // 3, tot // 2, tot]]))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -200,9 +198,7 @@ def test_many_equals_single_and_lru_inclusion(stream):
         single = simulate_content(conv, R, Ns[k])
         assert np.array_equal(single.hit, sweep.hit[k])
         assert single.evictions == sweep.evictions[k] and single.reused_blocks == sweep.reused_blocks[k]
-        assert (
-            single.evicted_blocks == sweep.evicted_blocks[k] and single.max_resident == sweep.max_resident[k]
-        )
+        assert single.evicted_blocks == sweep.evicted_blocks[k] and single.max_resident == sweep.max_resident[k]
 
 
 def test_random_larger_trace_against_reference():

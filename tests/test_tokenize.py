@@ -91,9 +91,7 @@ def _full_prompt_check(tok, system, turns):
         concat += tt.response_ids[j - 1].tolist()
 
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40).filter(
-    lambda s: s.strip()
-)
+text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40).filter(lambda s: s.strip())
 response = text.filter(lambda s: not s[0].isspace())
 
 
@@ -129,9 +127,7 @@ def test_callable_and_whitespace_tokenizer_in_process():
         "<|im_end|>".split()
     ) + 0 + len("<|im_start|>".split()) + len("assistant\n".split())
     convs = [Conversation(str(i), i, (("a b", "c"), ("d", "e f g"))) for i in range(3)]
-    corpus = tokenize_conversations(
-        convs, lambda s: list(range(len(s.split()))), processes=2
-    )  # lambda: in-process
+    corpus = tokenize_conversations(convs, lambda s: list(range(len(s.split()))), processes=2)  # lambda: in-process
     assert corpus.M.tolist() == [2, 2, 2] and corpus.prompt_tokens.size == 6
 
 

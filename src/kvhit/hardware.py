@@ -167,12 +167,7 @@ def _check_pos_int(value: Any, name: str, *, allow_zero: bool = False) -> int:
 
 
 def _check_nonneg_number(value: Any, name: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
         raise HardwareError(f"{name} must be a finite number >= 0, got {value!r}")
     return value
 
@@ -248,8 +243,7 @@ class ModelKV:
             object.__setattr__(self, "layer_types", ("full",) * self.num_layers)
         if len(self.layer_types) != self.num_layers:
             raise ModelConfigError(
-                f"{where}: layer_types has {len(self.layer_types)} entries "
-                f"but num_layers is {self.num_layers}"
+                f"{where}: layer_types has {len(self.layer_types)} entries but num_layers is {self.num_layers}"
             )
         bad = sorted({t for t in self.layer_types if t not in ("full", "sliding")})
         if bad:
@@ -257,17 +251,13 @@ class ModelKV:
         if "sliding" in self.layer_types:
             w = self.sliding_window
             if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
-                raise ModelConfigError(
-                    f"{where}: sliding layers need a positive integer sliding_window, got {w!r}"
-                )
+                raise ModelConfigError(f"{where}: sliding layers need a positive integer sliding_window, got {w!r}")
         if self.num_parameters is not None and (
             isinstance(self.num_parameters, bool)
             or not isinstance(self.num_parameters, int)
             or self.num_parameters <= 0
         ):
-            raise ModelConfigError(
-                f"{where}: num_parameters must be a positive integer, got {self.num_parameters!r}"
-            )
+            raise ModelConfigError(f"{where}: num_parameters must be a positive integer, got {self.num_parameters!r}")
         dtype_bytes(self.torch_dtype)
 
     # ---- structure ----------------------------------------------------------------------------------------
@@ -322,8 +312,7 @@ class ModelKV:
         if sliding == "full_layers_only":
             if kv.full == 0:
                 raise HardwareError(
-                    f"model {self.name!r} has no full-attention layers; "
-                    "sliding='full_layers_only' would give 0 bytes"
+                    f"model {self.name!r} has no full-attention layers; sliding='full_layers_only' would give 0 bytes"
                 )
             return kv.full
         raise HardwareError(f"sliding must be one of {_SLIDING_POLICIES}, got {sliding!r}")
@@ -355,8 +344,7 @@ class ModelKV:
         """Per-GPU weight bytes ``ceil(num_parameters × dtype_bytes / tp)`` (dtype: ``torch_dtype``)."""
         if self.num_parameters is None:
             raise ModelConfigError(
-                f"model {self.name!r} ({self.source}): num_parameters is unknown; "
-                "pass weights_bytes explicitly"
+                f"model {self.name!r} ({self.source}): num_parameters is unknown; pass weights_bytes explicitly"
             )
         tp = _check_pos_int(tp, "tp")
         b = dtype_bytes(dtype if dtype is not None else self.torch_dtype)
@@ -397,9 +385,7 @@ def _layer_types(cfg: Mapping[str, Any], n_layers: int, src: str) -> tuple[tuple
     if lt is not None:
         if not isinstance(lt, list | tuple) or len(lt) != n_layers:
             got = len(lt) if isinstance(lt, list | tuple) else type(lt).__name__
-            raise ModelConfigError(
-                f"{src}: field 'layer_types' must be a list of {n_layers} entries, got {got}"
-            )
+            raise ModelConfigError(f"{src}: field 'layer_types' must be a list of {n_layers} entries, got {got}")
         out: list[str] = []
         chunked = False
         for i, t in enumerate(lt):
@@ -430,9 +416,7 @@ def _layer_types(cfg: Mapping[str, Any], n_layers: int, src: str) -> tuple[tuple
             return ("full",) * n_layers, None
         window = _get_int(cfg, "sliding_window", src)
         mwl = _get_int(cfg, "max_window_layers", src, positive=False)
-        return tuple("sliding" if i >= mwl else "full" for i in range(n_layers)), (
-            window if mwl < n_layers else None
-        )
+        return tuple("sliding" if i >= mwl else "full" for i in range(n_layers)), (window if mwl < n_layers else None)
 
     if window is None:
         return ("full",) * n_layers, None
@@ -548,18 +532,14 @@ def model_from_config(
     else:
         kv_lora_rank = qk_rope = None
         if cfg.get("num_key_value_heads") is None and cfg.get("num_attention_heads") is None:
-            raise ModelConfigError(
-                f"{src}: required field 'num_key_value_heads' (or 'num_attention_heads') is missing"
-            )
+            raise ModelConfigError(f"{src}: required field 'num_key_value_heads' (or 'num_attention_heads') is missing")
         n_heads = _get_int(cfg, "num_attention_heads", src, default=None)
         n_kv = _get_int(cfg, "num_key_value_heads", src, default=n_heads)
         if cfg.get("head_dim") is not None:
             head_dim = _get_int(cfg, "head_dim", src)
         else:
             if n_heads is None:
-                raise ModelConfigError(
-                    f"{src}: required field 'head_dim' (or 'num_attention_heads') is missing"
-                )
+                raise ModelConfigError(f"{src}: required field 'head_dim' (or 'num_attention_heads') is missing")
             if cfg.get("hidden_size") is None:
                 raise ModelConfigError(f"{src}: required field 'head_dim' (or 'hidden_size') is missing")
             hidden = _get_int(cfg, "hidden_size", src)
@@ -689,9 +669,7 @@ class Accelerator:
 ACCELERATORS: dict[str, Accelerator] = {
     a.name.lower(): a
     for a in (
-        Accelerator(
-            "H100", 80 * GIB, "NVIDIA", "HBM3", "H100 SXM5 80 GB (the 94 GB H100 NVL is not this preset)"
-        ),
+        Accelerator("H100", 80 * GIB, "NVIDIA", "HBM3", "H100 SXM5 80 GB (the 94 GB H100 NVL is not this preset)"),
         Accelerator("H200", 141 * GIB, "NVIDIA", "HBM3e", "H200 141 GB as sold"),
         Accelerator(
             "B200",
@@ -702,9 +680,7 @@ ACCELERATORS: dict[str, Accelerator] = {
             "(use a custom Accelerator for that)",
         ),
         Accelerator("MI300X", 192 * GIB, "AMD", "HBM3", "MI300X 192 GB"),
-        Accelerator(
-            "Ascend-910B2", 64 * GIB, "Huawei", "HBM2e", "the paper's prefiller NPU (App. E: ~64 GB)"
-        ),
+        Accelerator("Ascend-910B2", 64 * GIB, "Huawei", "HBM2e", "the paper's prefiller NPU (App. E: ~64 GB)"),
     )
 }
 _ACCEL_ALIASES = {

@@ -436,9 +436,7 @@ def _resolve(source: Any, F: Interarrival | None, lam0: Any) -> tuple[Any, Inter
         )
     mom = _moments_like(source)
     if F is None:
-        raise TheoryError(
-            "F: the interarrival distribution is required when the source is not a WorkloadSpec"
-        )
+        raise TheoryError("F: the interarrival distribution is required when the source is not a WorkloadSpec")
     if lam0 is None:
         raise TheoryError("lam0: the arrival rate λ0 is required when the source is not a WorkloadSpec")
     return mom, F, lam0
@@ -448,9 +446,7 @@ def _out(x: np.ndarray) -> Any:
     return float(x) if np.ndim(x) == 0 else x
 
 
-def d(
-    t: Any, source: Any, F: Interarrival | None = None, *, lam0: Any = None, practical: bool = False
-) -> Any:
+def d(t: Any, source: Any, F: Interarrival | None = None, *, lam0: Any = None, practical: bool = False) -> Any:
     """Mean displacement curve d(t) = λ0 E[B] t + λ0 A ∫₀ᵗ F̄(u) du with A = A_H (eq. (15)) or A = A_H_hash
     (d_prac, eq. (29)) when ``practical``; vectorized in ``t`` (``lam0`` broadcasts against it).
 
@@ -468,9 +464,7 @@ def d(
     return _out(lam0 * (E_B * t + A * np.asarray(F.int_sf(t), dtype=float)))
 
 
-def T_C(
-    source: Any, F: Interarrival | None = None, *, N: Any = 1.0, lam0: Any = None, practical: bool = False
-) -> Any:
+def T_C(source: Any, F: Interarrival | None = None, *, N: Any = 1.0, lam0: Any = None, practical: bool = False) -> Any:
     """Characteristic time: the root of d(t) = N, i.e. T_C = d⁻¹(1) (eq. (21)) or T_C^prac (eq. (30)) for
     ``N = 1`` with the per-capacity rate λ0 of the mean-field scaling, or the threshold form of eq. (38)
     (λ0 E[B] t + λ0 A ∫₀ᵗ F̄ = N, unscaled λ0) for a capacity ``N``. ``N`` and ``lam0`` may be arrays

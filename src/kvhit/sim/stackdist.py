@@ -208,9 +208,7 @@ def content_hit_thresholds(conv, R) -> np.ndarray:
 def _validate_weights(weights, n: int) -> np.ndarray:
     w = np.asarray(weights)
     if w.ndim != 1 or w.shape[0] != n:
-        raise ContentInputError(
-            f"weights must be a 1-D array of length {n} (one per event), got shape {w.shape}"
-        )
+        raise ContentInputError(f"weights must be a 1-D array of length {n} (one per event), got shape {w.shape}")
     if w.dtype.kind == "b":
         return w.astype(np.int64)
     if w.dtype.kind in "iu":

@@ -111,9 +111,7 @@ def block_accounting(
     }
 
 
-def block_accounting_reference(
-    p: Sequence[int], r: Sequence[int], block_size: int = 128
-) -> dict[str, list[int]]:
+def block_accounting_reference(p: Sequence[int], r: Sequence[int], block_size: int = 128) -> dict[str, list[int]]:
     """Slow, literal reference for ONE conversation (tests): walks the turns with an explicit tail counter."""
     b = int(block_size)
     tail, resp_prev, T = 0, 0, 0

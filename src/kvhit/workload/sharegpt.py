@@ -339,9 +339,7 @@ def normalize_record(rec: Any, index: int) -> tuple[Conversation, bool]:
                     f"conversations[{pos}].from",
                     "conversation starts with the assistant",
                 )
-            raise _Malformed(
-                "roles_not_alternating", f"conversations[{pos}].from", f"two consecutive {role} messages"
-            )
+            raise _Malformed("roles_not_alternating", f"conversations[{pos}].from", f"two consecutive {role} messages")
         if role == "user":
             pending, expect = text, "assistant"
         else:
@@ -352,9 +350,7 @@ def normalize_record(rec: Any, index: int) -> tuple[Conversation, bool]:
     return Conversation(cid, index, tuple(turns), system), pending is not None
 
 
-def load_sharegpt(
-    path: str | Path | None = None, *, strict: bool = False
-) -> tuple[list[Conversation], ReadReport]:
+def load_sharegpt(path: str | Path | None = None, *, strict: bool = False) -> tuple[list[Conversation], ReadReport]:
     """Read a ShareGPT JSON/JSONL file (default: the bundled, truncated ShareGPT V3 JSON).
 
     Returns the normalized conversations (in file order) and a :class:`ReadReport` with the counts: records
@@ -376,9 +372,7 @@ def load_sharegpt(
             if strict:
                 rid = rec.get("id") if isinstance(rec, dict) else None
                 ident = f" (id {rid!r})" if rid is not None else ""
-                raise ShareGPTFormatError(
-                    f"{p}: record {k}{ident}, field {e.field}: {e.detail} [{e.reason}]"
-                ) from None
+                raise ShareGPTFormatError(f"{p}: record {k}{ident}, field {e.field}: {e.detail} [{e.reason}]") from None
             rep._skip(e.reason)
             continue
         convs.append(conv)

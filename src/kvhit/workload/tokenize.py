@@ -233,9 +233,7 @@ class CallableTokenizer(Tokenizer):
     """Wrap any callable ``text -> ids``. ``special_ids`` maps template tokens (``<|im_start|>``…) to ids;
     tokens not in it are encoded as text by the callable. ``name`` identifies the tokenizer (cache key)."""
 
-    def __init__(
-        self, fn: Callable[[str], Sequence[int]], name: str, special_ids: dict[str, int] | None = None
-    ):
+    def __init__(self, fn: Callable[[str], Sequence[int]], name: str, special_ids: dict[str, int] | None = None):
         if not callable(fn):
             raise TokenizerError("tokenizer: expected a callable text -> ids")
         self.fn, self.name, self.special_ids = fn, str(name), dict(special_ids or {})
@@ -328,9 +326,7 @@ def get_tokenizer(spec: str | Tokenizer | Callable[[str], Sequence[int]] | None 
             return ByteTokenizer()
         if Path(spec).is_file():
             return HFTokenizer(spec)
-        raise TokenizerError(
-            f"tokenizer: {spec!r} is neither 'qwen3', 'bytes' nor an existing tokenizer.json"
-        )
+        raise TokenizerError(f"tokenizer: {spec!r} is neither 'qwen3', 'bytes' nor an existing tokenizer.json")
     if callable(spec):
         name = getattr(spec, "__qualname__", None) or type(spec).__name__
         return CallableTokenizer(spec, name=f"callable:{getattr(spec, '__module__', '')}.{name}")
@@ -401,9 +397,7 @@ class _Encoder:
         self.gen = self.start + list(tok.encode(f"{tpl.assistant_role}\n"))  # generation prompt
         self.msg_end = self.end + self.nl
 
-    def conversation(
-        self, system: str | None, turns: Sequence[tuple[str, str]], keep_ids: bool
-    ) -> TurnTokens:
+    def conversation(self, system: str | None, turns: Sequence[tuple[str, str]], keep_ids: bool) -> TurnTokens:
         tpl, tok = self.tpl, self.tok
         texts = [f"{tpl.user_role}\n{u}" for u, _ in turns] + [a for _, a in turns]
         if system is not None:
