@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -515,3 +516,40 @@ def test_reproduce_tiny_report(tiny_result):
         assert head in md
     assert "N = 2,275" in md and ("PASS" in md or "FAIL" in md)
     assert "nan" not in md.lower().replace("nanosec", "")
+
+
+@pytest.mark.slow
+def test_cli_reproduce_quick(tmp_path):
+    """The issue's test: `kvhit reproduce --quick` end to end, report structure and sanity."""
+    from typer.testing import CliRunner
+
+    from kvhit.cli import app
+
+    out = tmp_path / "quick"
+    r = CliRunner().invoke(app, ["reproduce", "--quick", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    names = {Path(f).name for f in summary["files"]}
+    for k in range(2, 7):
+        assert {f"fig{k}.png", f"fig{k}.svg"} <= names
+    assert {"results.json", "report.md"} <= names
+    report = (out / "report.md").read_text()
+    for section in (
+        "## Experiment 1",
+        "## Experiment 2",
+        "## The paper's bounds beside ours",
+        "## Each ingredient's contribution to the error",
+        "## Discussion",
+    ):
+        assert section in report
+    data = json.loads((out / "results.json").read_text())
+    for r in data["runs"]:
+        h_max = r["moments"]["h_max"]
+        assert all(0 <= r[f"actual/{a}"] <= h_max for a in ("vllm-0.23", "vllm", "alg1"))
+    for e in ("1", "2"):
+        pts = data["summary"]["experiments"][e]["points"]
+        for p in pts:
+            assert all(math.isfinite(s["mean"]) for k, s in p["stats"].items() if k.startswith("ae/"))
+        for en in ("prior", "posterior"):
+            ests = [p["stats"][f"est/{en}"]["mean"] for p in pts]
+            assert all(b < a for a, b in zip(ests[:-1], ests[1:], strict=True)), (e, en)  # decreasing in μ_F, in λ0
