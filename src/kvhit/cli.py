@@ -270,19 +270,19 @@ def simulate_trace_rows(
     block_size: int | None = None,
 ) -> list[dict]:
     """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace."""
-    from .sim.metrics import batch_means
-    from .sim.runner import block_requests, simulate_trace_block, simulate_trace_content
+    from .sim.content import simulate_content
+    from .sim.metrics import batch_means, content_hit_stats
+    from .sim.runner import block_requests, simulate_trace_block
 
     rows = []
     if policy == "content":
+        conv, practical = tr.dense_conv(), weighting == "practical"
+        R_prev = tr.R_prev()
+        weight = np.maximum(R_prev - 1, 0) if practical else R_prev  # eq. (31) or eq. (12)
         for N in Ns:
-            st = simulate_trace_content(tr, N, window=window, practical=weighting == "practical")
-            from .sim.content import simulate_content
-
-            hit = simulate_content(tr.dense_conv(), tr["R"], N).hit.astype(bool)
-            Rp = tr.R_prev()
-            w = np.where(hit, np.maximum(Rp - 1, 0) if weighting == "practical" else Rp, 0)
-            _, half = batch_means(tr, w, tr["R"], window)
+            hit = simulate_content(conv, tr["R"], N).hit.astype(bool)
+            st = content_hit_stats(tr, hit, window=window, practical=practical)
+            _, half = batch_means(tr, np.where(hit, weight, 0), tr["R"], window)
             rows.append(
                 {
                     "N": N,
