@@ -50,15 +50,9 @@ def _run(fn: Callable[[], Any]) -> Any:
 
 
 def _json_default(o: Any) -> Any:
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    raise TypeError(type(o).__name__)
+    from .workload.trace import json_default
+
+    return o.to_dict() if hasattr(o, "to_dict") else json_default(o)
 
 
 def _print_json(obj: Any) -> None:
@@ -695,17 +689,6 @@ def estimate(
 # kvhit trace sharegpt / stats
 # ---------------------------------------------------------------------------------------------------------------
 
-PAPER_STATS = {
-    "A_R": 38.9092,
-    "A_H_hash": 22.5178,
-    "E_B": 12.9220,
-    "E_M": 4.4694,
-    "Var_M": 7.9659,
-    "max_M": 37,
-    "n_turns": 22347,
-    "L": 5000,
-}
-
 
 def trace_stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dict:
     """Statistics of eq. (35)–(37) over the measured conversations (conv ≥ n_warm)."""
@@ -736,6 +719,8 @@ def trace_stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dic
 
 
 def _print_stats(st: dict, paper: bool) -> None:
+    from .workload.sharegpt import PAPER_WORKLOAD
+
     t = Table(title=f"trace statistics over {st['L']:,} conversations (block rule: {st['block']})")
     t.add_column("quantity")
     t.add_column("kvhit", justify="right")
@@ -756,7 +741,7 @@ def _print_stats(st: dict, paper: bool) -> None:
     ]:
         row = [label, _fmt(st[key]), _fmt(st["se"].get(key, float("nan")))]
         if paper:
-            row.append(_fmt(PAPER_STATS[key]) if key in PAPER_STATS else "")
+            row.append(_fmt(PAPER_WORKLOAD[key]) if key in PAPER_WORKLOAD else "")
         t.add_row(*row)
     console.print(t)
 

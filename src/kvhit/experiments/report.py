@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..workload.sharegpt import PAPER_WORKLOAD
 from .paper import (
     ENGINE_TARGET,
     PAPER_ESTIMATORS,
@@ -51,17 +52,6 @@ __all__ = [
     "plot_errors",
     "render_report",
 ]
-
-#: Workload statistics the paper reports for its measurement set (App. E, eq. (35)–(37), Fig. 2).
-PAPER_WORKLOAD = {
-    "A_R": 38.9092,
-    "A_H_hash": 22.5178,
-    "E_B": 12.9220,
-    "E_M": 4.4694,
-    "Var_M": 7.9659,
-    "max_M": 37,
-    "n_turns": 22347,
-}
 
 _EST_STYLE = {"prior": ("#1f77b4", "s"), "posterior": ("#ff7f0e", "D"), "empirical": ("#9467bd", "v")}
 _ACT_STYLE = {

@@ -30,7 +30,6 @@ import json
 import multiprocessing as mp
 import os
 import pickle
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ import numpy as np
 
 from .sharegpt import Conversation, load_sharegpt
 from .tokenize import QWEN3_TEMPLATE, ChatTemplate, Tokenizer, _encoder, boundary_merges, get_tokenizer
+from .trace import _META_KEY, list_column, write_table_atomic
 
 __all__ = [
     "CACHE_VERSION",
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 CACHE_VERSION = 1
-_META_KEY = b"kvhit"
+
 Progress = Callable[[int, int], None]
 
 
@@ -241,7 +241,6 @@ def _cache_key(ident: dict, tok: Tokenizer, template: ChatTemplate, keep_ids: bo
 
 def _write_cache(path: Path, corpus: TokenizedCorpus, meta: dict[str, Any]) -> None:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     M = corpus.M
     n = int(M.sum())
@@ -255,20 +254,8 @@ def _write_cache(path: Path, corpus: TokenizedCorpus, meta: dict[str, Any]) -> N
     }
     for name, seq in (("prompt_ids", corpus.prompt_ids), ("response_ids", corpus.response_ids)):
         if seq is not None:
-            offs = np.concatenate([[0], np.cumsum([len(x) for x in seq])]).astype(np.int64)
-            flat = np.concatenate(seq).astype(np.int32) if seq else np.zeros(0, np.int32)
-            arrays[name] = pa.LargeListArray.from_arrays(pa.array(offs), pa.array(flat))
-    table = pa.table(arrays)
-    table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            arrays[name] = list_column(seq)
+    write_table_atomic(pa.table(arrays), path, meta)
 
 
 def _read_cache(path: Path, keep_ids: bool) -> TokenizedCorpus | None:

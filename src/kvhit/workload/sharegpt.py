@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "PAPER_WORKLOAD",
     "Conversation",
     "ReadReport",
     "ShareGPTFormatError",
@@ -64,6 +65,17 @@ __all__ = [
     "ShareGPTTraceReport",
     "build_sharegpt_trace",
 ]
+
+#: Workload statistics the paper reports for its measurement set (App. E, eq. (35)–(37), Fig. 2).
+PAPER_WORKLOAD = {
+    "A_R": 38.9092,
+    "A_H_hash": 22.5178,
+    "E_B": 12.9220,
+    "E_M": 4.4694,
+    "Var_M": 7.9659,
+    "max_M": 37,
+    "n_turns": 22347,
+}
 
 USER_ROLES = frozenset({"human", "user"})
 ASSISTANT_ROLES = frozenset({"gpt", "chatgpt", "bing", "bard", "assistant", "model"})

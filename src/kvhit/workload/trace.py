@@ -263,28 +263,12 @@ class Trace:
     def write(self, path: str | Path) -> Path:
         """Write to Parquet atomically (a temporary file renamed into place: no half-written output)."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        path = Path(path)
         arrays = {k: pa.array(v) for k, v in self.cols.items()}
-        for k, v in self.lists.items():
-            offsets = np.concatenate([[0], np.cumsum([len(x) for x in v])]).astype(np.int64)
-            flat = np.concatenate(v).astype(np.int32) if v else np.zeros(0, np.int32)
-            arrays[k] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
-        table = pa.table(arrays)
+        arrays.update({k: list_column(v) for k, v in self.lists.items()})
         meta = dict(self.meta)
         meta["schema_version"] = SCHEMA_VERSION
-        table = table.replace_schema_metadata({_META_KEY: json.dumps(meta, default=_json_default).encode()})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            pq.write_table(table, tmp, compression="zstd")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_table_atomic(pa.table(arrays), path, meta)
 
     @classmethod
     def read(cls, path: str | Path) -> Trace:
@@ -322,7 +306,8 @@ class Trace:
         return cls.from_columns(cols, meta, lists, sort=False, where=str(path))
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """``json.dumps(default=...)`` for numpy scalars and arrays."""
     if isinstance(o, np.integer):
         return int(o)
     if isinstance(o, np.floating):
@@ -330,6 +315,34 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(f"not JSON-serializable: {type(o).__name__}")
+
+
+def list_column(seq: list) -> Any:
+    """A ragged list of integer arrays as an Arrow ``large_list<int32>`` column."""
+    import pyarrow as pa
+
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in seq])]).astype(np.int64)
+    flat = np.concatenate(seq).astype(np.int32) if seq else np.zeros(0, np.int32)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
+
+
+def write_table_atomic(table: Any, path: str | Path, meta: dict[str, Any]) -> Path:
+    """Write an Arrow table with kvhit metadata to Parquet through a temporary file renamed into place, so a
+    reader never sees a half-written file."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    table = table.replace_schema_metadata({_META_KEY: json.dumps(meta, default=json_default).encode()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 @dataclass(frozen=True)
