@@ -1253,44 +1253,6 @@ def reproduce(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def curve_data(tr, Ns: np.ndarray, window, *, policies=("content", "vllm", "vllm-0.23"), engines_est=()) -> dict:
-    """Hit ratio at every capacity in ``Ns``: exact simulated curves in one pass each (Algorithm 1 with the
-    practical weight; the vLLM block cache, block-weighted) and the mean-field estimates."""
-    from .estimate import empirical_F, engine_accounting, estimate, estimate_engine
-    from .sim.blockcurve import block_curve
-    from .sim.runner import block_requests
-    from .sim.stackdist import content_curve_from_thresholds, content_hit_thresholds
-
-    mask = window.mask(tr)
-    out: dict[str, Any] = {"N": Ns}
-    if "content" in policies:
-        thr = content_hit_thresholds(tr.dense_conv(), tr["R"])
-        w = np.where(mask, np.maximum(tr.R_prev() - 1, 0), 0)
-        out["Algorithm 1 (content LRU)"] = content_curve_from_thresholds(thr, w, Ns) / tr["R"][mask].sum()
-    engines = [p for p in policies if p in ("vllm", "vllm-0.23")]
-    if engines:
-        rq = block_requests(tr)
-        for e in engines:
-            c = block_curve(
-                rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e, mask=mask
-            )
-            label = "vLLM ≥ 0.24 (block cache)" if e == "vllm" else "vLLM ≤ 0.23 (block cache)"
-            out[label] = c["block_hit_ratio"]
-            out[label + " token ratio"] = c["token_hit_ratio"]
-    mom, lam0 = measured_moments(tr, window)
-    F = empirical_F(mom)
-    out["estimate: paper eq. (39), F̂"] = np.asarray(estimate(mom, Ns.astype(float), lam0, F).h)
-    conv = tr.conversations()
-    measured = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)
-    for e in policies:
-        acc = engine_accounting(tr, engine=e, metric="blocks", mask=measured)
-        label = {"content": "Algorithm 1", "vllm": "vLLM ≥ 0.24", "vllm-0.23": "vLLM ≤ 0.23"}[e]
-        out[f"estimate: {label} (engine-aware)"] = np.asarray(estimate_engine(acc, Ns, lam0, F).h)
-    out["h_max"] = mom.h_max_hash
-    out["lam0"] = lam0
-    return out
-
-
 def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, model, plot) -> dict:
     """Exact all-capacity curves of both vLLM orders on a production block-id trace (token metric)."""
     from . import hardware
@@ -1319,6 +1281,8 @@ def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, m
             str(plot),
             h_max=data["h_max"],
             bytes_per_block=data["bytes_per_block"],
+            model=hardware.resolve_model(model).name,
+            N_min=d["min_N"],
             title=f"{Path(path).name}: vLLM token hit ratio vs capacity (b = {rq.block_size})",
         )
     return data
@@ -1340,7 +1304,12 @@ def curve(
     seed: Annotated[int, typer.Option("--seed", help="Spec mode: seed.")] = 0,
     n_min: Annotated[int, typer.Option("--n-min", help="Smallest capacity (blocks).")] = 64,
     n_max: Annotated[
-        int | None, typer.Option("--n-max", help="Largest capacity (default: where every history fits).")
+        int | None,
+        typer.Option(
+            "--n-max",
+            help="Largest capacity (default: 1.25 × the capacity where every simulated curve reaches 99% of its "
+            "infinite-capacity value, at least 1.25 × the largest request; kvhit.experiments.curve).",
+        ),
     ] = None,
     points: Annotated[int, typer.Option("--points", help="Capacities on a log grid.")] = 1000,
     policies: Annotated[
@@ -1356,6 +1325,12 @@ def curve(
     arrival: ArrivalOpt = "sequential",
     rate: RateOpt = None,
     span: SpanOpt = None,
+    estimates: Annotated[
+        bool, typer.Option("--estimate/--no-estimate", help="Also compute the estimators' curves.")
+    ] = True,
+    kv_gb: Annotated[
+        float | None, typer.Option("--kv-gb", help="KV budget in GiB of --model: marked on the plot.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
@@ -1364,6 +1339,7 @@ def curve(
     of each simulated engine is in the --json output.
     """
     from . import hardware
+    from .experiments.curve import curve_data, curve_inputs, default_capacity_range
     from .workload import Trace, Window, generate
 
     def go():
@@ -1385,27 +1361,42 @@ def curve(
             raise ValueError(f"--policies: unknown {sorted(bad)} (content, vllm, vllm-0.23)")
         n_warm = int(tr.meta.get("n_warm", 0))
         window = Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
-        hi = n_max or int(2 * tr.conversations()["B"].sum() / max(tr.n_conversations, 1) * 200)
-        if n_min < 1 or hi <= n_min or points < 2:
-            raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
-        Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
-        data = curve_data(tr, Ns, window, policies=pol)
+        with _progress() as prog:
+            task = prog.add_task("curve", total=1)
+
+            def cb(done, total, what):
+                prog.update(task, completed=done, total=total, description=what)
+
+            inp = curve_inputs(tr, window, pol, progress=cb)
+            hi = n_max or default_capacity_range(inp, n_min)[1]
+            if n_min < 1 or hi <= n_min or points < 2:
+                raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
+            Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
+            data = curve_data(tr, Ns, window, policies=pol, estimates=estimates, inputs=inp, progress=cb)
         b = tr.block_size or 128
-        bpb = hardware.resolve_model(model).bytes_per_block(b)
+        mdl = hardware.resolve_model(model)
+        bpb = mdl.bytes_per_block(b)
         data["bytes_per_block"] = bpb
+        budget = None
+        if kv_gb is not None:
+            budget = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(kv_gb), bpb))
+            data["budget_N"] = budget
         if plot is not None:
             from .plots import plot_curves
 
             lines = {
                 k: (Ns, v)
                 for k, v in data.items()
-                if isinstance(v, np.ndarray) and k != "N" and not k.endswith("token ratio")
+                if isinstance(v, np.ndarray) and k not in ("N", "feasible") and not k.endswith("token ratio")
             }
             data["figures"] = plot_curves(
                 lines,
                 str(plot),
                 h_max=data["h_max"],
                 bytes_per_block=bpb,
+                model=mdl.name,
+                budget_N=budget,
+                N_min=data["N_min"] or None,
                 title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b})",
             )
         return data
@@ -1415,7 +1406,11 @@ def curve(
         _print_json(data)
         return
     Ns = data["N"]
-    keys = [k for k, v in data.items() if isinstance(v, np.ndarray) and k != "N" and not k.endswith("token ratio")]
+    keys = [
+        k
+        for k, v in data.items()
+        if isinstance(v, np.ndarray) and k not in ("N", "feasible") and not k.endswith("token ratio")
+    ]
     t = Table(
         title=f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {data['h_max']:.4f})"
     )
