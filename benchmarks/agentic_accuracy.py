@@ -17,9 +17,10 @@ Workloads:
   Estimator: the time-varying Poisson form from the trace's own start times.
 * ``resample λ0``: whole conversations drawn with replacement (seed 0) from the pool, their relative timings and
   ids kept (ids re-namespaced per draw), Poisson starts at λ0 (from one conversation at a time to dozens
-  active). Estimator rows: ``tv`` = time-varying form on the resampled stream (its own start histogram);
-  ``stat`` = the *stationary* form at λ0 from the pool alone (no resampled stream needed), measured on the
-  stream's requests after a warm-up of ``--warm`` conversations and before the last start.
+  active). Estimator: the time-varying Poisson form on the resampled stream (its own start histogram; the
+  realized overlap of the conversations is not used). The stationary form (``lam0=``, from the pool alone) is
+  not tabulated: a stream of ``--n-conv`` conversations lasting up to days is never in steady state, so no
+  simulation here measures the stationary hit ratio.
 * ``mooncake``: the conversation trace (sessions derived from the prefix tree), time-varying form.
 Form ``replay`` (the working-set identity on the trace's own load, not a model) is printed with ``--replay``.
 
@@ -97,7 +98,7 @@ def resample(pool: ProductionTrace, lam0: float, n_conv: int, seed: int) -> Prod
 
 def grid(pt: ProductionTrace, points: int) -> np.ndarray:
     d = pt.describe()
-    return np.unique(np.geomspace(max(8, d["min_N"] // 4), 4 * d["distinct_blocks"], points).astype(np.int64))
+    return np.unique(np.geomspace(d["min_N"], 4 * d["distinct_blocks"], points).astype(np.int64))
 
 
 def errors(est: np.ndarray, sim: np.ndarray, hmax: float, Ns: np.ndarray, N_min: int) -> tuple[int, float, float]:
@@ -133,30 +134,23 @@ def row(out, workload, held, lam0, engine, form, n, mx, mean, t_est):
 def trace_rows(out, pt, workload, held, lam0, forms, points, mask=None, est_source=None, est_lam0=None, tag=None):
     rq = pt.to_block_requests()
     Ns = grid(pt, points)
-    u = request_reuse(pt if mask is None else pt)
+    u = request_reuse(pt)  # same request order as pt (both sorted by time, stable)
     d = pt.describe()
     N_min = int(d["min_N"])
     for eng in ENGINES:
         c = block_curve(
-            rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=eng, mask=mask
+            rq.prompt_tokens,
+            rq.hash_offsets,
+            rq.hashes,
+            block_size=rq.block_size,
+            Ns=Ns,
+            engine=eng,
+            mask=mask,
+            fallback="nan",  # infeasible capacities (N < N_min) are not compared
         )
         sim = c["token_hit_ratio"]
-        if mask is None:
-            hmax = float(d["ideal_token_hit_ratio"])
-        else:
-            hmax = float(
-                np.nanmax(
-                    block_curve(
-                        rq.prompt_tokens,
-                        rq.hash_offsets,
-                        rq.hashes,
-                        block_size=rq.block_size,
-                        Ns=Ns[-1:],
-                        engine=eng,
-                        mask=mask,
-                    )["token_hit_ratio"]
-                )
-            )
+        m = np.ones(pt.n_requests, bool) if mask is None else mask
+        hmax = float(u.reusable[m].sum() * u.block_size / u.prompt_tokens[m].sum())  # infinite-cache ceiling
         for form in forms:
             src = u if est_source is None else est_source
             t0 = time.perf_counter()
@@ -172,7 +166,6 @@ def main() -> None:
     ap.add_argument("--replay", action="store_true", help="also print the replay (working-set) form")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--n-conv", type=int, default=120, help="conversations per resampled stream")
-    ap.add_argument("--warm", type=int, default=30, help="stationary rows: conversations of warm-up")
     ap.add_argument("--only", nargs="*", default=None, help="pool resample mooncake")
     a = ap.parse_args()
     points = 120 if a.quick else 300
@@ -193,32 +186,9 @@ def main() -> None:
             trace_rows(out, pp, "pool-poisson", held, None, forms, points)
         if a.only is None or "resample" in a.only:
             pool = read_weka(files, arrival="uniform", span=3600, seed=0)
-            up = request_reuse(pool)
             for lam0 in lams:
                 rs = resample(pool, lam0, a.n_conv, seed=0)
                 trace_rows(out, rs, "resample", held, lam0, forms, points, tag=None)
-                # stationary form from the pool alone, on the stream's steady part
-                starts = np.sort(np.unique(rs.time[np.r_[True, rs.session[1:] != rs.session[:-1]]]))
-                first = np.full(a.n_conv, np.inf)
-                np.minimum.at(first, rs.session, rs.time)
-                s_sorted = np.sort(first)
-                t_lo = s_sorted[min(a.warm, a.n_conv - 1)]
-                t_hi = s_sorted[-1]
-                mask = (rs.time >= t_lo) & (rs.time <= t_hi)
-                del starts
-                trace_rows(
-                    out,
-                    rs,
-                    "resample",
-                    held,
-                    lam0,
-                    ("poisson",),
-                    points,
-                    mask=mask,
-                    est_source=up,
-                    est_lam0=lam0,
-                    tag="stat",
-                )
         if a.only is None or "mooncake" in a.only:
             mc = read_mooncake(MOON)
             half = mc.select(mc.time >= 1800.0) if held else mc.select(mc.time < 1800.0)

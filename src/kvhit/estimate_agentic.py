@@ -144,14 +144,14 @@ def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _window_D(
-    seg_req, seg_src, seg_off, seg_start, seg_end, Fx, L_any, session, adm, out_same, out_other
-):  # pragma: no cover
-    """Replay displacement of every segment: Σ over requests q strictly between src and r (admitted) of
-    F_q + x_q − k_q, k_q = leading blocks of q whose last toucher is after src (the window start)."""
-    for s in range(seg_req.shape[0]):
-        r = seg_req[s]
-        x = seg_src[s]
+def _window_D(tag_req, tag_src, seg_src, seg_off, seg_end, Fx, session, adm, out_same, out_other):  # pragma: no cover
+    """Replay displacement of the tagged segments (request ``tag_req``, last toucher ``tag_src``): Σ over
+    requests q strictly between src and r (admitted) of F_q + x_q − k_q, k_q = leading blocks of q whose last
+    toucher is after src (from *all* segments: ``seg_src``/``seg_off``/``seg_end``); split into the tagged
+    request's own session and the others."""
+    for s in range(tag_req.shape[0]):
+        r = tag_req[s]
+        x = tag_src[s]
         sr = session[r]
         same = 0
         other = 0
@@ -208,14 +208,16 @@ def _levy_kernel(
             lo = i0
             hi = i0
             u_prev = tau[i0]
+            c_prev = _cum(Lc, s_grid, t - u_prev)
             while (pe < i1 or pl < i1) and u_prev < u_max:
                 if pe < i1 and tau[pe] <= tau[pl] + a:
                     u = tau[pe]
                 else:
                     u = tau[pl] + a
+                c_u = _cum(Lc, s_grid, t - u)
                 if hi > lo and u > u_prev:
                     f = fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
-                    w = scale * (_cum(Lc, s_grid, t - u_prev) - _cum(Lc, s_grid, t - u))
+                    w = scale * (c_prev - c_u)
                     if w > 0.0:
                         mom[row, 0] += w
                         mom[row, 1] += w * f
@@ -236,6 +238,7 @@ def _levy_kernel(
                     pl += 1
                     lo = pl
                 u_prev = u
+                c_prev = c_u
 
 
 @njit(cache=True)
@@ -339,6 +342,7 @@ def estimate_trace(
     n_ages: int = 16,
     n_times: int = 64,
     exclude: str | bool = "auto",
+    mask: Any = None,
 ) -> AgenticEstimate:
     """Predicted vLLM hit ratio of a request trace at capacities ``Ns`` (blocks); see the module docstring.
 
@@ -352,7 +356,9 @@ def estimate_trace(
     of the time-varying intensity (default ``clip(√C, 1, 24)``). ``n_values`` / ``n_ages`` / ``n_times``:
     grid sizes of the tabulated law. ``exclude`` (time-varying form): leave the tagged request's own
     conversation out of the background templates (a pool holds each conversation once; ``"auto"``: when
-    the trace has ≤ 64 sessions, else the Palm factor (C − 1)/C).
+    the trace has ≤ 64 sessions, else the Palm factor (C − 1)/C). ``mask``: boolean over the requests in
+    arrival order (a ProductionTrace's or a time-sorted kvhit Trace's row order) selecting the *measured*
+    requests (e.g. after a warm-up); every request still loads the cache.
     """
     t0 = _time.perf_counter()
     if engine not in ENGINES:
@@ -379,14 +385,21 @@ def estimate_trace(
     part = (T % b != 0).astype(np.int64)
     Fx = F + (part if new23 else 0)
     N_min = int(R.max()) if n else 0
-    h_max = u.ceiling(metric)
-    den = float(T.sum()) if metric == "tokens" else float(R.sum())
+    if mask is None:
+        meas = np.ones(n, bool)
+    else:
+        meas = np.asarray(mask)
+        if meas.dtype != np.bool_ or meas.shape != (n,):
+            raise AgenticError(f"mask: expected a boolean array of shape ({n},)")
+    hit_inf = float(u.reusable[meas].sum())
+    den = float(T[meas].sum()) if metric == "tokens" else float(R[meas].sum())
+    h_max = hit_inf * (b if metric == "tokens" else 1) / den if den else float("nan")
     unit = float(b) if metric == "tokens" else 1.0
     # segments, capped at (T-1)//b
     seg_req = np.repeat(np.arange(n, dtype=np.int64), np.diff(u.seg_off))
     s0 = u.seg_start
     s1 = np.minimum(u.seg_end, cap[seg_req])
-    keep = s1 > s0
+    keep = (s1 > s0) & meas[seg_req]
     # e: vLLM ≥ 0.24 keeps the previous request's partial block at the queue head
     prev_any = np.maximum(seg_req - 1, 0)
     e = np.where(seg_req > 0, part[prev_any], 0) if not new23 else np.zeros(seg_req.shape[0], np.int64)
@@ -394,11 +407,13 @@ def estimate_trace(
     h = np.zeros(Ns.shape[0])
     # rejected shares at every N; admission groups: all feasible N share one admitted set (everyone), the
     # infeasible ones are computed in at most 8 geometric groups with the group's smallest N's admitted set
-    Rsort = np.sort(R)
-    Tcum = np.concatenate([[0], np.cumsum(T[np.argsort(R, kind="stable")])])
+    Rm, Tm = R[meas], T[meas]
+    Rsort = np.sort(Rm)
+    Tcum = np.concatenate([[0], np.cumsum(Tm[np.argsort(Rm, kind="stable")])])
     kadm = np.searchsorted(Rsort, Ns, side="right")
-    rej_req = 1.0 - kadm / n if n else np.zeros(Ns.shape[0])
-    rej_tok = 1.0 - Tcum[kadm] / Tcum[-1] if n and Tcum[-1] else np.zeros(Ns.shape[0])
+    nm = Rm.shape[0]
+    rej_req = 1.0 - kadm / nm if nm else np.zeros(Ns.shape[0])
+    rej_tok = 1.0 - Tcum[kadm] / Tcum[-1] if nm and Tcum[-1] else np.zeros(Ns.shape[0])
     key = np.zeros(Ns.shape[0], np.int64)
     inf_ = Ns < N_min
     if inf_.any():
@@ -420,7 +435,7 @@ def estimate_trace(
             sr = seg_req[ks]
             same = np.zeros(sr.shape[0], np.int64)
             other = np.zeros(sr.shape[0], np.int64)
-            _window_D(sr, seg_src_all[ks], u.seg_off, u.seg_start, u.seg_end, Fx, u.L_any, u.session, adm, same, other)
+            _window_D(sr, seg_src_all[ks], u.seg_src, u.seg_off, u.seg_end, Fx, u.session, adm, same, other)
             num = _sum_clip(1 + e[ks] + s0[ks] + same + other, ln, np.full(ln.shape[0], unit), Nsel)
         else:
             # one law table for every capacity: the background is the feasible (everyone admitted) one; below
@@ -473,7 +488,7 @@ def _regime(u: RequestReuse, lam0, form, notes) -> dict:
             f"only {n_sess} sessions: their start-time intensity is poorly determined "
             "(form='replay' uses the trace's own timing; lam0= a stationary rate)"
         )
-    return {"validated": not out, "notes": out, "sessions": n_sess}
+    return {"validated": not any(not x.startswith("info:") for x in out), "notes": out, "sessions": n_sess}
 
 
 def _split_hist(f: np.ndarray, delta: float, G: int) -> np.ndarray:
@@ -518,7 +533,7 @@ def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray):
     )
 
 
-def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes):
+def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes, work_budget=1.5e7):
     """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same.
 
     Returns ``(Hb, delta, row, D_same)``: ``Hb[row]`` = δ·cumulative CDF on the value grid of the segment's
@@ -530,7 +545,7 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
     same = np.zeros(sr.shape[0], np.int64)
     other = np.zeros(sr.shape[0], np.int64)
     if sr.shape[0]:
-        _window_D(sr, src, u.seg_off, u.seg_start, u.seg_end, Fx, u.L_any, u.session, adm, same, other)
+        _window_D(sr, src, u.seg_src, u.seg_off, u.seg_end, Fx, u.session, adm, same, other)
     t_r = u.time[sr]
     age = t_r - u.time[src]
     other_sess = u.session[src] != u.session[sr]
@@ -558,7 +573,15 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
         scale = 1.0 / C if C else 0.0
         # time cells: quantiles of the tagged requests' times (dense where the requests are), evaluated at the
         # cell's median request time
+        # work budget: the kernel costs (time cells × age cells × requests of multi-request templates)
+        qa = math.log1p(1.0 / max(int(n_ages), 1))
+        n_age_cells = max(1, np.unique(np.round(np.log(np.maximum(age[age > 0], 1e-9)) / qa)).shape[0])
+        n_multi = int(((te - ts) > 1).sum() and (te - ts)[(te - ts) > 1].sum())
         nt = max(int(n_times), 1)
+        budget = max(4, int(work_budget // max(n_age_cells * max(n_multi, 1), 1)))
+        if budget < nt:
+            nt = budget
+            notes.append(f"info: time cells reduced to {nt} (work budget)")
         if t_r.size:
             edges_t = np.unique(np.quantile(t_r, np.linspace(0.0, 1.0, nt + 1)))
             ti = np.clip(np.searchsorted(edges_t, t_r, side="right") - 1, 0, max(edges_t.shape[0] - 2, 0))
