@@ -231,8 +231,10 @@ def simulate_trace_rows(
     colocated: bool,
     window,
     block_size: int | None = None,
+    progress=None,
 ) -> list[dict]:
-    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace."""
+    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace (``progress(done, total, what)``
+    is called before each capacity)."""
     from .sim.content import simulate_content
     from .sim.metrics import batch_means, content_hit_stats
     from .sim.runner import block_requests, simulate_trace_block
@@ -242,7 +244,9 @@ def simulate_trace_rows(
         conv, practical = tr.dense_conv(), weighting == "practical"
         R_prev = tr.R_prev()
         weight = np.maximum(R_prev - 1, 0) if practical else R_prev  # eq. (31) or eq. (12)
-        for N in Ns:
+        for k, N in enumerate(Ns):
+            if progress:
+                progress(k, len(Ns), f"Algorithm 1 at N = {N:,}")
             hit = simulate_content(conv, tr["R"], N).hit.astype(bool)
             st = content_hit_stats(tr, hit, window=window, practical=practical)
             _, half = batch_means(tr, np.where(hit, weight, 0), tr["R"], window)
@@ -259,7 +263,9 @@ def simulate_trace_rows(
             )
     elif policy == "block":
         rq = block_requests(tr, block_size=block_size, colocated=colocated)
-        for N in Ns:
+        for k, N in enumerate(Ns):
+            if progress:
+                progress(k, len(Ns), f"{engine} block cache at N = {N:,}")
             res, m = simulate_trace_block(tr, N, engine=engine, colocated=colocated, window=window, requests=rq)
             _, half = batch_means(tr, res.hit_blocks.astype(float), res.prompt_blocks, window)
             rows.append(
@@ -399,6 +405,10 @@ def simulate(
     arrival: ArrivalOpt = "sequential",
     rate: RateOpt = None,
     span: SpanOpt = None,
+    estimates: Annotated[
+        bool,
+        typer.Option("--estimate/--no-estimate", help="Also compute the estimators beside the simulation."),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Simulate the hit ratio: Algorithm 1 (content) or the vLLM block cache, on a trace, a spec, or a production
@@ -427,9 +437,20 @@ def simulate(
                 tr.meta["block_size"] = block_size or 128
             window = _window_for(tr, warmup, warmup_time)
             out["trace"] = str(trace)
-            out["rows"] = simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, block_size)
-            out["estimate"] = _estimates_for_trace(tr, Ns, window, weighting == "practical")
-            _add_engine_estimates(out, tr, Ns, policy, engine)
+            with _progress() as prog:
+                task = prog.add_task(f"simulating {len(Ns)} capacities", total=len(Ns) + 2 * estimates)
+
+                def cb(done, total, what):
+                    prog.update(task, completed=done, description=what)
+
+                out["rows"] = simulate_trace_rows(
+                    tr, Ns, policy, engine, weighting, colocated, window, block_size, progress=cb
+                )
+                if estimates:
+                    cb(len(Ns), 0, "estimators: paper eq. (39)")
+                    out["estimate"] = _estimates_for_trace(tr, Ns, window, weighting == "practical")
+                    cb(len(Ns) + 1, 0, "estimators: engine-aware")
+                    _add_engine_estimates(out, tr, Ns, policy, engine)
             return out
         sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
         n_warm = warmup if warmup is not None else max(1, conversations // 5)
