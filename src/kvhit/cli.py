@@ -192,8 +192,12 @@ def trace_generate(
         sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
         if conversations is None and horizon is None:
             raise ValueError("give --conversations or --horizon")
-        tr = generate(sp, seed, n_conversations=conversations, horizon=horizon)
-        tr.write(out)
+        with _progress() as prog:
+            task = prog.add_task("generating", total=2)
+            tr = generate(sp, seed, n_conversations=conversations, horizon=horizon)
+            prog.update(task, completed=1, description=f"writing {tr.n_turns:,} turns")
+            tr.write(out)
+            prog.update(task, completed=2)
         return tr
 
     tr = _run(go)
@@ -670,7 +674,7 @@ def trace_stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dic
     from .estimate import trace_moments
 
     n_warm = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
-    conv_ids = np.unique(tr["conv"])
+    conv_ids = tr.conv_index()[0]
     mask = conv_ids >= n_warm if n_warm > 0 else np.ones(conv_ids.size, bool)
     mom = trace_moments(tr, mask, block=block)
     return {
@@ -736,8 +740,12 @@ def trace_stats(
     from .workload import Trace
 
     def go():
-        tr = Trace.read(path)
-        st = trace_stats_dict(tr, warmup, block)
+        with _progress() as prog:
+            task = prog.add_task("reading", total=2)
+            tr = Trace.read(path)
+            prog.update(task, completed=1, description=f"statistics of {tr.n_turns:,} turns")
+            st = trace_stats_dict(tr, warmup, block)
+            prog.update(task, completed=2)
         if fig is not None:
             from .plots import plot_fig2
 
