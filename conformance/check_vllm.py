@@ -148,7 +148,10 @@ def compare(case: Case, model: str) -> tuple[int, str | None]:
         if x != y:
             what = ["event", "request", "outcome (hit tokens, new blocks, evicted)", "free queue", "eviction order"]
             k = next(j for j in range(5) if x[j] != y[j])
-            return n, f"event {i} ({y[0]} r{y[1]}): {what[k]} differs\n  kvhit {model}: {x[k]}\n  vLLM {VERSION}: {y[k]}"
+            return (
+                n,
+                f"event {i} ({y[0]} r{y[1]}): {what[k]} differs\n  kvhit {model}: {x[k]}\n  vLLM {VERSION}: {y[k]}",
+            )
     if len(a) != len(r):
         return n, f"event count differs: kvhit {len(a)}, vLLM {len(r)}"
     return n, None
