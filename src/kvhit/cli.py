@@ -55,8 +55,14 @@ def _json_default(o: Any) -> Any:
     return o.to_dict() if hasattr(o, "to_dict") else json_default(o)
 
 
+def strict_json(obj: Any) -> str:
+    """Strict JSON (RFC 8259): NaN and ±inf, which have no JSON spelling, become ``null``; numpy values plain."""
+    loose = json.dumps(obj, default=_json_default, allow_nan=True)
+    return json.dumps(json.loads(loose, parse_constant=lambda _c: None), indent=2, allow_nan=False)
+
+
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default, allow_nan=True) + "\n")
+    sys.stdout.write(strict_json(obj) + "\n")
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -263,12 +269,24 @@ def simulate_trace_rows(
     window,
     block_size: int | None = None,
 ) -> list[dict]:
-    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace."""
+    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace. Block policy: capacities below
+    the largest request are infeasible (vLLM would refuse requests; refused shares, no ratio:
+    :mod:`kvhit.sim.feasibility`). Algorithm 1 serves every request (a content larger than N is a miss, nothing is
+    left out), so the content policy has no infeasible capacity."""
     from .sim.content import simulate_content
+    from .sim.feasibility import feasibility
     from .sim.metrics import batch_means, content_hit_stats
     from .sim.runner import block_requests, simulate_trace_block
 
     rows = []
+    wmask = window.mask(tr) if window is not None else np.ones(tr.n_turns, bool)
+    if policy == "block":
+        rq0 = block_requests(tr, block_size=block_size, colocated=colocated)
+        feas = feasibility(rq0.prompt_tokens, rq0.block_size, Ns, mask=wmask, response_tokens=rq0.response_tokens)
+        bad = [k for k in range(len(Ns)) if not feas.feasible[k]]
+        for k in bad:
+            rows.append({"N": Ns[k], "policy": policy, **feas.row(k), "h": None, "h_ci95": None, "N_min": feas.N_min})
+        Ns = [n for k, n in enumerate(Ns) if feas.feasible[k]]
     if policy == "content":
         conv, practical = tr.dense_conv(), weighting == "practical"
         R_prev = tr.R_prev()
@@ -289,7 +307,7 @@ def simulate_trace_rows(
                 }
             )
     elif policy == "block":
-        rq = block_requests(tr, block_size=block_size, colocated=colocated)
+        rq = rq0
         for N in Ns:
             res, m = simulate_trace_block(tr, N, engine=engine, colocated=colocated, window=window, requests=rq)
             _, half = batch_means(tr, res.hit_blocks.astype(float), res.prompt_blocks, window)
@@ -310,7 +328,11 @@ def simulate_trace_rows(
             )
     else:
         raise ValueError(f"--policy: unknown policy {policy!r} (content, block)")
-    return rows
+    for r in rows:
+        r.setdefault("feasible", True)
+        r.setdefault("refused_request_share", 0.0)
+        r.setdefault("refused_token_share", 0.0)
+    return sorted(rows, key=lambda r: r["N"])
 
 
 BlocksTraceOpt = Annotated[
@@ -333,31 +355,6 @@ def _read_blocks_trace(path: Path, arrival: str, rate: float | None, span: float
     return read_production(path, **kw)
 
 
-def _blocks_trace_rows(pt, Ns: list[int], engines: list[str], warmup_time: float | None) -> list[dict]:
-    from .sim import block as blk
-
-    rq = pt.to_block_requests()
-    mask = np.ones(rq.prompt_tokens.shape[0], bool) if warmup_time is None else pt.time >= pt.time[0] + warmup_time
-    rows = []
-    for e in engines:
-        for N in Ns:
-            res = blk.simulate_block(
-                rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=N, block_size=rq.block_size, engine=e
-            )
-            rows.append(
-                {
-                    "N": N,
-                    "engine": e,
-                    "token_hit_ratio": blk.token_hit_ratio(res, mask),
-                    "h_blocks": blk.block_hit_ratio(res, mask),
-                    "request_hit_rate": blk.request_hit_rate(res, mask),
-                    "rejected": int(res.n_rejected),
-                    "evictions": int(res.evictions),
-                }
-            )
-    return rows
-
-
 def _add_engine_estimates(out: dict, source, Ns: list[int], policy: str, engine: str, block_size: int = 128) -> None:
     """The engine-aware estimate (block-weighted, like the simulated h) of the simulated engine beside each row."""
     from .plan import make_workload
@@ -370,6 +367,24 @@ def _add_engine_estimates(out: dict, source, Ns: list[int], policy: str, engine:
         e["h_engine"] = float(v)
 
 
+def _null_infeasible_estimates(out: dict) -> None:
+    """No estimated ratio either where the capacity cannot serve the workload."""
+    bad = {r["N"] for r in out["rows"] if not r.get("feasible", True)}
+    for e in out.get("estimate", []):
+        if e["N"] in bad:
+            for k in list(e):
+                if k.startswith("h"):
+                    e[k] = None
+            e["feasible"] = False
+
+
+def _refused(r: dict) -> str:
+    return (
+        f"infeasible: refuses {100 * r['refused_request_share']:.2f}% of requests, "
+        f"{100 * r['refused_token_share']:.2f}% of prompt tokens"
+    )
+
+
 def _print_blocks_trace(res: dict) -> None:
     d = res["describe"]
     console.print(
@@ -378,20 +393,21 @@ def _print_blocks_trace(res: dict) -> None:
         f"{d['ideal_token_hit_ratio']:.4f}; largest request {d['min_N']:,} blocks"
     )
     t = Table(title="vLLM prefix cache on a production trace (token hit ratio = vLLM's prefix_cache_hits/queries)")
-    for col in ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate", "rejected"]:
+    for col in ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate"]:
         t.add_column(col, justify="right")
     for r in res["rows"]:
+        if not r["feasible"]:
+            t.add_row(_fmt(r["N"]), r["engine"], f"[yellow]{_refused(r)}[/]", "–", "–")
+            continue
         t.add_row(
-            _fmt(r["N"]),
-            r["engine"],
-            _fmt(r["token_hit_ratio"]),
-            _fmt(r["h_blocks"]),
-            _fmt(r["request_hit_rate"]),
-            _fmt(r["rejected"]),
+            _fmt(r["N"]), r["engine"], _fmt(r["token_hit_ratio"]), _fmt(r["h_blocks"]), _fmt(r["request_hit_rate"])
         )
     console.print(t)
-    if any(r["rejected"] for r in res["rows"]):
-        console.print("[yellow]note: requests larger than N are rejected by vLLM and excluded from the ratios[/]")
+    if any(not r["feasible"] for r in res["rows"]):
+        console.print(
+            f"[yellow]note: below N = {d['min_N']:,} blocks (the largest request) vLLM cannot serve this workload "
+            "(it refuses to start when max_model_len exceeds the KV cache); no hit ratio is reported there[/]"
+        )
 
 
 @app.command()
@@ -449,8 +465,11 @@ def simulate(
         out: dict[str, Any] = {"policy": policy, "rows": []}
         if blocks_trace is not None:
             pt = _read_blocks_trace(blocks_trace, arrival, rate, span, seed)
+            from .sim.tracerun import production_rows
+
             out.update(policy="block", blocks_trace=str(blocks_trace), describe=pt.describe())
-            out["rows"] = _blocks_trace_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time)
+            out["rows"], feas = production_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time=warmup_time)
+            out["N_min"] = feas.N_min
             return out
         if trace is not None:
             tr = Trace.read(trace)
@@ -461,6 +480,7 @@ def simulate(
             out["rows"] = simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, block_size)
             out["estimate"] = _estimates_for_trace(tr, Ns, window, weighting == "practical")
             _add_engine_estimates(out, tr, Ns, policy, engine)
+            _null_infeasible_estimates(out)
             return out
         sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
         n_warm = warmup if warmup is not None else max(1, conversations // 5)
@@ -481,11 +501,26 @@ def simulate(
 
         for n in Ns:
             reps = per_N[n]
+            if not all(x.get("feasible", True) for x in reps):
+                out["rows"].append(
+                    {
+                        "N": n,
+                        "policy": policy,
+                        "feasible": False,
+                        "refused_request_share": float(np.mean([x["refused_request_share"] for x in reps])),
+                        "refused_token_share": float(np.mean([x["refused_token_share"] for x in reps])),
+                        "h": None,
+                        "h_ci95": None,
+                        "replications": replications,
+                    }
+                )
+                continue
             h, half = mean_ci([x["h"] for x in reps])
             rq, _ = mean_ci([x["request_hit_rate"] for x in reps])
             row = {
                 "N": n,
                 "policy": policy,
+                "feasible": True,
                 "h": h,
                 "h_ci95": half,
                 "request_hit_rate": rq,
@@ -501,6 +536,7 @@ def simulate(
         out["spec"] = sp.to_dict()
         out["estimate"] = _estimates_for_spec(sp, Ns, weighting == "practical")
         _add_engine_estimates(out, sp, Ns, policy, engine, block_size or 128)
+        _null_infeasible_estimates(out)
         return out
 
     res = _run(go)
@@ -516,6 +552,9 @@ def simulate(
     est = {e["N"]: e for e in res.get("estimate", [])}
     for row in res["rows"]:
         e = est.get(row["N"], {})
+        if not row.get("feasible", True):
+            t.add_row(_fmt(row["N"]), f"[yellow]{_refused(row)}[/]", "–", "–", "–", "–")
+            continue
         t.add_row(
             _fmt(row["N"]),
             _fmt(row["h"]),
@@ -1269,14 +1308,31 @@ def curve_data(tr, Ns: np.ndarray, window, *, policies=("content", "vllm", "vllm
         out["Algorithm 1 (content LRU)"] = content_curve_from_thresholds(thr, w, Ns) / tr["R"][mask].sum()
     engines = [p for p in policies if p in ("vllm", "vllm-0.23")]
     if engines:
+        from .sim.feasibility import feasibility
+
         rq = block_requests(tr)
+        feas = feasibility(rq.prompt_tokens, rq.block_size, Ns, mask=mask)
+        ok = feas.feasible  # below N_min vLLM refuses requests: not simulated, no ratio
+        out["N_min"] = feas.N_min
+        out["feasible"] = ok
+        out["refused_request_share"] = feas.refused_requests
+        out["refused_token_share"] = feas.refused_tokens
         for e in engines:
-            c = block_curve(
-                rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e, mask=mask
-            )
             label = "vLLM ≥ 0.24 (block cache)" if e == "vllm" else "vLLM ≤ 0.23 (block cache)"
-            out[label] = c["block_hit_ratio"]
-            out[label + " token ratio"] = c["token_hit_ratio"]
+            out[label] = np.full(Ns.shape, np.nan)
+            out[label + " token ratio"] = np.full(Ns.shape, np.nan)
+            if ok.any():
+                c = block_curve(
+                    rq.prompt_tokens,
+                    rq.hash_offsets,
+                    rq.hashes,
+                    block_size=rq.block_size,
+                    Ns=Ns[ok],
+                    engine=e,
+                    mask=mask,
+                )
+                out[label][ok] = c["block_hit_ratio"]
+                out[label + " token ratio"][ok] = c["token_hit_ratio"]
     mom, lam0 = measured_moments(tr, window)
     F = empirical_F(mom)
     out["estimate: paper eq. (39), F̂"] = np.asarray(estimate(mom, Ns.astype(float), lam0, F).h)
@@ -1286,42 +1342,76 @@ def curve_data(tr, Ns: np.ndarray, window, *, policies=("content", "vllm", "vllm
         acc = engine_accounting(tr, engine=e, metric="blocks", mask=measured)
         label = {"content": "Algorithm 1", "vllm": "vLLM ≥ 0.24", "vllm-0.23": "vLLM ≤ 0.23"}[e]
         out[f"estimate: {label} (engine-aware)"] = np.asarray(estimate_engine(acc, Ns, lam0, F).h)
+    if "feasible" in out:  # vLLM cannot serve N < N_min: no vLLM ratio there, simulated or estimated
+        for k, v in out.items():
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and "vLLM" in k:
+                v[~out["feasible"]] = np.nan
     out["h_max"] = mom.h_max_hash
     out["lam0"] = lam0
     return out
 
 
 def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, model, plot) -> dict:
-    """Exact all-capacity curves of both vLLM orders on a production block-id trace (token metric)."""
+    """Exact all-capacity curves of both vLLM orders on a production block-id trace (token metric), the
+    infeasible capacities (below the largest request) marked, and the estimators' lines where available."""
     from . import hardware
-    from .sim.blockcurve import block_curve
+    from .sim.tracerun import ENGINE_LABELS, production_curve
 
     pt = _read_blocks_trace(path, arrival, rate, span, seed)
     d = pt.describe()
-    rq = pt.to_block_requests()
     hi = n_max or int(4 * d.get("distinct_blocks", d["min_N"] * 10))
     if n_min < 1 or hi <= n_min or points < 2:
         raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
     Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
-    data: dict[str, Any] = {"N": Ns}
-    for e, label in (("vllm", "vLLM ≥ 0.24"), ("vllm-0.23", "vLLM ≤ 0.23")):
-        c = block_curve(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e)
-        data[f"{label} token hit ratio"] = c["token_hit_ratio"]
-    data["h_max"] = d["ideal_token_hit_ratio"]
-    data["lam0"] = float("nan")
-    data["bytes_per_block"] = hardware.resolve_model(model).bytes_per_block(rq.block_size)
+    m = hardware.resolve_model(model)
+    c = production_curve(pt, Ns)
+    feas = c["feasibility"]
+    data: dict[str, Any] = {"N": Ns, "grid": "log"}
+    for e, label in ENGINE_LABELS.items():
+        data[f"{label} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
+    data.update(_estimator_lines(pt, Ns, feas.feasible))
+    data["h_max"] = c["h_max"]
+    data["N_min"] = feas.N_min
+    data["feasible"] = feas.feasible
+    data["refused_request_share"] = feas.refused_requests
+    data["refused_token_share"] = feas.refused_tokens
+    data["model"] = m.name
+    data["bytes_per_block"] = m.bytes_per_block(pt.block_size)
+    data["describe"] = d
     if plot is not None:
         from .plots import plot_curves
 
-        lines = {k: (Ns, v) for k, v in data.items() if isinstance(v, np.ndarray) and k != "N"}
+        lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
         data["figures"] = plot_curves(
             lines,
             str(plot),
             h_max=data["h_max"],
+            h_max_label="infinite-cache ceiling",
             bytes_per_block=data["bytes_per_block"],
-            title=f"{Path(path).name}: vLLM token hit ratio vs capacity (b = {rq.block_size})",
+            model=m.name,
+            log_x=True,
+            infeasible_below=feas.N_min,
+            title=f"{Path(path).name}: vLLM token hit ratio vs capacity (b = {pt.block_size}, {m.name} KV)",
         )
     return data
+
+
+def _curve_keys(data: dict) -> list[str]:
+    """The hit-ratio lines of a curve result (float arrays over N, not the refused shares or token duplicates)."""
+    return [
+        k
+        for k, v in data.items()
+        if isinstance(v, np.ndarray)
+        and v.dtype.kind == "f"
+        and k != "N"
+        and not k.startswith("refused")
+        and not k.endswith("token ratio")
+    ]
+
+
+def _estimator_lines(pt, Ns: np.ndarray, feasible: np.ndarray) -> dict:
+    """The agentic estimator's token hit ratio for both vLLM orders (NaN where infeasible), when it is installed."""
+    return {}
 
 
 @app.command()
@@ -1390,23 +1480,25 @@ def curve(
             raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
         Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
         data = curve_data(tr, Ns, window, policies=pol)
+        data["grid"] = "log"
         b = tr.block_size or 128
-        bpb = hardware.resolve_model(model).bytes_per_block(b)
+        m = hardware.resolve_model(model)
+        bpb = m.bytes_per_block(b)
+        data["model"] = m.name
         data["bytes_per_block"] = bpb
         if plot is not None:
             from .plots import plot_curves
 
-            lines = {
-                k: (Ns, v)
-                for k, v in data.items()
-                if isinstance(v, np.ndarray) and k != "N" and not k.endswith("token ratio")
-            }
+            lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
             data["figures"] = plot_curves(
                 lines,
                 str(plot),
                 h_max=data["h_max"],
                 bytes_per_block=bpb,
-                title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b})",
+                model=m.name,
+                log_x=True,
+                infeasible_below=data.get("N_min"),
+                title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, {m.name} KV)",
             )
         return data
 
@@ -1415,19 +1507,35 @@ def curve(
         _print_json(data)
         return
     Ns = data["N"]
-    keys = [k for k, v in data.items() if isinstance(v, np.ndarray) and k != "N" and not k.endswith("token ratio")]
+    keys = _curve_keys(data)
     t = Table(
-        title=f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {data['h_max']:.4f})"
+        title=f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {data['h_max']:.4f}; "
+        f"GiB of {data['model']} KV)"
     )
     t.add_column("N (blocks)", justify="right")
     t.add_column("GiB", justify="right")
     for k in keys:
         t.add_column(k, justify="right")
+    feas = data.get("feasible")
+    if feas is not None:
+        t.add_column("refused (requests / tokens)", justify="right")
     for i in np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int)):
-        t.add_row(
-            _fmt(int(Ns[i])), f"{Ns[i] * data['bytes_per_block'] / 2**30:.2f}", *[_fmt(float(data[k][i])) for k in keys]
-        )
+        row = [_fmt(int(Ns[i])), f"{Ns[i] * data['bytes_per_block'] / 2**30:.2f}"]
+        row += [_fmt(float(data[k][i])) for k in keys]
+        if feas is not None:
+            row.append(
+                "–"
+                if feas[i]
+                else f"[yellow]infeasible: {100 * data['refused_request_share'][i]:.2f}% / "
+                f"{100 * data['refused_token_share'][i]:.2f}%[/]"
+            )
+        t.add_row(*row)
     console.print(t)
+    if feas is not None and not feas.all():
+        console.print(
+            f"[yellow]note: below N = {data['N_min']:,} blocks (the largest request) vLLM cannot serve this workload: "
+            "no vLLM hit ratio is reported there (shaded in the plot)[/]"
+        )
     for f in data.get("figures", []):
         console.print(f"wrote {f}")
 

@@ -107,11 +107,22 @@ def plot_fig2(
 
 
 def plot_curves(
-    curves: dict, out_prefix, *, h_max: float | None = None, bytes_per_block: int | None = None, title: str = ""
+    curves: dict,
+    out_prefix,
+    *,
+    h_max: float | None = None,
+    bytes_per_block: int | None = None,
+    title: str = "",
+    log_x: bool = False,
+    infeasible_below: int | None = None,
+    model: str | None = None,
+    h_max_label: str = "h_max",
 ) -> list:
     """Hit ratio vs capacity: one line per entry of ``curves`` (``{label: (N array, h array)}``; labels starting
     with "estimate" dashed, in the colour of the engine they predict), h_max as a dotted line, and a secondary
-    x-axis in GiB of KV when ``bytes_per_block`` is given. Writes PNG and SVG."""
+    x-axis in GiB of KV when ``bytes_per_block`` is given (of ``model``, named on the axis). ``log_x`` puts N on a
+    log axis (use it for a log-spaced grid). ``infeasible_below`` shades ``N < N_min`` — capacities below the
+    largest request, which cannot serve the workload (no hit ratio is drawn there). Writes PNG and SVG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,23 +130,34 @@ def plot_curves(
 
     fig, ax = plt.subplots(figsize=(8, 5))
     family = {"Algorithm 1": "C0", "≥ 0.24": "C1", "≤ 0.23": "C2", "paper": "C3"}
+    lo = min((float(np.nanmin(N)) for N, _ in curves.values() if len(N)), default=None)
     for i, (label, (N, h)) in enumerate(curves.items()):
         style = "--" if label.startswith("estimate") else "-"
         color = next((c for key, c in family.items() if key in label), f"C{4 + i % 6}")
         ax.plot(N, h, style, color=color, label=label, lw=1.6)
-    if h_max is not None:
-        ax.axhline(h_max, color="0.3", ls=":", lw=1.2, label=f"h_max = {h_max:.3f}")
+    if log_x:
+        ax.set_xscale("log")
+    if infeasible_below is not None and lo is not None and infeasible_below > lo:
+        ax.axvspan(
+            lo,
+            infeasible_below,
+            color="0.85",
+            zorder=0,
+            label=f"infeasible: N < largest request ({infeasible_below:,} blocks)",
+        )
+    if h_max is not None and np.isfinite(h_max):
+        ax.axhline(h_max, color="0.3", ls=":", lw=1.2, label=f"{h_max_label} = {h_max:.3f}")
     ax.set_xlabel("KV capacity N (blocks)")
     ax.set_ylabel("hit ratio h")
     ax.set_ylim(0, None)
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, which="both" if log_x else "major")
     ax.legend(fontsize=8, loc="lower right")
     if title:
         ax.set_title(title, fontsize=10)
     if bytes_per_block:
         gib = bytes_per_block / 2**30
         sec = ax.secondary_xaxis("top", functions=(lambda n: n * gib, lambda g: g / gib))
-        sec.set_xlabel("KV memory (GiB)")
+        sec.set_xlabel(f"KV memory (GiB{', ' + model if model else ''})")
     fig.tight_layout()
     out = []
     for ext in ("png", "svg"):
