@@ -43,9 +43,8 @@ QWEN3_8B_CFG = {
 
 def ref_bytes_per_token(layers: int, kv_heads: int, head_dim: int, nbytes: int, tp: int = 1) -> int:
     """Independent reference: 2 (K,V) × layers × heads-per-rank × head_dim × bytes (vLLM's head sharding)."""
+    assert kv_heads % tp == 0 or tp % kv_heads == 0, "vLLM refuses other layouts"
     per_rank = kv_heads // tp if kv_heads >= tp else 1
-    if kv_heads >= tp and kv_heads % tp:
-        per_rank = math.ceil(kv_heads / tp)
     return 2 * layers * per_rank * head_dim * nbytes
 
 
@@ -130,12 +129,19 @@ def test_dtype_scaling(name):
     assert m.bytes_per_token("auto") == bf16  # torch_dtype bfloat16
 
 
-@pytest.mark.parametrize("tp, expected_heads", [(1, 8), (2, 4), (4, 2), (8, 1), (16, 1), (32, 1), (3, 3), (5, 2)])
+@pytest.mark.parametrize("tp, expected_heads", [(1, 8), (2, 4), (4, 2), (8, 1), (16, 1), (32, 1)])
 def test_tp_sharding_llama70b(tp, expected_heads):
     m = get_model("Llama-3.1-70B")
     assert m.kv_heads_per_rank(tp) == expected_heads
     assert m.bytes_per_token(tp=tp) == 2 * 80 * expected_heads * 128 * 2
     assert m.bytes_per_token(tp=tp) == ref_bytes_per_token(80, 8, 128, 2, tp)
+
+
+@pytest.mark.parametrize("tp", [3, 5, 6, 12])
+def test_tp_not_dividing_kv_heads_is_refused(tp):
+    # vLLM asserts num_kv_heads % tp == 0 or tp % num_kv_heads == 0; 8 heads over 3 ranks is not a layout
+    with pytest.raises(HardwareError, match="does not divide the 8 KV heads"):
+        get_model("Llama-3.1-70B").bytes_per_token(tp=tp)
 
 
 def test_tp_replication_when_heads_below_tp():

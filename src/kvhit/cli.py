@@ -6,7 +6,6 @@ naming the file/field and exit with status 2; nothing is half-written (outputs a
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -18,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from . import service as svc
 
 app = typer.Typer(
     add_completion=False,
@@ -36,7 +37,11 @@ _USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, 
 
 
 def _fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    from rich.text import Text
+
+    from .service.errors import one_line
+
+    err_console.print(Text.assemble(("error: ", "bold red"), one_line(msg)), highlight=False)
     raise typer.Exit(2)
 
 
@@ -49,19 +54,33 @@ def _run(fn: Callable[[], Any]) -> Any:
         _fail(str(e) if not isinstance(e, KeyError) else f"missing {e}")
 
 
+def _call(fn: Callable[[Any], Any], model: type, /, **values: Any) -> Any:
+    """Build the request (validated), run the service function; an :class:`InputError` is one line, exit 2."""
+    from .service import InputError, build
+
+    try:
+        return fn(build(model, **values))
+    except InputError as e:
+        _fail(str(e))
+
+
+def _help(model: type, field: str) -> str:
+    """An option's help text: the request field's description (unit, range, default) — one source of truth."""
+    return model.model_fields[field].description or ""
+
+
 def _json_default(o: Any) -> Any:
     from .workload.trace import json_default
 
     return o.to_dict() if hasattr(o, "to_dict") else json_default(o)
 
 
-def strict_json(obj: Any) -> str:
-    """Strict JSON (RFC 8259): NaN and ±inf, which have no JSON spelling, become ``null``; numpy values plain."""
-    loose = json.dumps(obj, default=_json_default, allow_nan=True)
-    return json.dumps(json.loads(loose, parse_constant=lambda _c: None), indent=2, allow_nan=False)
-
-
 def _print_json(obj: Any) -> None:
+    """Strict JSON on stdout: ``null`` for undefined numbers, never NaN/Infinity."""
+    from .service import strict_json
+
+    if hasattr(obj, "to_jsonable"):
+        obj = obj.to_jsonable()
     sys.stdout.write(strict_json(obj) + "\n")
 
 
@@ -95,91 +114,35 @@ def _progress() -> Progress:
 # Workload spec from flags or TOML
 # ---------------------------------------------------------------------------------------------------------------
 
-SpecOpt = Annotated[Path | None, typer.Option("--spec", help="Workload spec TOML file (see examples/).")]
-Lam0Opt = Annotated[float | None, typer.Option("--lam0", help="Conversation arrival rate λ0 (conversations/s).")]
-POpt = Annotated[float | None, typer.Option("--p", help="Continuation probability p (geometric turns, SCM).")]
-TurnsOpt = Annotated[float | None, typer.Option("--mean-turns", help="Mean turns E[M] (geometric).")]
-XOpt = Annotated[float | None, typer.Option("--x-mean", help="Mean prompt blocks per turn E[X] (geometric ≥ 1).")]
-YOpt = Annotated[float | None, typer.Option("--y-mean", help="Mean response blocks per turn E[Y] (geometric ≥ 1).")]
-WMeanOpt = Annotated[float | None, typer.Option("--w-mean", help="Mean prompt interarrival E[W] (s).")]
-WDistOpt = Annotated[str, typer.Option("--w-dist", help="exponential | deterministic | gamma | lognormal.")]
-WCvOpt = Annotated[float, typer.Option("--w-cv", help="Coefficient of variation of W (gamma, lognormal).")]
+SpecOpt = Annotated[Path | None, typer.Option("--spec", help=_help(svc.SpecFields, "spec"))]
+Lam0Opt = Annotated[float | None, typer.Option("--lam0", help=_help(svc.SpecFields, "lam0"))]
+POpt = Annotated[float | None, typer.Option("--p", help=_help(svc.SpecFields, "p"))]
+TurnsOpt = Annotated[float | None, typer.Option("--mean-turns", help=_help(svc.SpecFields, "mean_turns"))]
+XOpt = Annotated[float | None, typer.Option("--x-mean", help=_help(svc.SpecFields, "x_mean"))]
+YOpt = Annotated[float | None, typer.Option("--y-mean", help=_help(svc.SpecFields, "y_mean"))]
+WMeanOpt = Annotated[float | None, typer.Option("--w-mean", help=_help(svc.SpecFields, "w_mean"))]
+WDistOpt = Annotated[str | None, typer.Option("--w-dist", help=_help(svc.SpecFields, "w_dist"))]
+WCvOpt = Annotated[float | None, typer.Option("--w-cv", help=_help(svc.SpecFields, "w_cv"))]
 
 
-def build_spec(
-    spec: Path | None,
-    lam0: float | None,
-    p: float | None,
-    mean_turns: float | None,
-    x_mean: float | None,
-    y_mean: float | None,
-    w_mean: float | None,
-    w_dist: str,
-    w_cv: float,
-):
-    """A WorkloadSpec from a TOML file, overridden by any flag given; or entirely from flags (the SCM)."""
-    from .workload import (
-        Deterministic,
-        Exponential,
-        GammaW,
-        Geometric,
-        LogNormalW,
-        PromptResponse,
-        SpecError,
-        WorkloadSpec,
-    )
+def build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv):
+    """A WorkloadSpec from a TOML file overridden by any flag given, or entirely from flags (the SCM) — validated
+    by the service layer (:func:`kvhit.service.spec.load_spec`)."""
+    from .service.spec import SpecFields, load_spec
 
-    def interarrival(mean: float):
-        kind = w_dist.lower()
-        if kind == "exponential":
-            return Exponential(mean)
-        if kind == "deterministic":
-            return Deterministic(mean)
-        if kind == "gamma":
-            return GammaW(1.0 / (w_cv * w_cv), mean)
-        if kind == "lognormal":
-            return LogNormalW.from_mean_cv(mean, w_cv)
-        raise SpecError(f"--w-dist: unknown distribution {w_dist!r} (exponential, deterministic, gamma, lognormal)")
-
-    if p is not None and mean_turns is not None:
-        raise SpecError("give --p or --mean-turns, not both")
-    turns = Geometric(p) if p is not None else Geometric.from_mean(mean_turns) if mean_turns is not None else None
-    if spec is not None:
-        s = WorkloadSpec.from_toml(spec)
-        if lam0 is not None:
-            s = s.with_lam0(lam0)
-        if w_mean is not None or w_dist != "exponential":
-            s = s.with_interarrival(interarrival(w_mean if w_mean is not None else s.interarrival.mean))
-        if turns is not None:
-            s = WorkloadSpec(s.lam0, turns, s.increments, s.interarrival, s.name)
-        if x_mean is not None or y_mean is not None:
-            if not isinstance(s.increments, PromptResponse):
-                raise SpecError("--x-mean/--y-mean need a prompt_response increments model in the spec")
-            inc = PromptResponse(
-                Geometric.from_mean(x_mean) if x_mean else s.increments.x,
-                Geometric.from_mean(y_mean) if y_mean else s.increments.y,
-            )
-            s = WorkloadSpec(s.lam0, s.turns, inc, s.interarrival, s.name)
-        return s
-    missing = [
-        n
-        for n, v in [
-            ("--lam0", lam0),
-            ("--p or --mean-turns", turns),
-            ("--x-mean", x_mean),
-            ("--y-mean", y_mean),
-            ("--w-mean", w_mean),
-        ]
-        if v is None
-    ]
-    if missing:
-        raise SpecError(f"no --spec file given; missing flag(s): {', '.join(missing)}")
-    return WorkloadSpec(
-        lam0,
-        turns,
-        PromptResponse(Geometric.from_mean(x_mean), Geometric.from_mean(y_mean)),
-        interarrival(w_mean),
-        name="flags",
+    return load_spec(
+        svc.build(
+            SpecFields,
+            spec=spec,
+            lam0=lam0,
+            p=p,
+            mean_turns=mean_turns,
+            x_mean=x_mean,
+            y_mean=y_mean,
+            w_mean=w_mean,
+            w_dist=w_dist,
+            w_cv=w_cv,
+        )
     )
 
 
@@ -215,8 +178,8 @@ def trace_generate(
     x_mean: XOpt = None,
     y_mean: YOpt = None,
     w_mean: WMeanOpt = None,
-    w_dist: WDistOpt = "exponential",
-    w_cv: WCvOpt = 1.0,
+    w_dist: WDistOpt = None,
+    w_cv: WCvOpt = None,
     conversations: Annotated[int | None, typer.Option("--conversations", "-n", help="Conversations.")] = None,
     horizon: Annotated[float | None, typer.Option("--horizon", help="Arrival period (s) instead of -n.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
@@ -421,8 +384,8 @@ def simulate(
     x_mean: XOpt = None,
     y_mean: YOpt = None,
     w_mean: WMeanOpt = None,
-    w_dist: WDistOpt = "exponential",
-    w_cv: WCvOpt = 1.0,
+    w_dist: WDistOpt = None,
+    w_cv: WCvOpt = None,
     policy: PolicyOpt = "content",
     engine: EngineOpt = "vllm",
     weighting: Annotated[
@@ -627,9 +590,17 @@ def _estimates_for_trace(tr, Ns: list[int], window, practical: bool) -> list[dic
     return out
 
 
+def _split(values: list[str] | None) -> list[str]:
+    """``--N 1000,2275 --N 4000`` → ``["1000", "2275", "4000"]`` (syntax only; the request validates)."""
+    return [part.strip() for v in values or [] for part in str(v).split(",") if part.strip()]
+
+
 @app.command()
 def estimate(
-    N: NOpt = None,
+    N: Annotated[
+        list[str] | None,
+        typer.Option("--N", "-N", help="Capacities N in blocks (required); integers ≥ 1; repeat or comma-separate."),
+    ] = None,
     spec: SpecOpt = None,
     lam0: Lam0Opt = None,
     p: POpt = None,
@@ -637,17 +608,12 @@ def estimate(
     x_mean: XOpt = None,
     y_mean: YOpt = None,
     w_mean: WMeanOpt = None,
-    w_dist: WDistOpt = "exponential",
-    w_cv: WCvOpt = 1.0,
-    engine: Annotated[
-        str | None,
-        typer.Option("--engine", help="Also predict this engine: vllm (≥ 0.24) | vllm-0.23 | content (Algorithm 1)."),
-    ] = None,
-    sample: Annotated[
-        int, typer.Option("--sample", help="With --engine: conversations sampled from the spec.")
-    ] = 20_000,
-    seed: Annotated[int, typer.Option("--seed", help="With --engine: sampling seed.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    w_dist: WDistOpt = None,
+    w_cv: WCvOpt = None,
+    engine: Annotated[str | None, typer.Option("--engine", help=_help(svc.EstimateRequest, "engine"))] = None,
+    sample: Annotated[int, typer.Option("--sample", help=_help(svc.EstimateRequest, "sample"))] = 20_000,
+    seed: Annotated[int, typer.Option("--seed", help="With --engine: sampling seed; integer ≥ 0.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of tables.")] = False,
 ) -> None:
     """Mean-field estimate from a workload spec: moments, T_C, h_max and h (base eq. (25), practical eq. (32)).
 
@@ -655,45 +621,27 @@ def estimate(
     --engine, the engine-aware estimate (the engine's block accounting, finite capacity, tail-first partial hits,
     fluctuations; docs/estimators.md) of a sample of the spec is shown too, in both of vLLM's metrics.
     """
-    from . import theory
-
-    def go():
-        sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
-        Ns = _parse_ints(N, "--N") or [2275]
-        mom = theory.moments(sp)
-        est = _estimates_for_spec(sp, Ns, True)
-        if engine is not None:
-            from .plan import make_workload
-
-            for metric in ("blocks", "tokens"):
-                wl = make_workload(sp, engine=engine, metric=metric, sample_conversations=sample, seed=seed)
-                h = wl.predict(np.asarray(Ns, float), np.full(len(Ns), sp.lam0))
-                for e, v in zip(est, h, strict=True):
-                    e[f"h_engine_{metric}"] = float(v)
-        return {
-            "engine": engine,
-            "spec": sp.to_dict(),
-            "moments": {
-                "A_R": mom.A_R,
-                "A_H": mom.A_H,
-                "A_H_hash": mom.A_H_hash,
-                "E_B": mom.E_B,
-                "E_M": mom.E_M,
-                "Var_M": mom.Var_M,
-                "h_max": mom.h_max,
-                "h_max_hash": mom.h_max_hash,
-                "method": mom.method,
-                "truncation_J": mom.truncation_J,
-                "truncation_error_bound": vars(mom.truncation_error_bound),
-            },
-            "estimates": est,
-        }
-
-    res = _run(go)
+    res = _call(
+        svc.estimate,
+        svc.EstimateRequest,
+        N=_split(N),
+        spec=spec,
+        lam0=lam0,
+        p=p,
+        mean_turns=mean_turns,
+        x_mean=x_mean,
+        y_mean=y_mean,
+        w_mean=w_mean,
+        w_dist=w_dist,
+        w_cv=w_cv,
+        engine=engine,
+        sample=sample,
+        seed=seed,
+    )
     if as_json:
         _print_json(res)
         return
-    m = res["moments"]
+    m = res.moments
     t = Table(title="workload moments (paper App. B.3, C.2)", show_header=True)
     t.add_column("quantity")
     t.add_column("value", justify="right")
@@ -710,16 +658,16 @@ def estimate(
     ]:
         t.add_row(key, _fmt(m[key]), meaning)
     console.print(t)
-    t = Table(title=f"mean-field estimate, λ0 = {res['spec']['lam0']:g}/s")
+    t = Table(title=f"mean-field estimate, λ0 = {res.spec['lam0']:g}/s")
     for col in ["N (blocks)", "T_C (s)", "h base (eq. 25)", "T_C prac (s)", "h practical (eq. 32/39)"]:
         t.add_column(col, justify="right")
-    if res["engine"]:
-        t.add_column(f"h {res['engine']} (blocks)", justify="right")
-        t.add_column(f"h {res['engine']} (tokens)", justify="right")
-    for e in res["estimates"]:
-        row = [_fmt(e["N"]), _fmt(e["T_C"], 2), _fmt(e["h_base"]), _fmt(e["T_C_prac"], 2), _fmt(e["h_prac"])]
-        if res["engine"]:
-            row += [_fmt(e["h_engine_blocks"]), _fmt(e["h_engine_tokens"])]
+    if res.engine:
+        t.add_column(f"h {res.engine} (blocks)", justify="right")
+        t.add_column(f"h {res.engine} (tokens)", justify="right")
+    for e in res.estimates:
+        row = [_fmt(e.N), _fmt(e.T_C, 2), _fmt(e.h_base), _fmt(e.T_C_prac, 2), _fmt(e.h_prac)]
+        if res.engine:
+            row += [_fmt(e.h_engine_blocks), _fmt(e.h_engine_tokens)]
         t.add_row(*row)
     console.print(t)
 
@@ -1030,8 +978,8 @@ def plan(
     x_mean: XOpt = None,
     y_mean: YOpt = None,
     w_mean: WMeanOpt = None,
-    w_dist: WDistOpt = "exponential",
-    w_cv: WCvOpt = 1.0,
+    w_dist: WDistOpt = None,
+    w_cv: WCvOpt = None,
     model: ModelOpt = "qwen3-8b",
     accelerator: AccelOpt = None,
     kv_gb: KvGbOpt = None,
@@ -1135,62 +1083,49 @@ def plan(
 
 @app.command()
 def kv(
-    model: ModelOpt = "qwen3-8b",
-    accelerator: AccelOpt = None,
-    kv_gb: KvGbOpt = None,
-    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 128,
-    dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype.")] = "bf16",
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
-    util: Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of HBM for vLLM.")] = 0.9,
+    model: Annotated[str, typer.Option("--model", help=_help(svc.KvRequest, "model"))] = "qwen3-8b",
+    accelerator: Annotated[
+        str | None, typer.Option("--gpu", "--accelerator", help=_help(svc.KvRequest, "accelerator"))
+    ] = None,
+    kv_gb: Annotated[float | None, typer.Option("--kv-gb", help=_help(svc.KvRequest, "kv_gb"))] = None,
+    block_size: Annotated[int, typer.Option("--block-size", help=_help(svc.KvRequest, "block_size"))] = 128,
+    dtype: Annotated[str, typer.Option("--kv-dtype", help=_help(svc.KvRequest, "dtype"))] = "bf16",
+    tp: Annotated[int, typer.Option("--tp", help=_help(svc.KvRequest, "tp"))] = 1,
+    util: Annotated[
+        float, typer.Option("--gpu-memory-utilization", help=_help(svc.KvRequest, "gpu_memory_utilization"))
+    ] = 0.9,
     list_presets: Annotated[bool, typer.Option("--list", help="List model and accelerator presets.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of text.")] = False,
 ) -> None:
     """KV bytes per token and block for a model, and the block capacity N on an accelerator or a KV budget."""
-    from . import hardware
-    from .plan import capacity
-
     if list_presets:
-        info = {"models": hardware.list_models(), "accelerators": hardware.list_accelerators()}
+        info = svc.list_presets()
         if as_json:
             _print_json(info)
         else:
             console.print("models: " + ", ".join(info["models"]))
             console.print("accelerators: " + ", ".join(info["accelerators"]))
         return
-
-    def go():
-        m = hardware.resolve_model(model)
-        out = {
-            "model": m.name,
-            "bytes_per_token": m.bytes_per_token(dtype, tp),
-            "bytes_per_block": m.bytes_per_block(block_size, dtype, tp),
-            "block_size": block_size,
-            "dtype": dtype,
-            "tp": tp,
-        }
-        if accelerator is not None or kv_gb is not None:
-            c = capacity(
-                m,
-                accelerator=accelerator,
-                kv_gb=kv_gb,
-                block_size=block_size,
-                dtype=dtype,
-                tp=tp,
-                gpu_memory_utilization=util,
-            )
-            out.update({"N": c.N, "kv_gib": c.kv_gib, "accelerator": c.accelerator})
-        return out
-
-    res = _run(go)
+    res = _call(
+        svc.kv,
+        svc.KvRequest,
+        model=model,
+        accelerator=accelerator,
+        kv_gb=kv_gb,
+        block_size=block_size,
+        dtype=dtype,
+        tp=tp,
+        gpu_memory_utilization=util,
+    )
     if as_json:
         _print_json(res)
         return
     line = (
-        f"{res['model']}: {res['bytes_per_token']:,} bytes/token ({res['dtype']}, TP {res['tp']}), "
-        f"{res['bytes_per_block']:,} bytes per {res['block_size']}-token block"
+        f"{res.model}: {res.bytes_per_token:,} bytes/token ({res.dtype}, TP {res.tp}), "
+        f"{res.bytes_per_block:,} bytes per {res.block_size}-token block"
     )
-    if "N" in res:
-        line += f"; {res['accelerator']}: {res['kv_gib']:.2f} GiB of KV → N = {res['N']:,} blocks"
+    if res.N is not None:
+        line += f"; {res.accelerator}: {res.kv_gib:.2f} GiB of KV → N = {res.N:,} blocks"
     console.print(line)
 
 
@@ -1424,8 +1359,8 @@ def curve(
     x_mean: XOpt = None,
     y_mean: YOpt = None,
     w_mean: WMeanOpt = None,
-    w_dist: WDistOpt = "exponential",
-    w_cv: WCvOpt = 1.0,
+    w_dist: WDistOpt = None,
+    w_cv: WCvOpt = None,
     conversations: Annotated[int, typer.Option("--conversations", "-n", help="Spec mode: conversations.")] = 20_000,
     seed: Annotated[int, typer.Option("--seed", help="Spec mode: seed.")] = 0,
     n_min: Annotated[int, typer.Option("--n-min", help="Smallest capacity (blocks).")] = 64,
@@ -1540,9 +1475,30 @@ def curve(
         console.print(f"wrote {f}")
 
 
-def main() -> None:  # console-script entry point
-    app()
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: every usage error and every refused input is one stderr line, exit 2."""
+    from rich.text import Text
+    from typer._click import exceptions as cx
+
+    from .service.errors import one_line
+    from .service.io import install_signal_handlers
+
+    install_signal_handlers()
+    cmd = typer.main.get_command(app)
+    try:
+        rv = cmd.main(args=argv, prog_name="kvhit", standalone_mode=False)
+    except cx.NoArgsIsHelpError as e:
+        console.print(e.format_message(), markup=False, highlight=False)
+        return 0
+    except cx.ClickException as e:
+        err_console.print(Text.assemble(("error: ", "bold red"), one_line(e.format_message())), highlight=False)
+        return e.exit_code
+    except typer.Abort:
+        return 1
+    except typer.Exit as e:
+        return e.exit_code
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -279,9 +279,17 @@ class ModelKV:
         return dtype_bytes(dtype)
 
     def kv_heads_per_rank(self, tp: int = 1) -> int:
-        """KV heads on one tensor-parallel rank: ``ceil(num_kv_heads / tp)``, at least 1 (replicated)."""
+        """KV heads on one tensor-parallel rank: ``num_kv_heads / tp``, or 1 (replicated) when ``tp`` is a multiple
+        of the heads. Like vLLM (``get_num_kv_heads``: ``num_kv_heads % tp == 0`` or ``tp % num_kv_heads == 0``
+        asserted), any other ``tp`` is refused — it is not a layout an engine can run."""
         tp = _check_pos_int(tp, "tp")
-        return max(1, -(-self.num_kv_heads // tp))
+        h = self.num_kv_heads
+        if h % tp != 0 and tp % h != 0:
+            raise HardwareError(
+                f"tp: {tp} does not divide the {h} KV heads of {self.name} (nor is it a multiple of them); "
+                f"vLLM refuses this layout"
+            )
+        return max(1, h // tp)
 
     def bytes_per_token_per_layer(self, dtype: str = "bf16", tp: int = 1) -> int:
         """KV bytes one layer stores per token on one GPU (MLA latent, or ``2 × heads/rank × head_dim``)."""

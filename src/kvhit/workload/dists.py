@@ -43,6 +43,48 @@ class SpecError(ValueError):
     """An invalid workload specification; the message names the offending field."""
 
 
+def check_keys(d: dict[str, Any], allowed: set[str] | tuple[str, ...], where: str) -> None:
+    """Refuse keys a table does not define (a typo must not be silently ignored); names file/section/key."""
+    unknown = sorted(set(d) - set(allowed))
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {unknown} (expected {sorted(allowed)})")
+
+
+def num(d: dict[str, Any], key: str, where: str) -> float:
+    """A number field of a table: booleans and strings are refused, not coerced (``true`` is not 1.0)."""
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+        raise SpecError(f"{where}.{key}: expected a number, got {v!r}")
+    return float(v)
+
+
+def integer(d: dict[str, Any], key: str, where: str) -> int:
+    """An integer field of a table: booleans and fractional numbers are refused, not truncated."""
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int | np.integer):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise SpecError(f"{where}.{key}: expected an integer, got {v!r}")
+    return int(v)
+
+
+_INT_KEYS = {
+    "constant": ("kind", "value"),
+    "geometric": ("kind", "p", "mean"),
+    "pmf": ("kind", "values", "probs"),
+    "empirical": ("kind", "samples"),
+    "scipy": ("kind", "name", "args", "kwds", "shift"),
+}
+_W_KEYS = {
+    "exponential": ("kind", "mean"),
+    "deterministic": ("kind", "value"),
+    "gamma": ("kind", "shape", "mean"),
+    "lognormal": ("kind", "mean", "cv", "mu", "sigma"),
+    "scipy": ("kind", "name", "args", "kwds"),
+    "empirical": ("kind", "samples"),
+}
+
+
 def _check_positive(name: str, value: float) -> float:
     value = float(value)
     if not math.isfinite(value) or value <= 0:
@@ -295,20 +337,25 @@ def int_dist_from_dict(d: dict[str, Any] | int, where: str) -> IntDist:
     if not isinstance(d, dict) or "kind" not in d:
         raise SpecError(f"{where}: expected an integer or a table with a 'kind' key, got {d!r}")
     kind = d["kind"]
+    if kind in _INT_KEYS:
+        check_keys(d, _INT_KEYS[kind], where)
     try:
         if kind == "constant":
-            return Constant(int(d["value"]))
+            return Constant(integer(d, "value", where))
         if kind == "geometric":
+            if "p" in d and "mean" in d:
+                raise SpecError("give p or mean, not both")
             if "p" in d:
-                return Geometric(float(d["p"]))
-            return Geometric.from_mean(float(d["mean"]))
+                return Geometric(num(d, "p", where))
+            return Geometric.from_mean(num(d, "mean", where))
         if kind == "pmf":
             return FinitePMF(tuple(d["values"]), tuple(d["probs"]))
         if kind == "empirical":
             return FinitePMF.from_samples(d["samples"])
         if kind == "scipy":
             dist = getattr(stats, d["name"])
-            return ScipyInt(dist(*d.get("args", []), **d.get("kwds", {})), int(d.get("shift", 0)))
+            shift = integer(d, "shift", where) if "shift" in d else 0
+            return ScipyInt(dist(*d.get("args", []), **d.get("kwds", {})), shift)
     except KeyError as e:
         raise SpecError(f"{where}: missing field {e.args[0]!r} for kind {kind!r}") from None
     except SpecError as e:
@@ -635,17 +682,21 @@ def interarrival_from_dict(d: dict[str, Any], where: str = "interarrival") -> In
     if not isinstance(d, dict) or "kind" not in d:
         raise SpecError(f"{where}: expected a table with a 'kind' key, got {d!r}")
     kind = d["kind"]
+    if kind in _W_KEYS:
+        check_keys(d, _W_KEYS[kind], where)
     try:
         if kind == "exponential":
-            return Exponential(float(d["mean"]))
+            return Exponential(num(d, "mean", where))
         if kind == "deterministic":
-            return Deterministic(float(d["value"]))
+            return Deterministic(num(d, "value", where))
         if kind == "gamma":
-            return GammaW(float(d["shape"]), float(d["mean"]))
+            return GammaW(num(d, "shape", where), num(d, "mean", where))
         if kind == "lognormal":
-            if "cv" in d:
-                return LogNormalW.from_mean_cv(float(d["mean"]), float(d["cv"]))
-            return LogNormalW(float(d["mu"]), float(d["sigma"]))
+            if "cv" in d or "mean" in d:
+                if "mu" in d or "sigma" in d:
+                    raise SpecError("give mean and cv, or mu and sigma, not both")
+                return LogNormalW.from_mean_cv(num(d, "mean", where), num(d, "cv", where))
+            return LogNormalW(num(d, "mu", where), num(d, "sigma", where))
         if kind == "scipy":
             dist = getattr(stats, d["name"])
             return ScipyW(dist(*d.get("args", []), **d.get("kwds", {})))

@@ -33,8 +33,10 @@ from .dists import (
     IntDist,
     Interarrival,
     SpecError,
+    check_keys,
     int_dist_from_dict,
     interarrival_from_dict,
+    num,
 )
 
 __all__ = [
@@ -242,6 +244,14 @@ def increments_from_dict(d: dict[str, Any], where: str = "increments") -> Increm
     if not isinstance(d, dict) or "kind" not in d:
         raise SpecError(f"{where}: expected a table with a 'kind' key, got {d!r}")
     kind = d["kind"]
+    keys = {
+        "iid": ("kind", "z"),
+        "turn_dependent": ("kind", "dists"),
+        "prompt_response": ("kind", "x", "y"),
+        "empirical_conversations": ("kind", "sequences"),
+    }
+    if kind in keys:
+        check_keys(d, keys[kind], where)
     try:
         if kind == "iid":
             return IIDIncrements(int_dist_from_dict(d["z"], f"{where}.z"))
@@ -333,16 +343,13 @@ class WorkloadSpec:
     def from_dict(cls, d: dict[str, Any], where: str = "spec") -> WorkloadSpec:
         if not isinstance(d, dict):
             raise SpecError(f"{where}: expected a table")
-        unknown = set(d) - {"lam0", "name", "turns", "increments", "interarrival"}
-        if unknown:
-            raise SpecError(f"{where}: unknown field(s) {sorted(unknown)}")
+        check_keys(d, ("lam0", "name", "turns", "increments", "interarrival"), where)
         for key in ("lam0", "increments", "interarrival"):
             if key not in d:
                 raise SpecError(f"{where}: missing field {key!r}")
-        try:
-            lam0 = float(d["lam0"])
-        except (TypeError, ValueError):
-            raise SpecError(f"{where}.lam0: expected a number, got {d['lam0']!r}") from None
+        lam0 = num(d, "lam0", where)
+        if "name" in d and not isinstance(d["name"], str):
+            raise SpecError(f"{where}.name: expected a string, got {d['name']!r}")
         inc = increments_from_dict(d["increments"], f"{where}.increments")
         turns = int_dist_from_dict(d["turns"], f"{where}.turns") if "turns" in d else None
         w = interarrival_from_dict(d["interarrival"], f"{where}.interarrival")
@@ -357,6 +364,10 @@ class WorkloadSpec:
                 data = tomllib.load(fh)
         except FileNotFoundError:
             raise SpecError(f"{path}: no such file") from None
+        except IsADirectoryError:
+            raise SpecError(f"{path}: is a directory, expected a TOML file") from None
+        except UnicodeDecodeError as e:
+            raise SpecError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
         except tomllib.TOMLDecodeError as e:
             raise SpecError(f"{path}: invalid TOML: {e}") from None
         try:

@@ -1,0 +1,45 @@
+"""kvhit's service layer: one typed request → one function → one typed response per command.
+
+Every front end (the ``kvhit`` CLI, the planned web API of issue 14) goes through here and nowhere else:
+
+* ``XxxRequest`` (pydantic, :class:`~kvhit.service.base.Request`): every input of a command, with unit, range and
+  default in each field's description. Building one validates it: types, ranges, finiteness, integers that are
+  integers, required inputs; cross-field rules (mutually exclusive sources, output paths, memory) are checked by
+  the command function before any computing begins. Use :func:`~kvhit.service.base.build` to turn a
+  ``ValidationError`` into an :class:`~kvhit.service.errors.InputError` that names the flag.
+* ``xxx(req) -> XxxResponse`` loads inputs, validates what depends on them, calls the library (workload →
+  theory/estimate | sim → plan), and returns plain data; it never prints. Library "bad input" exceptions are
+  translated to :class:`InputError` (one line naming the file/record/flag/field) with
+  :func:`~kvhit.service.errors.translating`.
+* ``XxxResponse`` (:class:`~kvhit.service.base.Response`) serializes to strict JSON (``to_json``: ``null`` for
+  undefined numbers).
+
+Adding a command: write ``service/<command>.py`` with the three pieces, export them here, and add a thin typer
+function in ``kvhit.cli`` that parses flags into the request (``build(XxxRequest, ...)``), calls the function
+through ``cli._call`` and renders the response (a table, or ``--json``). No domain logic in the CLI.
+"""
+
+from .base import Request, Response, build, strict_json
+from .errors import InputError, translating
+from .estimate import EstimateRequest, EstimateResponse, estimate
+from .kv import KvRequest, KvResponse, kv, list_presets
+
+__all__ = [
+    "InputError",
+    "translating",
+    "Request",
+    "Response",
+    "build",
+    "strict_json",
+    "EstimateRequest",
+    "EstimateResponse",
+    "estimate",
+    "KvRequest",
+    "KvResponse",
+    "kv",
+    "list_presets",
+]
+
+from .spec import SpecFields, TraceOrSpecFields, load_spec  # noqa: E402
+
+__all__ += ["SpecFields", "TraceOrSpecFields", "load_spec"]

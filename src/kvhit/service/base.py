@@ -1,0 +1,149 @@
+"""Base request/response models and the shared validators of the service layer.
+
+Invariant: a request object that exists is valid — types, ranges, finiteness (``inf``/``nan`` refused),
+integers that are integers (``2275.5`` is refused, never truncated), mutually exclusive inputs, and the memory a
+request would need are all checked when it is built, before any computing begins. A response object is plain
+data that serializes to strict JSON (:meth:`Response.to_json`: non-finite floats become ``null``,
+``allow_nan=False``). The CLI and the planned web API (issue 14) share exactly these objects.
+
+NOT modelled here: the domain itself — service functions call the library (workload → theory/estimate | sim →
+plan) and only assemble its answers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import InputError
+
+R = TypeVar("R", bound="Request")
+
+__all__ = [
+    "Request",
+    "Response",
+    "build",
+    "strict_json",
+    "jsonable",
+    "check_capacity_memory",
+    "available_memory_bytes",
+]
+
+
+class Request(BaseModel):
+    """Base of every request: unknown fields refused, ``inf``/``nan`` refused, ints never truncated.
+
+    ``FLAGS`` maps a field to the CLI flag that sets it (default ``--field-name``) so that errors name what the
+    user typed.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, validate_default=True)
+    FLAGS: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def flag(cls, field: str) -> str:
+        return cls.FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+class Response(BaseModel):
+    """Base of every response: plain data, strict JSON via :meth:`to_json`."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+
+    def to_jsonable(self) -> Any:
+        return jsonable(self.model_dump(mode="python"))
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return strict_json(self.to_jsonable(), indent=indent)
+
+
+def jsonable(o: Any) -> Any:
+    """Plain JSON data: numpy scalars/arrays to Python, non-finite floats to ``None`` (JSON ``null``)."""
+    if isinstance(o, BaseModel):
+        return jsonable(o.model_dump(mode="python"))
+    if isinstance(o, dict):
+        return {str(k): jsonable(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [jsonable(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return [jsonable(v) for v in o.tolist()]
+    if isinstance(o, bool | np.bool_):
+        return bool(o)
+    if isinstance(o, int | np.integer):
+        return int(o)
+    if isinstance(o, float | np.floating):
+        x = float(o)
+        return x if math.isfinite(x) else None
+    if isinstance(o, os.PathLike):
+        return os.fspath(o)
+    if o is None or isinstance(o, str):
+        return o
+    if hasattr(o, "to_dict"):
+        return jsonable(o.to_dict())
+    raise TypeError(f"not JSON-serializable: {type(o).__name__}")
+
+
+def strict_json(o: Any, indent: int | None = 2) -> str:
+    """Strict JSON (RFC 8259): ``null`` for undefined numbers, never ``NaN``/``Infinity``."""
+    return json.dumps(jsonable(o), indent=indent, allow_nan=False, ensure_ascii=False)
+
+
+def _describe(err: dict, model: type[Request]) -> str:
+    loc = [str(x) for x in err.get("loc", ())]
+    field = loc[0] if loc else ""
+    where = model.flag(field) if field else model.__name__
+    if len(loc) > 1:
+        where += "[" + "][".join(loc[1:]) + "]"
+    msg = err.get("msg", "invalid")
+    for pre in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(pre):
+            msg = msg[len(pre) :]
+    got = err.get("input")
+    if err.get("type") == "missing" or (err.get("type") == "too_short" and got in ([], (), "")):
+        return f"{where}: required"
+    if err.get("type") == "extra_forbidden":
+        return f"{where}: unknown field"
+    if isinstance(got, float | int | str) and not isinstance(got, bool) or isinstance(got, bool):
+        return f"{where}: {msg[0].lower() + msg[1:]} (got {got!r})"
+    return f"{where}: {msg[0].lower() + msg[1:]}"
+
+
+def build(model: type[R], /, **values: Any) -> R:
+    """Build and validate a request; the first violation becomes a one-line :class:`InputError` naming the flag."""
+    try:
+        return model(**values)
+    except ValidationError as e:
+        errs = e.errors(include_url=False)
+        raise InputError(_describe(errs[0], model)) from None
+
+
+# -- memory a request would need ----------------------------------------------------------------------------------
+
+
+def available_memory_bytes() -> int:
+    """Physical memory of this machine (bytes); the cap used to refuse requests before allocating."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 16 * 2**30
+
+
+#: Bytes per capacity block held by the block-pool simulator (``kvhit.sim.block``: block table 4×int32,
+#: free-list links 2×int32, block hash int64) — the part of its memory that grows with N.
+BLOCK_SIM_BYTES_PER_BLOCK = 32
+
+
+def check_capacity_memory(N: int, flag: str, bytes_per_block: int = BLOCK_SIM_BYTES_PER_BLOCK) -> None:
+    """Refuse a simulated capacity whose block pool would not fit in half of this machine's memory."""
+    need = int(N) * bytes_per_block
+    have = available_memory_bytes() // 2
+    if need > have:
+        raise InputError(
+            f"{flag}: a capacity of {int(N):,} blocks needs {need / 2**30:,.1f} GiB of simulator memory; "
+            f"at most {have // bytes_per_block:,} blocks fit in half of this machine's {2 * have / 2**30:,.1f} GiB"
+        )

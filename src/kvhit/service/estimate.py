@@ -1,0 +1,109 @@
+"""``estimate``: the paper's mean-field estimate from a workload spec (moments, T_C, h base eq. (25) and practical
+eq. (32)/(39)), optionally beside the engine-aware estimate of a sample of the spec.
+
+Invariant: numbers are the library's (``kvhit.theory``, ``kvhit.plan.make_workload``); nothing is recomputed
+here. NOT modelled: anything not in the spec (use ``simulate`` or a trace for engine effects beyond the
+estimator).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from .base import Response
+from .common import Capacities, Engine, Seed
+from .errors import translating
+from .spec import SpecFields, load_spec
+
+__all__ = ["EstimateRequest", "EstimateResponse", "estimate", "spec_estimates"]
+
+
+class EstimateRequest(SpecFields):
+    N: Capacities
+    engine: Engine | None = Field(
+        None, description="Also predict this engine: vllm (≥ 0.24) | vllm-0.23 | content; default: none."
+    )
+    sample: int = Field(
+        20_000, ge=100, le=10_000_000, description="With --engine: conversations sampled from the spec; 100–10^7."
+    )
+    seed: Seed = 0
+
+    FLAGS = {**SpecFields.FLAGS, "N": "--N"}
+
+
+class EstimateRow(Response):
+    N: int = Field(description="Capacity in blocks.")
+    h: float | None = Field(description="Practical mean-field h (eq. 32/39).")
+    h_base: float | None = Field(description="Base mean-field h (eq. 25).")
+    h_prac: float | None = Field(description="Practical mean-field h (eq. 32).")
+    T_C: float | None = Field(description="Characteristic time T_C (s), base (eq. 21).")
+    T_C_prac: float | None = Field(description="T_C (s), practical (eq. 30).")
+    h_engine_blocks: float | None = Field(None, description="Engine-aware h, block-weighted (with --engine).")
+    h_engine_tokens: float | None = Field(None, description="Engine-aware h, vLLM token hit ratio (with --engine).")
+
+
+class EstimateResponse(Response):
+    engine: str | None
+    spec: dict[str, Any] = Field(description="The workload spec used (kvhit spec dict).")
+    moments: dict[str, Any] = Field(description="A_R, A_H, A_H_hash, E_B, E_M, Var_M, h_max (eq. 9–11, 28).")
+    estimates: list[EstimateRow]
+
+
+def spec_estimates(sp, Ns: list[int], practical: bool) -> list[dict]:
+    """Base and practical mean-field h and T_C of a spec at each capacity (eq. (21)/(25), (30)/(32))."""
+    from .. import theory
+
+    mom = theory.moments(sp)
+    Nf = np.asarray(Ns, float)
+    h_base, T_base, _ = theory.mean_field(mom.A_R, mom.A_H, mom.E_B, sp.interarrival, sp.lam0, Nf)
+    h_prac, T_prac, _ = theory.mean_field(mom.A_R, mom.A_H_hash, mom.E_B, sp.interarrival, sp.lam0, Nf)
+    return [
+        {
+            "N": n,
+            "h": float((h_prac if practical else h_base)[i]),
+            "h_base": float(h_base[i]),
+            "h_prac": float(h_prac[i]),
+            "T_C": float(T_base[i]),
+            "T_C_prac": float(T_prac[i]),
+        }
+        for i, n in enumerate(Ns)
+    ]
+
+
+def estimate(req: EstimateRequest) -> EstimateResponse:
+    from .. import theory
+
+    sp = load_spec(req)
+    with translating(str(req.spec) if req.spec else ""):
+        mom = theory.moments(sp)
+        est = spec_estimates(sp, req.N, True)
+    if req.engine is not None:
+        from ..plan import make_workload
+
+        with translating("--engine"):
+            for metric in ("blocks", "tokens"):
+                wl = make_workload(sp, engine=req.engine, metric=metric, sample_conversations=req.sample, seed=req.seed)
+                h = wl.predict(np.asarray(req.N, float), np.full(len(req.N), sp.lam0))
+                for e, v in zip(est, h, strict=True):
+                    e[f"h_engine_{metric}"] = float(v)
+    return EstimateResponse(
+        engine=req.engine,
+        spec=sp.to_dict(),
+        moments={
+            "A_R": mom.A_R,
+            "A_H": mom.A_H,
+            "A_H_hash": mom.A_H_hash,
+            "E_B": mom.E_B,
+            "E_M": mom.E_M,
+            "Var_M": mom.Var_M,
+            "h_max": mom.h_max,
+            "h_max_hash": mom.h_max_hash,
+            "method": mom.method,
+            "truncation_J": mom.truncation_J,
+            "truncation_error_bound": vars(mom.truncation_error_bound),
+        },
+        estimates=[EstimateRow(**e) for e in est],
+    )

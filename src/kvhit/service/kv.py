@@ -1,0 +1,93 @@
+"""``kv``: KV bytes per token and per block of a model, and the block capacity N of a KV budget or accelerator.
+
+Invariant: N = ⌊KV bytes / bytes per block⌋ (``kvhit.hardware``; a "GB" is a GiB). NOT modelled: activation
+memory beyond vLLM's ``gpu_memory_utilization`` and the fixed reserve of ``kvhit.hardware.kv_budget_bytes``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import Request, Response
+from .errors import InputError, translating
+
+__all__ = ["KvRequest", "KvResponse", "kv", "HardwareFields"]
+
+
+class HardwareFields(Request):
+    """A model's KV layout on an accelerator or a KV budget."""
+
+    model: str = Field("qwen3-8b", description="Model preset (`kvhit kv --list`) or a config.json path.")
+    accelerator: str | None = Field(
+        None, description="Accelerator preset (H100, H200, B200, MI300X, Ascend-910B2); default: none."
+    )
+    kv_gb: float | None = Field(
+        None, gt=0, le=2**20, description="KV budget in GiB (2^30 bytes), instead of an accelerator; (0, 2^20]."
+    )
+    block_size: int = Field(128, ge=1, le=2**16, description="Tokens per KV block; 1–65,536.")
+    dtype: str = Field("bf16", description="KV cache dtype: bf16 | fp16 | fp8 | fp32 | auto.")
+    tp: int = Field(
+        1, ge=1, le=4096, description="Tensor-parallel degree; must divide the KV heads (or be a multiple)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of accelerator memory vLLM may use; in (0, 1]."
+    )
+
+    FLAGS = {"accelerator": "--gpu", "dtype": "--kv-dtype", "kv_gb": "--kv-gb"}
+
+    def check_one_budget(self) -> None:
+        if self.accelerator is not None and self.kv_gb is not None:
+            raise InputError("--gpu and --kv-gb: give one KV budget, not both")
+
+
+class KvRequest(HardwareFields):
+    pass
+
+
+class KvResponse(Response):
+    model: str = Field(description="Model name.")
+    bytes_per_token: int = Field(description="KV bytes per token on one GPU (bytes).")
+    bytes_per_block: int = Field(description="KV bytes per block on one GPU (bytes).")
+    block_size: int = Field(description="Tokens per block.")
+    dtype: str = Field(description="KV cache dtype.")
+    tp: int = Field(description="Tensor-parallel degree.")
+    N: int | None = Field(None, description="Capacity in blocks (null without a budget).")
+    kv_gib: float | None = Field(None, description="KV memory in GiB (null without a budget).")
+    accelerator: str | None = Field(None, description="Accelerator or KV budget label.")
+
+
+def kv(req: KvRequest) -> KvResponse:
+    from .. import hardware
+    from ..plan import capacity
+
+    req.check_one_budget()
+    with translating("--model"):
+        m = hardware.resolve_model(req.model)
+    with translating("--tp" if req.tp != 1 else "--kv-dtype"):
+        out = KvResponse(
+            model=m.name,
+            bytes_per_token=m.bytes_per_token(req.dtype, req.tp),
+            bytes_per_block=m.bytes_per_block(req.block_size, req.dtype, req.tp),
+            block_size=req.block_size,
+            dtype=req.dtype,
+            tp=req.tp,
+        )
+    if req.accelerator is not None or req.kv_gb is not None:
+        with translating("--gpu" if req.accelerator else "--kv-gb"):
+            c = capacity(
+                m,
+                accelerator=req.accelerator,
+                kv_gb=req.kv_gb,
+                block_size=req.block_size,
+                dtype=req.dtype,
+                tp=req.tp,
+                gpu_memory_utilization=req.gpu_memory_utilization,
+            )
+        out.N, out.kv_gib, out.accelerator = c.N, c.kv_gib, c.accelerator
+    return out
+
+
+def list_presets() -> dict[str, list[str]]:
+    from .. import hardware
+
+    return {"models": hardware.list_models(), "accelerators": hardware.list_accelerators()}
