@@ -958,11 +958,21 @@ AccelOpt = Annotated[str | None, typer.Option("--accelerator", "--gpu", help="Ac
 KvGbOpt = Annotated[float | None, typer.Option("--kv-gb", help="KV budget in GiB (instead of an accelerator).")]
 
 
+def _not_a_block_trace(trace: Path) -> None:
+    """A Mooncake/WEKA block-id trace given to --trace: say which flag reads it."""
+    if trace.is_dir() or trace.suffix in (".json", ".jsonl"):
+        raise ValueError(
+            f"{trace}: --trace reads kvhit Parquet traces; this looks like a production block-id trace (Mooncake "
+            ".jsonl, WEKA .json file or directory): use --blocks-trace"
+        )
+
+
 def _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size):
     from .plan import make_workload
     from .workload import Trace
 
     if trace is not None:
+        _not_a_block_trace(trace)
         return make_workload(Trace.read(trace), lam0=lam0, engine=engine, metric=metric, block_size=block_size)
     sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
     return make_workload(sp, engine=engine, metric=metric, block_size=block_size)
@@ -999,28 +1009,72 @@ def plan(
         str | None, typer.Option("--compare", help="Another engine to compare at the same capacity, e.g. vllm-0.23.")
     ] = None,
     verify: Annotated[bool, typer.Option("--verify", help="Check by exact simulation of the engine.")] = False,
+    blocks_trace: BlocksTraceOpt = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
+    seed: Annotated[
+        int, typer.Option("--seed", help="WEKA arrivals and resampling: seed (replication r: seed + r).")
+    ] = 0,
+    scale: Annotated[
+        float | None,
+        typer.Option("--scale", help="--blocks-trace: plan a stationary stream at this multiple of the trace's rate."),
+    ] = None,
+    replications: Annotated[
+        int, typer.Option("--replications", "-r", help="--blocks-trace with --lam0/--scale: resampled replications.")
+    ] = 5,
+    conversations: Annotated[
+        int,
+        typer.Option("--conversations", "-n", help="--blocks-trace resampling: conversations started per replication."),
+    ] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """How much HBM, what hit ratio, how much traffic: (a) h at the KV memory available, (b) the KV memory for
-    a target h, (c) the largest λ0 keeping the target, (d) prefill tokens saved per second."""
+    a target h, (c) the largest λ0 keeping the target, (d) prefill tokens saved per second.
+
+    --blocks-trace plans from a Mooncake/WEKA block-id trace: at the trace's own load (exact by replay) or, with
+    --lam0/--scale, at a stationary load of its conversations (exact by resample-and-simulate: Poisson starts,
+    --replications runs of --conversations conversations each, 95% interval); --verify checks the estimator
+    against that simulation. Capacities below the largest request are infeasible (refused shares, no ratio)."""
     from .plan import capacity
     from .plan import plan as plan_fn
 
     def go():
-        wl = _load_workload(
-            trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size
-        )
         cap = None
+        pt = None if blocks_trace is None else _read_blocks_trace(blocks_trace, arrival, rate, span, seed)
         if accelerator is not None or kv_gb is not None:
             cap = capacity(
                 model,
                 accelerator=accelerator,
                 kv_gb=kv_gb,
-                block_size=block_size,
+                block_size=block_size if pt is None else pt.block_size,
                 dtype=dtype,
                 tp=tp,
                 gpu_memory_utilization=util,
             )
+        if blocks_trace is not None:
+            from .plan import plan_production
+
+            if trace is not None or spec is not None or compare is not None:
+                raise ValueError("--blocks-trace: not with --trace, --spec or --compare")
+            if cap is None and target is None:
+                raise ValueError("nothing to plan: give --accelerator or --kv-gb, and/or --target")
+            return plan_production(
+                pt,
+                cap,
+                target=target,
+                engine=engine,
+                metric=metric,
+                lam0=lam0,
+                scale=scale,
+                verify=verify,
+                replications=replications,
+                n_conversations=conversations,
+                seed=seed,
+            )
+        wl = _load_workload(
+            trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size
+        )
         if cap is None and target is None:
             raise ValueError("nothing to plan: give --accelerator or --kv-gb, and/or --target")
         res = plan_fn(wl, cap, target=target, verify=verify)
@@ -1038,8 +1092,9 @@ def plan(
     if as_json:
         _print_json(res.to_dict())
         return
+    by = {"estimator": f"predictor: {res.estimator}", "replay": "exact: trace replayed", "resample": "exact: resampled"}
     t = Table(
-        title=f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, predictor: {res.estimator} "
+        title=f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, {by[res.answered_by]} "
         f"({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})"
     )
     t.add_column("question")
@@ -1051,12 +1106,22 @@ def plan(
             f"{c['N']:,} blocks = {c['kv_gib']:.2f} GiB ({c['model']} on {c['accelerator']}, "
             f"{c['bytes_per_block'] / 2**20:.2f} MiB/block)",
         )
-        t.add_row("(a) hit ratio at this capacity", _fmt(res.h_at_capacity))
+        if res.feasible is False:
+            t.add_row(
+                "(a) hit ratio at this capacity",
+                f"[yellow]infeasible: below the largest request ({res.N_min:,} blocks); refuses "
+                f"{100 * res.refused_request_share:.2f}% of requests, {100 * res.refused_token_share:.2f}% of "
+                "prompt tokens[/]",
+            )
+        else:
+            t.add_row("(a) hit ratio at this capacity", _fmt(res.h_at_capacity))
     t.add_row("workload ceiling h_max", _fmt(res.h_max))
+    if res.N_min is not None:
+        t.add_row("smallest feasible capacity (largest request)", f"{res.N_min:,} blocks")
     if res.target is not None:
         need = f"{res.N_for_target:,} blocks" + (f" = {res.gib_for_target:.2f} GiB" if res.gib_for_target else "")
         t.add_row(f"(b) KV memory for h = {res.target:g}", need)
-        if res.capacity:
+        if res.capacity and res.feasible is not False and res.answered_by == "estimator":
             lm = res.lam0_max_for_target
             t.add_row(f"(c) largest λ0 keeping h ≥ {res.target:g}", "unreachable" if lm is None else f"{lm:.4g}/s")
     if res.saved_prefill_tokens_per_s is not None:
@@ -1072,9 +1137,10 @@ def plan(
         )
     if res.verify:
         v = res.verify
+        ci = f" ± {v['h_simulated_ci95']:.4f} (95%, {v['replications']} runs)" if "h_simulated_ci95" in v else ""
         t.add_row(
             f"verify: simulated {v['simulator']}",
-            f"{v['h_simulated']:.4f} (prediction − simulation = {v['difference']:+.4f})",
+            f"{v['h_simulated']:.4f}{ci} (prediction − simulation = {v['difference']:+.4f})",
         )
     console.print(t)
     for n in res.notes:

@@ -470,7 +470,10 @@ def plan_production(
 
             def est_fn(Ns, lam_=None):
                 return estimate_trace(
-                    reuse, np.asarray(Ns, dtype=np.int64), engine=engine, metric=metric,
+                    reuse,
+                    np.asarray(Ns, dtype=np.int64),
+                    engine=engine,
+                    metric=metric,
                     lam0=lam_ if lam_ is not None else (lam if stationary else None),
                 )
 
