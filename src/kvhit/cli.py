@@ -1293,66 +1293,7 @@ def reproduce(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def curve_data(tr, Ns: np.ndarray, window, *, policies=("content", "vllm", "vllm-0.23"), engines_est=()) -> dict:
-    """Hit ratio at every capacity in ``Ns``: exact simulated curves in one pass each (Algorithm 1 with the
-    practical weight; the vLLM block cache, block-weighted) and the mean-field estimates."""
-    from .estimate import empirical_F, engine_accounting, estimate, estimate_engine
-    from .sim.blockcurve import block_curve
-    from .sim.runner import block_requests
-    from .sim.stackdist import content_curve_from_thresholds, content_hit_thresholds
-
-    mask = window.mask(tr)
-    out: dict[str, Any] = {"N": Ns}
-    if "content" in policies:
-        thr = content_hit_thresholds(tr.dense_conv(), tr["R"])
-        w = np.where(mask, np.maximum(tr.R_prev() - 1, 0), 0)
-        out["Algorithm 1 (content LRU)"] = content_curve_from_thresholds(thr, w, Ns) / tr["R"][mask].sum()
-    engines = [p for p in policies if p in ("vllm", "vllm-0.23")]
-    if engines:
-        from .sim.feasibility import feasibility
-
-        rq = block_requests(tr)
-        feas = feasibility(rq.prompt_tokens, rq.block_size, Ns, mask=mask)
-        ok = feas.feasible  # below N_min vLLM refuses requests: not simulated, no ratio
-        out["N_min"] = feas.N_min
-        out["feasible"] = ok
-        out["refused_request_share"] = feas.refused_requests
-        out["refused_token_share"] = feas.refused_tokens
-        for e in engines:
-            label = "vLLM ≥ 0.24 (block cache)" if e == "vllm" else "vLLM ≤ 0.23 (block cache)"
-            out[label] = np.full(Ns.shape, np.nan)
-            out[label + " token ratio"] = np.full(Ns.shape, np.nan)
-            if ok.any():
-                c = block_curve(
-                    rq.prompt_tokens,
-                    rq.hash_offsets,
-                    rq.hashes,
-                    block_size=rq.block_size,
-                    Ns=Ns[ok],
-                    engine=e,
-                    mask=mask,
-                )
-                out[label][ok] = c["block_hit_ratio"]
-                out[label + " token ratio"][ok] = c["token_hit_ratio"]
-    mom, lam0 = measured_moments(tr, window)
-    F = empirical_F(mom)
-    out["estimate: paper eq. (39), F̂"] = np.asarray(estimate(mom, Ns.astype(float), lam0, F).h)
-    conv = tr.conversations()
-    measured = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)
-    for e in policies:
-        acc = engine_accounting(tr, engine=e, metric="blocks", mask=measured)
-        label = {"content": "Algorithm 1", "vllm": "vLLM ≥ 0.24", "vllm-0.23": "vLLM ≤ 0.23"}[e]
-        out[f"estimate: {label} (engine-aware)"] = np.asarray(estimate_engine(acc, Ns, lam0, F).h)
-    if "feasible" in out:  # vLLM cannot serve N < N_min: no vLLM ratio there, simulated or estimated
-        for k, v in out.items():
-            if isinstance(v, np.ndarray) and v.dtype.kind == "f" and "vLLM" in k:
-                v[~out["feasible"]] = np.nan
-    out["h_max"] = mom.h_max_hash
-    out["lam0"] = lam0
-    return out
-
-
-def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, model, plot) -> dict:
+def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, model, plot, kv_gb, estimates) -> dict:
     """Exact all-capacity curves of both vLLM orders on a production block-id trace (token metric), the
     infeasible capacities (below the largest request) marked, and the estimators' lines where available."""
     from . import hardware
@@ -1370,7 +1311,8 @@ def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, m
     data: dict[str, Any] = {"N": Ns, "grid": "log"}
     for e, label in ENGINE_LABELS.items():
         data[f"{label} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
-    data.update(_estimator_lines(pt, Ns, feas.feasible))
+    if estimates:
+        data.update(_estimator_lines(pt, Ns, feas.feasible))
     data["h_max"] = c["h_max"]
     data["N_min"] = feas.N_min
     data["feasible"] = feas.feasible
@@ -1379,6 +1321,10 @@ def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, m
     data["model"] = m.name
     data["bytes_per_block"] = m.bytes_per_block(pt.block_size)
     data["describe"] = d
+    budget_N = None
+    if kv_gb is not None:
+        budget_N = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(kv_gb), data["bytes_per_block"]))
+        data["budget_N"] = budget_N
     if plot is not None:
         from .plots import plot_curves
 
@@ -1387,12 +1333,13 @@ def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, m
             lines,
             str(plot),
             h_max=data["h_max"],
-            h_max_label="infinite-cache ceiling",
             bytes_per_block=data["bytes_per_block"],
             model=m.name,
             log_x=True,
-            infeasible_below=feas.N_min,
-            title=f"{Path(path).name}: vLLM token hit ratio vs capacity (b = {pt.block_size}, {m.name} KV)",
+            N_min=feas.N_min,
+            budget_N=budget_N,
+            title=f"{Path(path).name} ({pt.format}): vLLM token hit ratio vs capacity (b = {pt.block_size}, "
+            f"{m.name} KV)",
         )
     return data
 
@@ -1431,7 +1378,12 @@ def curve(
     seed: Annotated[int, typer.Option("--seed", help="Spec mode: seed.")] = 0,
     n_min: Annotated[int, typer.Option("--n-min", help="Smallest capacity (blocks).")] = 64,
     n_max: Annotated[
-        int | None, typer.Option("--n-max", help="Largest capacity (default: where every history fits).")
+        int | None,
+        typer.Option(
+            "--n-max",
+            help="Largest capacity (default: 1.25 × the capacity where every simulated curve reaches 99% of its "
+            "infinite-capacity value, at least 1.25 × the largest request; kvhit.experiments.curve).",
+        ),
     ] = None,
     points: Annotated[int, typer.Option("--points", help="Capacities on a log grid.")] = 1000,
     policies: Annotated[
@@ -1447,6 +1399,12 @@ def curve(
     arrival: ArrivalOpt = "sequential",
     rate: RateOpt = None,
     span: SpanOpt = None,
+    estimates: Annotated[
+        bool, typer.Option("--estimate/--no-estimate", help="Also compute the estimators' curves.")
+    ] = True,
+    kv_gb: Annotated[
+        float | None, typer.Option("--kv-gb", help="KV budget in GiB of --model: marked on the plot.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
@@ -1455,11 +1413,14 @@ def curve(
     of each simulated engine is in the --json output.
     """
     from . import hardware
+    from .experiments.curve import curve_data, curve_inputs, default_capacity_range
     from .workload import Trace, Window, generate
 
     def go():
         if blocks_trace is not None:
-            return _blocks_trace_curve(blocks_trace, arrival, rate, span, seed, n_min, n_max, points, model, plot)
+            return _blocks_trace_curve(
+                blocks_trace, arrival, rate, span, seed, n_min, n_max, points, model, plot, kv_gb, estimates
+            )
         if trace is not None:
             tr = Trace.read(trace)
             if block_size or tr.block_size is None:
@@ -1476,17 +1437,34 @@ def curve(
             raise ValueError(f"--policies: unknown {sorted(bad)} (content, vllm, vllm-0.23)")
         n_warm = int(tr.meta.get("n_warm", 0))
         window = Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
-        hi = n_max or int(2 * tr.conversations()["B"].sum() / max(tr.n_conversations, 1) * 200)
-        if n_min < 1 or hi <= n_min or points < 2:
-            raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
-        Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
-        data = curve_data(tr, Ns, window, policies=pol)
-        data["grid"] = "log"
+        with _progress() as prog:
+            task = prog.add_task("curve", total=1)
+
+            def cb(done, total, what):
+                prog.update(task, completed=done, total=total, description=what)
+
+            inp = curve_inputs(tr, window, pol, progress=cb)
+            hi = n_max or default_capacity_range(inp, n_min)[1]
+            if n_min < 1 or hi <= n_min or points < 2:
+                raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
+            Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
+            data = curve_data(tr, Ns, window, policies=pol, estimates=estimates, inputs=inp, progress=cb)
         b = tr.block_size or 128
-        m = hardware.resolve_model(model)
-        bpb = m.bytes_per_block(b)
-        data["model"] = m.name
+        mdl = hardware.resolve_model(model)
+        bpb = mdl.bytes_per_block(b)
+        data["grid"] = "log"
+        data["model"] = mdl.name
+        if inp.requests is not None:  # refused shares where vLLM cannot serve the workload (sim/feasibility)
+            from .sim.feasibility import feasibility
+
+            f = feasibility(inp.requests.prompt_tokens, inp.requests.block_size, Ns, mask=inp.mask)
+            data["refused_request_share"] = f.refused_requests
+            data["refused_token_share"] = f.refused_tokens
         data["bytes_per_block"] = bpb
+        budget = None
+        if kv_gb is not None:
+            budget = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(kv_gb), bpb))
+            data["budget_N"] = budget
         if plot is not None:
             from .plots import plot_curves
 
@@ -1496,10 +1474,10 @@ def curve(
                 str(plot),
                 h_max=data["h_max"],
                 bytes_per_block=bpb,
-                model=m.name,
-                log_x=True,
-                infeasible_below=data.get("N_min"),
-                title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, {m.name} KV)",
+                model=mdl.name,
+                budget_N=budget,
+                N_min=data["N_min"] or None,
+                title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, {mdl.name} KV)",
             )
         return data
 
