@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["fig2_data", "plot_fig2", "plot_curves", "save_figure"]
+__all__ = ["fig2_data", "plot_fig2", "plot_curves", "plot_trace_stats", "save_figure"]
 
 #: salt of matplotlib's SVG id hashing (``svg.hashsalt``): fixed, so ids are the same on every run
 SVG_HASHSALT = "kvhit"
@@ -198,3 +198,49 @@ def plot_curves(
         who = f"{model}, " if model else ""
         sec.set_xlabel(f"KV memory (GiB; {who}{bytes_per_block / 2**20:.2f} MiB per block)")
     return [str(p) for p in save_figure(fig, out_prefix, dpi=130)]
+
+
+def plot_trace_stats(stats, out_prefix, *, title: str = "") -> list:
+    """Four panels of a :class:`kvhit.workload.stats.TraceStats`: (a) gap CDF (log time), (b) share of the
+    previous request reused (L_own / F_prev), (c) requests per session, (d) active sessions and live context
+    over time. Writes PNG and SVG; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axs = plt.subplots(2, 2, figsize=(10, 7))
+    g = np.sort(stats.gap_sample[stats.gap_sample > 0])
+    ax = axs[0, 0]
+    if g.size:
+        ax.step(g, np.arange(1, g.size + 1) / g.size, where="post")
+        ax.set_xscale("log")
+    ax.set_xlabel("gap W between requests of a stream (s)")
+    ax.set_ylabel("CDF")
+    ax = axs[0, 1]
+    if stats.reuse_fraction.size:
+        ax.hist(stats.reuse_fraction, bins=40, range=(0, 1))
+    ax.set_xlabel("reused share of the previous request (L_own / F_prev)")
+    ax.set_ylabel("requests")
+    ax = axs[1, 0]
+    if stats.session_requests.size:
+        ax.hist(stats.session_requests, bins=min(50, max(int(stats.session_requests.max()), 1)))
+    ax.set_xlabel("requests per session")
+    ax.set_ylabel("sessions")
+    ax = axs[1, 1]
+    t = stats.concurrency_t
+    ax.plot(t - (t[0] if t.size else 0.0), stats.concurrency_active, color="C0")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("active sessions", color="C0")
+    ax2 = ax.twinx()
+    ax2.plot(t - (t[0] if t.size else 0.0), stats.concurrency_live_blocks, color="C1")
+    ax2.set_ylabel("live context (blocks)", color="C1")
+    for a in axs.flat:
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    try:
+        return [str(p) for p in save_figure(fig, out_prefix, dpi=110)]
+    finally:
+        plt.close(fig)
