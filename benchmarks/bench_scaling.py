@@ -1,8 +1,8 @@
 """How each command's time and memory grow with the trace: 10⁵ → 10⁶ (→ 10⁷) turns of the SCM example.
 
 Every command runs as the user runs it (``kvhit ...`` in a subprocess, after one warm-up that fills the numba
-cache), timed by wall clock and by CPU seconds (user + sys of the child, from ``getrusage``: on this shared
-machine wall time depends on what else runs, CPU time much less); the peak RSS is the child's ``ru_maxrss`` (``os.wait4``).
+cache), timed by wall clock and by CPU seconds (user + sys of the child: on this shared machine wall time
+depends on what else runs, CPU time much less); the peak RSS is the child's ``ru_maxrss`` (from ``os.wait4``).
 The growth exponent between two sizes is log(t₂/t₁)/log(n₂/n₁) on CPU seconds (1 = linear).
 
 The 10⁷-turn row takes several minutes and ~10 GB peak for ``curve``; it runs only with ``KVHIT_BENCH_LARGE=1``
