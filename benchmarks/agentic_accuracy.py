@@ -22,6 +22,9 @@ Workloads:
   not tabulated: a stream of ``--n-conv`` conversations lasting up to days is never in steady state, so no
   simulation here measures the stationary hit ratio.
 * ``mooncake``: the conversation trace (sessions derived from the prefix tree), time-varying form.
+* ``chat`` (``--only chat``, not run by default): ShareGPT as in ``benchmarks/estimator_accuracy.py``
+  (1,000 warm-up + 5,000 measured conversations, b = 128, exponential W, seeds 0 1), measured window =
+  App. E's, at N = 1,138 / 2,275 / 4,550; printed as estimate − simulated per point.
 Form ``replay`` (the working-set identity on the trace's own load, not a model) is printed with ``--replay``.
 
     NUMBA_CACHE_DIR=.numba_cache .venv/bin/python benchmarks/agentic_accuracy.py [--quick] [--replay] [--json out]
@@ -160,13 +163,62 @@ def trace_rows(out, pt, workload, held, lam0, forms, points, mask=None, est_sour
             row(out, workload, held, lam0, eng, tag or form, n, mx, mean, dt)
 
 
+def chat(out: list) -> None:
+    from kvhit.sim.runner import block_requests, simulate_trace_block
+    from kvhit.workload.dists import Exponential
+    from kvhit.workload.sharegpt import build_sharegpt_trace
+    from kvhit.workload.trace import Window
+
+    for lam0, mu in ((1.5, 90.0), (1.5, 135.0), (1.5, 240.0), (0.5, 135.0), (2.0, 135.0)):
+        for seed in (0, 1):
+            tr, _ = build_sharegpt_trace(
+                n_warm=1000, n_meas=5000, seed=seed, lam0=lam0, interarrival=Exponential(mu), block_size=128
+            )
+            win = Window.warmup_conversations(tr, 1000)
+            rq = block_requests(tr, source="counts")
+            u = request_reuse(tr)
+            m = win.mask(tr)
+            Ns = np.array([1138, 2275, 4550])
+            for eng in ENGINES:
+                sim = np.array(
+                    [
+                        float(
+                            simulate_trace_block(tr, int(N), engine=eng, window=win, requests=rq)[1]["token_hit_ratio"]
+                        )
+                        for N in Ns
+                    ]
+                )
+                t0 = time.perf_counter()
+                e = estimate_trace(u, Ns, engine=eng, mask=m)
+                dt = time.perf_counter() - t0
+                d = e.h - sim
+                out.append(
+                    {
+                        "workload": "chat",
+                        "lam0": lam0,
+                        "mu": mu,
+                        "seed": seed,
+                        "engine": eng,
+                        "N": Ns.tolist(),
+                        "sim": sim.tolist(),
+                        "err": d.tolist(),
+                        "estimate_s": dt,
+                    }
+                )
+                print(
+                    f"chat λ0={lam0} μ={mu:.0f} seed={seed} {eng:9s} sim {np.round(sim, 4)} "
+                    f"est−sim {np.round(d, 4)}  {dt:.1f}s",
+                    flush=True,
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer capacities and resample rates")
     ap.add_argument("--replay", action="store_true", help="also print the replay (working-set) form")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--n-conv", type=int, default=120, help="conversations per resampled stream")
-    ap.add_argument("--only", nargs="*", default=None, help="pool resample mooncake")
+    ap.add_argument("--only", nargs="*", default=None, help="pool resample mooncake chat (default: all but chat)")
     a = ap.parse_args()
     points = 120 if a.quick else 300
     forms = ("poisson", "replay") if a.replay else ("poisson",)
@@ -193,6 +245,8 @@ def main() -> None:
             mc = read_mooncake(MOON)
             half = mc.select(mc.time >= 1800.0) if held else mc.select(mc.time < 1800.0)
             trace_rows(out, half, "mooncake-half", held, None, forms, points)
+    if a.only is not None and "chat" in a.only:
+        chat(out)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 
