@@ -338,6 +338,9 @@ def write_table_atomic(table: Any, path: str | Path, meta: dict[str, Any]) -> Pa
     os.close(fd)
     try:
         pq.write_table(table, tmp, compression="zstd")
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates 0600; the output respects the umask like open() would
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

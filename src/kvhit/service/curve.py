@@ -1,0 +1,209 @@
+"""``curve``: the hit ratio at every capacity of a log grid — exact simulated curves in one pass each
+(``kvhit.sim.stackdist``, ``kvhit.sim.blockcurve``) beside the estimators' curves — on a trace, a spec or a
+production block-id trace, with an optional plot.
+
+Invariant: the grid is validated (1 ≤ n_min < n_max ≤ 2^40, 2 ≤ points ≤ 100,000) and the plot prefix checked
+before computing. NOT modelled here: the default range rule and the plot's layout (``kvhit.plots``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from .base import Response, check_capacity_memory
+from .common import MAX_N, Seed
+from .errors import InputError, translating
+from .inputs import measured_moments, read_blocks_trace, read_trace, window_for
+from .io import check_output_file
+from .simulate import BlocksTraceFields
+from .spec import load_spec
+
+__all__ = ["CurveRequest", "CurveResponse", "curve", "curve_data"]
+
+POLICIES = ("content", "vllm", "vllm-0.23")
+
+
+class CurveRequest(BlocksTraceFields):
+    conversations: int | None = Field(
+        None, ge=1, le=10**8, description="Spec mode: conversations generated; default: 20,000."
+    )
+    seed: Seed = 0
+    n_min: int = Field(64, ge=1, le=MAX_N, description="Smallest capacity, blocks; ≥ 1.")
+    n_max: int | None = Field(
+        None, ge=2, le=MAX_N, description="Largest capacity, blocks; > --n-min; default: where every history fits."
+    )
+    points: int = Field(1000, ge=2, le=100_000, description="Capacities on a log grid; 2–100,000.")
+    policies: list[str] = Field(
+        ["content", "vllm", "vllm-0.23"], min_length=1, description="Simulated policies: content, vllm, vllm-0.23."
+    )
+    model: str = Field("qwen3-8b", description="Model behind the GiB axis (preset or config.json).")
+    block_size: int | None = Field(
+        None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's, else 128."
+    )
+    plot: Path | None = Field(None, description="Write PREFIX.png and PREFIX.svg.")
+    warmup: int | None = Field(None, ge=0, description="Warm-up conversations; default: the trace's n_warm.")
+
+
+class CurveResponse(Response):
+    N: list[int] = Field(description="Capacities (blocks).")
+    curves: dict[str, list[float | None]] = Field(description="Hit ratio per capacity, by source.")
+    h_max: float | None
+    lam0: float | None = Field(description="λ0 (1/s); null for a production trace.")
+    bytes_per_block: int
+    figures: list[str] = Field(default_factory=list)
+
+    def to_jsonable(self) -> Any:
+        """Flat, as before the service layer: {"N": [...], "<curve label>": [...], "h_max": …}."""
+        d = super().to_jsonable()
+        curves = d.pop("curves")
+        return {"N": d.pop("N"), **curves, **d}
+
+
+def curve_data(tr, Ns: np.ndarray, window, *, policies=POLICIES) -> dict:
+    """Hit ratio at every capacity in ``Ns``: exact simulated curves in one pass each (Algorithm 1 with the
+    practical weight; the vLLM block cache, block-weighted) and the mean-field estimates."""
+    from ..estimate import empirical_F, engine_accounting, estimate, estimate_engine
+    from ..sim.blockcurve import block_curve
+    from ..sim.runner import block_requests
+    from ..sim.stackdist import content_curve_from_thresholds, content_hit_thresholds
+
+    mask = window.mask(tr)
+    out: dict[str, Any] = {"N": Ns}
+    if "content" in policies:
+        thr = content_hit_thresholds(tr.dense_conv(), tr["R"])
+        w = np.where(mask, np.maximum(tr.R_prev() - 1, 0), 0)
+        out["Algorithm 1 (content LRU)"] = content_curve_from_thresholds(thr, w, Ns) / tr["R"][mask].sum()
+    engines = [p for p in policies if p in ("vllm", "vllm-0.23")]
+    if engines:
+        rq = block_requests(tr)
+        for e in engines:
+            c = block_curve(
+                rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e, mask=mask
+            )
+            label = "vLLM ≥ 0.24 (block cache)" if e == "vllm" else "vLLM ≤ 0.23 (block cache)"
+            out[label] = c["block_hit_ratio"]
+            out[label + " token ratio"] = c["token_hit_ratio"]
+    mom, lam0 = measured_moments(tr, window)
+    F = empirical_F(mom)
+    out["estimate: paper eq. (39), F̂"] = np.asarray(estimate(mom, Ns.astype(float), lam0, F).h)
+    conv = tr.conversations()
+    measured = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)
+    for e in policies:
+        acc = engine_accounting(tr, engine=e, metric="blocks", mask=measured)
+        label = {"content": "Algorithm 1", "vllm": "vLLM ≥ 0.24", "vllm-0.23": "vLLM ≤ 0.23"}[e]
+        out[f"estimate: {label} (engine-aware)"] = np.asarray(estimate_engine(acc, Ns, lam0, F).h)
+    out["h_max"] = mom.h_max_hash
+    out["lam0"] = lam0
+    return out
+
+
+def _grid(n_min: int, hi: int, points: int, flag: str) -> np.ndarray:
+    if hi <= n_min:
+        raise InputError(f"{flag}: {hi:,} must be larger than --n-min {n_min:,}")
+    return np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
+
+
+def _split_curves(data: dict) -> CurveResponse:
+    Ns = data.pop("N")
+    curves = {k: v for k, v in data.items() if isinstance(v, np.ndarray)}
+    return CurveResponse(
+        N=[int(x) for x in Ns],
+        curves={k: [float(x) for x in v] for k, v in curves.items()},
+        h_max=float(data["h_max"]),
+        lam0=None if data.get("lam0") is None or not np.isfinite(data["lam0"]) else float(data["lam0"]),
+        bytes_per_block=int(data["bytes_per_block"]),
+        figures=[str(f) for f in data.get("figures", [])],
+    )
+
+
+def curve(req: CurveRequest) -> CurveResponse:
+    from .. import hardware
+
+    source = req.check_sources()
+    check_output_file(req.plot, "--plot", (".png", ".svg"))
+    bad = sorted(set(req.policies) - set(POLICIES))
+    if bad:
+        raise InputError(f"--policies: unknown {bad} (content, vllm, vllm-0.23)")
+    if source != "spec" and req.conversations is not None:
+        raise InputError("--conversations: applies to a spec (a trace file is used as it is)")
+    with translating("--model"):
+        model = hardware.resolve_model(req.model)
+    if source == "blocks":
+        if req.warmup is not None:
+            raise InputError("--warmup: a production trace has no conversation warm-up")
+        pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
+        d = pt.describe()
+        rq = pt.to_block_requests()
+        hi = req.n_max or int(4 * d.get("distinct_blocks", d["min_N"] * 10))
+        Ns = _grid(req.n_min, hi, req.points, "--n-max")
+        check_capacity_memory(int(Ns.max()), "--n-max")
+        from ..sim.blockcurve import block_curve
+
+        data: dict[str, Any] = {"N": Ns}
+        with translating(f"--blocks-trace {req.blocks_trace}"):
+            for e, label in (("vllm", "vLLM ≥ 0.24"), ("vllm-0.23", "vLLM ≤ 0.23")):
+                c = block_curve(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e)
+                data[f"{label} token hit ratio"] = c["token_hit_ratio"]
+        data["h_max"] = d["ideal_token_hit_ratio"]
+        data["lam0"] = None
+        data["bytes_per_block"] = model.bytes_per_block(rq.block_size)
+        if req.plot is not None:
+            from ..plots import plot_curves
+
+            req.plot.parent.mkdir(parents=True, exist_ok=True)
+            lines = {k: (Ns, v) for k, v in data.items() if isinstance(v, np.ndarray) and k != "N"}
+            data["figures"] = plot_curves(
+                lines,
+                str(req.plot),
+                h_max=data["h_max"],
+                bytes_per_block=data["bytes_per_block"],
+                title=f"{Path(req.blocks_trace).name}: vLLM token hit ratio vs capacity (b = {rq.block_size})",
+            )
+        return _split_curves(data)
+
+    if source == "trace":
+        tr = read_trace(req.trace)
+        if req.block_size or tr.block_size is None:
+            tr.meta["block_size"] = req.block_size or 128
+        window = window_for(tr, req.warmup, None, str(req.trace))
+    else:
+        from ..workload import Window, generate
+
+        sp = load_spec(req)
+        conversations = req.conversations or 20_000
+        n_warm = req.warmup if req.warmup is not None else conversations // 5
+        if n_warm >= conversations:
+            raise InputError(f"--warmup: {n_warm:,} warm-up conversations leave none of {conversations:,} to measure")
+        with translating(str(req.spec) if req.spec else "spec"):
+            tr = generate(sp, req.seed, n_conversations=conversations)
+        tr.meta.update(n_warm=n_warm, block_size=req.block_size or 128)
+        window = Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
+    hi = req.n_max or int(2 * tr.conversations()["B"].sum() / max(tr.n_conversations, 1) * 200)
+    Ns = _grid(req.n_min, hi, req.points, "--n-max" if req.n_max else "--n-min")
+    if any(p != "content" for p in req.policies):
+        check_capacity_memory(int(Ns.max()), "--n-max")
+    with translating(str(req.trace or req.spec or "spec")):
+        data = curve_data(tr, Ns, window, policies=tuple(req.policies))
+    b = tr.block_size or 128
+    data["bytes_per_block"] = model.bytes_per_block(b)
+    if req.plot is not None:
+        from ..plots import plot_curves
+
+        req.plot.parent.mkdir(parents=True, exist_ok=True)
+        lines = {
+            k: (Ns, v)
+            for k, v in data.items()
+            if isinstance(v, np.ndarray) and k != "N" and not k.endswith("token ratio")
+        }
+        data["figures"] = plot_curves(
+            lines,
+            str(req.plot),
+            h_max=data["h_max"],
+            bytes_per_block=data["bytes_per_block"],
+            title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b})",
+        )
+    return _split_curves(data)

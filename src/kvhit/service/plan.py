@@ -1,0 +1,115 @@
+"""``plan``: (a) h at the KV memory available, (b) the KV memory for a target h, (c) the largest λ0 keeping the
+target, (d) prefill tokens saved per second; ``compare`` another engine at the same capacity, ``verify`` by
+exact simulation.
+
+Invariant: the question answered is the one asked — the metric is the engine's (vLLM: tokens by default;
+Algorithm 1 and the paper's estimator are block-weighted, and asking them for tokens is refused), a target is in
+(0, 1), a verified capacity fits in memory. NOT modelled here: the predictors and the bisections (``kvhit.plan``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from .base import Response, check_capacity_memory
+from .errors import InputError, translating
+from .inputs import read_trace
+from .kv import HardwareFields
+from .spec import TraceOrSpecFields, load_spec
+
+__all__ = ["PlanRequest", "PlanResponse", "plan"]
+
+PlanEngine = Literal["vllm", "vllm-0.23", "content", "paper"]
+
+
+class PlanRequest(TraceOrSpecFields, HardwareFields):
+    target: float | None = Field(None, gt=0, lt=1, description="Target hit ratio; in (0, 1); default: none.")
+    engine: PlanEngine = Field(
+        "vllm", description="Predictor: vllm (≥ 0.24) | vllm-0.23 | content (Algorithm 1) | paper (eq. 39)."
+    )
+    metric: Literal["tokens", "blocks"] | None = Field(
+        None, description="tokens (vLLM's prefix_cache_hits/queries) | blocks; default: tokens for vLLM, else blocks."
+    )
+    compare: PlanEngine | None = Field(None, description="Another engine to compare at the same capacity.")
+    verify: bool = Field(False, description="Check (a) by exact simulation of the engine.")
+
+    FLAGS = {**TraceOrSpecFields.FLAGS, **HardwareFields.FLAGS}
+
+
+class PlanResponse(Response):
+    workload: str
+    estimator: str
+    metric: str
+    lam0: float
+    h_max: float | None
+    capacity: dict[str, Any] | None = None
+    h_at_capacity: float | None = None
+    target: float | None = None
+    N_for_target: int | None = None
+    gib_for_target: float | None = None
+    lam0_max_for_target: float | None = None
+    saved_prefill_tokens_per_s: float | None = None
+    saved_fraction: float | None = None
+    verify: dict[str, Any] = Field(default_factory=dict)
+    compare: dict[str, Any] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+def _metric(engine: str, metric: str | None) -> str:
+    if engine in ("paper", "content"):
+        if metric == "tokens":
+            raise InputError(f"--metric tokens: the {engine} predictor is block-weighted; use --metric blocks")
+        return "blocks"
+    return metric or "tokens"
+
+
+def plan(req: PlanRequest) -> PlanResponse:
+    from ..plan import capacity, make_workload
+    from ..plan import plan as plan_fn
+
+    req.check_source(allow_with_trace=("lam0",))
+    req.check_one_budget()
+    has_cap = req.accelerator is not None or req.kv_gb is not None
+    if not has_cap and req.target is None:
+        raise InputError("nothing to plan: give --gpu or --kv-gb, and/or --target")
+    if req.compare is not None and not has_cap:
+        raise InputError("--compare: needs a capacity (--gpu or --kv-gb)")
+    if req.verify and not has_cap:
+        raise InputError("--verify: needs a capacity (--gpu or --kv-gb)")
+    metric = _metric(req.engine, req.metric)
+    req.resolve()
+    if req.compare is not None and req.compare in ("paper", "content") and metric == "tokens":
+        raise InputError(
+            f"--compare {req.compare}: it is block-weighted and cannot be compared in vLLM's token metric; "
+            "add --metric blocks"
+        )
+    source = read_trace(req.trace) if req.trace is not None else load_spec(req)
+    where = f"--trace {req.trace}" if req.trace is not None else str(req.spec or "spec")
+    cap = None
+    if has_cap:
+        with translating("--gpu" if req.accelerator else "--kv-gb"):
+            cap = capacity(
+                req.model,
+                accelerator=req.accelerator,
+                kv_gb=req.kv_gb,
+                block_size=req.block_size,
+                dtype=req.dtype,
+                tp=req.tp,
+                gpu_memory_utilization=req.util,
+            )
+        if cap.N < 1:
+            raise InputError(f"{req.flag('accelerator' if req.accelerator else 'kv_gb')}: no KV block fits (N = 0)")
+        if req.verify:
+            check_capacity_memory(cap.N, "--verify")
+    lam0 = req.lam0 if req.trace is not None else None
+    with translating(where):
+        wl = make_workload(source, lam0=lam0, engine=req.engine, metric=metric, block_size=req.block_size)
+        res = plan_fn(wl, cap, target=req.target, verify=req.verify)
+        if req.compare is not None:
+            other = make_workload(source, lam0=lam0, engine=req.compare, metric=metric, block_size=req.block_size)
+            h_other = float(other.predict(np.array([float(cap.N)]), np.array([wl.lam0]))[0])
+            res.compare = {"engine": req.compare, "h_at_capacity": h_other, "gain": res.h_at_capacity - h_other}
+    return PlanResponse(**res.to_dict())
