@@ -69,7 +69,12 @@ def _call(fn: Callable[..., Any], model: type, /, *, _progress_label: str | None
             return fn(req)
         with _progress() as prog:
             task = prog.add_task(_progress_label, total=None)
-            return fn(req, progress=lambda d, t: prog.update(task, completed=d, total=t))
+            return fn(
+                req,
+                progress=lambda d, t, what=None: prog.update(
+                    task, completed=d, total=t, **({"description": what} if what else {})
+                ),
+            )
     except svc.InputError as e:
         _fail(str(e))
 
@@ -870,6 +875,8 @@ def curve(
     arrival: ArrivalOpt = "sequential",
     rate: RateOpt = None,
     span: SpanOpt = None,
+    estimates: Annotated[bool, _opt(CR, "estimates", "--estimate/--no-estimate")] = True,
+    kv_gb: Annotated[float | None, _opt(CR, "kv_gb", "--kv-gb")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
@@ -880,6 +887,9 @@ def curve(
     res = _call(
         svc.curve,
         CR,
+        _progress_label="curve",
+        estimates=estimates,
+        kv_gb=kv_gb,
         trace=trace,
         spec=spec,
         lam0=lam0,

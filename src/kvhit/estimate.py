@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from kvhit import theory
+from kvhit.displacement import phi_moments
 from kvhit.workload.dists import EmpiricalW, Exponential, Interarrival
 from kvhit.workload.spec import WorkloadSpec
 from kvhit.workload.trace import Trace
@@ -666,62 +667,17 @@ def engine_accounting(
     )
 
 
-@njit(cache=True)
-def _phi_moments_kernel(conv_ptr, offsets, cum_new, hist, tgrid, out_m, out_v):  # pragma: no cover - numba
-    """Σ_i ∫ Φ_t^{(i)}(a) da and Σ_i ∫ Φ_t^{(i)}(a)² da over arrival times a, for every t of ``tgrid``.
-
-    Φ_t^{(i)}(a) (Lemma D.1) is the block mass conversation i, arriving at a, moves ahead of a block tagged at
-    time 0 during (0, t]: with k_f, k_l its first and last access in the window, Φ = hist[k_f − 1] (its
-    history, moved at its first revisit) + Σ_{k_f ≤ k ≤ k_l} new[k]. Φ is piecewise constant in a, with breaks
-    at −s_k and t − s_k (s_k = offset of access k from the conversation's first access)."""
-    nconv = conv_ptr.size - 1
-    for c in range(nconv):
-        p0 = conv_ptr[c]
-        p1 = conv_ptr[c + 1]
-        M = p1 - p0
-        s = offsets[p0:p1]
-        bp = np.empty(2 * M)
-        for it in range(tgrid.size):
-            t = tgrid[it]
-            for k in range(M):
-                bp[2 * k] = -s[k]
-                bp[2 * k + 1] = t - s[k]
-            bp.sort()
-            lo_lim = -s[M - 1]
-            acc_m = 0.0
-            acc_v = 0.0
-            for q in range(2 * M - 1):
-                lo = max(bp[q], lo_lim)
-                hi = min(bp[q + 1], t)
-                if hi <= lo:
-                    continue
-                am = 0.5 * (lo + hi)
-                kl = np.searchsorted(s, t - am, side="right")  # accesses with a + s_k ≤ t
-                kf = np.searchsorted(s, -am, side="right") + 1  # first access with a + s_k > 0
-                if kf > kl:
-                    continue
-                phi = cum_new[p0 + kl - 1]
-                if kf >= 2:
-                    phi += hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
-                acc_m += phi * (hi - lo)
-                acc_v += phi * phi * (hi - lo)
-            out_m[it] += acc_m
-            out_v[it] += acc_v
-
-
 def displacement_moments(acc: EngineAccounting, t: Any) -> tuple[np.ndarray, np.ndarray]:
     """Per unit λ0, the mean m₁(t) and variance V₁(t) of the displacement D(t) over a tagged gap of length t:
     D(t) = ∫ Φ_t dN (eq. (40)) with N a Poisson random measure of intensity ν = λ0 da × (empirical mark law of
     the trace's conversations), so E D(t) = λ0 m₁(t) and Var D(t) = λ0 V₁(t) = λ0 ∫ Φ_t² dν/λ0 (Campbell).
     m₁(t) = E_B t + (1/L) Σ_i Σ_{j<M_i} hist_{i,j} min(W_{i,j}, t) (Lemma D.4 with each conversation's own gaps).
+    Computed in closed form, near-linear in the trace (:func:`kvhit.displacement.phi_moments`).
     """
     tt = np.asarray(t, dtype=float)
     if not np.isfinite(tt).all() or (tt < 0).any():
         raise EstimateError("t: must be finite and ≥ 0")
-    flat = tt.ravel()
-    m = np.zeros(flat.size)
-    v = np.zeros(flat.size)
-    _phi_moments_kernel(acc.conv_ptr, acc.offsets, acc.cum_new, acc.hist_all, flat, m, v)
+    m, v = phi_moments(acc.conv_ptr, acc.offsets, acc.cum_new, acc.hist_all, tt.ravel())
     return (m / acc.L).reshape(tt.shape), (v / acc.L).reshape(tt.shape)
 
 
@@ -768,9 +724,10 @@ def _fluct_grid(F: Interarrival, k: int = 1024) -> tuple[np.ndarray, np.ndarray,
 def _phi2_prefix_kernel(conv_ptr, offsets, cum_new, hist, tgrid, out_v):  # pragma: no cover - numba
     """out_v[p0 + J − 1, it] = ∫ Φ_t^{(i,J)}(a)² da for every conversation i (rows p0..p1−1) and every admitted
     prefix J = 1..M_i of its turns (the conversation truncated to its first J turns, as
-    :meth:`EngineAccounting.admitted` makes it): the same segments as :func:`_phi_moments_kernel`; on a
-    segment with first/last in-window access k_f ≤ k_l the truncated Φ is 0 for J < k_f, hist[k_f − 1] −
-    cum_new[k_f − 1] + cum_new[J] for k_f ≤ J < k_l and the full Φ for J ≥ k_l (a difference array)."""
+    :meth:`EngineAccounting.admitted` makes it): the same segments as
+    :func:`kvhit.displacement.phi_moments_reference`; on a segment with first/last in-window access
+    k_f ≤ k_l the truncated Φ is 0 for J < k_f, hist[k_f − 1] − cum_new[k_f − 1] + cum_new[J]
+    for k_f ≤ J < k_l and the full Φ for J ≥ k_l (a difference array)."""
     nconv = conv_ptr.size - 1
     for c in range(nconv):
         p0 = conv_ptr[c]
@@ -1108,7 +1065,7 @@ def estimate_finite(
 def _phi_table_kernel(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, out_v):  # pragma: no cover
     """out[it, is] += Σ_i ∫_{a > −s} Φ_t^{(i)}(a) (and Φ²) da: the background mass of conversations that
     arrived after the system origin, for a tagged access s seconds after the origin (see
-    :func:`_phi_moments_kernel`)."""
+    :func:`kvhit.displacement.phi_moments_reference`)."""
     nconv = conv_ptr.size - 1
     ns = sgrid.size
     for c in range(nconv):

@@ -155,12 +155,9 @@ def _new_figure(ncols: int, size: tuple[float, float]):
 
 
 def _save(fig, prefix: Path) -> list[Path]:
-    paths = []
-    for ext in ("png", "svg"):
-        p = prefix.with_name(prefix.name + "." + ext)
-        fig.savefig(p, dpi=150)
-        paths.append(p)
-    return paths
+    from ..plots import save_figure
+
+    return save_figure(fig, prefix, dpi=150)
 
 
 # ------------------------------------------------------------------------------------------------------------

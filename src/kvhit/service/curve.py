@@ -17,12 +17,12 @@ from pydantic import Field
 from .base import Response, check_capacity_memory
 from .common import MAX_N, Seed
 from .errors import InputError, translating
-from .inputs import measured_moments, read_blocks_trace, read_trace, window_for
+from .inputs import read_blocks_trace, read_trace, window_for
 from .io import check_output_file
 from .simulate import BlocksTraceFields
 from .spec import load_spec
 
-__all__ = ["CurveRequest", "CurveResponse", "curve", "curve_data"]
+__all__ = ["CurveRequest", "CurveResponse", "curve"]
 
 POLICIES = ("content", "vllm", "vllm-0.23")
 
@@ -34,7 +34,11 @@ class CurveRequest(BlocksTraceFields):
     seed: Seed = 0
     n_min: int = Field(64, ge=1, le=MAX_N, description="Smallest capacity, blocks; ≥ 1.")
     n_max: int | None = Field(
-        None, ge=2, le=MAX_N, description="Largest capacity, blocks; > --n-min; default: where every history fits."
+        None,
+        ge=2,
+        le=MAX_N,
+        description="Largest capacity, blocks; > --n-min; default: 1.25 × the capacity where every simulated curve "
+        "reaches 99% of its infinite-capacity value, at least 1.25 × the largest request (kvhit.experiments.curve).",
     )
     points: int = Field(1000, ge=2, le=100_000, description="Capacities on a log grid; 2–100,000.")
     policies: list[str] = Field(
@@ -46,10 +50,17 @@ class CurveRequest(BlocksTraceFields):
     )
     plot: Path | None = Field(None, description="Write PREFIX.png and PREFIX.svg.")
     warmup: int | None = Field(None, ge=0, description="Warm-up conversations; default: the trace's n_warm.")
+    estimates: bool = Field(True, description="Also compute the estimators' curves.")
+    kv_gb: float | None = Field(
+        None, gt=0, le=2**20, description="KV budget in GiB of --model, marked on the plot; (0, 2^20]."
+    )
 
 
 class CurveResponse(Response):
     N: list[int] = Field(description="Capacities (blocks).")
+    feasible: list[bool] | None = Field(None, description="N ≥ the largest request (vLLM can serve it).")
+    N_min: int | None = Field(None, description="Largest request in blocks (vLLM refuses it below).")
+    budget_N: int | None = Field(None, description="The --kv-gb budget in blocks of --model.")
     curves: dict[str, list[float | None]] = Field(description="Hit ratio per capacity, by source.")
     h_max: float | None
     lam0: float | None = Field(description="λ0 (1/s); null for a production trace.")
@@ -63,44 +74,6 @@ class CurveResponse(Response):
         return {"N": d.pop("N"), **curves, **d}
 
 
-def curve_data(tr, Ns: np.ndarray, window, *, policies=POLICIES) -> dict:
-    """Hit ratio at every capacity in ``Ns``: exact simulated curves in one pass each (Algorithm 1 with the
-    practical weight; the vLLM block cache, block-weighted) and the mean-field estimates."""
-    from ..estimate import empirical_F, engine_accounting, estimate, estimate_engine
-    from ..sim.blockcurve import block_curve
-    from ..sim.runner import block_requests
-    from ..sim.stackdist import content_curve_from_thresholds, content_hit_thresholds
-
-    mask = window.mask(tr)
-    out: dict[str, Any] = {"N": Ns}
-    if "content" in policies:
-        thr = content_hit_thresholds(tr.dense_conv(), tr["R"])
-        w = np.where(mask, np.maximum(tr.R_prev() - 1, 0), 0)
-        out["Algorithm 1 (content LRU)"] = content_curve_from_thresholds(thr, w, Ns) / tr["R"][mask].sum()
-    engines = [p for p in policies if p in ("vllm", "vllm-0.23")]
-    if engines:
-        rq = block_requests(tr)
-        for e in engines:
-            c = block_curve(
-                rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e, mask=mask
-            )
-            label = "vLLM ≥ 0.24 (block cache)" if e == "vllm" else "vLLM ≤ 0.23 (block cache)"
-            out[label] = c["block_hit_ratio"]
-            out[label + " token ratio"] = c["token_hit_ratio"]
-    mom, lam0 = measured_moments(tr, window)
-    F = empirical_F(mom)
-    out["estimate: paper eq. (39), F̂"] = np.asarray(estimate(mom, Ns.astype(float), lam0, F).h)
-    conv = tr.conversations()
-    measured = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)
-    for e in policies:
-        acc = engine_accounting(tr, engine=e, metric="blocks", mask=measured)
-        label = {"content": "Algorithm 1", "vllm": "vLLM ≥ 0.24", "vllm-0.23": "vLLM ≤ 0.23"}[e]
-        out[f"estimate: {label} (engine-aware)"] = np.asarray(estimate_engine(acc, Ns, lam0, F).h)
-    out["h_max"] = mom.h_max_hash
-    out["lam0"] = lam0
-    return out
-
-
 def _grid(n_min: int, hi: int, points: int, flag: str) -> np.ndarray:
     if hi <= n_min:
         raise InputError(f"{flag}: {hi:,} must be larger than --n-min {n_min:,}")
@@ -109,9 +82,13 @@ def _grid(n_min: int, hi: int, points: int, flag: str) -> np.ndarray:
 
 def _split_curves(data: dict) -> CurveResponse:
     Ns = data.pop("N")
+    feasible = data.pop("feasible", None)
     curves = {k: v for k, v in data.items() if isinstance(v, np.ndarray)}
     return CurveResponse(
         N=[int(x) for x in Ns],
+        feasible=None if feasible is None else [bool(x) for x in feasible],
+        N_min=None if not data.get("N_min") else int(data["N_min"]),
+        budget_N=data.get("budget_N"),
         curves={k: [float(x) for x in v] for k, v in curves.items()},
         h_max=float(data["h_max"]),
         lam0=None if data.get("lam0") is None or not np.isfinite(data["lam0"]) else float(data["lam0"]),
@@ -120,7 +97,7 @@ def _split_curves(data: dict) -> CurveResponse:
     )
 
 
-def curve(req: CurveRequest) -> CurveResponse:
+def curve(req: CurveRequest, progress=None) -> CurveResponse:
     from .. import hardware
 
     source = req.check_sources()
@@ -151,6 +128,8 @@ def curve(req: CurveRequest) -> CurveResponse:
         data["h_max"] = d["ideal_token_hit_ratio"]
         data["lam0"] = None
         data["bytes_per_block"] = model.bytes_per_block(rq.block_size)
+        if req.kv_gb is not None:
+            data["budget_N"] = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), data["bytes_per_block"]))
         if req.plot is not None:
             from ..plots import plot_curves
 
@@ -161,6 +140,8 @@ def curve(req: CurveRequest) -> CurveResponse:
                 str(req.plot),
                 h_max=data["h_max"],
                 bytes_per_block=data["bytes_per_block"],
+                model=model.name,
+                N_min=d["min_N"],
                 title=f"{Path(req.blocks_trace).name}: vLLM token hit ratio vs capacity (b = {rq.block_size})",
             )
         return _split_curves(data)
@@ -182,14 +163,25 @@ def curve(req: CurveRequest) -> CurveResponse:
             tr = generate(sp, req.seed, n_conversations=conversations)
         tr.meta.update(n_warm=n_warm, block_size=req.block_size or 128)
         window = Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
-    hi = req.n_max or int(2 * tr.conversations()["B"].sum() / max(tr.n_conversations, 1) * 200)
-    Ns = _grid(req.n_min, hi, req.points, "--n-max" if req.n_max else "--n-min")
-    if any(p != "content" for p in req.policies):
-        check_capacity_memory(int(Ns.max()), "--n-max")
-    with translating(str(req.trace or req.spec or "spec")):
-        data = curve_data(tr, Ns, window, policies=tuple(req.policies))
+    from ..experiments.curve import curve_data, curve_inputs, default_capacity_range
+
+    cb = progress or (lambda done, total, what=None: None)
     b = tr.block_size or 128
-    data["bytes_per_block"] = model.bytes_per_block(b)
+    bpb = model.bytes_per_block(b)
+    with translating(str(req.trace or req.spec or "spec")):
+        inp = curve_inputs(tr, window, tuple(req.policies), progress=cb)
+        hi = req.n_max or default_capacity_range(inp, req.n_min)[1]
+        Ns = _grid(req.n_min, hi, req.points, "--n-max" if req.n_max else "--n-min")
+        if req.estimates or any(p != "content" for p in req.policies):
+            check_capacity_memory(int(Ns.max()), "--n-max")
+        data = curve_data(
+            tr, Ns, window, policies=tuple(req.policies), estimates=req.estimates, inputs=inp, progress=cb
+        )
+    data["bytes_per_block"] = bpb
+    budget = None
+    if req.kv_gb is not None:
+        budget = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), bpb))
+        data["budget_N"] = budget
     if req.plot is not None:
         from ..plots import plot_curves
 
@@ -197,13 +189,16 @@ def curve(req: CurveRequest) -> CurveResponse:
         lines = {
             k: (Ns, v)
             for k, v in data.items()
-            if isinstance(v, np.ndarray) and k != "N" and not k.endswith("token ratio")
+            if isinstance(v, np.ndarray) and k not in ("N", "feasible") and not k.endswith("token ratio")
         }
         data["figures"] = plot_curves(
             lines,
             str(req.plot),
             h_max=data["h_max"],
-            bytes_per_block=data["bytes_per_block"],
+            bytes_per_block=bpb,
+            model=model.name,
+            budget_N=budget,
+            N_min=data.get("N_min") or None,
             title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b})",
         )
     return _split_curves(data)

@@ -102,8 +102,7 @@ def plan(req: PlanRequest) -> PlanResponse:
             )
         if cap.N < 1:
             raise InputError(f"{req.flag('accelerator' if req.accelerator else 'kv_gb')}: no KV block fits (N = 0)")
-        if req.verify:
-            check_capacity_memory(cap.N, "--verify")
+        check_capacity_memory(cap.N, "--gpu" if req.accelerator else "--kv-gb")
     lam0 = req.lam0 if req.trace is not None else None
     with translating(where):
         wl = make_workload(source, lam0=lam0, engine=req.engine, metric=metric, block_size=req.block_size)

@@ -219,9 +219,8 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
         raise InputError("--warmup: a production trace has no conversation warm-up; use --warmup-time")
     if source == "spec" and req.warmup_time is not None:
         raise InputError("--warmup-time: applies to a trace file; on a spec use --warmup (conversations)")
-    if req.policy == "block" or source == "blocks":
-        for n in req.N:
-            check_capacity_memory(n, "--N")
+    for n in req.N:  # the block pool and the engine-aware estimator's tables grow with N
+        check_capacity_memory(n, "--N")
     weighting = req.weighting or "practical"
     Ns = list(req.N)
 

@@ -107,7 +107,7 @@ __all__ = [
 #: Threshold sentinel: the block is never cached before this lookup (a miss at every capacity).
 NEVER: int = FIRST_TURN
 
-_FALLBACKS = ("simulate", "stack", "nan")
+_FALLBACKS = ("simulate", "stack", "nan", "infeasible")
 
 
 class BlockCurveError(BlockSimError):
@@ -616,6 +616,7 @@ def block_curve(
     response_tokens=None,
     mask=None,
     fallback: str = "simulate",
+    thresholds: BlockThresholds | None = None,
 ) -> dict:
     """Hit ratios of :func:`kvhit.sim.block.simulate_block` (no holds) at every capacity in ``Ns``.
 
@@ -623,26 +624,41 @@ def block_curve(
     capacities; the others (``N < min_exact_N`` where some request is rejected, or inside an ambiguity
     interval) are handled by ``fallback``: ``"simulate"`` (default: run :func:`simulate_block` at those
     ``N``, exact, rejected requests excluded as in :func:`kvhit.sim.block.token_hit_ratio`), ``"stack"``
-    (keep the stack-model value) or ``"nan"``. Keys as :func:`block_curve_from_thresholds`; ``exact``
-    marks certified capacities and ``simulated`` those computed by simulation. ``mask`` selects the
-    measured requests.
+    (keep the stack-model value), ``"nan"``, or ``"infeasible"``: ``N < min_exact_N`` cannot serve the
+    workload (its largest request would be refused), so no ratio is computed there (NaN, ``feasible`` false —
+    no simulation, which is what made all-capacity curves of 10⁷-turn traces slow), and the rare ambiguity
+    intervals above it are simulated. Keys as :func:`block_curve_from_thresholds` plus ``feasible``
+    (``N ≥ min_exact_N``); ``exact`` marks certified capacities and ``simulated`` those computed by
+    simulation. ``mask`` selects the measured requests. ``thresholds``: a precomputed
+    :func:`block_hit_thresholds` of the same inputs (saves the threshold pass).
     """
     if fallback not in _FALLBACKS:
         raise BlockCurveError(f"fallback: expected one of {_FALLBACKS}, got {fallback!r}")
-    thr = block_hit_thresholds(
-        prompt_tokens,
-        hash_offsets,
-        hashes,
-        block_size=block_size,
-        engine=engine,
-        colocated=colocated,
-        response_tokens=response_tokens,
+    thr = (
+        thresholds
+        if thresholds is not None
+        else block_hit_thresholds(
+            prompt_tokens,
+            hash_offsets,
+            hashes,
+            block_size=block_size,
+            engine=engine,
+            colocated=colocated,
+            response_tokens=response_tokens,
+        )
     )
     out = block_curve_from_thresholds(thr, Ns, mask)
-    todo = np.flatnonzero(~out["exact"])
+    out["feasible"] = out["N"] >= thr.min_exact_N
+    ratio_keys = ("token_hit_ratio", "block_hit_ratio", "request_hit_rate", "full_hit_rate")
+    if fallback == "infeasible":
+        bad = np.flatnonzero(~out["feasible"])
+        for k in ratio_keys:
+            out[k][bad] = np.nan
+        todo = np.flatnonzero(~out["exact"] & out["feasible"])
+    else:
+        todo = np.flatnonzero(~out["exact"])
     if fallback == "stack" or todo.size == 0:
         return out
-    ratio_keys = ("token_hit_ratio", "block_hit_ratio", "request_hit_rate", "full_hit_rate")
     if fallback == "nan":
         for k in ratio_keys:
             out[k][todo] = np.nan

@@ -326,6 +326,13 @@ def list_column(seq: list) -> Any:
     return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
 
 
+def file_mode() -> int:
+    """The mode ``open()`` gives a new file under the current umask (0o666 & ~umask)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_table_atomic(table: Any, path: str | Path, meta: dict[str, Any]) -> Path:
     """Write an Arrow table with kvhit metadata to Parquet through a temporary file renamed into place, so a
     reader never sees a half-written file."""
@@ -338,9 +345,7 @@ def write_table_atomic(table: Any, path: str | Path, meta: dict[str, Any]) -> Pa
     os.close(fd)
     try:
         pq.write_table(table, tmp, compression="zstd")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates 0600; the output respects the umask like open() would
+        os.chmod(tmp, file_mode())  # mkstemp creates 0600; a written file follows the umask like open() does
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
