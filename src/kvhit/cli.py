@@ -149,6 +149,13 @@ def _table(title: str, columns: list[str], rows: list[list[str]], right: set[str
             console.print(Text(f"{col:<{key_w}}  {val}"), soft_wrap=True)
 
 
+def _refused(r: dict) -> str:
+    return (
+        f"infeasible: refuses {100 * r['refused_request_share']:.2f}% of requests, "
+        f"{100 * r['refused_token_share']:.2f}% of prompt tokens"
+    )
+
+
 def _split(values: list[str] | None) -> list[str]:
     """``--N 1000,2275 --N 4000`` → ``["1000", "2275", "4000"]`` (syntax only; the request validates)."""
     return [part.strip() for v in values or [] for part in str(v).split(",") if part.strip()]
@@ -357,23 +364,30 @@ def simulate(
             f"{d['ideal_token_hit_ratio']:.4f}; largest request {d['min_N']:,} blocks",
             markup=False,
         )
-        cols = ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate", "rejected"]
+        cols = ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate"]
         rows = [
-            [
+            [_fmt(r["N"]), r["engine"], _refused(r), "–", "–"]
+            if not r["feasible"]
+            else [
                 _fmt(r["N"]),
                 r["engine"],
                 _fmt(r["token_hit_ratio"]),
                 _fmt(r["h_blocks"]),
                 _fmt(r["request_hit_rate"]),
-                _fmt(r["rejected"]),
             ]
             for r in res.rows
         ]
         _table(
             "vLLM prefix cache on a production trace (token hit ratio = vLLM's prefix_cache_hits/queries)", cols, rows
         )
-        if any(r["rejected"] for r in res.rows):
-            console.print("note: requests larger than N are rejected by vLLM and excluded from the ratios")
+        if any(not r["feasible"] for r in res.rows):
+            console.print(
+                f"note: below N = {d['min_N']:,} blocks (the largest request) vLLM cannot serve this workload "
+                "(it refuses to start when max_model_len exceeds the KV cache); no hit ratio is reported there",
+                markup=False,
+            )
+        for n in res.notes:
+            console.print(f"note: {n}", markup=False)
         return
     title = f"simulated hit ratio — policy {res.policy}" + (f", engine {engine}" if res.policy == "block" else "")
     cols = ["N", "h (sim)", "± 95%", "request hit rate", "paper estimate (eq. 39)", "engine-aware estimate"]
@@ -381,6 +395,9 @@ def simulate(
     rows = []
     for row in res.rows:
         e = est.get(row["N"], {})
+        if not row.get("feasible", True):
+            rows.append([_fmt(row["N"]), _refused(row), "–", "–", "–", "–"])
+            continue
         rows.append(
             [
                 _fmt(row["N"]),
@@ -644,10 +661,25 @@ def plan(
     metric: Annotated[str | None, _opt(PR, "metric", "--metric")] = None,
     compare: Annotated[str | None, _opt(PR, "compare", "--compare")] = None,
     verify: Annotated[bool, _opt(PR, "verify", "--verify")] = False,
+    blocks_trace: BlocksTraceOpt = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
+    seed: Annotated[
+        int, typer.Option("--seed", help="WEKA arrivals and resampling: seed (replication r: seed + r).")
+    ] = 0,
+    scale: Annotated[float | None, _opt(PR, "scale", "--scale")] = None,
+    replications: Annotated[int | None, _opt(PR, "replications", "--replications", "-r")] = None,
+    conversations: Annotated[int | None, _opt(PR, "conversations", "--conversations", "-n")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """How much HBM, what hit ratio, how much traffic: (a) h at the KV memory available, (b) the KV memory for
-    a target h, (c) the largest λ0 keeping the target, (d) prefill tokens saved per second."""
+    a target h, (c) the largest λ0 keeping the target, (d) prefill tokens saved per second.
+
+    --blocks-trace plans from a Mooncake/WEKA block-id trace: at the trace's own load (exact by replay) or, with
+    --lam0/--scale, at a stationary load of its conversations (exact by resample-and-simulate: Poisson starts,
+    --replications runs of --conversations conversations each, 95% interval); --verify checks the estimator
+    against that simulation. Capacities below the largest request are infeasible (refused shares, no ratio)."""
     res = _call(
         svc.plan,
         PR,
@@ -673,6 +705,14 @@ def plan(
         metric=metric,
         compare=compare,
         verify=verify,
+        blocks_trace=blocks_trace,
+        arrival=arrival,
+        rate=rate,
+        span=span,
+        seed=seed,
+        scale=scale,
+        replications=replications,
+        conversations=conversations,
     )
     if as_json:
         _print_json(res)
@@ -687,12 +727,24 @@ def plan(
                 f"{c['bytes_per_block'] / 2**20:.2f} MiB/block)",
             ]
         )
-        rows.append(["(a) hit ratio at this capacity", _fmt(res.h_at_capacity)])
+        if res.feasible is False:
+            rows.append(
+                [
+                    "(a) hit ratio at this capacity",
+                    f"infeasible: below the largest request ({res.N_min:,} blocks); refuses "
+                    f"{100 * res.refused_request_share:.2f}% of requests, {100 * res.refused_token_share:.2f}% of "
+                    "prompt tokens",
+                ]
+            )
+        else:
+            rows.append(["(a) hit ratio at this capacity", _fmt(res.h_at_capacity)])
     rows.append(["workload ceiling h_max", _fmt(res.h_max)])
+    if res.N_min is not None:
+        rows.append(["smallest feasible capacity (largest request)", f"{res.N_min:,} blocks"])
     if res.target is not None:
         need = f"{res.N_for_target:,} blocks" + (f" = {res.gib_for_target:.2f} GiB" if res.gib_for_target else "")
         rows.append([f"(b) KV memory for h = {res.target:g}", need])
-        if res.capacity:
+        if res.capacity and res.feasible is not False and res.answered_by == "estimator":
             lm = res.lam0_max_for_target
             rows.append([f"(c) largest λ0 keeping h ≥ {res.target:g}", "unreachable" if lm is None else f"{lm:.4g}/s"])
     if res.saved_prefill_tokens_per_s is not None:
@@ -712,11 +764,14 @@ def plan(
         rows.append(
             [
                 f"verify: simulated {v['simulator']}",
-                f"{v['h_simulated']:.4f} (prediction − simulation = {v['difference']:+.4f})",
+                f"{v['h_simulated']:.4f}"
+                + (f" ± {v['h_simulated_ci95']:.4f} (95%, {v['replications']} runs)" if "h_simulated_ci95" in v else "")
+                + (f" (prediction − simulation = {v['difference']:+.4f})" if v.get("difference") is not None else ""),
             ]
         )
+    by = {"estimator": f"predictor: {res.estimator}", "replay": "exact: trace replayed", "resample": "exact: resampled"}
     _table(
-        f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, predictor: {res.estimator} "
+        f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, {by.get(res.answered_by, res.answered_by)} "
         f"({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})",
         ["question", "answer"],
         rows,
@@ -920,15 +975,30 @@ def curve(
         return
     Ns = res.N
     keys = [k for k in res.curves if not k.endswith("token ratio")]
-    cols = ["N (blocks)", "GiB", *keys]
+    feas = res.feasible
+    cols = ["N (blocks)", "GiB", *keys] + (["refused (requests / tokens)"] if feas is not None else [])
     rows = []
     for i in np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int)):
-        rows.append(
-            [_fmt(int(Ns[i])), f"{Ns[i] * res.bytes_per_block / 2**30:.2f}", *[_fmt(res.curves[k][i]) for k in keys]]
-        )
+        row = [_fmt(int(Ns[i])), f"{Ns[i] * res.bytes_per_block / 2**30:.2f}", *[_fmt(res.curves[k][i]) for k in keys]]
+        if feas is not None:
+            row.append(
+                "–"
+                if feas[i]
+                else f"infeasible: {100 * res.refused_request_share[i]:.2f}% / {100 * res.refused_token_share[i]:.2f}%"
+            )
+        rows.append(row)
     _table(
-        f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {_fmt(res.h_max)})", cols, rows
+        f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {_fmt(res.h_max)}; "
+        f"GiB of {res.model} KV)",
+        cols,
+        rows,
     )
+    if feas is not None and not all(feas):
+        console.print(
+            f"note: below N = {res.N_min:,} blocks (the largest request) vLLM cannot serve this workload: "
+            "no vLLM hit ratio is reported there (shaded in the plot)",
+            markup=False,
+        )
     for f in res.figures:
         console.print(f"wrote {f}", markup=False)
 

@@ -61,6 +61,11 @@ class CurveResponse(Response):
     feasible: list[bool] | None = Field(None, description="N ≥ the largest request (vLLM can serve it).")
     N_min: int | None = Field(None, description="Largest request in blocks (vLLM refuses it below).")
     budget_N: int | None = Field(None, description="The --kv-gb budget in blocks of --model.")
+    grid: str = Field("log", description="Capacities are log-spaced.")
+    model: str = Field(description="Model behind the GiB axis.")
+    refused_request_share: list[float] | None = Field(None, description="Share of requests vLLM refuses at N.")
+    refused_token_share: list[float] | None = Field(None, description="Share of prompt tokens refused at N.")
+    describe: dict[str, Any] | None = Field(None, description="Production trace summary (--blocks-trace).")
     curves: dict[str, list[float | None]] = Field(description="Hit ratio per capacity, by source.")
     h_max: float | None
     lam0: float | None = Field(description="λ0 (1/s); null for a production trace.")
@@ -80,11 +85,30 @@ def _grid(n_min: int, hi: int, points: int, flag: str) -> np.ndarray:
     return np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
 
 
-def _split_curves(data: dict) -> CurveResponse:
+def _curve_keys(data: dict) -> list[str]:
+    """The hit-ratio lines of a curve result (float arrays over N, not the refused shares or token duplicates)."""
+    return [
+        k
+        for k, v in data.items()
+        if isinstance(v, np.ndarray)
+        and v.dtype.kind == "f"
+        and k != "N"
+        and not k.startswith("refused")
+        and not k.endswith("token ratio")
+    ]
+
+
+def _split_curves(data: dict, model: str) -> CurveResponse:
     Ns = data.pop("N")
     feasible = data.pop("feasible", None)
+    refused_r = data.pop("refused_request_share", None)
+    refused_t = data.pop("refused_token_share", None)
     curves = {k: v for k, v in data.items() if isinstance(v, np.ndarray)}
     return CurveResponse(
+        model=model,
+        describe=data.get("describe"),
+        refused_request_share=None if refused_r is None else [float(x) for x in refused_r],
+        refused_token_share=None if refused_t is None else [float(x) for x in refused_t],
         N=[int(x) for x in Ns],
         feasible=None if feasible is None else [bool(x) for x in feasible],
         N_min=None if not data.get("N_min") else int(data["N_min"]),
@@ -114,37 +138,45 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             raise InputError("--warmup: a production trace has no conversation warm-up")
         pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
         d = pt.describe()
-        rq = pt.to_block_requests()
         hi = req.n_max or int(4 * d.get("distinct_blocks", d["min_N"] * 10))
         Ns = _grid(req.n_min, hi, req.points, "--n-max")
         check_capacity_memory(int(Ns.max()), "--n-max")
-        from ..sim.blockcurve import block_curve
+        from ..sim.tracerun import ENGINE_LABELS, production_curve
 
-        data: dict[str, Any] = {"N": Ns}
         with translating(f"--blocks-trace {req.blocks_trace}"):
-            for e, label in (("vllm", "vLLM ≥ 0.24"), ("vllm-0.23", "vLLM ≤ 0.23")):
-                c = block_curve(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e)
-                data[f"{label} token hit ratio"] = c["token_hit_ratio"]
-        data["h_max"] = d["ideal_token_hit_ratio"]
+            c = production_curve(pt, Ns)
+        feas = c["feasibility"]
+        data: dict[str, Any] = {"N": Ns}
+        for e, label in ENGINE_LABELS.items():
+            data[f"{label} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
+        data["h_max"] = c["h_max"]
         data["lam0"] = None
-        data["bytes_per_block"] = model.bytes_per_block(rq.block_size)
+        data["N_min"] = feas.N_min
+        data["feasible"] = feas.feasible
+        data["refused_request_share"] = feas.refused_requests
+        data["refused_token_share"] = feas.refused_tokens
+        data["describe"] = d
+        data["bytes_per_block"] = model.bytes_per_block(pt.block_size)
         if req.kv_gb is not None:
             data["budget_N"] = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), data["bytes_per_block"]))
         if req.plot is not None:
             from ..plots import plot_curves
 
             req.plot.parent.mkdir(parents=True, exist_ok=True)
-            lines = {k: (Ns, v) for k, v in data.items() if isinstance(v, np.ndarray) and k != "N"}
+            lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
             data["figures"] = plot_curves(
                 lines,
                 str(req.plot),
                 h_max=data["h_max"],
                 bytes_per_block=data["bytes_per_block"],
                 model=model.name,
-                N_min=d["min_N"],
-                title=f"{Path(req.blocks_trace).name}: vLLM token hit ratio vs capacity (b = {rq.block_size})",
+                log_x=True,
+                N_min=feas.N_min,
+                budget_N=data.get("budget_N"),
+                title=f"{Path(req.blocks_trace).name} ({pt.format}): vLLM token hit ratio vs capacity "
+                f"(b = {pt.block_size}, {model.name} KV)",
             )
-        return _split_curves(data)
+        return _split_curves(data, model.name)
 
     if source == "trace":
         tr = read_trace(req.trace)
@@ -178,6 +210,12 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             tr, Ns, window, policies=tuple(req.policies), estimates=req.estimates, inputs=inp, progress=cb
         )
     data["bytes_per_block"] = bpb
+    if inp.requests is not None:  # refused shares where vLLM cannot serve the workload (sim/feasibility)
+        from ..sim.feasibility import feasibility
+
+        f = feasibility(inp.requests.prompt_tokens, inp.requests.block_size, Ns, mask=inp.mask)
+        data["refused_request_share"] = f.refused_requests
+        data["refused_token_share"] = f.refused_tokens
     budget = None
     if req.kv_gb is not None:
         budget = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), bpb))
@@ -186,11 +224,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         from ..plots import plot_curves
 
         req.plot.parent.mkdir(parents=True, exist_ok=True)
-        lines = {
-            k: (Ns, v)
-            for k, v in data.items()
-            if isinstance(v, np.ndarray) and k not in ("N", "feasible") and not k.endswith("token ratio")
-        }
+        lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
         data["figures"] = plot_curves(
             lines,
             str(req.plot),
@@ -199,6 +233,6 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             model=model.name,
             budget_N=budget,
             N_min=data.get("N_min") or None,
-            title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b})",
+            title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, {model.name} KV)",
         )
-    return _split_curves(data)
+    return _split_curves(data, model.name)

@@ -20,6 +20,11 @@ def read_trace(path: Path, flag: str = "--trace"):
     """A validated :class:`~kvhit.workload.Trace`; zero-row traces refused."""
     from ..workload import Trace
 
+    if path.is_dir() or path.suffix in (".json", ".jsonl"):
+        raise InputError(
+            f"{flag} {path}: reads kvhit Parquet traces; this looks like a production block-id trace (Mooncake "
+            ".jsonl, WEKA .json file or directory): use --blocks-trace"
+        )
     with translating(f"{flag} {path}"):
         tr = Trace.read(path)
     if tr.n_turns == 0:

@@ -93,15 +93,31 @@ class SimulateResponse(Response):
     blocks_trace: str | None = None
     describe: dict[str, Any] | None = Field(None, description="Production trace summary (--blocks-trace).")
     notes: list[str] = Field(default_factory=list, description="What the reader changed or noticed.")
+    N_min: int | None = Field(None, description="Largest request in blocks: vLLM cannot serve smaller capacities.")
 
 
 def simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, block_size=None) -> list[dict]:
-    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace."""
+    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace. Block policy: capacities below
+    the largest request are infeasible (vLLM would refuse requests; refused shares, no ratio:
+    :mod:`kvhit.sim.feasibility`). Algorithm 1 serves every request (a content larger than N is a miss, nothing is
+    left out), so the content policy has no infeasible capacity."""
     from ..sim.content import simulate_content
+    from ..sim.feasibility import feasibility
     from ..sim.metrics import batch_means, content_hit_stats
     from ..sim.runner import block_requests, simulate_trace_block
 
     rows = []
+    wmask = window.mask(tr) if window is not None else np.ones(tr.n_turns, bool)
+    rq0 = None
+    if policy == "block":
+        rq0 = block_requests(tr, block_size=block_size, colocated=colocated)
+        feas = feasibility(rq0.prompt_tokens, rq0.block_size, Ns, mask=wmask, response_tokens=rq0.response_tokens)
+        for k in range(len(Ns)):
+            if not feas.feasible[k]:
+                rows.append(
+                    {"N": Ns[k], "policy": policy, **feas.row(k), "h": None, "h_ci95": None, "N_min": feas.N_min}
+                )
+        Ns = [n for k, n in enumerate(Ns) if feas.feasible[k]]
     if policy == "content":
         conv, practical = tr.dense_conv(), weighting == "practical"
         R_prev = tr.R_prev()
@@ -122,7 +138,7 @@ def simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, bl
                 }
             )
     else:
-        rq = block_requests(tr, block_size=block_size, colocated=colocated)
+        rq = rq0
         for N in Ns:
             res, m = simulate_trace_block(tr, N, engine=engine, colocated=colocated, window=window, requests=rq)
             _, half = batch_means(tr, res.hit_blocks.astype(float), res.prompt_blocks, window)
@@ -141,7 +157,22 @@ def simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, bl
                     "n_measured": m["n_measured"],
                 }
             )
-    return rows
+    for r in rows:
+        r.setdefault("feasible", True)
+        r.setdefault("refused_request_share", 0.0)
+        r.setdefault("refused_token_share", 0.0)
+    return sorted(rows, key=lambda r: r["N"])
+
+
+def _null_infeasible_estimates(rows: list[dict], est: list[dict]) -> None:
+    """No estimated ratio either where the capacity cannot serve the workload."""
+    bad = {r["N"] for r in rows if not r.get("feasible", True)}
+    for e in est:
+        if e["N"] in bad:
+            for k in list(e):
+                if k.startswith("h"):
+                    e[k] = None
+            e["feasible"] = False
 
 
 def trace_estimates(tr, Ns: list[int], window, practical: bool) -> list[dict]:
@@ -180,30 +211,6 @@ def _add_engine_estimates(est: list[dict], source, Ns, policy, engine, block_siz
         e["h_engine"] = float(v)
 
 
-def _blocks_trace_rows(pt, Ns, engines, mask) -> list[dict]:
-    from ..sim import block as blk
-
-    rq = pt.to_block_requests()
-    rows = []
-    for e in engines:
-        for N in Ns:
-            res = blk.simulate_block(
-                rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=N, block_size=rq.block_size, engine=e
-            )
-            rows.append(
-                {
-                    "N": N,
-                    "engine": e,
-                    "token_hit_ratio": blk.token_hit_ratio(res, mask),
-                    "h_blocks": blk.block_hit_ratio(res, mask),
-                    "request_hit_rate": blk.request_hit_rate(res, mask),
-                    "rejected": int(res.n_rejected),
-                    "evictions": int(res.evictions),
-                }
-            )
-    return rows
-
-
 def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
     """Run the request; ``progress(done, total)`` is called once per replication in spec mode."""
     source = req.check_sources()
@@ -225,11 +232,14 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
     Ns = list(req.N)
 
     if source == "blocks":
+        from ..sim.tracerun import production_rows
+
         pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
-        mask = production_mask(pt, req.warmup_time)
+        production_mask(pt, req.warmup_time)  # refuses a warm-up that leaves nothing to measure
         with translating(f"--blocks-trace {req.blocks_trace}"):
-            rows = _blocks_trace_rows(pt, Ns, ["vllm", "vllm-0.23"], mask)
+            rows, feas = production_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time=req.warmup_time)
             return SimulateResponse(
+                N_min=feas.N_min,
                 policy="block",
                 blocks_trace=str(req.blocks_trace),
                 describe=pt.describe(),
@@ -246,6 +256,7 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
             rows = simulate_trace_rows(tr, Ns, req.policy, req.engine, weighting, req.colocated, window, req.block_size)
             est = trace_estimates(tr, Ns, window, weighting == "practical")
             _add_engine_estimates(est, tr, Ns, req.policy, req.engine)
+            _null_infeasible_estimates(rows, est)
         return SimulateResponse(policy=req.policy, trace=str(req.trace), rows=rows, estimate=est)
 
     from ..sim.metrics import mean_ci
@@ -272,11 +283,26 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
         rows = []
         for n in Ns:
             reps = per_N[n]
+            if not all(x.get("feasible", True) for x in reps):
+                rows.append(
+                    {
+                        "N": n,
+                        "policy": req.policy,
+                        "feasible": False,
+                        "refused_request_share": float(np.mean([x["refused_request_share"] for x in reps])),
+                        "refused_token_share": float(np.mean([x["refused_token_share"] for x in reps])),
+                        "h": None,
+                        "h_ci95": None,
+                        "replications": replications,
+                    }
+                )
+                continue
             h, half = mean_ci([x["h"] for x in reps])
             rq, _ = mean_ci([x["request_hit_rate"] for x in reps])
             row = {
                 "N": n,
                 "policy": req.policy,
+                "feasible": True,
                 "h": h,
                 "h_ci95": half,
                 "request_hit_rate": rq,
@@ -291,4 +317,5 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
             rows.append(row)
         est = spec_estimates(sp, Ns, weighting == "practical")
         _add_engine_estimates(est, sp, Ns, req.policy, req.engine, req.block_size or 128)
+        _null_infeasible_estimates(rows, est)
     return SimulateResponse(policy=req.policy, rows=rows, estimate=est, spec=sp.to_dict())
