@@ -41,6 +41,24 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 
+def _flags_read_as_flags() -> None:
+    """Typer's help shows ``<bool>`` beside a flag as if it took a value; a flag takes none, so show nothing."""
+    from typer.core import TyperOption
+
+    if getattr(TyperOption, "_kvhit_flags", False):
+        return
+    plain = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else plain(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich
+    TyperOption._kvhit_flags = True
+
+
+_flags_read_as_flags()
+
+
 def _version(value: bool) -> None:
     if value:
         console.print(f"kvhit {__version__}", markup=False, highlight=False)
@@ -81,7 +99,14 @@ def _call(fn: Callable[..., Any], model: type, /, *, _progress_label: str | None
 
 def _help(model: type, field: str) -> str:
     """An option's help text: the request field's description (unit, range, default) — one source of truth."""
-    return model.model_fields[field].description or ""
+    f = model.model_fields[field]
+    text = (f.description or "").rstrip(".")
+    if "default" not in text.lower() and "required" not in text.lower():
+        if f.is_required():
+            text += "; required"
+        elif f.default is None:
+            text += "; default: none"
+    return text + "."
 
 
 def _print_json(obj: Any) -> None:
@@ -492,7 +517,7 @@ STR = svc.StatsRequest
 
 @trace_app.command("stats")
 def trace_stats(
-    path: Annotated[Path, typer.Argument(help="Trace (Parquet).")],
+    path: Annotated[Path, typer.Argument(help="Trace (Parquet); required.")],
     warmup: Annotated[int | None, _opt(STR, "warmup", "--warmup")] = None,
     block: Annotated[str, _opt(STR, "block", "--block")] = "paper",
     fig: Annotated[Path | None, _opt(STR, "fig", "--fig")] = None,
@@ -754,7 +779,7 @@ def plan(
                 f"{res.saved_prefill_tokens_per_s:,.0f} tokens/s ({100 * res.saved_fraction:.1f}% of prompt tokens)",
             ]
         )
-    if res.compare:
+    if res.compare and res.compare.get("h_at_capacity") is not None:
         c = res.compare
         rows.append(
             [f"vs {c['engine']} at this capacity", f"{c['h_at_capacity']:.4f} → {res.estimator} gains {c['gain']:+.4f}"]

@@ -29,7 +29,7 @@ POLICIES = ("content", "vllm", "vllm-0.23")
 
 class CurveRequest(BlocksTraceFields):
     conversations: int | None = Field(
-        None, ge=1, le=10**8, description="Spec mode: conversations generated; default: 20,000."
+        None, ge=1, le=10**8, description="Spec mode: conversations generated; 1–10^8; default: 20,000."
     )
     seed: Seed = 0
     n_min: int = Field(64, ge=1, le=MAX_N, description="Smallest capacity, blocks; ≥ 1.")
@@ -49,7 +49,7 @@ class CurveRequest(BlocksTraceFields):
         None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's, else 128."
     )
     plot: Path | None = Field(None, description="Write PREFIX.png and PREFIX.svg.")
-    warmup: int | None = Field(None, ge=0, description="Warm-up conversations; default: the trace's n_warm.")
+    warmup: int | None = Field(None, ge=0, description="Warm-up conversations; ≥ 0; default: the trace's n_warm.")
     estimates: bool = Field(True, description="Also compute the estimators' curves.")
     kv_gb: float | None = Field(
         None, gt=0, le=2**20, description="KV budget in GiB of --model, marked on the plot; (0, 2^20]."

@@ -39,13 +39,22 @@ class PlanRequest(BlocksTraceFields, HardwareFields):
     verify: bool = Field(False, description="Check (a) by exact simulation of the engine.")
     seed: Seed = 0
     scale: float | None = Field(
-        None, gt=0, le=1e6, description="--blocks-trace: plan a stationary stream at this multiple of the trace's rate."
+        None,
+        gt=0,
+        le=1e6,
+        description="--blocks-trace: plan a stationary stream at this multiple of the trace's rate; (0, 10^6].",
     )
     replications: int | None = Field(
-        None, ge=1, le=10_000, description="--blocks-trace with --lam0/--scale: resampled replications; default 5."
+        None,
+        ge=1,
+        le=10_000,
+        description="--blocks-trace with --lam0/--scale: resampled replications; 1–10,000; default 5.",
     )
     conversations: int | None = Field(
-        None, ge=1, le=10**7, description="--blocks-trace resampling: conversations per replication; default 200."
+        None,
+        ge=1,
+        le=10**7,
+        description="--blocks-trace resampling: conversations per replication; 1–10^7; default 200.",
     )
 
     FLAGS = {**BlocksTraceFields.FLAGS, **HardwareFields.FLAGS}
@@ -180,6 +189,9 @@ def plan(req: PlanRequest) -> PlanResponse:
         res = plan_fn(wl, cap, target=req.target, verify=req.verify)
         if req.compare is not None:
             other = make_workload(source, lam0=lam0, engine=req.compare, metric=metric, block_size=req.block_size)
-            h_other = float(other.predict(np.array([float(cap.N)]), np.array([wl.lam0]))[0])
-            res.compare = {"engine": req.compare, "h_at_capacity": h_other, "gain": res.h_at_capacity - h_other}
+            if res.h_at_capacity is None:  # infeasible capacity: no ratio to compare
+                res.compare = {"engine": req.compare, "h_at_capacity": None, "gain": None}
+            else:
+                h_other = float(other.predict(np.array([float(cap.N)]), np.array([wl.lam0]))[0])
+                res.compare = {"engine": req.compare, "h_at_capacity": h_other, "gain": res.h_at_capacity - h_other}
     return PlanResponse(**res.to_dict())

@@ -70,10 +70,10 @@ class SimulateRequest(BlocksTraceFields):
         None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's, else 128."
     )
     conversations: int | None = Field(
-        None, ge=1, le=10**8, description="Spec mode: measured conversations per replication; default: 20,000."
+        None, ge=1, le=10**8, description="Spec mode: measured conversations per replication; 1–10^8; default: 20,000."
     )
     warmup: int | None = Field(
-        None, ge=0, description="Warm-up conversations; default: the trace's n_warm, or 20% of -n on a spec."
+        None, ge=0, description="Warm-up conversations; ≥ 0; default: the trace's n_warm, or 20% of -n on a spec."
     )
     warmup_time: float | None = Field(None, ge=0, description="Warm-up by time, seconds; ≥ 0.")
     replications: int | None = Field(
