@@ -340,6 +340,7 @@ def simulate(
     arrival: ArrivalOpt = "sequential",
     rate: RateOpt = None,
     span: SpanOpt = None,
+    estimates: Annotated[bool, _opt(SR, "estimates", "--estimate/--no-estimate")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate the hit ratio: Algorithm 1 (content) or the vLLM block cache, on a trace, a spec, or a production
@@ -352,6 +353,7 @@ def simulate(
         svc.simulate,
         SR,
         _progress_label="simulating",
+        estimates=estimates,
         N=_split(N),
         trace=trace,
         spec=spec,
@@ -464,6 +466,7 @@ def trace_generate(
     res = _call(
         svc.generate_trace,
         GR,
+        _progress_label="generating",
         out=out,
         spec=spec,
         lam0=lam0,
@@ -524,7 +527,7 @@ def trace_stats(
     as_json: JsonOpt = False,
 ) -> None:
     """Workload statistics of a trace (eq. (35)–(37)) and the two panels of the paper's Fig. 2."""
-    st = _call(svc.trace_stats, STR, path=path, warmup=warmup, block=block, fig=fig)
+    st = _call(svc.trace_stats, STR, _progress_label="reading", path=path, warmup=warmup, block=block, fig=fig)
     if as_json:
         _print_json(st)
         return

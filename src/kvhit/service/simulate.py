@@ -80,6 +80,7 @@ class SimulateRequest(BlocksTraceFields):
         None, ge=1, le=10_000, description="Spec mode: independent replications (seed + r); ≥ 1; default: 5."
     )
     seed: Seed = 0
+    estimates: bool = Field(True, description="Also compute the estimators beside the simulation.")
 
     FLAGS = {**BlocksTraceFields.FLAGS, "N": "--N"}
 
@@ -96,11 +97,14 @@ class SimulateResponse(Response):
     N_min: int | None = Field(None, description="Largest request in blocks: vLLM cannot serve smaller capacities.")
 
 
-def simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, block_size=None) -> list[dict]:
+def simulate_trace_rows(
+    tr, Ns, policy, engine, weighting, colocated, window, block_size=None, progress=None
+) -> list[dict]:
     """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace. Block policy: capacities below
     the largest request are infeasible (vLLM would refuse requests; refused shares, no ratio:
     :mod:`kvhit.sim.feasibility`). Algorithm 1 serves every request (a content larger than N is a miss, nothing is
-    left out), so the content policy has no infeasible capacity."""
+    left out), so the content policy has no infeasible capacity. ``progress(done, total, what)`` is called before
+    each simulated capacity."""
     from ..sim.content import simulate_content
     from ..sim.feasibility import feasibility
     from ..sim.metrics import batch_means, content_hit_stats
@@ -122,7 +126,9 @@ def simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, bl
         conv, practical = tr.dense_conv(), weighting == "practical"
         R_prev = tr.R_prev()
         weight = np.maximum(R_prev - 1, 0) if practical else R_prev  # eq. (31) or eq. (12)
-        for N in Ns:
+        for k, N in enumerate(Ns):
+            if progress:
+                progress(k, len(Ns), f"Algorithm 1 at N = {N:,}")
             hit = simulate_content(conv, tr["R"], N).hit.astype(bool)
             st = content_hit_stats(tr, hit, window=window, practical=practical)
             _, half = batch_means(tr, np.where(hit, weight, 0), tr["R"], window)
@@ -139,7 +145,9 @@ def simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, bl
             )
     else:
         rq = rq0
-        for N in Ns:
+        for k, N in enumerate(Ns):
+            if progress:
+                progress(k, len(Ns), f"{engine} block cache at N = {N:,}")
             res, m = simulate_trace_block(tr, N, engine=engine, colocated=colocated, window=window, requests=rq)
             _, half = batch_means(tr, res.hit_blocks.astype(float), res.prompt_blocks, window)
             rows.append(
@@ -212,7 +220,7 @@ def _add_engine_estimates(est: list[dict], source, Ns, policy, engine, block_siz
 
 
 def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
-    """Run the request; ``progress(done, total)`` is called once per replication in spec mode."""
+    """Run the request; ``progress(done, total, what)`` reports replications (spec) or capacities (trace)."""
     source = req.check_sources()
     if req.policy == "block" and req.weighting is not None:
         raise InputError("--weighting: applies to --policy content (the block policy counts blocks)")
@@ -253,10 +261,18 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
             tr.meta["block_size"] = req.block_size or 128
         window = window_for(tr, req.warmup, req.warmup_time, str(req.trace))
         with translating(f"--trace {req.trace}"):
-            rows = simulate_trace_rows(tr, Ns, req.policy, req.engine, weighting, req.colocated, window, req.block_size)
-            est = trace_estimates(tr, Ns, window, weighting == "practical")
-            _add_engine_estimates(est, tr, Ns, req.policy, req.engine)
-            _null_infeasible_estimates(rows, est)
+            rows = simulate_trace_rows(
+                tr, Ns, req.policy, req.engine, weighting, req.colocated, window, req.block_size, progress=progress
+            )
+            est = []
+            if req.estimates:
+                if progress:
+                    progress(len(Ns), len(Ns) + 2, "estimators: paper eq. (39)")
+                est = trace_estimates(tr, Ns, window, weighting == "practical")
+                if progress:
+                    progress(len(Ns) + 1, len(Ns) + 2, "estimators: engine-aware")
+                _add_engine_estimates(est, tr, Ns, req.policy, req.engine)
+                _null_infeasible_estimates(rows, est)
         return SimulateResponse(policy=req.policy, trace=str(req.trace), rows=rows, estimate=est)
 
     from ..sim.metrics import mean_ci
@@ -315,7 +331,9 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
             else:
                 row["weighting"] = weighting
             rows.append(row)
-        est = spec_estimates(sp, Ns, weighting == "practical")
-        _add_engine_estimates(est, sp, Ns, req.policy, req.engine, req.block_size or 128)
-        _null_infeasible_estimates(rows, est)
+        est = []
+        if req.estimates:
+            est = spec_estimates(sp, Ns, weighting == "practical")
+            _add_engine_estimates(est, sp, Ns, req.policy, req.engine, req.block_size or 128)
+            _null_infeasible_estimates(rows, est)
     return SimulateResponse(policy=req.policy, rows=rows, estimate=est, spec=sp.to_dict())

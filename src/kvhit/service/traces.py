@@ -53,7 +53,7 @@ class GenerateResponse(Response):
     seed: int
 
 
-def generate_trace(req: GenerateRequest) -> GenerateResponse:
+def generate_trace(req: GenerateRequest, progress=None) -> GenerateResponse:
     from ..workload import generate
 
     check_output_file(req.out, "--out")
@@ -68,12 +68,16 @@ def generate_trace(req: GenerateRequest) -> GenerateResponse:
             f"{flag}: about {n_conv * float(sp.M.mean):,.0f} turns would need {need / 2**30:,.1f} GiB, more than "
             f"half of this machine's {available_memory_bytes() / 2**30:,.1f} GiB"
         )
+    cb = progress or (lambda done, total, what=None: None)
+    cb(0, 2, "generating")
     with translating(str(req.spec) if req.spec else "spec"):
         tr = generate(sp, req.seed, n_conversations=req.conversations, horizon=req.horizon)
+    cb(1, 2, f"writing {tr.n_turns:,} turns")
     if tr.n_turns == 0:
         raise InputError(f"--horizon: no conversation arrives within {req.horizon:g} s at λ0 = {sp.lam0:g}/s")
     with translating("--out"):
         tr.write(req.out)
+    cb(2, 2)
     return GenerateResponse(out=str(req.out), conversations=tr.n_conversations, turns=tr.n_turns, seed=req.seed)
 
 
@@ -116,7 +120,7 @@ def stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dict:
     from ..estimate import trace_moments
 
     n_warm = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
-    conv_ids = np.unique(tr["conv"])
+    conv_ids = tr.conv_index()[0]
     mask = conv_ids >= n_warm if n_warm > 0 else np.ones(conv_ids.size, bool)
     mom = trace_moments(tr, mask, block=block)
     return {
@@ -139,9 +143,12 @@ def stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dict:
     }
 
 
-def trace_stats(req: StatsRequest) -> StatsResponse:
+def trace_stats(req: StatsRequest, progress=None) -> StatsResponse:
     check_output_file(req.fig, "--fig", (".png", ".svg"))
+    cb = progress or (lambda done, total, what=None: None)
+    cb(0, 2, "reading")
     tr = read_trace(req.path, "PATH")
+    cb(1, 2, f"statistics of {tr.n_turns:,} turns")
     n_conv = tr.n_conversations
     n_warm = req.warmup if req.warmup is not None else int(tr.meta.get("n_warm", 0))
     if n_warm >= n_conv:
