@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from clihelp import kvhit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +19,7 @@ MOONCAKE = str(ROOT / "tests" / "data" / "production" / "mooncake_small.jsonl")
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("out") / "t.parquet"
-    assert kvhit("trace", "generate", "--spec", SCM, "-n", "2000", "-o", p).code == 0
+    assert kvhit("trace", "generate", "--spec", SCM, "-n", "1000", "-o", p).code == 0
     return p
 
 
@@ -28,7 +29,7 @@ def _commands(trace):
         ["simulate", "--trace", trace, "--N", "100,1000,123456", "--policy", "block"],
         ["simulate", "--blocks-trace", MOONCAKE, "--N", "300,3000"],
         ["plan", "--trace", trace, "--kv-gb", "40", "--target", "0.3", "--compare", "vllm-0.23"],
-        ["curve", "--trace", trace, "--points", "30"],
+        ["curve", "--trace", trace, "--points", "12"],
         ["trace", "stats", trace],
         ["kv", "--model", "llama-3.1-70b", "--gpu", "H200", "--tp", "4"],
     ]
