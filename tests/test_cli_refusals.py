@@ -280,3 +280,12 @@ def test_json_is_strict_null_for_undefined(small_trace):
     d = json.loads(r.out, parse_constant=lambda c: pytest.fail(c))
     assert d["lam0"] is None
     assert np.isfinite(d["h_max"])
+
+
+def test_flags_that_would_be_ignored_are_refused():
+    assert_refused(kvhit("kv", "--kv-gb", "40", "--gpu-memory-utilization", "0.5"), "--gpu-memory-utilization")
+    assert_refused(kvhit("simulate", *SCM, "--N", "10", "--policy", "block", "--weighting", "base"), "--weighting")
+    assert_refused(kvhit("simulate", *SCM, "--N", "10", "--colocated"), "--colocated")
+    assert_refused(kvhit("estimate", *SCM, "--N", "10", "--w-cv", "0.5"), "--w-cv")
+    assert_refused(kvhit("plan", *SCM, "--kv-gb", "1", "--scale", "2"), "--scale")
+    assert_refused(kvhit("plan", "--spec", SCM_TOML, "--kv-gb", "40", "--engine", "paper", "--verify"), "--verify")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = [
+    "tests/test_service.py",
     "tests/test_cli_numbers.py",
     "tests/test_cli_refusals.py",
     "tests/test_cli.py",
