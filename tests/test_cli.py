@@ -91,8 +91,21 @@ def test_generate_stats_simulate_roundtrip(tmp_path):
         assert r.exit_code == 0, r.output
         res = json.loads(r.stdout)
         h = [row["h"] for row in res["rows"]]
-        assert 0 <= h[0] <= h[1] <= 1  # inclusion in N
         assert len(res["estimate"]) == 2
+        if policy == "content":  # Algorithm 1 serves every request: no infeasible capacity
+            assert 0 <= h[0] <= h[1] <= 1  # inclusion in N
+            continue
+        # the block cache cannot serve a 50-block pool: prompts of R_j > 50 blocks (T_j = R_j·b − 1) are refused
+        from kvhit.workload import Window
+
+        R = tr["R"][Window.warmup_conversations(tr, 500).mask(tr)]  # the measured turns (App. E window)
+        assert R.max() > 50
+        row = res["rows"][0]
+        assert row["feasible"] is False and h[0] is None and res["estimate"][0]["h"] is None
+        assert row["refused_request_share"] == pytest.approx((R > 50).mean(), abs=1e-15)
+        Tt = R * 16 - 1
+        assert row["refused_token_share"] == pytest.approx(Tt[R > 50].sum() / Tt.sum(), abs=1e-15)
+        assert res["rows"][1]["feasible"] is True and 0 <= h[1] <= 1
 
 
 def test_simulate_spec_replications_ci():
@@ -145,7 +158,12 @@ def test_blocks_trace_simulate_and_curve_agree(fixture):
     for row in rows:  # the one-pass curve equals the simulator at the same capacities
         k = curve["N"].index(row["N"])
         label = "vLLM ≥ 0.24" if row["engine"] == "vllm" else "vLLM ≤ 0.23"
-        assert curve[f"{label} token hit ratio"][k] == pytest.approx(row["token_hit_ratio"], abs=1e-12, nan_ok=True)
+        assert curve["feasible"][k] is row["feasible"]
+        if not row["feasible"]:  # no ratio where the pool cannot serve the workload
+            assert curve[f"{label} token hit ratio"][k] is None and row["token_hit_ratio"] is None
+            assert curve["refused_request_share"][k] == row["refused_request_share"] > 0
+            continue
+        assert curve[f"{label} token hit ratio"][k] == pytest.approx(row["token_hit_ratio"], abs=1e-12)
 
 
 def test_blocks_trace_malformed_is_one_line_error():

@@ -232,12 +232,24 @@ def simulate_trace_rows(
     window,
     block_size: int | None = None,
 ) -> list[dict]:
-    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace."""
+    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace. Block policy: capacities below
+    the largest request are infeasible (vLLM would refuse requests; refused shares, no ratio:
+    :mod:`kvhit.sim.feasibility`). Algorithm 1 serves every request (a content larger than N is a miss, nothing is
+    left out), so the content policy has no infeasible capacity."""
     from .sim.content import simulate_content
+    from .sim.feasibility import feasibility
     from .sim.metrics import batch_means, content_hit_stats
     from .sim.runner import block_requests, simulate_trace_block
 
     rows = []
+    wmask = window.mask(tr) if window is not None else np.ones(tr.n_turns, bool)
+    if policy == "block":
+        rq0 = block_requests(tr, block_size=block_size, colocated=colocated)
+        feas = feasibility(rq0.prompt_tokens, rq0.block_size, Ns, mask=wmask, response_tokens=rq0.response_tokens)
+        bad = [k for k in range(len(Ns)) if not feas.feasible[k]]
+        for k in bad:
+            rows.append({"N": Ns[k], "policy": policy, **feas.row(k), "h": None, "h_ci95": None, "N_min": feas.N_min})
+        Ns = [n for k, n in enumerate(Ns) if feas.feasible[k]]
     if policy == "content":
         conv, practical = tr.dense_conv(), weighting == "practical"
         R_prev = tr.R_prev()
@@ -258,7 +270,7 @@ def simulate_trace_rows(
                 }
             )
     elif policy == "block":
-        rq = block_requests(tr, block_size=block_size, colocated=colocated)
+        rq = rq0
         for N in Ns:
             res, m = simulate_trace_block(tr, N, engine=engine, colocated=colocated, window=window, requests=rq)
             _, half = batch_means(tr, res.hit_blocks.astype(float), res.prompt_blocks, window)
@@ -279,7 +291,11 @@ def simulate_trace_rows(
             )
     else:
         raise ValueError(f"--policy: unknown policy {policy!r} (content, block)")
-    return rows
+    for r in rows:
+        r.setdefault("feasible", True)
+        r.setdefault("refused_request_share", 0.0)
+        r.setdefault("refused_token_share", 0.0)
+    return sorted(rows, key=lambda r: r["N"])
 
 
 BlocksTraceOpt = Annotated[
@@ -302,31 +318,6 @@ def _read_blocks_trace(path: Path, arrival: str, rate: float | None, span: float
     return read_production(path, **kw)
 
 
-def _blocks_trace_rows(pt, Ns: list[int], engines: list[str], warmup_time: float | None) -> list[dict]:
-    from .sim import block as blk
-
-    rq = pt.to_block_requests()
-    mask = np.ones(rq.prompt_tokens.shape[0], bool) if warmup_time is None else pt.time >= pt.time[0] + warmup_time
-    rows = []
-    for e in engines:
-        for N in Ns:
-            res = blk.simulate_block(
-                rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=N, block_size=rq.block_size, engine=e
-            )
-            rows.append(
-                {
-                    "N": N,
-                    "engine": e,
-                    "token_hit_ratio": blk.token_hit_ratio(res, mask),
-                    "h_blocks": blk.block_hit_ratio(res, mask),
-                    "request_hit_rate": blk.request_hit_rate(res, mask),
-                    "rejected": int(res.n_rejected),
-                    "evictions": int(res.evictions),
-                }
-            )
-    return rows
-
-
 def _add_engine_estimates(out: dict, source, Ns: list[int], policy: str, engine: str, block_size: int = 128) -> None:
     """The engine-aware estimate (block-weighted, like the simulated h) of the simulated engine beside each row."""
     from .plan import make_workload
@@ -339,6 +330,24 @@ def _add_engine_estimates(out: dict, source, Ns: list[int], policy: str, engine:
         e["h_engine"] = float(v)
 
 
+def _null_infeasible_estimates(out: dict) -> None:
+    """No estimated ratio either where the capacity cannot serve the workload."""
+    bad = {r["N"] for r in out["rows"] if not r.get("feasible", True)}
+    for e in out.get("estimate", []):
+        if e["N"] in bad:
+            for k in list(e):
+                if k.startswith("h"):
+                    e[k] = None
+            e["feasible"] = False
+
+
+def _refused(r: dict) -> str:
+    return (
+        f"infeasible: refuses {100 * r['refused_request_share']:.2f}% of requests, "
+        f"{100 * r['refused_token_share']:.2f}% of prompt tokens"
+    )
+
+
 def _print_blocks_trace(res: dict) -> None:
     d = res["describe"]
     console.print(
@@ -347,20 +356,21 @@ def _print_blocks_trace(res: dict) -> None:
         f"{d['ideal_token_hit_ratio']:.4f}; largest request {d['min_N']:,} blocks"
     )
     t = Table(title="vLLM prefix cache on a production trace (token hit ratio = vLLM's prefix_cache_hits/queries)")
-    for col in ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate", "rejected"]:
+    for col in ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate"]:
         t.add_column(col, justify="right")
     for r in res["rows"]:
+        if not r["feasible"]:
+            t.add_row(_fmt(r["N"]), r["engine"], f"[yellow]{_refused(r)}[/]", "–", "–")
+            continue
         t.add_row(
-            _fmt(r["N"]),
-            r["engine"],
-            _fmt(r["token_hit_ratio"]),
-            _fmt(r["h_blocks"]),
-            _fmt(r["request_hit_rate"]),
-            _fmt(r["rejected"]),
+            _fmt(r["N"]), r["engine"], _fmt(r["token_hit_ratio"]), _fmt(r["h_blocks"]), _fmt(r["request_hit_rate"])
         )
     console.print(t)
-    if any(r["rejected"] for r in res["rows"]):
-        console.print("[yellow]note: requests larger than N are rejected by vLLM and excluded from the ratios[/]")
+    if any(not r["feasible"] for r in res["rows"]):
+        console.print(
+            f"[yellow]note: below N = {d['min_N']:,} blocks (the largest request) vLLM cannot serve this workload "
+            "(it refuses to start when max_model_len exceeds the KV cache); no hit ratio is reported there[/]"
+        )
 
 
 @app.command()
@@ -418,8 +428,11 @@ def simulate(
         out: dict[str, Any] = {"policy": policy, "rows": []}
         if blocks_trace is not None:
             pt = _read_blocks_trace(blocks_trace, arrival, rate, span, seed)
+            from .sim.tracerun import production_rows
+
             out.update(policy="block", blocks_trace=str(blocks_trace), describe=pt.describe())
-            out["rows"] = _blocks_trace_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time)
+            out["rows"], feas = production_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time=warmup_time)
+            out["N_min"] = feas.N_min
             return out
         if trace is not None:
             tr = Trace.read(trace)
@@ -430,6 +443,7 @@ def simulate(
             out["rows"] = simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, block_size)
             out["estimate"] = _estimates_for_trace(tr, Ns, window, weighting == "practical")
             _add_engine_estimates(out, tr, Ns, policy, engine)
+            _null_infeasible_estimates(out)
             return out
         sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
         n_warm = warmup if warmup is not None else max(1, conversations // 5)
@@ -450,11 +464,26 @@ def simulate(
 
         for n in Ns:
             reps = per_N[n]
+            if not all(x.get("feasible", True) for x in reps):
+                out["rows"].append(
+                    {
+                        "N": n,
+                        "policy": policy,
+                        "feasible": False,
+                        "refused_request_share": float(np.mean([x["refused_request_share"] for x in reps])),
+                        "refused_token_share": float(np.mean([x["refused_token_share"] for x in reps])),
+                        "h": None,
+                        "h_ci95": None,
+                        "replications": replications,
+                    }
+                )
+                continue
             h, half = mean_ci([x["h"] for x in reps])
             rq, _ = mean_ci([x["request_hit_rate"] for x in reps])
             row = {
                 "N": n,
                 "policy": policy,
+                "feasible": True,
                 "h": h,
                 "h_ci95": half,
                 "request_hit_rate": rq,
@@ -470,6 +499,7 @@ def simulate(
         out["spec"] = sp.to_dict()
         out["estimate"] = _estimates_for_spec(sp, Ns, weighting == "practical")
         _add_engine_estimates(out, sp, Ns, policy, engine, block_size or 128)
+        _null_infeasible_estimates(out)
         return out
 
     res = _run(go)
@@ -485,6 +515,9 @@ def simulate(
     est = {e["N"]: e for e in res.get("estimate", [])}
     for row in res["rows"]:
         e = est.get(row["N"], {})
+        if not row.get("feasible", True):
+            t.add_row(_fmt(row["N"]), f"[yellow]{_refused(row)}[/]", "–", "–", "–", "–")
+            continue
         t.add_row(
             _fmt(row["N"]),
             _fmt(row["h"]),
@@ -925,11 +958,21 @@ AccelOpt = Annotated[str | None, typer.Option("--accelerator", "--gpu", help="Ac
 KvGbOpt = Annotated[float | None, typer.Option("--kv-gb", help="KV budget in GiB (instead of an accelerator).")]
 
 
+def _not_a_block_trace(trace: Path) -> None:
+    """A Mooncake/WEKA block-id trace given to --trace: say which flag reads it."""
+    if trace.is_dir() or trace.suffix in (".json", ".jsonl"):
+        raise ValueError(
+            f"{trace}: --trace reads kvhit Parquet traces; this looks like a production block-id trace (Mooncake "
+            ".jsonl, WEKA .json file or directory): use --blocks-trace"
+        )
+
+
 def _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size):
     from .plan import make_workload
     from .workload import Trace
 
     if trace is not None:
+        _not_a_block_trace(trace)
         return make_workload(Trace.read(trace), lam0=lam0, engine=engine, metric=metric, block_size=block_size)
     sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
     return make_workload(sp, engine=engine, metric=metric, block_size=block_size)
@@ -966,28 +1009,72 @@ def plan(
         str | None, typer.Option("--compare", help="Another engine to compare at the same capacity, e.g. vllm-0.23.")
     ] = None,
     verify: Annotated[bool, typer.Option("--verify", help="Check by exact simulation of the engine.")] = False,
+    blocks_trace: BlocksTraceOpt = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
+    seed: Annotated[
+        int, typer.Option("--seed", help="WEKA arrivals and resampling: seed (replication r: seed + r).")
+    ] = 0,
+    scale: Annotated[
+        float | None,
+        typer.Option("--scale", help="--blocks-trace: plan a stationary stream at this multiple of the trace's rate."),
+    ] = None,
+    replications: Annotated[
+        int, typer.Option("--replications", "-r", help="--blocks-trace with --lam0/--scale: resampled replications.")
+    ] = 5,
+    conversations: Annotated[
+        int,
+        typer.Option("--conversations", "-n", help="--blocks-trace resampling: conversations started per replication."),
+    ] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """How much HBM, what hit ratio, how much traffic: (a) h at the KV memory available, (b) the KV memory for
-    a target h, (c) the largest λ0 keeping the target, (d) prefill tokens saved per second."""
+    a target h, (c) the largest λ0 keeping the target, (d) prefill tokens saved per second.
+
+    --blocks-trace plans from a Mooncake/WEKA block-id trace: at the trace's own load (exact by replay) or, with
+    --lam0/--scale, at a stationary load of its conversations (exact by resample-and-simulate: Poisson starts,
+    --replications runs of --conversations conversations each, 95% interval); --verify checks the estimator
+    against that simulation. Capacities below the largest request are infeasible (refused shares, no ratio)."""
     from .plan import capacity
     from .plan import plan as plan_fn
 
     def go():
-        wl = _load_workload(
-            trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size
-        )
         cap = None
+        pt = None if blocks_trace is None else _read_blocks_trace(blocks_trace, arrival, rate, span, seed)
         if accelerator is not None or kv_gb is not None:
             cap = capacity(
                 model,
                 accelerator=accelerator,
                 kv_gb=kv_gb,
-                block_size=block_size,
+                block_size=block_size if pt is None else pt.block_size,
                 dtype=dtype,
                 tp=tp,
                 gpu_memory_utilization=util,
             )
+        if blocks_trace is not None:
+            from .plan import plan_production
+
+            if trace is not None or spec is not None or compare is not None:
+                raise ValueError("--blocks-trace: not with --trace, --spec or --compare")
+            if cap is None and target is None:
+                raise ValueError("nothing to plan: give --accelerator or --kv-gb, and/or --target")
+            return plan_production(
+                pt,
+                cap,
+                target=target,
+                engine=engine,
+                metric=metric,
+                lam0=lam0,
+                scale=scale,
+                verify=verify,
+                replications=replications,
+                n_conversations=conversations,
+                seed=seed,
+            )
+        wl = _load_workload(
+            trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size
+        )
         if cap is None and target is None:
             raise ValueError("nothing to plan: give --accelerator or --kv-gb, and/or --target")
         res = plan_fn(wl, cap, target=target, verify=verify)
@@ -1005,8 +1092,9 @@ def plan(
     if as_json:
         _print_json(res.to_dict())
         return
+    by = {"estimator": f"predictor: {res.estimator}", "replay": "exact: trace replayed", "resample": "exact: resampled"}
     t = Table(
-        title=f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, predictor: {res.estimator} "
+        title=f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, {by[res.answered_by]} "
         f"({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})"
     )
     t.add_column("question")
@@ -1018,12 +1106,22 @@ def plan(
             f"{c['N']:,} blocks = {c['kv_gib']:.2f} GiB ({c['model']} on {c['accelerator']}, "
             f"{c['bytes_per_block'] / 2**20:.2f} MiB/block)",
         )
-        t.add_row("(a) hit ratio at this capacity", _fmt(res.h_at_capacity))
+        if res.feasible is False:
+            t.add_row(
+                "(a) hit ratio at this capacity",
+                f"[yellow]infeasible: below the largest request ({res.N_min:,} blocks); refuses "
+                f"{100 * res.refused_request_share:.2f}% of requests, {100 * res.refused_token_share:.2f}% of "
+                "prompt tokens[/]",
+            )
+        else:
+            t.add_row("(a) hit ratio at this capacity", _fmt(res.h_at_capacity))
     t.add_row("workload ceiling h_max", _fmt(res.h_max))
+    if res.N_min is not None:
+        t.add_row("smallest feasible capacity (largest request)", f"{res.N_min:,} blocks")
     if res.target is not None:
         need = f"{res.N_for_target:,} blocks" + (f" = {res.gib_for_target:.2f} GiB" if res.gib_for_target else "")
         t.add_row(f"(b) KV memory for h = {res.target:g}", need)
-        if res.capacity:
+        if res.capacity and res.feasible is not False and res.answered_by == "estimator":
             lm = res.lam0_max_for_target
             t.add_row(f"(c) largest λ0 keeping h ≥ {res.target:g}", "unreachable" if lm is None else f"{lm:.4g}/s")
     if res.saved_prefill_tokens_per_s is not None:
@@ -1039,9 +1137,10 @@ def plan(
         )
     if res.verify:
         v = res.verify
+        ci = f" ± {v['h_simulated_ci95']:.4f} (95%, {v['replications']} runs)" if "h_simulated_ci95" in v else ""
         t.add_row(
             f"verify: simulated {v['simulator']}",
-            f"{v['h_simulated']:.4f} (prediction − simulation = {v['difference']:+.4f})",
+            f"{v['h_simulated']:.4f}{ci} (prediction − simulation = {v['difference']:+.4f})",
         )
     console.print(t)
     for n in res.notes:
@@ -1194,39 +1293,73 @@ def reproduce(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, model, plot) -> dict:
-    """Exact all-capacity curves of both vLLM orders on a production block-id trace (token metric)."""
+def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, model, plot, kv_gb, estimates) -> dict:
+    """Exact all-capacity curves of both vLLM orders on a production block-id trace (token metric), the
+    infeasible capacities (below the largest request) marked, and the estimators' lines where available."""
     from . import hardware
-    from .sim.blockcurve import block_curve
+    from .sim.tracerun import ENGINE_LABELS, production_curve
 
     pt = _read_blocks_trace(path, arrival, rate, span, seed)
     d = pt.describe()
-    rq = pt.to_block_requests()
     hi = n_max or int(4 * d.get("distinct_blocks", d["min_N"] * 10))
     if n_min < 1 or hi <= n_min or points < 2:
         raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
     Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
-    data: dict[str, Any] = {"N": Ns}
-    for e, label in (("vllm", "vLLM ≥ 0.24"), ("vllm-0.23", "vLLM ≤ 0.23")):
-        c = block_curve(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=e)
-        data[f"{label} token hit ratio"] = c["token_hit_ratio"]
-    data["h_max"] = d["ideal_token_hit_ratio"]
-    data["lam0"] = float("nan")
-    data["bytes_per_block"] = hardware.resolve_model(model).bytes_per_block(rq.block_size)
+    m = hardware.resolve_model(model)
+    c = production_curve(pt, Ns)
+    feas = c["feasibility"]
+    data: dict[str, Any] = {"N": Ns, "grid": "log"}
+    for e, label in ENGINE_LABELS.items():
+        data[f"{label} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
+    if estimates:
+        data.update(_estimator_lines(pt, Ns, feas.feasible))
+    data["h_max"] = c["h_max"]
+    data["N_min"] = feas.N_min
+    data["feasible"] = feas.feasible
+    data["refused_request_share"] = feas.refused_requests
+    data["refused_token_share"] = feas.refused_tokens
+    data["model"] = m.name
+    data["bytes_per_block"] = m.bytes_per_block(pt.block_size)
+    data["describe"] = d
+    budget_N = None
+    if kv_gb is not None:
+        budget_N = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(kv_gb), data["bytes_per_block"]))
+        data["budget_N"] = budget_N
     if plot is not None:
         from .plots import plot_curves
 
-        lines = {k: (Ns, v) for k, v in data.items() if isinstance(v, np.ndarray) and k != "N"}
+        lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
         data["figures"] = plot_curves(
             lines,
             str(plot),
             h_max=data["h_max"],
             bytes_per_block=data["bytes_per_block"],
-            model=hardware.resolve_model(model).name,
-            N_min=d["min_N"],
-            title=f"{Path(path).name}: vLLM token hit ratio vs capacity (b = {rq.block_size})",
+            model=m.name,
+            log_x=True,
+            N_min=feas.N_min,
+            budget_N=budget_N,
+            title=f"{Path(path).name} ({pt.format}): vLLM token hit ratio vs capacity (b = {pt.block_size}, "
+            f"{m.name} KV)",
         )
     return data
+
+
+def _curve_keys(data: dict) -> list[str]:
+    """The hit-ratio lines of a curve result (float arrays over N, not the refused shares or token duplicates)."""
+    return [
+        k
+        for k, v in data.items()
+        if isinstance(v, np.ndarray)
+        and v.dtype.kind == "f"
+        and k != "N"
+        and not k.startswith("refused")
+        and not k.endswith("token ratio")
+    ]
+
+
+def _estimator_lines(pt, Ns: np.ndarray, feasible: np.ndarray) -> dict:
+    """The agentic estimator's token hit ratio for both vLLM orders (NaN where infeasible), when it is installed."""
+    return {}
 
 
 @app.command()
@@ -1285,7 +1418,9 @@ def curve(
 
     def go():
         if blocks_trace is not None:
-            return _blocks_trace_curve(blocks_trace, arrival, rate, span, seed, n_min, n_max, points, model, plot)
+            return _blocks_trace_curve(
+                blocks_trace, arrival, rate, span, seed, n_min, n_max, points, model, plot, kv_gb, estimates
+            )
         if trace is not None:
             tr = Trace.read(trace)
             if block_size or tr.block_size is None:
@@ -1317,6 +1452,14 @@ def curve(
         b = tr.block_size or 128
         mdl = hardware.resolve_model(model)
         bpb = mdl.bytes_per_block(b)
+        data["grid"] = "log"
+        data["model"] = mdl.name
+        if inp.requests is not None:  # refused shares where vLLM cannot serve the workload (sim/feasibility)
+            from .sim.feasibility import feasibility
+
+            f = feasibility(inp.requests.prompt_tokens, inp.requests.block_size, Ns, mask=inp.mask)
+            data["refused_request_share"] = f.refused_requests
+            data["refused_token_share"] = f.refused_tokens
         data["bytes_per_block"] = bpb
         budget = None
         if kv_gb is not None:
@@ -1325,11 +1468,7 @@ def curve(
         if plot is not None:
             from .plots import plot_curves
 
-            lines = {
-                k: (Ns, v)
-                for k, v in data.items()
-                if isinstance(v, np.ndarray) and k not in ("N", "feasible") and not k.endswith("token ratio")
-            }
+            lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
             data["figures"] = plot_curves(
                 lines,
                 str(plot),
@@ -1338,7 +1477,7 @@ def curve(
                 model=mdl.name,
                 budget_N=budget,
                 N_min=data["N_min"] or None,
-                title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b})",
+                title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, {mdl.name} KV)",
             )
         return data
 
@@ -1347,23 +1486,35 @@ def curve(
         _print_json(data)
         return
     Ns = data["N"]
-    keys = [
-        k
-        for k, v in data.items()
-        if isinstance(v, np.ndarray) and k not in ("N", "feasible") and not k.endswith("token ratio")
-    ]
+    keys = _curve_keys(data)
     t = Table(
-        title=f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {data['h_max']:.4f})"
+        title=f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {data['h_max']:.4f}; "
+        f"GiB of {data['model']} KV)"
     )
     t.add_column("N (blocks)", justify="right")
     t.add_column("GiB", justify="right")
     for k in keys:
         t.add_column(k, justify="right")
+    feas = data.get("feasible")
+    if feas is not None:
+        t.add_column("refused (requests / tokens)", justify="right")
     for i in np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int)):
-        t.add_row(
-            _fmt(int(Ns[i])), f"{Ns[i] * data['bytes_per_block'] / 2**30:.2f}", *[_fmt(float(data[k][i])) for k in keys]
-        )
+        row = [_fmt(int(Ns[i])), f"{Ns[i] * data['bytes_per_block'] / 2**30:.2f}"]
+        row += [_fmt(float(data[k][i])) for k in keys]
+        if feas is not None:
+            row.append(
+                "–"
+                if feas[i]
+                else f"[yellow]infeasible: {100 * data['refused_request_share'][i]:.2f}% / "
+                f"{100 * data['refused_token_share'][i]:.2f}%[/]"
+            )
+        t.add_row(*row)
     console.print(t)
+    if feas is not None and not feas.all():
+        console.print(
+            f"[yellow]note: below N = {data['N_min']:,} blocks (the largest request) vLLM cannot serve this workload: "
+            "no vLLM hit ratio is reported there (shaded in the plot)[/]"
+        )
     for f in data.get("figures", []):
         console.print(f"wrote {f}")
 

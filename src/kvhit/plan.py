@@ -231,6 +231,11 @@ class Plan:
     verify: dict = field(default_factory=dict)
     compare: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    N_min: int | None = None  #: the largest request (blocks): smaller capacities cannot serve the workload
+    feasible: bool | None = None  #: the capacity is ≥ N_min (None: no capacity asked)
+    refused_request_share: float | None = None  #: at the capacity
+    refused_token_share: float | None = None
+    answered_by: str = "estimator"  #: estimator | replay (exact, the trace as read) | resample (exact, λ0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -259,16 +264,29 @@ def plan(
             h[ok] = wl.predict(Ns[ok].astype(float), np.full(int(ok.sum()), wl.lam0))
         return h
 
+    feas = _trace_feasibility(wl, cap)
+    if feas is not None:
+        p.N_min = feas.N_min
     if cap is not None:
         p.capacity = asdict(cap) | {"kv_gib": cap.kv_gib}
-        p.h_at_capacity = h_at(cap.N)
-        # h is the fraction of the prompt demand served from cache (blocks ≈ tokens at block granularity)
-        p.saved_fraction = p.h_at_capacity
-        p.saved_prefill_tokens_per_s = p.h_at_capacity * wl.lam0 * wl.prompt_tokens_per_conv
-        p.notes.append(
-            "prefill saved = h × λ0 × prompt tokens per conversation; it counts prompt tokens not "
-            "recomputed — attention cost grows with context, so the FLOP fraction saved is larger"
-        )
+        if feas is not None:
+            p.feasible = bool(feas.feasible[0])
+            p.refused_request_share = float(feas.refused_requests[0])
+            p.refused_token_share = float(feas.refused_tokens[0])
+        if p.feasible is False:
+            p.notes.append(
+                f"N = {cap.N:,} blocks is below the largest request ({feas.N_min:,} blocks): vLLM cannot serve this "
+                "workload there (it refuses to start when max_model_len exceeds the KV cache); no hit ratio"
+            )
+        else:
+            p.h_at_capacity = h_at(cap.N)
+            # h is the fraction of the prompt demand served from cache (blocks ≈ tokens at block granularity)
+            p.saved_fraction = p.h_at_capacity
+            p.saved_prefill_tokens_per_s = p.h_at_capacity * wl.lam0 * wl.prompt_tokens_per_conv
+            p.notes.append(
+                "prefill saved = h × λ0 × prompt tokens per conversation; it counts prompt tokens not "
+                "recomputed — attention cost grows with context, so the FLOP fraction saved is larger"
+            )
     if target is not None:
         p.target = float(target)
         if not 0 < target < 1:
@@ -279,16 +297,38 @@ def plan(
                 f"h_max = {wl.h_max:.4f} (only history of continuing conversations can be reused)"
             )
         p.N_for_target = _smallest_capacity(h_vec_N, target)
+        if p.N_min is not None and p.N_for_target < p.N_min:
+            p.notes.append(
+                f"the predictor reaches h = {target:g} at {p.N_for_target:,} blocks, below the largest request: "
+                f"the smallest capacity that serves the workload is N_min = {p.N_min:,}"
+            )
+            p.N_for_target = p.N_min
         if cap is not None:
             p.gib_for_target = p.N_for_target * cap.bytes_per_block / hardware.GIB
-            h_cap = h_at(cap.N)
-            if h_cap < target:
-                p.notes.append(f"at λ0 = {wl.lam0:g} the capacity reaches only h = {h_cap:.4f} < target")
-            # (c) the largest λ0 with h(N, λ0) ≥ target (h decreases in λ0)
-            p.lam0_max_for_target = _largest_lam0(lambda lam0: h_at(cap.N, lam0), target, wl.lam0)
-    if verify and cap is not None:
+            if p.feasible is not False:
+                h_cap = h_at(cap.N)
+                if h_cap < target:
+                    p.notes.append(f"at λ0 = {wl.lam0:g} the capacity reaches only h = {h_cap:.4f} < target")
+                # (c) the largest λ0 with h(N, λ0) ≥ target (h decreases in λ0)
+                p.lam0_max_for_target = _largest_lam0(lambda lam0: h_at(cap.N, lam0), target, wl.lam0)
+    if verify and cap is not None and p.feasible is not False:
         p.verify = _verify(wl, cap.N, p.h_at_capacity)
     return p
+
+
+def _trace_feasibility(wl: Workload, cap: Capacity | None):
+    """Refused shares at the capacity for a workload with a trace (vLLM engines: block requests of the trace;
+    Algorithm 1 and the paper's model serve every request, so they have no infeasible capacity)."""
+    if wl.trace is None or wl.estimator not in ("vllm", "vllm-0.23"):
+        return None
+    from .sim.feasibility import feasibility
+    from .sim.runner import block_requests
+
+    tr = wl.trace
+    nw = int(tr.meta.get("n_warm", 0))
+    measured = tr["conv"] >= nw if nw > 0 else np.ones(tr.n_turns, bool)
+    rq = block_requests(tr, block_size=tr.block_size or wl.block_size)
+    return feasibility(rq.prompt_tokens, rq.block_size, [cap.N if cap is not None else 1], mask=measured)
 
 
 def _largest_lam0(h: Callable[[float], float], target: float, lam_ref: float, rtol: float = 1e-5) -> float | None:
@@ -343,3 +383,181 @@ def _verify(wl: Workload, N: int, predicted: float | None) -> dict:
         "h_predicted": predicted,
         "difference": None if predicted is None else predicted - h,
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# production block-id traces
+# --------------------------------------------------------------------------------------------------
+
+
+def plan_production(
+    pt,
+    cap: Capacity | None = None,
+    *,
+    target: float | None = None,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    lam0: float | None = None,
+    scale: float | None = None,
+    verify: bool = False,
+    replications: int = 5,
+    n_conversations: int | None = 200,
+    horizon: float | None = None,
+    warmup: float | None = None,
+    seed: int = 0,
+    use_estimator: bool = True,
+    grid_points: int = 200,
+) -> Plan:
+    """Plan from a production block-id trace (:class:`~kvhit.workload.production.ProductionTrace`).
+
+    The load is the trace's own (its conversations at the start times it was read with: the answer is exact by
+    *replay*, :mod:`kvhit.sim.tracerun`) or, with ``lam0`` / ``scale``, a stationary stream of its conversations
+    at that rate (exact by *resample-and-simulate*, :mod:`kvhit.sim.resample`, mean of ``replications``). The
+    predictor is the agentic estimator (:func:`kvhit.estimate_agentic.estimate_trace`) when it is available and
+    says its regime is validated; otherwise every answer comes from the exact simulation (``answered_by``),
+    (b) to the resolution of a ``grid_points`` log grid and (c) not at all. Capacities below the largest request
+    are infeasible (no hit ratio). ``verify`` checks (a) by the exact simulation of the same load.
+    """
+    from .sim.feasibility import feasibility
+    from .sim.resample import conversation_pool, resample_simulate
+    from .sim.tracerun import production_curve, production_rows
+
+    if engine not in ("vllm", "vllm-0.23"):
+        raise PlanError(f"engine: a block-id trace is planned for vllm or vllm-0.23, got {engine!r}")
+    if metric not in ("tokens", "blocks"):
+        raise PlanError(f"metric: expected tokens or blocks, got {metric!r}")
+    if lam0 is not None and scale is not None:
+        raise PlanError("give at most one of lam0 or scale")
+    pool = conversation_pool(pt)
+    stationary = lam0 is not None or scale is not None
+    lam = lam0 if lam0 is not None else (scale * pool.rate if scale is not None else pool.rate)
+    if stationary and not (math.isfinite(lam) and lam > 0):
+        raise PlanError(f"lam0: expected a finite rate > 0, got {lam!r}")
+    d = pt.describe()
+    h_max = d["ideal_token_hit_ratio"] if metric == "tokens" else d["ideal_block_hit_ratio"]
+    name = f"{Path(pt.files[0]).parent.name if pt.format == 'weka' else Path(pt.files[0]).name}"
+    desc = f"{name} ({pt.format}, {pool.n_conversations:,} conversations, {pt.n_requests:,} requests)"
+    p = Plan(desc, engine, metric, float(lam), float(h_max))
+    p.N_min = pool.N_min
+    rs_kw = dict(
+        engine=engine,
+        metric=metric,
+        lam0=lam if stationary else None,
+        horizon=horizon,
+        n_conversations=None if horizon is not None else n_conversations,
+        warmup=warmup,
+        replications=replications,
+        seed=seed,
+    )
+
+    def exact(Ns) -> np.ndarray:
+        Ns = np.asarray(Ns, dtype=np.int64)
+        if stationary:
+            return resample_simulate(pool, Ns, **rs_kw).mean_ci()[0]
+        c = production_curve(pt, Ns, engines=(engine,))["engines"][engine]
+        return c["token_hit_ratio"] if metric == "tokens" else c["block_hit_ratio"]
+
+    # predictor
+    est_fn = None
+    if use_estimator:
+        try:
+            from .estimate_agentic import estimate_trace
+            from .workload.reuse import request_reuse
+        except ImportError:
+            p.notes.append("the agentic estimator is not installed: answers are exact simulations")
+        else:
+            reuse = request_reuse(pt)
+
+            def est_fn(Ns, lam_=None):
+                return estimate_trace(
+                    reuse,
+                    np.asarray(Ns, dtype=np.int64),
+                    engine=engine,
+                    metric=metric,
+                    lam0=lam_ if lam_ is not None else (lam if stationary else None),
+                )
+
+            probe = est_fn(np.array([max(pool.N_min, 1)]))
+            if not probe.regime.get("validated", False):
+                p.notes.append(
+                    "the estimator flags this workload as outside its validated regime "
+                    f"({'; '.join(probe.regime.get('notes', [])) or 'no reason given'}): answers are exact simulations"
+                )
+                est_fn = None
+    p.answered_by = "estimator" if est_fn is not None else ("resample" if stationary else "replay")
+    if cap is not None:
+        p.capacity = asdict(cap) | {"kv_gib": cap.kv_gib}
+        f = feasibility(pt.prompt_tokens, pt.block_size, [cap.N])
+        p.feasible = bool(f.feasible[0])
+        p.refused_request_share = float(f.refused_requests[0])
+        p.refused_token_share = float(f.refused_tokens[0])
+        if not p.feasible:
+            p.notes.append(
+                f"N = {cap.N:,} blocks is below the largest request ({pool.N_min:,} blocks): vLLM cannot serve this "
+                "workload there; no hit ratio"
+            )
+        else:
+            p.h_at_capacity = float(est_fn([cap.N]).h[0]) if est_fn is not None else float(exact([cap.N])[0])
+            tok_rate = (
+                lam * float(np.add.reduceat(pool.prompt_tokens, pool.req_offsets[:-1]).mean())
+                if stationary
+                else float(pt.prompt_tokens.sum()) / max(d["time_span_s"], 1e-9)
+            )
+            p.saved_fraction = p.h_at_capacity
+            p.saved_prefill_tokens_per_s = p.h_at_capacity * tok_rate
+    if target is not None:
+        p.target = float(target)
+        if not 0 < target < 1:
+            raise PlanError(f"target hit ratio must be in (0, 1), got {target}")
+        if target >= h_max:
+            raise PlanError(
+                f"target hit ratio {target:.4f} is not reachable: this trace's infinite-cache ceiling is "
+                f"{h_max:.4f} (only reused prefixes can hit)"
+            )
+        if est_fn is not None:
+
+            def h_vec(Ns):
+                return np.asarray(est_fn(np.maximum(Ns, 1)).h, float)
+
+            p.N_for_target = max(_smallest_capacity(h_vec, target), pool.N_min)
+        else:
+            hi = max(int(d["distinct_blocks"]), pool.N_min + 1) * 2
+            grid = np.unique(np.geomspace(pool.N_min, hi, grid_points).astype(np.int64))
+            h = exact(grid)
+            ok = np.flatnonzero(h >= target)
+            if ok.size == 0:
+                raise PlanError(f"no capacity up to {hi:,} blocks reaches h = {target:g} (simulated)")
+            p.N_for_target = int(grid[ok[0]])
+            p.notes.append(
+                f"(b) from the simulated curve on a {grid.shape[0]}-point log grid (resolution "
+                f"{100 * (grid[1] / grid[0] - 1):.1f}% of N)"
+            )
+        if cap is not None:
+            p.gib_for_target = p.N_for_target * cap.bytes_per_block / hardware.GIB
+            if p.feasible and est_fn is not None:
+                p.lam0_max_for_target = _largest_lam0(lambda x: float(est_fn([cap.N], x).h[0]), target, lam)
+            elif p.feasible:
+                p.notes.append("(c) the largest λ0 is answered by the estimator only (one simulation per trial λ0)")
+    if verify and cap is not None and p.feasible:
+        if stationary:
+            r = resample_simulate(pool, [cap.N], **rs_kw)
+            m, hw = r.mean_ci()
+            h_sim = float(m[0])
+            p.verify = {
+                "simulator": f"{engine} block cache, resampled at λ0 = {lam:.4g}/s",
+                "metric": metric,
+                "h_simulated": h_sim,
+                "h_simulated_ci95": float(hw[0]),
+                "replications": replications,
+                "conversations_started": r.n_started,
+                "horizon_s": r.horizon,
+                "warmup_s": r.warmup,
+                "seeds": r.seeds,
+            }
+        else:
+            row = production_rows(pt, [cap.N], (engine,))[0][0]
+            h_sim = row["token_hit_ratio"] if metric == "tokens" else row["h_blocks"]
+            p.verify = {"simulator": f"{engine} block cache, trace replayed", "metric": metric, "h_simulated": h_sim}
+        p.verify["h_predicted"] = p.h_at_capacity
+        p.verify["difference"] = None if p.h_at_capacity is None else p.h_at_capacity - h_sim
+    return p
