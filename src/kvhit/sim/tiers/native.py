@@ -78,7 +78,19 @@ def cpu_chunks(
 
 
 class _ReqState:
-    __slots__ = ("keys", "pos", "rank", "order", "seen", "inserted", "reused", "store_miss", "next_stored", "finished")
+    __slots__ = (
+        "keys",
+        "pos",
+        "rank",
+        "order",
+        "seen",
+        "inserted",
+        "reused",
+        "store_miss",
+        "next_stored",
+        "finished",
+        "ctx",
+    )
 
     def __init__(self) -> None:
         self.keys: list[int] = []
@@ -91,6 +103,7 @@ class _ReqState:
         self.store_miss: set[int] = set()
         self.next_stored = 0
         self.finished = False
+        self.ctx = None  # the conformance adapter's vLLM ReqContext
 
 
 class LruPolicy:
@@ -369,6 +382,13 @@ class CpuOffloadManager:
         st.inserted.update(to_store)
         return to_store
 
+    def order(self) -> list[int]:
+        """Resident chunk keys, next victim first."""
+        return self.policy.order()
+
+    def resident(self) -> int:
+        return len(self.policy)
+
     def on_request_finished(self, st: _ReqState) -> None:
         if st.finished:
             return
@@ -390,10 +410,12 @@ class NativeCpuTier:
         store_threshold: int = 0,
         prompt_only: bool = True,
         max_tracker_size: int = 64_000,
+        manager=None,
     ) -> None:
         if isinstance(blocks_per_chunk, bool) or not isinstance(blocks_per_chunk, int) or blocks_per_chunk < 1:
             raise ValueError(f"blocks_per_chunk: expected a positive integer, got {blocks_per_chunk!r}")
-        self.mgr = CpuOffloadManager(
+        # ``manager``: a drop-in for :class:`CpuOffloadManager` (the conformance suite passes vLLM's own)
+        self.mgr = manager or CpuOffloadManager(
             capacity, policy=policy, store_threshold=store_threshold, max_tracker_size=max_tracker_size
         )
         self.name = f"native-{policy}" + ("" if prompt_only else "-decode")
@@ -463,7 +485,7 @@ class NativeCpuTier:
         return
 
     def eviction_order(self) -> list[int]:
-        return self.mgr.policy.order()
+        return self.mgr.order()
 
     def resident(self) -> int:
-        return len(self.mgr.policy)
+        return self.mgr.resident()
