@@ -180,7 +180,31 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--expect-mismatch", action="store_true")
+    ap.add_argument("--json", default=None, help="append a one-line JSON summary to this file")
     a = ap.parse_args(argv)
+    rc = _main(a)
+    if a.json:
+        import json
+
+        with open(a.json, "a") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "check": "tiers-native",
+                        "vllm": vllm.__version__,
+                        "cases": a.cases,
+                        "seed": a.seed,
+                        "expect_mismatch": a.expect_mismatch,
+                        "ok": rc == 0,
+                        "exercised": STATS,
+                    }
+                )
+                + "\n"
+            )
+    return rc
+
+
+def _main(a) -> int:
     rng = np.random.default_rng(a.seed)
     t0 = time.time()
     for i in range(a.cases):
