@@ -83,3 +83,20 @@ def test_tiers_bad_input_one_line_exit_2(mooncake, capsys, args, flag):
     assert rc == 2
     assert len(err.splitlines()) == 1 and flag in err, err
     assert "Traceback" not in err
+
+
+def test_tiers_ttft_saved(mooncake, capsys):
+    """TTFT saved = Σ loaded tokens · (1/prefill − bytes_per_token/bandwidth) / requests, per pair."""
+    args = ["tiers", "--blocks-trace", str(mooncake), "--hbm-blocks", "4", "--host-units", "0,6", "--json"]
+    rc = main([*args, "--prefill-tokens-per-s", "10000", "--pcie-gb-per-s", "20"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    from kvhit import hardware
+
+    bpt = hardware.resolve_model("qwen3-8b").bytes_per_token("bf16", 1)
+    rq = read_production(mooncake).to_block_requests()
+    T = rq.prompt_tokens
+    adm = -(-T // 512) <= 4  # a request needing more than the 4 GPU blocks is rejected
+    load = (out["h"][0][1] - out["h_gpu"][0]) * T[adm].sum()
+    assert out["ttft_saved_s"][0][0] == 0.0
+    assert out["ttft_saved_s"][0][1] == pytest.approx(load * (1e-4 - bpt / 20e9) / adm.sum(), rel=1e-9)

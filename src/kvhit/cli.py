@@ -1596,6 +1596,10 @@ def tiers(
         int, typer.Option("--store-threshold", help=_help(svc.TiersRequest, "store_threshold"))
     ] = 0,
     chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", help=_help(svc.TiersRequest, "chunk_tokens"))] = 256,
+    prefill: Annotated[
+        float | None, typer.Option("--prefill-tokens-per-s", help=_help(svc.TiersRequest, "prefill_tokens_per_s"))
+    ] = None,
+    pcie: Annotated[float, typer.Option("--pcie-gb-per-s", help=_help(svc.TiersRequest, "pcie_gb_per_s"))] = 25.0,
     workers: Annotated[int, typer.Option("--workers", help=_help(svc.TiersRequest, "workers"))] = 1,
     plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
@@ -1618,6 +1622,8 @@ def tiers(
         blocks_per_chunk=blocks_per_chunk,
         store_threshold=store_threshold,
         chunk_tokens=chunk_tokens,
+        prefill_tokens_per_s=prefill,
+        pcie_gb_per_s=pcie,
         workers=workers,
         plot=plot,
     )
@@ -1630,6 +1636,10 @@ def tiers(
     console.print("HBM blocks | GPU only | " + " | ".join(f"{c:g} {unit}" for c in cols))
     for N, hg, row in zip(res.hbm_blocks, res.h_gpu, res.h, strict=True):
         console.print(f"{N:,} | {_fmt(hg)} | " + " | ".join(_fmt(v) for v in row))
+    if res.ttft_saved_s is not None:
+        console.print("mean TTFT saved per request vs recompute (s)")
+        for N, row in zip(res.hbm_blocks, res.ttft_saved_s, strict=True):
+            console.print(f"{N:,} | " + " | ".join(_fmt(v) for v in row))
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))
 

@@ -46,6 +46,12 @@ class TiersRequest(Request):
     blocks_per_chunk: int = Field(1, ge=1, le=4096, description="native: GPU blocks per CPU chunk; 1–4096.")
     store_threshold: int = Field(0, ge=0, le=1000, description="native: offers before a chunk is stored (0/1: off).")
     chunk_tokens: int = Field(256, ge=1, le=2**20, description="lmcache: tokens per chunk (a block_size multiple).")
+    prefill_tokens_per_s: float | None = Field(
+        None, gt=0, le=1e12, description="Prefill speed (tokens/s) for the TTFT saved vs recompute; default: none."
+    )
+    pcie_gb_per_s: float = Field(
+        25.0, gt=0, le=1e6, description="Host-to-GPU bandwidth per GPU, GB/s (10^9 B/s); default 25 (PCIe 4 x16)."
+    )
     workers: int = Field(1, ge=1, le=64, description="Processes for the per-pair simulations; 1–64.")
     plot: Path | None = Field(None, description="Write a heatmap with iso-hit contours to PLOT.png/.svg.")
 
@@ -61,6 +67,11 @@ class TiersResponse(Response):
     dram_gib: list[float] | None = Field(None, description="DRAM sizes (GiB) the columns come from.")
     h: list[list[float | None]] = Field(description="Total token hit ratio (GPU + host) per (HBM, DRAM).")
     h_gpu: list[float | None] = Field(description="Token hit ratio of the GPU alone per HBM.")
+    ttft_saved_s: list[list[float | None]] | None = Field(
+        None,
+        description="Mean TTFT saved per request vs recomputing the host hits (s): Σ c_r·(1/prefill − "
+        "bytes_per_token_rank/bandwidth) / admitted requests (with --prefill-tokens-per-s).",
+    )
     figure: list[str] | None = Field(None, description="Figure files written.")
 
 
@@ -99,13 +110,16 @@ def tiers(req: TiersRequest) -> TiersResponse:
         if req.chunk_tokens % b:
             raise InputError(f"--chunk-tokens: expected a multiple of the block size {b}, got {req.chunk_tokens}")
         kw = {"chunk_tokens": req.chunk_tokens}
-    if req.dram_gb is not None:
+    bpb = bpt = None
+    if req.dram_gb is not None or req.prefill_tokens_per_s is not None:
         from .. import hardware
 
         with translating("--model"):
             m = hardware.resolve_model(req.model)
         with translating("--tp"):
             bpb = m.bytes_per_block(b, req.dtype, req.tp)
+            bpt = m.bytes_per_token(req.dtype, req.tp)
+    if req.dram_gb is not None:
         units = [
             host_units(
                 req.tier,
@@ -141,6 +155,14 @@ def tiers(req: TiersRequest) -> TiersResponse:
         x = np.asarray(req.dram_gb, float) if req.dram_gb is not None else s.host.astype(float)
         xlabel = "DRAM for the KV tier (GiB, all ranks)" if req.dram_gb is not None else "host capacity (tier units)"
         figure = [str(p) for p in plot_surface(s, req.plot, x=x, xlabel=xlabel)]
+    ttft = None
+    if req.prefill_tokens_per_s is not None:
+        # a load of c tokens replaces c/prefill seconds of compute by c·bytes_per_token/bandwidth of copying
+        per_token = 1.0 / req.prefill_tokens_per_s - bpt / (req.pcie_gb_per_s * 1e9)
+        ttft = [
+            [float(x) * per_token / max(1, int(n)) for x in row]
+            for row, n in zip(s.load_tokens, s.admitted, strict=True)
+        ]
     name = {"native": "vLLM 0.33.0 native", "simple": "vLLM 0.33.0 SimpleCPUOffload", "lmcache": "LMCache 0.5.6"}
     return TiersResponse(
         tier=f"{req.tier} ({name[req.tier]})",
@@ -151,5 +173,6 @@ def tiers(req: TiersRequest) -> TiersResponse:
         dram_gib=list(req.dram_gb) if req.dram_gb is not None else None,
         h=[[None if np.isnan(v) else float(v) for v in row] for row in s.hit],
         h_gpu=[None if np.isnan(v) else float(v) for v in s.gpu_hit],
+        ttft_saved_s=ttft,
         figure=figure,
     )

@@ -48,8 +48,9 @@ class Surface:
     host: np.ndarray
     hit: np.ndarray
     gpu_hit: np.ndarray
-    load_tokens: np.ndarray  #: Σ c_r per pair
+    load_tokens: np.ndarray  #: Σ c_r per pair (admitted requests)
     prompt_tokens: int
+    admitted: np.ndarray  #: admitted requests per GPU size (a request larger than the GPU is rejected)
 
 
 def _host(tier: str, C: int, b: int, kw: dict):
@@ -188,4 +189,4 @@ def hit_surface(
     gpu_hit = np.array([gs[i][adms[i]].sum() for i in range(len(Ns))], np.float64) / den
     hit = total / den[:, None]
     load = total - np.array([gs[i][adms[i]].sum() for i in range(len(Ns))])[:, None]
-    return Surface(tier, Ns, Cs, hit, gpu_hit, load, int(T.sum()))
+    return Surface(tier, Ns, Cs, hit, gpu_hit, load, int(T.sum()), np.array([int(a.sum()) for a in adms]))
