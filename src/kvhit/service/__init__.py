@@ -28,6 +28,7 @@ from .plan import PlanRequest, PlanResponse, plan
 from .runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
 from .simulate import SimulateRequest, SimulateResponse, simulate
 from .spec import SpecFields, TraceOrSpecFields, load_spec
+from .tiers import TiersRequest, TiersResponse, tiers
 from .traces import (
     GenerateRequest,
     GenerateResponse,
@@ -39,7 +40,6 @@ from .traces import (
     sharegpt_trace,
     trace_stats,
 )
-from .tiers import TiersRequest, TiersResponse, tiers
 
 __all__ = [
     "InputError",
