@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from kvhit.cli import main
@@ -100,3 +101,43 @@ def test_tiers_ttft_saved(mooncake, capsys):
     load = (out["h"][0][1] - out["h_gpu"][0]) * T[adm].sum()
     assert out["ttft_saved_s"][0][0] == 0.0
     assert out["ttft_saved_s"][0][1] == pytest.approx(load * (1e-4 - bpt / 20e9) / adm.sum(), rel=1e-9)
+
+
+def test_plan_tiers_on_a_hand_grid():
+    from kvhit.plan_tiers import cheapest_split, dram_for_target
+
+    H = np.array([[0.1, 0.3, 0.25, 0.5], [0.4, 0.45, 0.5, 0.6]])  # not monotone in DRAM (row 0)
+    dram = np.array([0, 64, 128, 256])
+    assert dram_for_target(H, dram, 0.3) == [64.0, 0.0]
+    assert dram_for_target(H, dram, 0.55) == [None, 256.0]
+    # HBM 80 / 160 GiB at 10/GiB, DRAM at 1/GiB: (80, 256) costs 1056, (160, 0) costs 1600 -> first
+    sp = cheapest_split(H, [80, 160], dram, 0.4, 10.0, 1.0)
+    assert (sp.hbm_gib, sp.dram_gib, sp.cost, sp.h) == (80.0, 256.0, 1056.0, 0.5)
+    assert cheapest_split(H, [80, 160], dram, 0.7, 10.0, 1.0) is None
+
+
+def test_tiers_target_and_prices(mooncake, capsys):
+    args = ["tiers", "--blocks-trace", str(mooncake), "--hbm-blocks", "4,8", "--dram-gb", "0,0.2,1", "--json"]
+    rc = main([*args, "--target", "0.3", "--price-hbm-per-gib", "20", "--price-dram-per-gib", "2"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    from kvhit.plan_tiers import cheapest_split, dram_for_target
+
+    assert out["dram_for_target"] == dram_for_target(np.array(out["h"], float), np.array([0, 0.2, 1]), 0.3)
+    sp = cheapest_split(np.array(out["h"], float), out["hbm_gib"], np.array([0, 0.2, 1]), 0.3, 20, 2)
+    assert (out["cheapest"] is None) == (sp is None)
+    rc = main([*args, "--price-hbm-per-gib", "20"])
+    assert rc == 2 and "give both" in capsys.readouterr().err
+
+
+def test_kv_dram_capacity(capsys):
+    rc = main(["kv", "--model", "qwen3-8b", "--block-size", "16", "--tp", "2", "--dram-gb", "64", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    t = out["host_tier"]
+    bpb = out["bytes_per_block"]  # per rank
+    assert t["native_chunks"] == (64 << 30) // (bpb * 2)  # one chunk holds both ranks' copies
+    assert t["simple_cpu_blocks"] == (32 << 30) // bpb  # per rank
+    assert t["lmcache_chunks_per_rank"] == (32 << 30) // (bpb * 16)  # 256-token chunks, per rank
+    rc = main(["kv", "--block-size", "48", "--dram-gb", "1"])
+    assert rc == 2 and "--chunk-tokens" in capsys.readouterr().err

@@ -817,10 +817,14 @@ def kv(
     dtype: DtypeOpt = "bf16",
     tp: TpOpt = 1,
     util: UtilOpt = None,
+    dram_gb: Annotated[float | None, _opt(HW, "dram_gb", "--dram-gb")] = None,
+    blocks_per_chunk: Annotated[int, _opt(HW, "blocks_per_chunk", "--blocks-per-chunk")] = 1,
+    chunk_tokens: Annotated[int, _opt(HW, "chunk_tokens", "--chunk-tokens")] = 256,
     list_presets: Annotated[bool, typer.Option("--list", help="List model and accelerator presets.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """KV bytes per token and block for a model, and the block capacity N on an accelerator or a KV budget."""
+    """KV bytes per token and block for a model, the block capacity N on an accelerator or a KV budget, and the
+    capacity of a host (DRAM) KV tier per engine."""
     if list_presets:
         info = svc.list_presets()
         if as_json:
@@ -839,6 +843,9 @@ def kv(
         dtype=dtype,
         tp=tp,
         gpu_memory_utilization=util,
+        dram_gb=dram_gb,
+        blocks_per_chunk=blocks_per_chunk,
+        chunk_tokens=chunk_tokens,
     )
     if as_json:
         _print_json(res)
@@ -850,6 +857,16 @@ def kv(
     if res.N is not None:
         line += f"; {res.accelerator}: {res.kv_gib:.2f} GiB of KV → N = {res.N:,} blocks"
     console.print(line, markup=False, highlight=False)
+    if res.host_tier is not None:
+        t = res.host_tier
+        console.print(
+            f"{t['dram_gib']:g} GiB of DRAM: vLLM native {t['native_chunks']:,} chunks of {t['native_chunk_tokens']} "
+            f"tokens; SimpleCPUOffload {t['simple_cpu_blocks']:,} CPU blocks per rank; LMCache "
+            f"{t['lmcache_chunks_per_rank']:,} chunks of {t['lmcache_chunk_tokens']} tokens per rank "
+            f"(max_local_cpu_size {t['lmcache_max_local_cpu_size_gib']:g} GiB)",
+            markup=False,
+            highlight=False,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1083,6 +1100,13 @@ def tiers(
         float | None, typer.Option("--prefill-tokens-per-s", help=_help(svc.TiersRequest, "prefill_tokens_per_s"))
     ] = None,
     pcie: Annotated[float, typer.Option("--pcie-gb-per-s", help=_help(svc.TiersRequest, "pcie_gb_per_s"))] = 25.0,
+    target: Annotated[float | None, typer.Option("--target", help=_help(svc.TiersRequest, "target"))] = None,
+    price_hbm: Annotated[
+        float | None, typer.Option("--price-hbm-per-gib", help=_help(svc.TiersRequest, "price_hbm_per_gib"))
+    ] = None,
+    price_dram: Annotated[
+        float | None, typer.Option("--price-dram-per-gib", help=_help(svc.TiersRequest, "price_dram_per_gib"))
+    ] = None,
     workers: Annotated[int, typer.Option("--workers", help=_help(svc.TiersRequest, "workers"))] = 1,
     plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
@@ -1107,6 +1131,9 @@ def tiers(
         chunk_tokens=chunk_tokens,
         prefill_tokens_per_s=prefill,
         pcie_gb_per_s=pcie,
+        target=target,
+        price_hbm_per_gib=price_hbm,
+        price_dram_per_gib=price_dram,
         workers=workers,
         plot=plot,
     )
@@ -1123,6 +1150,20 @@ def tiers(
         console.print("mean TTFT saved per request vs recompute (s)")
         for N, row in zip(res.hbm_blocks, res.ttft_saved_s, strict=True):
             console.print(f"{N:,} | " + " | ".join(_fmt(v) for v in row))
+    if res.dram_for_target is not None:
+        console.print(
+            "DRAM reaching the target (grid): "
+            + ", ".join(
+                f"{N:,} blocks → {'none' if d is None else f'{d:g}'}"
+                for N, d in zip(res.hbm_blocks, res.dram_for_target, strict=True)
+            )
+        )
+    if res.cheapest is not None:
+        c = res.cheapest
+        console.print(
+            f"cheapest split reaching the target: {c['hbm_blocks']:,} blocks ({c['hbm_gib']:.1f} GiB HBM) + "
+            f"{c['dram_gib']:g} GiB DRAM, cost {c['cost']:.4g}, h = {c['h']:.4f}"
+        )
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))
 

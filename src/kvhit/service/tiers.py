@@ -33,27 +33,59 @@ class TiersRequest(Request):
         description="GPU capacities N in blocks; 1–64 values in [1, 2^31]; required."
     )
     dram_gb: list[Annotated[float, Field(ge=0, le=2**20)]] | None = Field(
-        None, max_length=64, description="DRAM sizes in GiB over all TP ranks (needs --model); or --host-units."
+        None,
+        max_length=64,
+        description="DRAM sizes in GiB over all TP ranks, each in [0, 2^20] (needs --model); or --host-units; "
+        "default: none.",
     )
     host_units: list[Annotated[int, Field(ge=0, le=2**31)]] | None = Field(
-        None, max_length=64, description="Host capacities in tier units (chunks; CPU blocks for simple)."
+        None,
+        max_length=64,
+        description="Host capacities in tier units (chunks; CPU blocks for simple), integers in [0, 2^31]; "
+        "or --dram-gb; default: none.",
     )
     model: str = Field("qwen3-8b", description="Model preset or config.json (KV bytes, for --dram-gb).")
     dtype: str = Field("bf16", description="KV cache dtype: bf16 | fp16 | fp8 | fp32.")
     tp: int = Field(1, ge=1, le=4096, description="Tensor-parallel degree; 1–4096.")
-    block_size: int | None = Field(None, ge=1, le=2**16, description="Tokens per block; default: the trace's.")
+    block_size: int | None = Field(
+        None, ge=1, le=2**16, description="Tokens per block; 1–65,536; default: the trace's."
+    )
     policy: Literal["lru", "arc"] = Field("lru", description="native: CPU eviction policy lru | arc.")
     blocks_per_chunk: int = Field(1, ge=1, le=4096, description="native: GPU blocks per CPU chunk; 1–4096.")
-    store_threshold: int = Field(0, ge=0, le=1000, description="native: offers before a chunk is stored (0/1: off).")
-    chunk_tokens: int = Field(256, ge=1, le=2**20, description="lmcache: tokens per chunk (a block_size multiple).")
+    store_threshold: int = Field(
+        0, ge=0, le=1000, description="native: offers before a chunk is stored, 0–1000 (0/1: off)."
+    )
+    chunk_tokens: int = Field(
+        256, ge=1, le=2**20, description="lmcache: tokens per chunk, 1–2^20, a multiple of the block size."
+    )
     prefill_tokens_per_s: float | None = Field(
-        None, gt=0, le=1e12, description="Prefill speed (tokens/s) for the TTFT saved vs recompute; default: none."
+        None, gt=0, le=1e12, description="Prefill speed (tokens/s, > 0) for the TTFT saved vs recompute; default: none."
     )
     pcie_gb_per_s: float = Field(
-        25.0, gt=0, le=1e6, description="Host-to-GPU bandwidth per GPU, GB/s (10^9 B/s); default 25 (PCIe 4 x16)."
+        25.0, gt=0, le=1e6, description="Host-to-GPU bandwidth per GPU, GB/s (10^9 B/s), > 0; default 25 (PCIe 4 x16)."
+    )
+    target: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Target total hit ratio: DRAM needed per HBM size (grid); in (0, 1]; default: none.",
+    )
+    price_hbm_per_gib: float | None = Field(
+        None,
+        ge=0,
+        le=1e9,
+        description="Price of 1 GiB of HBM (any currency), ≥ 0, for the cheapest split; default: none.",
+    )
+    price_dram_per_gib: float | None = Field(
+        None,
+        ge=0,
+        le=1e9,
+        description="Price of 1 GiB of DRAM (same currency), ≥ 0, for the cheapest split; default: none.",
     )
     workers: int = Field(1, ge=1, le=64, description="Processes for the per-pair simulations; 1–64.")
-    plot: Path | None = Field(None, description="Write a heatmap with iso-hit contours to PLOT.png/.svg.")
+    plot: Path | None = Field(
+        None, description="Write a heatmap with iso-hit contours to PLOT.png/.svg; default: none."
+    )
 
     FLAGS = {"blocks_trace": "--blocks-trace", "hbm_blocks": "--hbm-blocks", "dram_gb": "--dram-gb"}
 
@@ -71,6 +103,13 @@ class TiersResponse(Response):
         None,
         description="Mean TTFT saved per request vs recomputing the host hits (s): Σ c_r·(1/prefill − "
         "bytes_per_token_rank/bandwidth) / admitted requests (with --prefill-tokens-per-s).",
+    )
+    dram_for_target: list[float | None] | None = Field(
+        None, description="Per HBM size: the smallest grid DRAM (GiB, or units) with h ≥ target (null: none)."
+    )
+    hbm_gib: list[float] | None = Field(None, description="HBM of each row, GiB over all ranks (with --model).")
+    cheapest: dict | None = Field(
+        None, description="Cheapest grid pair reaching the target: hbm_blocks, hbm_gib, dram_gib, cost, h (or null)."
     )
     figure: list[str] | None = Field(None, description="Figure files written.")
 
@@ -99,6 +138,11 @@ def tiers(req: TiersRequest) -> TiersResponse:
 
     if (req.dram_gb is None) == (req.host_units is None):
         raise InputError("--dram-gb and --host-units: give exactly one")
+    priced = (req.price_hbm_per_gib is not None, req.price_dram_per_gib is not None)
+    if any(priced) and not all(priced):
+        raise InputError("--price-hbm-per-gib and --price-dram-per-gib: give both or neither")
+    if all(priced) and (req.target is None or req.dram_gb is None):
+        raise InputError("--price-hbm-per-gib: the cheapest split needs --target and --dram-gb")
     if req.plot is not None:
         check_output_file(str(req.plot) + ".png", "--plot")
     br = _load(req)
@@ -111,7 +155,7 @@ def tiers(req: TiersRequest) -> TiersResponse:
             raise InputError(f"--chunk-tokens: expected a multiple of the block size {b}, got {req.chunk_tokens}")
         kw = {"chunk_tokens": req.chunk_tokens}
     bpb = bpt = None
-    if req.dram_gb is not None or req.prefill_tokens_per_s is not None:
+    if req.dram_gb is not None or req.prefill_tokens_per_s is not None or all(priced):
         from .. import hardware
 
         with translating("--model"):
@@ -163,6 +207,22 @@ def tiers(req: TiersRequest) -> TiersResponse:
             [float(x) * per_token / max(1, int(n)) for x in row]
             for row, n in zip(s.load_tokens, s.admitted, strict=True)
         ]
+    from ..plan_tiers import cheapest_split, dram_for_target
+
+    xs = np.asarray(req.dram_gb if req.dram_gb is not None else s.host, float)
+    need = dram_for_target(s.hit, xs, req.target) if req.target is not None else None
+    hbm_gib = [float(N) * bpb * req.tp / 2**30 for N in s.gpu_blocks] if bpb is not None else None
+    cheapest = None
+    if all(priced):
+        sp = cheapest_split(s.hit, hbm_gib, xs, req.target, req.price_hbm_per_gib, req.price_dram_per_gib)
+        if sp is not None:
+            cheapest = {
+                "hbm_blocks": int(s.gpu_blocks[sp.hbm_index]),
+                "hbm_gib": sp.hbm_gib,
+                "dram_gib": sp.dram_gib,
+                "cost": sp.cost,
+                "h": sp.h,
+            }
     name = {"native": "vLLM 0.33.0 native", "simple": "vLLM 0.33.0 SimpleCPUOffload", "lmcache": "LMCache 0.5.6"}
     return TiersResponse(
         tier=f"{req.tier} ({name[req.tier]})",
@@ -174,5 +234,8 @@ def tiers(req: TiersRequest) -> TiersResponse:
         h=[[None if np.isnan(v) else float(v) for v in row] for row in s.hit],
         h_gpu=[None if np.isnan(v) else float(v) for v in s.gpu_hit],
         ttft_saved_s=ttft,
+        dram_for_target=need,
+        hbm_gib=hbm_gib,
+        cheapest=cheapest,
         figure=figure,
     )
