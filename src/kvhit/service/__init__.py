@@ -28,6 +28,7 @@ from .plan import PlanRequest, PlanResponse, plan
 from .runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
 from .simulate import SimulateRequest, SimulateResponse, simulate
 from .spec import SpecFields, TraceOrSpecFields, load_spec
+from .tiers import TiersRequest, TiersResponse, tiers
 from .traces import (
     GenerateRequest,
     GenerateResponse,
@@ -83,4 +84,7 @@ __all__ = [
     "ReproduceRequest",
     "ReproduceResponse",
     "reproduce",
+    "TiersRequest",
+    "TiersResponse",
+    "tiers",
 ]
