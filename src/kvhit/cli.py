@@ -1193,7 +1193,7 @@ def serve(
 
     from .web import create_app
 
-    uvicorn.run(create_app(workers=workers), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(workers=workers, warm=True), host=host, port=port, log_level="warning")
 
 
 def main(argv: list[str] | None = None) -> int:

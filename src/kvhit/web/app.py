@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -193,12 +194,26 @@ def _clean(msg: str, rename: dict[str, str]) -> str:
     return msg
 
 
-def create_app(workers: int = 2, max_body: int = MAX_BODY_BYTES, max_upload: int = MAX_UPLOAD_BYTES) -> FastAPI:
-    """The app: ``/`` the planner page, ``/api/...`` the JSON API, ``/docs`` its OpenAPI documentation."""
+def _warm_up() -> None:
+    from ..service.registry import run
+
+    scm = {"lam0": 1.0, "mean_turns": 5.0, "x_mean": 4.0, "y_mean": 3.0, "w_mean": 135.0}
+    with contextlib.suppress(Exception):
+        run("estimate", {"N": [100, 1000], **scm})
+        run("plan", {"engine": "paper", "kv_gb": 40, "target": 0.3, **scm})
+
+
+def create_app(
+    workers: int = 2, max_body: int = MAX_BODY_BYTES, max_upload: int = MAX_UPLOAD_BYTES, warm: bool = False
+) -> FastAPI:
+    """The app: ``/`` the planner page, ``/api/...`` the JSON API, ``/docs`` its OpenAPI documentation;
+    ``warm``: answer a small estimate and plan in the background at start-up (imports, first compilations)."""
     jobs = JobManager(workers=workers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if warm:  # imports and first compilations off the first user's request
+            threading.Thread(target=_warm_up, daemon=True).start()
         yield
         jobs.shutdown()
 
@@ -313,6 +328,10 @@ def create_app(workers: int = 2, max_body: int = MAX_BODY_BYTES, max_upload: int
     @app.get("/", include_in_schema=False)
     async def index():
         return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return Response(status_code=204)
 
     @app.get("/static/plotly.min.js", include_in_schema=False)
     async def plotly_js():

@@ -81,7 +81,12 @@ def _child(conn, command: str, fields: dict[str, Any], rename: dict[str, str]) -
 
     try:
         res = run(command, fields, progress=progress)
-        conn.send(("done", res.to_jsonable()))
+        out = res.to_jsonable()
+        if rename:  # the client's file names, never the server's temporary paths
+            import json
+
+            out = json.loads(clean(json.dumps(out)))
+        conn.send(("done", out))
     except InputError as e:
         conn.send(("error", clean(str(e))))
     except Exception as e:  # a bug: one line to the client, the traceback to the server's log

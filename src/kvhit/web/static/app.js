@@ -74,6 +74,11 @@ function grid(points) {
 }
 function traceFile() { return radio("workload") === "trace" ? $("trace").files[0] : null; }
 
+// a curve answer is flat: {"N": [...], "<curve label>": [h per N], ..., "h_max": ...}
+function curvesOf(res) {
+  return Object.entries(res).filter(([k, v]) => k !== "N" && k !== "feasible" && !k.startsWith("refused")
+    && Array.isArray(v) && v.length === res.N.length);
+}
 // ---- the chart -----------------------------------------------------------------------------------------------
 function draw() {
   const gib = $("xunit").value === "gib" && state.kv;
@@ -87,7 +92,7 @@ function draw() {
   }
   for (const src of [state.traceCurve, state.sim]) {
     if (!src) continue;
-    for (const [k, ys] of Object.entries(src.curves))
+    for (const [k, ys] of curvesOf(src))
       data.push({ name: k, x: x(src.N), y: ys, mode: "lines", line: { dash: src === state.sim ? "dot" : "solid" } });
     if (src.h_max != null) hmax = src.h_max;
   }
@@ -102,7 +107,7 @@ function draw() {
     notes.push({ yref: "paper", y: 1, x: Math.log10(bx), text: `budget: ${state.kv.N.toLocaleString()} blocks = ${state.kv.kv_gib.toFixed(1)} GiB`, showarrow: false, yshift: 8 });
   }
   Plotly.react("chart", data, {
-    margin: { t: 30, r: 20, b: 50, l: 60 }, shapes, annotations: notes, legend: { x: 0.01, y: 0.85 },
+    margin: { t: 30, r: 20, b: 50, l: 60 }, shapes, annotations: notes, legend: { x: 0.99, xanchor: "right", y: 0.03, yanchor: "bottom", bgcolor: "rgba(255,255,255,0.8)" },
     xaxis: { type: "log", title: gib ? `KV memory (GiB of ${state.kv.model})` : "capacity N (blocks)" },
     yaxis: { title: "hit ratio h", range: [0, 1] },
   }, { displaylogo: false, responsive: true });
@@ -152,7 +157,8 @@ async function refreshTrace() {
   // an uploaded trace: the same readers as the CLI, in a job (estimators and Algorithm 1 over capacity)
   const f = traceFile(); if (!f) return;
   try {
-    showError(null); state.est = null; state.sim = null;
+    showError(null); state.est = null; state.sim = null; state.traceCurve = null; state.plan = null;
+    table("plan", []);
     await refreshKv();
     state.traceCurve = await api("/api/curve", { n_min: num("n_min"), n_max: num("n_max"), points: 200,
       policies: ["content"], ...modelFields() }, { trace: f, ...modelFiles() });
@@ -188,7 +194,8 @@ async function init() {
   const pre = await (await fetch("/api/presets")).json();
   $("model").innerHTML = pre.models.map((m) => `<option>${m}</option>`).join("");
   $("accelerator").innerHTML = pre.accelerators.map((m) => `<option>${m}</option>`).join("");
-  $("model").value = "qwen3-8b"; $("accelerator").value = "H100";
+  const pick = (sel, want) => { for (const o of sel.options) if (o.value.toLowerCase() === want) sel.value = o.value; };
+  pick($("model"), "qwen3-8b"); pick($("accelerator"), "h100");
   readUrl();
   for (const el of document.querySelectorAll("#inputs input, #inputs select")) {
     if (el.id === "trace") continue;
