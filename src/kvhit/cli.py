@@ -595,6 +595,33 @@ def _split(values: list[str] | None) -> list[str]:
     return [part.strip() for v in values or [] for part in str(v).split(",") if part.strip()]
 
 
+def _print_trace_estimate(res) -> None:
+    lam = "the trace's own load" if res.lam0 is None else f"a stationary stream at λ0 = {res.lam0:.4g}/s"
+    console.print(
+        f"{res.source} ({res.format}): {res.estimator}; {lam}; ceiling {_fmt(res.h_max)}; largest request "
+        f"{res.N_min:,} blocks"
+    )
+    engines = list(res.rows[0].h) if res.rows else []
+    t = Table(title=f"predicted hit ratio ({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})")
+    t.add_column("N (blocks)", justify="right")
+    for e in engines:
+        t.add_column(e, justify="right")
+    t.add_column("refused (requests / tokens)", justify="right")
+    for r in res.rows:
+        if r.feasible:
+            t.add_row(_fmt(r.N), *[_fmt(r.h[e]) for e in engines], "–")
+        else:
+            t.add_row(
+                _fmt(r.N),
+                *["–" for _ in engines],
+                f"[yellow]infeasible: {100 * r.refused_request_share:.2f}% / {100 * r.refused_token_share:.2f}%[/]",
+            )
+    console.print(t)
+    for e, reg in res.regime.items():
+        if not reg.get("validated", True):
+            console.print(f"[yellow]note: {e}: outside the estimator's validated regime: {'; '.join(reg['notes'])}[/]")
+
+
 @app.command()
 def estimate(
     N: Annotated[
@@ -613,6 +640,14 @@ def estimate(
     engine: Annotated[str | None, typer.Option("--engine", help=_help(svc.EstimateRequest, "engine"))] = None,
     sample: Annotated[int, typer.Option("--sample", help=_help(svc.EstimateRequest, "sample"))] = 20_000,
     seed: Annotated[int, typer.Option("--seed", help="With --engine: sampling seed; integer ≥ 0.")] = 0,
+    trace: Annotated[Path | None, typer.Option("--trace", help=_help(svc.TraceEstimateRequest, "trace"))] = None,
+    blocks_trace: BlocksTraceOpt = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
+    metric: Annotated[
+        str, typer.Option("--metric", help="--trace/--blocks-trace: " + _help(svc.TraceEstimateRequest, "metric"))
+    ] = "tokens",
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of tables.")] = False,
 ) -> None:
     """Mean-field estimate from a workload spec: moments, T_C, h_max and h (base eq. (25), practical eq. (32)).
@@ -620,7 +655,33 @@ def estimate(
     λ0 is the physical (unscaled) arrival rate and N the capacity in blocks (threshold form, eq. (38)). With
     --engine, the engine-aware estimate (the engine's block accounting, finite capacity, tail-first partial hits,
     fluctuations; docs/estimators.md) of a sample of the spec is shown too, in both of vLLM's metrics.
+
+    From a trace: --trace (kvhit Parquet: the engine-aware estimator) or --blocks-trace (Mooncake/WEKA block ids:
+    the agentic estimator, at the trace's own load or a stationary --lam0), both vLLM orders unless --engine;
+    capacities below the largest request are infeasible (refused shares, no ratio).
     """
+    if trace is not None or blocks_trace is not None:
+        if spec is not None or any(v is not None for v in (p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)):
+            _fail("--trace/--blocks-trace: not with --spec or spec flags (the trace is the workload)")
+        res = _call(
+            svc.trace_estimate,
+            svc.TraceEstimateRequest,
+            N=_split(N),
+            trace=trace,
+            blocks_trace=blocks_trace,
+            arrival=arrival,
+            rate=rate,
+            span=span,
+            seed=seed,
+            engine=engine,
+            metric=metric,
+            lam0=lam0,
+        )
+        if as_json:
+            _print_json(res)
+            return
+        _print_trace_estimate(res)
+        return
     res = _call(
         svc.estimate,
         svc.EstimateRequest,
@@ -733,19 +794,102 @@ def _print_stats(st: dict, paper: bool) -> None:
     console.print(t)
 
 
+def _print_block_stats(st: dict) -> None:
+    def dist(d: dict, digits: int = 1) -> str:
+        if not d.get("count"):
+            return "–"
+        q = d["quantiles"]
+        return (
+            f"mean {_fmt(d['mean'], digits)}, median {_fmt(q['p50'], digits)}, p90 {_fmt(q['p90'], digits)}, "
+            f"max {_fmt(d['max'], digits)}"
+        )
+
+    def pct(x) -> str:
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    sm, ru, sh, gp, cv, cc = (st[k] for k in ("summary", "reuse", "shared", "gaps", "conversations", "concurrency"))
+    t = Table(title=f"workload statistics of {sm['source']} ({sm['block_size']}-token blocks)")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    rows = [
+        ("requests / sessions", f"{sm['requests']:,} / {sm['sessions']:,}"),
+        ("time span", f"{sm['time_span_s']:,.0f} s"),
+        ("prompt tokens per request", dist(sm["prompt_tokens"], 0)),
+        ("largest request (smallest feasible N)", f"{sm['min_N']:,} blocks"),
+        (
+            "infinite-cache ceiling (tokens / blocks)",
+            f"{_fmt(sm['ceiling_token_hit_ratio'])} / {_fmt(sm['ceiling_block_hit_ratio'])}",
+        ),
+        (
+            "prompt grows / shrinks / diverges vs previous",
+            f"{pct(ru['grow_rate'])} / {pct(ru['shrink_rate'])} / {pct(ru['diverge_rate'])}",
+        ),
+        ("reused share of the previous request", dist(ru["reused_fraction_of_previous"], 3)),
+        ("new blocks per request", dist(ru["new_blocks"])),
+        ("requests with a cross-session shared prefix", pct(sh["request_fraction"])),
+        ("shared prefix tokens / all prompt tokens", pct(sh["token_fraction"])),
+        ("shared prefix length (blocks)", dist(sh["shared_prefix_blocks"])),
+        ("gap W between requests of a session (s)", dist(gp)),
+        ("requests per session", dist(cv["requests_per_session"])),
+        ("session lifetime (s)", dist(cv["lifetime_s"], 0)),
+        ("active sessions over time", dist(cc["active_sessions"])),
+        ("live context of active sessions (blocks)", dist(cc["live_context_blocks"], 0)),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+
+
 @trace_app.command("stats")
 def trace_stats(
-    path: Annotated[Path, typer.Argument(help="Trace (Parquet).")],
+    path: Annotated[
+        Path, typer.Argument(help="Trace: kvhit Parquet, or a Mooncake .jsonl / WEKA .json file or directory.")
+    ],
     warmup: Annotated[
         int | None,
         typer.Option("--warmup", help="Warm-up conversations excluded (default: the trace's n_warm)."),
     ] = None,
     block: Annotated[str, typer.Option("--block", help="paper | phys | full (see kvhit.estimate).")] = "paper",
-    fig: Annotated[Path | None, typer.Option("--fig", help="Write Fig. 2 panels to PREFIX.png/.svg.")] = None,
+    fig: Annotated[
+        Path | None, typer.Option("--fig", help="Write the figure (Fig. 2 panels; block traces: 4 panels) to PREFIX.")
+    ] = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="WEKA random arrivals: seed.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Workload statistics of a trace (eq. (35)–(37)) and the two panels of the paper's Fig. 2."""
+    """Workload statistics of a trace (eq. (35)–(37)) and the two panels of the paper's Fig. 2.
+
+    On a production block-id trace (Mooncake, WEKA): what an estimator needs (kvhit.workload.stats) — per-request
+    reusable prefix (growth, shrink, divergence), shared prefixes, gaps, conversation sizes and lifetimes,
+    concurrency, the largest request and the infinite-cache ceiling — and a four-panel figure with --fig."""
     from .workload import Trace
+
+    if path.is_dir() or path.suffix in (".json", ".jsonl"):
+
+        def go_blocks():
+            from .workload.stats import trace_stats as block_trace_stats
+
+            pt = _read_blocks_trace(path, arrival, rate, span, seed)
+            st = block_trace_stats(pt)
+            out = st.to_dict()
+            if fig is not None:
+                from .plots import plot_trace_stats
+
+                out["figures"] = [
+                    str(x) for x in plot_trace_stats(st, str(fig), title=f"{path.name} ({pt.format}, {arrival} starts)")
+                ]
+            return out
+
+        st = _run(go_blocks)
+        if as_json:
+            _print_json(st)
+            return
+        _print_block_stats(st)
+        for f in st.get("figures", []):
+            console.print(f"wrote {f}")
+        return
 
     def go():
         tr = Trace.read(path)
@@ -1358,8 +1502,10 @@ def _curve_keys(data: dict) -> list[str]:
 
 
 def _estimator_lines(pt, Ns: np.ndarray, feasible: np.ndarray) -> dict:
-    """The agentic estimator's token hit ratio for both vLLM orders (NaN where infeasible), when it is installed."""
-    return {}
+    """The agentic estimator's token hit ratio for both vLLM orders (NaN where infeasible)."""
+    from .service.trace_estimate import agentic_lines
+
+    return agentic_lines(pt, Ns, feasible)
 
 
 @app.command()

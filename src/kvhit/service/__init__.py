@@ -23,6 +23,7 @@ from .base import Request, Response, build, strict_json
 from .errors import InputError, translating
 from .estimate import EstimateRequest, EstimateResponse, estimate
 from .kv import KvRequest, KvResponse, kv, list_presets
+from .trace_estimate import TraceEstimateRequest, TraceEstimateResponse, trace_estimate
 
 __all__ = [
     "InputError",
@@ -38,6 +39,9 @@ __all__ = [
     "KvResponse",
     "kv",
     "list_presets",
+    "TraceEstimateRequest",
+    "TraceEstimateResponse",
+    "trace_estimate",
 ]
 
 from .spec import SpecFields, TraceOrSpecFields, load_spec  # noqa: E402
