@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# make conformance: kvhit's engine models against the engines' own cache code (see conformance/README.md).
+# Every line of the table is one command of conformance/check_vllm.py; summaries go to $OUT/results.jsonl.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${KVHIT_CONFORMANCE_OUT:-out/conformance}
+CASES=${KVHIT_CONFORMANCE_CASES:-1000}
+mkdir -p "$OUT"; : > "$OUT/results.jsonl"
+export PYTHONPATH=$PWD/src NUMBA_CACHE_DIR=${KVHIT_CONFORMANCE_CACHE:-$HOME/.cache/kvhit-conformance}/numba
+status=0
+check() {  # python model args...
+  local py=$1; shift
+  "$py" conformance/check_vllm.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v " INFO \|^INFO" || status=1
+}
+# vLLM <= 0.23 free-queue order and the newest release (pinned; bump VLLM_NEWEST to track a new one)
+VLLM_OLD=${VLLM_OLD:-0.23.0}
+VLLM_NEWEST=${VLLM_NEWEST:-0.33.0}
+py_old=$(conformance/make_env.sh vllm "$VLLM_OLD")
+py_new=$(conformance/make_env.sh vllm "$VLLM_NEWEST")
+check "$py_old" --model vllm-0.23 --cases "$CASES" --seed 0
+check "$py_new" --model vllm --cases "$CASES" --seed 0
+# negative controls: each must find a mismatch
+check "$py_old" --model vllm --cases 300 --seed 1 --expect-mismatch
+check "$py_old" --model vllm --compare hits --cases 300 --seed 1 --expect-mismatch
+check "$py_old" --model no-hit-cap:vllm-0.23 --cases 300 --seed 1 --expect-mismatch
+check "$py_new" --model vllm-0.23 --cases 300 --seed 1 --expect-mismatch
+check "$py_new" --model vllm-0.23 --compare hits --cases 300 --seed 1 --expect-mismatch
+check "$py_new" --model no-hit-cap:vllm --cases 300 --seed 1 --expect-mismatch
+exit $status
