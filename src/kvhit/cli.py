@@ -192,8 +192,12 @@ def trace_generate(
         sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
         if conversations is None and horizon is None:
             raise ValueError("give --conversations or --horizon")
-        tr = generate(sp, seed, n_conversations=conversations, horizon=horizon)
-        tr.write(out)
+        with _progress() as prog:
+            task = prog.add_task("generating", total=2)
+            tr = generate(sp, seed, n_conversations=conversations, horizon=horizon)
+            prog.update(task, completed=1, description=f"writing {tr.n_turns:,} turns")
+            tr.write(out)
+            prog.update(task, completed=2)
         return tr
 
     tr = _run(go)
@@ -231,11 +235,13 @@ def simulate_trace_rows(
     colocated: bool,
     window,
     block_size: int | None = None,
+    progress=None,
 ) -> list[dict]:
     """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace. Block policy: capacities below
     the largest request are infeasible (vLLM would refuse requests; refused shares, no ratio:
     :mod:`kvhit.sim.feasibility`). Algorithm 1 serves every request (a content larger than N is a miss, nothing is
-    left out), so the content policy has no infeasible capacity."""
+    left out), so the content policy has no infeasible capacity. ``progress(done, total, what)`` is called before
+    each simulated capacity."""
     from .sim.content import simulate_content
     from .sim.feasibility import feasibility
     from .sim.metrics import batch_means, content_hit_stats
@@ -254,7 +260,9 @@ def simulate_trace_rows(
         conv, practical = tr.dense_conv(), weighting == "practical"
         R_prev = tr.R_prev()
         weight = np.maximum(R_prev - 1, 0) if practical else R_prev  # eq. (31) or eq. (12)
-        for N in Ns:
+        for k, N in enumerate(Ns):
+            if progress:
+                progress(k, len(Ns), f"Algorithm 1 at N = {N:,}")
             hit = simulate_content(conv, tr["R"], N).hit.astype(bool)
             st = content_hit_stats(tr, hit, window=window, practical=practical)
             _, half = batch_means(tr, np.where(hit, weight, 0), tr["R"], window)
@@ -271,7 +279,9 @@ def simulate_trace_rows(
             )
     elif policy == "block":
         rq = rq0
-        for N in Ns:
+        for k, N in enumerate(Ns):
+            if progress:
+                progress(k, len(Ns), f"{engine} block cache at N = {N:,}")
             res, m = simulate_trace_block(tr, N, engine=engine, colocated=colocated, window=window, requests=rq)
             _, half = batch_means(tr, res.hit_blocks.astype(float), res.prompt_blocks, window)
             rows.append(
@@ -409,6 +419,10 @@ def simulate(
     arrival: ArrivalOpt = "sequential",
     rate: RateOpt = None,
     span: SpanOpt = None,
+    estimates: Annotated[
+        bool,
+        typer.Option("--estimate/--no-estimate", help="Also compute the estimators beside the simulation."),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Simulate the hit ratio: Algorithm 1 (content) or the vLLM block cache, on a trace, a spec, or a production
@@ -440,10 +454,21 @@ def simulate(
                 tr.meta["block_size"] = block_size or 128
             window = _window_for(tr, warmup, warmup_time)
             out["trace"] = str(trace)
-            out["rows"] = simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, block_size)
-            out["estimate"] = _estimates_for_trace(tr, Ns, window, weighting == "practical")
-            _add_engine_estimates(out, tr, Ns, policy, engine)
-            _null_infeasible_estimates(out)
+            with _progress() as prog:
+                task = prog.add_task(f"simulating {len(Ns)} capacities", total=len(Ns) + 2 * estimates)
+
+                def cb(done, total, what):
+                    prog.update(task, completed=done, description=what)
+
+                out["rows"] = simulate_trace_rows(
+                    tr, Ns, policy, engine, weighting, colocated, window, block_size, progress=cb
+                )
+                if estimates:
+                    cb(len(Ns), 0, "estimators: paper eq. (39)")
+                    out["estimate"] = _estimates_for_trace(tr, Ns, window, weighting == "practical")
+                    cb(len(Ns) + 1, 0, "estimators: engine-aware")
+                    _add_engine_estimates(out, tr, Ns, policy, engine)
+                    _null_infeasible_estimates(out)
             return out
         sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
         n_warm = warmup if warmup is not None else max(1, conversations // 5)
@@ -743,7 +768,7 @@ def trace_stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dic
     from .estimate import trace_moments
 
     n_warm = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
-    conv_ids = np.unique(tr["conv"])
+    conv_ids = tr.conv_index()[0]
     mask = conv_ids >= n_warm if n_warm > 0 else np.ones(conv_ids.size, bool)
     mom = trace_moments(tr, mask, block=block)
     return {
@@ -892,8 +917,12 @@ def trace_stats(
         return
 
     def go():
-        tr = Trace.read(path)
-        st = trace_stats_dict(tr, warmup, block)
+        with _progress() as prog:
+            task = prog.add_task("reading", total=2)
+            tr = Trace.read(path)
+            prog.update(task, completed=1, description=f"statistics of {tr.n_turns:,} turns")
+            st = trace_stats_dict(tr, warmup, block)
+            prog.update(task, completed=2)
         if fig is not None:
             from .plots import plot_fig2
 
