@@ -29,8 +29,8 @@ class HardwareFields(Request):
     tp: int = Field(
         1, ge=1, le=4096, description="Tensor-parallel degree; must divide the KV heads (or be a multiple)."
     )
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="Fraction of accelerator memory vLLM may use; in (0, 1]."
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="With --gpu: fraction of accelerator memory vLLM may use; in (0, 1]; default 0.9."
     )
 
     FLAGS = {"accelerator": "--gpu", "dtype": "--kv-dtype", "kv_gb": "--kv-gb"}
@@ -38,6 +38,26 @@ class HardwareFields(Request):
     def check_one_budget(self) -> None:
         if self.accelerator is not None and self.kv_gb is not None:
             raise InputError("--gpu and --kv-gb: give one KV budget, not both")
+        if self.gpu_memory_utilization is not None and self.accelerator is None:
+            raise InputError("--gpu-memory-utilization: applies to --gpu (a --kv-gb budget is all KV)")
+
+    def resolve(self):
+        """The model and its KV bytes per block, each error naming the flag at fault."""
+        from .. import hardware
+
+        with translating("--model"):
+            m = hardware.resolve_model(self.model)
+        try:
+            bpb = m.bytes_per_block(self.block_size, self.dtype, self.tp)
+        except ValueError as e:
+            msg = str(e)
+            flag = "--tp" if msg.startswith("tp") else "--kv-dtype" if "dtype" in msg else "--block-size"
+            raise InputError(f"{flag}: {msg}") from None
+        return m, bpb
+
+    @property
+    def util(self) -> float:
+        return 0.9 if self.gpu_memory_utilization is None else self.gpu_memory_utilization
 
 
 class KvRequest(HardwareFields):
@@ -57,13 +77,11 @@ class KvResponse(Response):
 
 
 def kv(req: KvRequest) -> KvResponse:
-    from .. import hardware
     from ..plan import capacity
 
     req.check_one_budget()
-    with translating("--model"):
-        m = hardware.resolve_model(req.model)
-    with translating("--tp" if req.tp != 1 else "--kv-dtype"):
+    m, _ = req.resolve()
+    with translating("--kv-dtype"):
         out = KvResponse(
             model=m.name,
             bytes_per_token=m.bytes_per_token(req.dtype, req.tp),
@@ -81,7 +99,7 @@ def kv(req: KvRequest) -> KvResponse:
                 block_size=req.block_size,
                 dtype=req.dtype,
                 tp=req.tp,
-                gpu_memory_utilization=req.gpu_memory_utilization,
+                gpu_memory_utilization=req.util,
             )
         out.N, out.kv_gib, out.accelerator = c.N, c.kv_gib, c.accelerator
     return out

@@ -109,7 +109,7 @@ def load_spec(req: SpecFields):
 
     if req.p is not None and req.mean_turns is not None:
         raise InputError("--p and --mean-turns: give one, not both")
-    with translating():
+    with translating(str(req.spec) if req.spec is not None else ""):
         turns = (
             Geometric(req.p)
             if req.p is not None

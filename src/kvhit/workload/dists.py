@@ -337,6 +337,8 @@ def int_dist_from_dict(d: dict[str, Any] | int, where: str) -> IntDist:
     if not isinstance(d, dict) or "kind" not in d:
         raise SpecError(f"{where}: expected an integer or a table with a 'kind' key, got {d!r}")
     kind = d["kind"]
+    if not isinstance(kind, str):
+        raise SpecError(f"{where}.kind: expected a string, got {kind!r}")
     if kind in _INT_KEYS:
         check_keys(d, _INT_KEYS[kind], where)
     try:
@@ -682,6 +684,8 @@ def interarrival_from_dict(d: dict[str, Any], where: str = "interarrival") -> In
     if not isinstance(d, dict) or "kind" not in d:
         raise SpecError(f"{where}: expected a table with a 'kind' key, got {d!r}")
     kind = d["kind"]
+    if not isinstance(kind, str):
+        raise SpecError(f"{where}.kind: expected a string, got {kind!r}")
     if kind in _W_KEYS:
         check_keys(d, _W_KEYS[kind], where)
     try:
