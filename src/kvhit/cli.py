@@ -626,7 +626,8 @@ def _print_block_stats(st: dict) -> None:
 @trace_app.command("stats")
 def trace_stats(
     path: Annotated[
-        Path, typer.Argument(help="Trace: kvhit Parquet, or a Mooncake .jsonl / WEKA .json file or directory.")
+        Path,
+        typer.Argument(help="Trace: kvhit Parquet, or a Mooncake .jsonl / WEKA .json file or directory; required."),
     ],
     warmup: Annotated[int | None, _opt(STR, "warmup", "--warmup")] = None,
     block: Annotated[str, _opt(STR, "block", "--block")] = "paper",
