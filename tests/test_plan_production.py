@@ -183,3 +183,16 @@ def test_cli_curve_blocks_trace_has_estimator_lines(tmp_path):
         h = out[label]
         for k, N in enumerate(out["N"]):
             assert (h[k] is None) is (N < out["N_min"])
+
+
+def test_plan_stationary_answers_exactly_and_shows_the_estimate(pt):
+    from kvhit.estimate_agentic import estimate_trace
+
+    pool = conversation_pool(pt)
+    N = 2 * pool.N_min
+    p = plan_production(pt, _cap(N), lam0=0.01, verify=True, replications=2, n_conversations=10, seed=1)
+    r = resample_simulate(pool, [N], lam0=0.01, n_conversations=10, replications=2, seed=1)
+    assert p.answered_by == "resample" and p.h_at_capacity == r.mean_ci()[0][0]
+    est = estimate_trace(pt, [N], engine="vllm", metric="tokens", lam0=0.01)
+    assert p.verify["predictor"] == "estimator" and p.verify["h_predicted"] == pytest.approx(est.h[0], abs=1e-12)
+    assert p.verify["difference"] == pytest.approx(est.h[0] - p.h_at_capacity, abs=1e-12)

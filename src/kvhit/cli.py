@@ -923,7 +923,13 @@ def plan(
                 f"verify: simulated {v['simulator']}",
                 f"{v['h_simulated']:.4f}"
                 + (f" ± {v['h_simulated_ci95']:.4f} (95%, {v['replications']} runs)" if "h_simulated_ci95" in v else "")
-                + (f" (prediction − simulation = {v['difference']:+.4f})" if v.get("difference") is not None else ""),
+                + (
+                    f" (estimate {v['h_predicted']:.4f}; estimate − simulation = {v['difference']:+.4f})"
+                    if v.get("difference") is not None and res.answered_by == "resample"
+                    else f" (prediction − simulation = {v['difference']:+.4f})"
+                    if v.get("difference") is not None
+                    else ""
+                ),
             ]
         )
     by = {"estimator": f"predictor: {res.estimator}", "replay": "exact: trace replayed", "resample": "exact: resampled"}
