@@ -29,6 +29,7 @@ from .plan import PlanRequest, PlanResponse, plan
 from .runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
 from .simulate import SimulateRequest, SimulateResponse, simulate
 from .spec import SpecFields, TraceOrSpecFields, load_spec
+from .tiers import TiersRequest, TiersResponse, tiers
 from .trace_estimate import TraceEstimateRequest, TraceEstimateResponse, trace_estimate
 from .traces import (
     GenerateRequest,
@@ -92,4 +93,7 @@ __all__ = [
     "ReproduceRequest",
     "ReproduceResponse",
     "reproduce",
+    "TiersRequest",
+    "TiersResponse",
+    "tiers",
 ]

@@ -61,7 +61,19 @@ class HardwareFields(Request):
 
 
 class KvRequest(HardwareFields):
-    pass
+    dram_gb: float | None = Field(
+        None,
+        gt=0,
+        le=2**20,
+        description="DRAM for a host KV tier, GiB over all TP ranks, in (0, 2^20]: its capacity per engine; "
+        "default: none.",
+    )
+    blocks_per_chunk: int = Field(
+        1, ge=1, le=4096, description="vLLM native offloading: GPU blocks per CPU chunk, 1–4096."
+    )
+    chunk_tokens: int = Field(256, ge=1, le=2**20, description="LMCache chunk size in tokens, 1–2^20 (default 256).")
+
+    FLAGS = {**HardwareFields.FLAGS, "dram_gb": "--dram-gb"}
 
 
 class KvResponse(Response):
@@ -74,6 +86,11 @@ class KvResponse(Response):
     N: int | None = Field(None, description="Capacity in blocks (null without a budget).")
     kv_gib: float | None = Field(None, description="KV memory in GiB (null without a budget).")
     accelerator: str | None = Field(None, description="Accelerator or KV budget label.")
+    host_tier: dict | None = Field(
+        None,
+        description="With --dram-gb: native_chunks (vLLM 0.33.0 CPUOffloadingSpec, all ranks in one chunk), "
+        "simple_cpu_blocks (per rank), lmcache_chunks_per_rank (max_local_cpu_size = DRAM/TP per rank).",
+    )
 
 
 def kv(req: KvRequest) -> KvResponse:
@@ -102,6 +119,22 @@ def kv(req: KvRequest) -> KvResponse:
                 gpu_memory_utilization=req.util,
             )
         out.N, out.kv_gib, out.accelerator = c.N, c.kv_gib, c.accelerator
+    if req.dram_gb is not None:
+        from ..sim.tiers.sizing import host_units
+
+        if req.chunk_tokens % req.block_size:
+            raise InputError(f"--chunk-tokens: expected a multiple of --block-size {req.block_size}")
+        dram = int(req.dram_gb * 2**30)
+        common = {"bytes_per_block_rank": out.bytes_per_block, "block_size": req.block_size, "tp": req.tp}
+        out.host_tier = {
+            "dram_gib": req.dram_gb,
+            "native_chunks": host_units("native", dram, blocks_per_chunk=req.blocks_per_chunk, **common),
+            "native_chunk_tokens": req.blocks_per_chunk * req.block_size,
+            "simple_cpu_blocks": host_units("simple", dram, **common),
+            "lmcache_chunks_per_rank": host_units("lmcache", dram, chunk_tokens=req.chunk_tokens, **common),
+            "lmcache_chunk_tokens": req.chunk_tokens,
+            "lmcache_max_local_cpu_size_gib": req.dram_gb / req.tp,
+        }
     return out
 
 
