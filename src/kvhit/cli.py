@@ -901,7 +901,8 @@ def plan(
     if res.target is not None:
         need = f"{res.N_for_target:,} blocks" + (f" = {res.gib_for_target:.2f} GiB" if res.gib_for_target else "")
         rows.append([f"(b) KV memory for h = {res.target:g}", need])
-        if res.capacity and res.feasible is not False and res.answered_by == "estimator":
+        c_unanswered = any(n.startswith("(c)") for n in res.notes)  # block-id traces: see the note
+        if res.capacity and res.feasible is not False and res.answered_by == "estimator" and not c_unanswered:
             lm = res.lam0_max_for_target
             rows.append([f"(c) largest λ0 keeping h ≥ {res.target:g}", "unreachable" if lm is None else f"{lm:.4g}/s"])
     if res.saved_prefill_tokens_per_s is not None:

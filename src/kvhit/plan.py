@@ -414,8 +414,9 @@ def plan_production(
     *replay*, :mod:`kvhit.sim.tracerun`) or, with ``lam0`` / ``scale``, a stationary stream of its conversations
     at that rate (exact by *resample-and-simulate*, :mod:`kvhit.sim.resample`, mean of ``replications``). The
     predictor is the agentic estimator (:func:`kvhit.estimate_agentic.estimate_trace`) when it is available and
-    says its regime is validated; otherwise every answer comes from the exact simulation (``answered_by``),
-    (b) to the resolution of a ``grid_points`` log grid and (c) not at all. Capacities below the largest request
+    says its regime is validated and the load is the trace's own; otherwise every answer comes from the exact
+    simulation (``answered_by``), (b) to the resolution of a ``grid_points`` log grid. (c) is not answered (the
+    estimator's stationary form is not validated; a simulation per trial λ0 is too slow). Capacities below the largest request
     are infeasible (no hit ratio). ``verify`` checks (a) by the exact simulation of the same load.
     """
     from .sim.feasibility import feasibility
@@ -551,10 +552,12 @@ def plan_production(
             )
         if cap is not None:
             p.gib_for_target = p.N_for_target * cap.bytes_per_block / hardware.GIB
-            if p.feasible and est_fn is not None:
-                p.lam0_max_for_target = _largest_lam0(lambda x: float(est_fn([cap.N], x).h[0]), target, lam)
-            elif p.feasible:
-                p.notes.append("(c) the largest λ0 is answered by the estimator only (one simulation per trial λ0)")
+            if p.feasible:
+                p.notes.append(
+                    "(c) the largest λ0 is not answered for a block-id trace: it needs the estimator's stationary "
+                    "form, which is not validated against simulation (or one resampled simulation per trial λ0); "
+                    "plan at chosen loads with --lam0/--scale (exact by resample-and-simulate) instead"
+                )
     if verify and cap is not None and p.feasible:
         if stationary:
             r = resampled([cap.N])
