@@ -416,8 +416,8 @@ def plan_production(
     predictor is the agentic estimator (:func:`kvhit.estimate_agentic.estimate_trace`) when it is available and
     says its regime is validated and the load is the trace's own; otherwise every answer comes from the exact
     simulation (``answered_by``), (b) to the resolution of a ``grid_points`` log grid. (c) is not answered (the
-    estimator's stationary form is not validated; a simulation per trial λ0 is too slow). Capacities below the largest request
-    are infeasible (no hit ratio). ``verify`` checks (a) by the exact simulation of the same load.
+    estimator's stationary form is not validated; a simulation per trial λ0 is too slow). Capacities below the
+    largest request are infeasible (no hit ratio). ``verify`` checks (a) by the exact simulation of the same load.
     """
     from .sim.feasibility import feasibility
     from .sim.resample import conversation_pool, resample_simulate
