@@ -228,3 +228,120 @@ def test_trace_stats_by_hand(trace):
     assert d["E_B"] == pytest.approx(R[last].mean())  # eq. (37)
     assert d["E_M"] == pytest.approx(M[last].mean())
     assert d["A_H_hash"] == pytest.approx((R[~last] - 1).sum() / L)  # eq. (36): Σ_{j<M} (R_j − 1)
+
+
+@pytest.mark.parametrize(
+    "flags, F",
+    [
+        (["--w-dist", "gamma", "--w-cv", "0.5"], ("gamma", 4.0)),  # shape k = 1/cv²
+        (["--w-dist", "lognormal", "--w-cv", "2"], ("lognormal", 2.0)),
+        (["--w-dist", "deterministic", "--w-mean", "60"], ("deterministic", 60.0)),
+        (["--lam0", "0.7"], ("lam0", 0.7)),
+    ],
+)
+def test_estimate_spec_overrides_are_used(flags, F):
+    from kvhit.workload import Deterministic, GammaW, LogNormalW
+
+    d = run_json("estimate", "--spec", SCM_TOML, "--N", "2275", *flags)
+    spec = WorkloadSpec.from_toml(SCM_TOML)
+    kind, x = F
+    if kind == "gamma":
+        spec = spec.with_interarrival(GammaW(x, 135.0))
+    elif kind == "lognormal":
+        spec = spec.with_interarrival(LogNormalW.from_mean_cv(135.0, x))
+    elif kind == "deterministic":
+        spec = spec.with_interarrival(Deterministic(x))
+    else:
+        spec = spec.with_lam0(x)
+    assert d["spec"] == spec.to_dict()
+    h = float(theory.h_mean_field(spec, 2275, practical=True))
+    assert d["estimates"][0]["h_prac"] == pytest.approx(h, abs=1e-12)
+
+
+def test_estimate_h_is_practical_and_engine_estimate_is_the_planners():
+    from kvhit.plan import make_workload
+
+    d = run_json("estimate", "--spec", SCM_TOML, "--N", "2275", "--engine", "vllm", "--sample", "3000", "--seed", "4")
+    e = d["estimates"][0]
+    assert e["h"] == e["h_prac"]
+    spec = WorkloadSpec.from_toml(SCM_TOML)
+    for metric in ("blocks", "tokens"):
+        wl = make_workload(spec, engine="vllm", metric=metric, sample_conversations=3000, seed=4)
+        assert e[f"h_engine_{metric}"] == float(wl.predict(np.array([2275.0]), np.array([1.5]))[0])
+
+
+def test_simulate_defaults_pinned(tmp_path):
+    """No --warmup: a spec warms up on 20% of -n; a trace on its recorded n_warm. Estimates beside the
+    simulation are the paper's (practical, empirical F̂) and the engine-aware one at b = 128."""
+    from kvhit.estimate import estimate, trace_moments
+    from kvhit.plan import make_workload
+    from kvhit.workload import generate
+
+    spec = WorkloadSpec.from_toml(SCM_TOML)
+    d = run_json("simulate", "--spec", SCM_TOML, "--N", "2000", "-n", "1000", "-r", "1", "--policy", "block")
+    tr = generate(spec, 0, n_conversations=1200)
+    tr.meta["block_size"] = 128
+    m = simulate_trace_block(tr, 2000, engine="vllm", window=Window.warmup_conversations(tr, 200))[1]
+    assert d["rows"][0]["h"] == m["h_blocks"]
+    wl = make_workload(spec, engine="vllm", metric="blocks", block_size=128)
+    assert d["estimate"][0]["h_engine"] == float(wl.predict(np.array([2000.0]), np.array([1.5]))[0])
+
+    tr = generate(spec, 3, n_conversations=2000)
+    tr.meta.update(n_warm=400)
+    p = tmp_path / "nw.parquet"
+    tr.write(p)
+    d = run_json("simulate", "--trace", p, "--N", "1500")
+    window = Window.warmup_conversations(tr, 400)
+    assert d["rows"][0]["h"] == simulate_trace_content(tr, 1500, window=window, practical=True).h
+    conv = tr.conversations()
+    mom = trace_moments(tr, conv["conv"][(conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)])
+    assert d["estimate"][0]["h"] == pytest.approx(
+        float(np.atleast_1d(estimate(mom, [1500.0], 1.5, "empirical", practical=True).h)[0]), abs=1e-12
+    )
+
+
+def test_simulate_blocks_trace_warmup_time_is_used():
+    from kvhit.sim.tracerun import production_rows
+    from kvhit.workload.production import read_production
+
+    path = str(ROOT / "tests" / "data" / "production" / "mooncake_small.jsonl")
+    d = run_json("simulate", "--blocks-trace", path, "--N", "3000", "--warmup-time", "600")
+    rows, _ = production_rows(read_production(path), [3000], ["vllm", "vllm-0.23"], warmup_time=600.0)
+    assert [r["token_hit_ratio"] for r in d["rows"]] == [r["token_hit_ratio"] for r in rows]
+    d0 = run_json("simulate", "--blocks-trace", path, "--N", "3000")
+    assert d0["rows"][0]["token_hit_ratio"] != d["rows"][0]["token_hit_ratio"]
+
+
+def test_plan_lam0_with_a_trace_is_used(trace):
+    from kvhit.plan import make_workload
+
+    d = run_json("plan", "--trace", trace, "--kv-gb", "40", "--lam0", "0.5")
+    assert d["lam0"] == 0.5
+    wl = make_workload(Trace.read(trace), lam0=0.5, engine="vllm", metric="tokens")
+    assert d["h_at_capacity"] == float(wl.predict(np.array([2275.0]), np.array([0.5]))[0])
+
+
+def test_curve_grid_is_log_spaced():
+    d = run_json(
+        "curve",
+        "--spec",
+        SCM_TOML,
+        "-n",
+        "500",
+        "--n-min",
+        "100",
+        "--n-max",
+        "20000",
+        "--points",
+        "7",
+        "--policies",
+        "content",
+        "--no-estimate",
+    )
+    assert d["N"] == np.unique(np.geomspace(100, 20000, 7).astype(np.int64)).tolist()
+    assert d["grid"] == "log"
+
+
+def test_demo_says_when_N_is_not_the_papers():
+    d = run_json("demo", "--N", "1000")
+    assert d["N"] == 1000 and d["N_is_paper_default"] is False

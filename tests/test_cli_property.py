@@ -77,6 +77,7 @@ def bad_capacities():
 # -- commands: (argv of a cheap valid call, {flag: strategy of bad values}) -----------------------------------------
 
 SMALL_SHAREGPT = str(DATA / "sharegpt_small.jsonl")
+MOONCAKE = str(DATA / "production" / "mooncake_small.jsonl")
 
 
 def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
@@ -173,6 +174,27 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
                 "--w-mean": bad_pos_float(),
                 "--block-size": bad_int(1, 2**16),
             },
+        ),
+        "simulate --blocks-trace": (
+            ["simulate", "--blocks-trace", MOONCAKE, "--N", "500"],
+            {
+                "--warmup-time": st.one_of(_nonfinite, st.floats(max_value=-1e-6, allow_infinity=False).map(repr)),
+                "--arrival": bad_choice(("sequential", "poisson", "uniform")),
+                "--N": bad_capacities(),
+            },
+        ),
+        "plan --blocks-trace": (
+            ["plan", "--blocks-trace", MOONCAKE, "--kv-gb", "1"],
+            {
+                "--scale": bad_pos_float(hi=1e6),
+                "--replications": bad_int(1, 10_000),
+                "--conversations": bad_int(1, 10**7),
+                "--engine": bad_choice(("vllm", "vllm-0.23")),
+            },
+        ),
+        "curve --blocks-trace": (
+            ["curve", "--blocks-trace", MOONCAKE, "--points", "3"],
+            {"--n-min": bad_int(1, 2**40), "--kv-gb": bad_pos_float(hi=2**20), "--points": bad_int(2, 100_000)},
         ),
         "demo": (["demo"], {"--N": bad_int(2, 2**40), "--lam0": bad_pos_float(), "--w-mean": bad_pos_float()}),
         "reproduce": (

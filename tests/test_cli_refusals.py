@@ -15,7 +15,9 @@ import pytest
 from clihelp import assert_refused, kvhit
 
 SCM = ["--lam0", "0.5", "--p", "0.75", "--x-mean", "4", "--y-mean", "3", "--w-mean", "60"]
-MOONCAKE = "tests/data/production/mooncake_small.jsonl"
+ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE = str(ROOT / "tests" / "data" / "production" / "mooncake_small.jsonl")
+SCM_TOML = str(ROOT / "examples" / "scm.toml")
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +108,10 @@ def test_silent_coercions_are_refused(args, needles):
 
 
 def test_trace_with_spec_is_refused(small_trace):
-    r = kvhit("simulate", "--trace", small_trace, "--spec", "examples/scm.toml", "--N", "100")
+    r = kvhit("simulate", "--trace", small_trace, "--spec", SCM_TOML, "--N", "100")
     assert_refused(r, "--trace", "--spec")
-    assert_refused(kvhit("curve", "--trace", small_trace, "--spec", "examples/scm.toml"), "--spec")
-    assert_refused(kvhit("plan", "--trace", small_trace, "--spec", "examples/scm.toml", "--kv-gb", "1"), "--spec")
+    assert_refused(kvhit("curve", "--trace", small_trace, "--spec", SCM_TOML), "--spec")
+    assert_refused(kvhit("plan", "--trace", small_trace, "--spec", SCM_TOML, "--kv-gb", "1"), "--spec")
     assert_refused(kvhit("simulate", "--trace", small_trace, "--p", "0.5", "--N", "100"), "--p")
     assert_refused(kvhit("simulate", "--trace", small_trace, "-r", "3", "--N", "100"), "--replications")
 
@@ -278,3 +280,12 @@ def test_json_is_strict_null_for_undefined(small_trace):
     d = json.loads(r.out, parse_constant=lambda c: pytest.fail(c))
     assert d["lam0"] is None
     assert np.isfinite(d["h_max"])
+
+
+def test_flags_that_would_be_ignored_are_refused():
+    assert_refused(kvhit("kv", "--kv-gb", "40", "--gpu-memory-utilization", "0.5"), "--gpu-memory-utilization")
+    assert_refused(kvhit("simulate", *SCM, "--N", "10", "--policy", "block", "--weighting", "base"), "--weighting")
+    assert_refused(kvhit("simulate", *SCM, "--N", "10", "--colocated"), "--colocated")
+    assert_refused(kvhit("estimate", *SCM, "--N", "10", "--w-cv", "0.5"), "--w-cv")
+    assert_refused(kvhit("plan", *SCM, "--kv-gb", "1", "--scale", "2"), "--scale")
+    assert_refused(kvhit("plan", "--spec", SCM_TOML, "--kv-gb", "40", "--engine", "paper", "--verify"), "--verify")

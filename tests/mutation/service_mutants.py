@@ -23,8 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = [
-    "tests/test_cli_refusals.py",
+    "tests/test_service.py",
     "tests/test_cli_numbers.py",
+    "tests/test_cli_refusals.py",
     "tests/test_cli.py",
     "tests/test_cli_property.py",
     "tests/test_readme.py::test_every_option_states_unit_range_and_default",

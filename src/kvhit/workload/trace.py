@@ -316,7 +316,12 @@ class Trace:
         raw = (table.schema.metadata or {}).get(_META_KEY)
         if raw is None:
             raise TraceError(f"{path}: not a kvhit trace (no kvhit metadata in the Parquet schema)")
-        meta = json.loads(raw)
+        try:
+            meta = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TraceError(f"{path}: the kvhit metadata in the Parquet schema is not JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise TraceError(f"{path}: the kvhit metadata in the Parquet schema is not a JSON object")
         version = meta.get("schema_version")
         if version != SCHEMA_VERSION:
             raise TraceError(f"{path}: trace schema version {version!r}, this kvhit reads version {SCHEMA_VERSION}")
