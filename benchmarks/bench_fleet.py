@@ -5,7 +5,7 @@ On :func:`bench_block.make_trace` (synthetic multi-turn, ~2·10^6 block accesses
 * the single-replica compiled simulator :func:`kvhit.sim.block.simulate_block` at ``N = R·n`` (baseline);
 * the fleet's fast path (route, then the compiled simulator per replica) for round-robin and session affinity at
   R = 8 replicas of ``n`` blocks;
-* the step-wise path (Python engines; every router) on a 20,000-request prefix, for scale.
+* the step-wise path (Python engines; every router) on a 5,000-request prefix, for scale.
 
 Unit: ``block_ops`` (:mod:`kvhit.sim.block`); the ratio reported is (fleet s per block op) / (single-replica s
 per block op) — the issue's target is ≤ 2.
@@ -34,7 +34,7 @@ def _time(f, reps=3):
     return best, out
 
 
-def run(min_accesses: int = 2_000_000, R: int = 8, n_per: int = 2_000, step_n: int = 20_000) -> dict:
+def run(min_accesses: int = 2_000_000, R: int = 8, n_per: int = 2_000, step_n: int = 5_000) -> dict:
     tr = make_trace(min_accesses=min_accesses)
     b = tr["block_size"]
     args = (tr["T"], tr["off"], tr["hashes"])

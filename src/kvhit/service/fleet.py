@@ -52,14 +52,14 @@ class FleetRequest(Request):
     )
     router: Annotated[list[RouterName], Field(min_length=1, max_length=16)] = Field(
         ["round-robin"],
-        description="Routers: round-robin | random | session | sticky | least-loaded | dynamo | llm-d | sglang; "
+        description="Routers (one or more): round-robin | random | session | sticky | least-loaded | dynamo | llm-d | sglang; "
         "repeat or comma-separate; default: round-robin.",
     )
     N: Annotated[list[Capacity], Field(min_length=1, max_length=4096)] = Field(
         description="Blocks per replica: one value for all, or one per replica (with a single R); required."
     )
     engine: BlockEngine = Field("vllm", description="Engine model of every replica: vllm (≥ 0.24) | vllm-0.23.")
-    block_size: int | None = Field(None, ge=1, le=2**16, description="Tokens per block; default: the trace's.")
+    block_size: int | None = Field(None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's.")
     prefill_tokens_per_s: float | None = Field(
         None, gt=0, le=1e12, description="Prefill speed (tokens/s) giving holds T/speed; default: none (instantaneous)."
     )
