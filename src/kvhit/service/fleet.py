@@ -59,9 +59,11 @@ class FleetRequest(Request):
         description="Blocks per replica: one value for all, or one per replica (with a single R); required."
     )
     engine: BlockEngine = Field("vllm", description="Engine model of every replica: vllm (≥ 0.24) | vllm-0.23.")
-    block_size: int | None = Field(None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's.")
+    block_size: int | None = Field(
+        None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's."
+    )
     prefill_tokens_per_s: float | None = Field(
-        None, gt=0, le=1e12, description="Prefill speed (tokens/s) giving holds T/speed; default: none (instantaneous)."
+        None, gt=0, le=1e12, description="Prefill speed (tokens/s), > 0, giving holds T/speed; default: none."
     )
     lag: float = Field(0.0, ge=0, le=1e9, description="Load-snapshot interval seen by the router, s; ≥ 0; default 0.")
     warmup: int | None = Field(None, ge=0, description="Warm-up conversations; ≥ 0; default: the trace's n_warm.")
