@@ -52,7 +52,8 @@ class FleetRequest(Request):
     )
     router: Annotated[list[RouterName], Field(min_length=1, max_length=16)] = Field(
         ["round-robin"],
-        description="Routers (one or more): round-robin | random | session | sticky | least-loaded | dynamo | llm-d | sglang; "
+        description="Routers (one or more): round-robin | random | session | sticky | least-loaded | dynamo | "
+        "llm-d | sglang; "
         "repeat or comma-separate; default: round-robin.",
     )
     N: Annotated[list[Capacity], Field(min_length=1, max_length=4096)] = Field(
