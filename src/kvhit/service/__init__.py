@@ -24,6 +24,7 @@ from .block_stats import BlockStatsRequest, BlockStatsResponse, block_stats, is_
 from .curve import CurveRequest, CurveResponse, curve
 from .errors import InputError, translating
 from .estimate import EstimateRequest, EstimateResponse, estimate
+from .fleet import FleetRequest, FleetResponse, fleet_simulate
 from .kv import HardwareFields, KvRequest, KvResponse, kv, list_presets
 from .plan import PlanRequest, PlanResponse, plan
 from .runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
@@ -93,6 +94,9 @@ __all__ = [
     "ReproduceRequest",
     "ReproduceResponse",
     "reproduce",
+    "FleetRequest",
+    "FleetResponse",
+    "fleet_simulate",
     "TiersRequest",
     "TiersResponse",
     "tiers",
