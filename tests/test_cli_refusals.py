@@ -289,3 +289,6 @@ def test_flags_that_would_be_ignored_are_refused():
     assert_refused(kvhit("estimate", *SCM, "--N", "10", "--w-cv", "0.5"), "--w-cv")
     assert_refused(kvhit("plan", *SCM, "--kv-gb", "1", "--scale", "2"), "--scale")
     assert_refused(kvhit("plan", "--spec", SCM_TOML, "--kv-gb", "40", "--engine", "paper", "--verify"), "--verify")
+    # host-tier chunk flags without a host tier (they used to be ignored silently)
+    assert_refused(kvhit("kv", "--kv-gb", "40", "--blocks-per-chunk", "4"), "--blocks-per-chunk")
+    assert_refused(kvhit("kv", "--kv-gb", "40", "--chunk-tokens", "512"), "--chunk-tokens")

@@ -954,8 +954,8 @@ def kv(
     tp: TpOpt = 1,
     util: UtilOpt = None,
     dram_gb: Annotated[float | None, _opt(HW, "dram_gb", "--dram-gb")] = None,
-    blocks_per_chunk: Annotated[int, _opt(HW, "blocks_per_chunk", "--blocks-per-chunk")] = 1,
-    chunk_tokens: Annotated[int, _opt(HW, "chunk_tokens", "--chunk-tokens")] = 256,
+    blocks_per_chunk: Annotated[int | None, _opt(HW, "blocks_per_chunk", "--blocks-per-chunk")] = None,
+    chunk_tokens: Annotated[int | None, _opt(HW, "chunk_tokens", "--chunk-tokens")] = None,
     list_presets: Annotated[bool, typer.Option("--list", help="List model and accelerator presets.")] = False,
     as_json: JsonOpt = False,
 ) -> None:

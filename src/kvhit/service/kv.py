@@ -68,12 +68,22 @@ class KvRequest(HardwareFields):
         description="DRAM for a host KV tier, GiB over all TP ranks, in (0, 2^20]: its capacity per engine; "
         "default: none.",
     )
-    blocks_per_chunk: int = Field(
-        1, ge=1, le=4096, description="vLLM native offloading: GPU blocks per CPU chunk, 1–4096."
+    blocks_per_chunk: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="vLLM native offloading: GPU blocks per CPU chunk, 1–4096 (default 1; only with --dram-gb).",
     )
-    chunk_tokens: int = Field(256, ge=1, le=2**20, description="LMCache chunk size in tokens, 1–2^20 (default 256).")
+    chunk_tokens: int | None = Field(
+        None, ge=1, le=2**20, description="LMCache chunk size in tokens, 1–2^20 (default 256; only with --dram-gb)."
+    )
 
-    FLAGS = {**HardwareFields.FLAGS, "dram_gb": "--dram-gb"}
+    FLAGS = {
+        **HardwareFields.FLAGS,
+        "dram_gb": "--dram-gb",
+        "blocks_per_chunk": "--blocks-per-chunk",
+        "chunk_tokens": "--chunk-tokens",
+    }
 
 
 class KvResponse(Response):
@@ -119,20 +129,26 @@ def kv(req: KvRequest) -> KvResponse:
                 gpu_memory_utilization=req.util,
             )
         out.N, out.kv_gib, out.accelerator = c.N, c.kv_gib, c.accelerator
-    if req.dram_gb is not None:
+    if req.dram_gb is None:
+        for k in ("blocks_per_chunk", "chunk_tokens"):
+            if getattr(req, k) is not None:
+                raise InputError(f"{req.flag(k)}: applies to a host tier, give --dram-gb (it would be ignored)")
+    else:
         from ..sim.tiers.sizing import host_units
 
-        if req.chunk_tokens % req.block_size:
+        bpc = 1 if req.blocks_per_chunk is None else req.blocks_per_chunk
+        ct = 256 if req.chunk_tokens is None else req.chunk_tokens
+        if ct % req.block_size:
             raise InputError(f"--chunk-tokens: expected a multiple of --block-size {req.block_size}")
         dram = int(req.dram_gb * 2**30)
         common = {"bytes_per_block_rank": out.bytes_per_block, "block_size": req.block_size, "tp": req.tp}
         out.host_tier = {
             "dram_gib": req.dram_gb,
-            "native_chunks": host_units("native", dram, blocks_per_chunk=req.blocks_per_chunk, **common),
-            "native_chunk_tokens": req.blocks_per_chunk * req.block_size,
+            "native_chunks": host_units("native", dram, blocks_per_chunk=bpc, **common),
+            "native_chunk_tokens": bpc * req.block_size,
             "simple_cpu_blocks": host_units("simple", dram, **common),
-            "lmcache_chunks_per_rank": host_units("lmcache", dram, chunk_tokens=req.chunk_tokens, **common),
-            "lmcache_chunk_tokens": req.chunk_tokens,
+            "lmcache_chunks_per_rank": host_units("lmcache", dram, chunk_tokens=ct, **common),
+            "lmcache_chunk_tokens": ct,
             "lmcache_max_local_cpu_size_gib": req.dram_gb / req.tp,
         }
     return out
