@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 export MPLBACKEND ?= Agg
 
-.PHONY: venv demo test test-fast bench lint clean conformance
+.PHONY: venv demo test test-fast bench bench-large lint clean conformance
 
 venv: $(STAMP)
 
@@ -34,6 +34,10 @@ $(BENCH_DEPS)/.installed:
 
 bench: $(STAMP) $(BENCH_DEPS)/.installed
 	PYTHONPATH=$(BENCH_DEPS) $(BIN)/python benchmarks/run.py
+
+# adds the 10^7-turn row to bench_scaling (several minutes, ~10 GB peak for curve)
+bench-large: $(STAMP) $(BENCH_DEPS)/.installed
+	KVHIT_BENCH_LARGE=1 PYTHONPATH=$(BENCH_DEPS) $(BIN)/python benchmarks/run.py
 
 # kvhit's engine models against the engines' own cache code, in throwaway environments outside .venv
 # (wheels and environments cached in ~/.cache/kvhit-conformance; see conformance/README.md).

@@ -40,6 +40,9 @@ def main(argv: list[str]) -> int:
         res["wall_s"] = time.perf_counter() - t0
         results[name] = res
         print(f"\n== {name} ==")
+        if hasattr(mod, "render"):
+            print(mod.render(res))
+            continue
         for k, v in res.items():
             if isinstance(v, dict | list):
                 v = json.dumps(v, default=str)

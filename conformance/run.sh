@@ -26,4 +26,8 @@ check "$py_old" --model no-hit-cap:vllm-0.23 --cases 300 --seed 1 --expect-misma
 check "$py_new" --model vllm-0.23 --cases 300 --seed 1 --expect-mismatch
 check "$py_new" --model vllm-0.23 --compare hits --cases 300 --seed 1 --expect-mismatch
 check "$py_new" --model no-hit-cap:vllm --cases 300 --seed 1 --expect-mismatch
+# host tier (issue 16): the native CPU-offloading tier's manager against vLLM's CPUOffloadingManager
+tiers() { "$py_new" conformance/check_tiers_native.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v " INFO \|^INFO" || status=1; }
+tiers --cases "$CASES" --seed 0
+tiers --cases 300 --seed 1 --expect-mismatch
 exit $status

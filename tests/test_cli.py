@@ -53,7 +53,7 @@ def test_estimate_table_and_toml(tmp_path):
         (["estimate", "--lam0", "1"], "--N: required"),
         (["estimate", "--spec", "/nonexistent.toml", "--N", "10"], "nonexistent.toml"),
         (["simulate", *SCM, "--N", "abc"], "--N"),
-        (["simulate", *SCM, "--policy", "fifo", "-n", "100"], "policy"),
+        (["simulate", *SCM, "--N", "10", "--policy", "fifo", "-n", "100"], "policy"),
         (["trace", "stats", "/nonexistent.parquet"], "no such file"),
     ],
 )

@@ -75,6 +75,18 @@ def test_replay_form_equals_simulator_on_weka(engine):
     assert np.abs(est.h - sim).max() < 5e-3
 
 
+def test_replay_with_measurement_mask_equals_masked_simulator():
+    pt = read_weka([W22, W26, W14], arrival="uniform", span=300, seed=5)
+    d = pt.describe()
+    Ns = np.unique(np.geomspace(d["min_N"], 2 * d["distinct_blocks"], 25).astype(np.int64))
+    mask = pt.time > np.median(pt.time)
+    rq = pt.to_block_requests()
+    sim = block_curve(
+        rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine="vllm", mask=mask
+    )["token_hit_ratio"]
+    assert np.abs(estimate_trace(pt, Ns, form="replay", mask=mask).h - sim).max() < 5e-3
+
+
 @pytest.mark.parametrize("engine", ["vllm", "vllm-0.23"])
 def test_one_conversation_at_a_time_is_exact(engine):
     """Conversations that never overlap: D_other = 0. The replay form sees it in the timing; the stationary
@@ -124,3 +136,29 @@ def test_monotone_and_bounded(seed, engine, form, lam0):
     e = estimate_trace(u, Ns, engine=engine, form=form, lam0=lam0)
     assert np.all(np.diff(e.h) >= -1e-9)
     assert np.all(e.h >= -1e-12) and np.all(e.h <= e.h_max + 1e-9)
+
+
+REAL_WEKA = (
+    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces" / "weka_kv_cache_tester" / "traces"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REAL_WEKA.is_dir(), reason="WEKA traces not present")
+@pytest.mark.parametrize("engine", ["vllm", "vllm-0.23"])
+def test_held_in_weka_pool_within_measured_bound(engine):
+    """Design-set WEKA pool (trace_0001–0029, uniform starts over 1 h, seed 0): the Poisson form is within
+    0.015 of the simulator on the feasible 10–90 %-of-ceiling band (measured: 0.008; benchmarks/agentic_accuracy.py)."""
+    files = sorted(str(p) for p in REAL_WEKA.glob("trace_*.json") if int(p.stem.split("_")[1]) < 30)
+    pt = read_weka(files, arrival="uniform", span=3600, seed=0)
+    d = pt.describe()
+    Ns = np.unique(np.geomspace(d["min_N"], 4 * d["distinct_blocks"], 120).astype(np.int64))
+    rq = pt.to_block_requests()
+    sim = block_curve(
+        rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=engine, fallback="nan"
+    )["token_hit_ratio"]
+    hm = d["ideal_token_hit_ratio"]
+    band = (sim >= 0.1 * hm) & (sim <= 0.9 * hm)
+    assert band.sum() >= 5
+    est = estimate_trace(pt, Ns, engine=engine)
+    assert np.abs(est.h - sim)[band].max() < 0.015

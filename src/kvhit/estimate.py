@@ -148,7 +148,7 @@ class Estimate:
 
 def _select_conversations(trace: Trace, mask: Any, rows: Any) -> np.ndarray:
     """Sorted ids of the selected conversations."""
-    ids = np.unique(trace["conv"])
+    ids = trace.conv_index()[0]
     if mask is not None and rows is not None:
         raise EstimateError("give at most one of mask (conversations) and rows (row mask)")
     if rows is not None:
@@ -157,7 +157,7 @@ def _select_conversations(trace: Trace, mask: Any, rows: Any) -> np.ndarray:
             raise EstimateError(
                 f"rows: expected a boolean row mask of shape ({trace.n_turns},), got {r.dtype} {r.shape}"
             )
-        return np.unique(trace["conv"][r])
+        return ids[np.unique(trace.conv_index()[1][r])]
     if mask is None:
         return ids
     m = np.asarray(mask)
@@ -175,6 +175,16 @@ def _select_conversations(trace: Trace, mask: Any, rows: Any) -> np.ndarray:
             raise EstimateError(f"mask: conversation id {int(missing[0])} is not in the trace")
         return sel
     raise EstimateError(f"mask: expected a boolean mask or conversation ids, got dtype {m.dtype}")
+
+
+def _conv_major_rows(trace: Trace, sel: np.ndarray) -> np.ndarray:
+    """Rows of the conversations ``sel`` (sorted ids of the trace) in conversation-major order (id, then turn)."""
+    ids, dense, order = trace.conv_index()
+    if sel.size == ids.size:
+        return order
+    pick = np.zeros(ids.size, bool)
+    pick[np.searchsorted(ids, sel)] = True
+    return order[pick[dense[order]]]
 
 
 def _column(trace: Trace, name: str, block: str) -> np.ndarray:
@@ -220,9 +230,7 @@ def trace_moments(
         raise EstimateError("trace: no rows")
     sel = _select_conversations(trace, mask, rows)
     conv_all = trace["conv"]
-    keep = np.isin(conv_all, sel)
-    order = np.flatnonzero(keep)
-    order = order[np.lexsort((trace["turn"][order], conv_all[order]))]
+    order = _conv_major_rows(trace, sel)
     conv = conv_all[order]
     if block == "paper":
         R = np.asarray(trace["R"], dtype=np.int64)[order]
@@ -585,9 +593,7 @@ def engine_accounting(
         raise EstimateError(f"accounting: expected one of {ACCOUNTINGS}, got {accounting!r}")
     mom = trace_moments(trace, mask, rows=rows, incomplete=incomplete)
     sel = mom.per_conversation["conv"]
-    keep = np.isin(trace["conv"], sel)
-    order = np.flatnonzero(keep)
-    order = order[np.lexsort((trace["turn"][order], trace["conv"][order]))]
+    order = _conv_major_rows(trace, sel)
     conv = trace["conv"][order]
     starts = np.flatnonzero(np.concatenate([[True], conv[1:] != conv[:-1]]))
     counts = np.diff(np.append(starts, conv.size))
@@ -1210,7 +1216,7 @@ def estimate_window(
         if wmask.shape != (trace.n_turns,):
             raise EstimateError(f"window: a row mask must have shape ({trace.n_turns},), got {wmask.shape}")
     # rows in conversation-major order, as in engine_accounting (all conversations)
-    order = np.lexsort((trace["turn"], trace["conv"]))
+    order = trace.conv_index()[2]
     conv = trace["conv"][order]
     first = np.concatenate([[True], conv[1:] != conv[:-1]])
     t_abs = np.asarray(trace["time"], dtype=float)[order]

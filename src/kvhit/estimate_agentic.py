@@ -122,10 +122,10 @@ def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
     """CDF on ``0..G−1`` of ``D = Σ_{k ≤ K} X_k``, ``K`` Poisson, jump masses ``nu[j] = E[#jumps of size j]``
     (``j ≥ 1``; ``nu[0]`` ignored; rows of a 2-D ``nu`` are independent laws). Jumps ``≥ G`` must be
     clamped to ``G`` by the caller (they only matter as "≥ G"). Exponential tilting ``θ^j`` with
-    ``θ^M = 10⁻⁹`` (``M ≥ 2G`` the FFT size) removes the FFT's wrap-around: the returned CDF is exact up to
-    ~1e-9 relative (closed form: ``P(D = x) θ^x = IDFT[exp(DFT(ν θ^j) − Λ)]``)."""
+    ``θ^M = 10⁻⁹`` (``M ≥ 2G`` the FFT size, a power of two) removes the FFT's wrap-around: the returned
+    CDF is exact up to ~1e-9 relative (closed form: ``P(D = x) θ^x = IDFT[exp(DFT(ν θ^j) − Λ)]``)."""
     nu = np.atleast_2d(np.asarray(nu, np.float64))
-    M = 1 << int(math.ceil(math.log2(max(2 * G + 2, 8))))
+    M = 1 << int(math.ceil(math.log2(max(2 * G, 8))))
     J = nu.shape[1]
     theta = 10.0 ** (-9.0 / M)
     tilt = theta ** np.arange(M)
@@ -144,14 +144,14 @@ def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _window_D(
-    seg_req, seg_src, seg_off, seg_start, seg_end, Fx, L_any, session, adm, out_same, out_other
-):  # pragma: no cover
-    """Replay displacement of every segment: Σ over requests q strictly between src and r (admitted) of
-    F_q + x_q − k_q, k_q = leading blocks of q whose last toucher is after src (the window start)."""
-    for s in range(seg_req.shape[0]):
-        r = seg_req[s]
-        x = seg_src[s]
+def _window_D(tag_req, tag_src, seg_src, seg_off, seg_end, Fx, session, adm, out_same, out_other):  # pragma: no cover
+    """Replay displacement of the tagged segments (request ``tag_req``, last toucher ``tag_src``): Σ over
+    requests q strictly between src and r (admitted) of F_q + x_q − k_q, k_q = leading blocks of q whose last
+    toucher is after src (from *all* segments: ``seg_src``/``seg_off``/``seg_end``); split into the tagged
+    request's own session and the others."""
+    for s in range(tag_req.shape[0]):
+        r = tag_req[s]
+        x = tag_src[s]
         sr = session[r]
         same = 0
         other = 0
@@ -175,7 +175,7 @@ def _window_D(
 
 @njit(cache=True)
 def _levy_kernel(
-    t_start, t_end, tau, fx_first, cumnew, a_pts, t_pts, excl, s_grid, Lc, delta, G, scale, out
+    t_start, t_end, tau, fx_first, cumnew, a_pts, t_pts, excl, s_grid, Lc, delta, G, scale, out, mom
 ):  # pragma: no cover
     """Jump masses ν[p, j] of the other conversations' footprints over the window (t_p − a_p, t_p); template
     ``excl[p]`` (the tagged request's own conversation in a pool where each conversation occurs once) is left
@@ -184,44 +184,61 @@ def _levy_kernel(
     Template k = requests t_start[k]:t_end[k] (relative times ``tau``, sorted); a conversation of template k
     started at s = t − u contributes f = fx_first[lo] + cumnew[hi] − cumnew[lo+1] over the requests with
     τ in (u − a, u); its weight is scale·∫ λ(t − u) du over the interval (``Lc``: cumulative intensity on
-    the knots ``s_grid``, linear in between, constant outside)."""
+    the knots ``s_grid``, linear in between, constant outside). A jump of size f adds its weight to the two
+    bins around f/δ in proportion (the mean is kept exactly); ``mom[p]`` accumulates Σw, Σw·f, Σw·f² (exact
+    units); ``G = 0``: moments only."""
     nK = t_start.shape[0]
     for row in range(t_pts.shape[0]):
         t = t_pts[row]
         a = a_pts[row]
         if a <= 0.0:
             continue
-        if True:
-            for k in range(nK):
-                if k == excl[row]:
-                    continue
-                i0 = t_start[k]
-                i1 = t_end[k]
-                pe = i0  # next enter event (tau[pe])
-                pl = i0  # next leave event (tau[pl] + a)
-                lo = i0
-                hi = i0
-                u_prev = tau[i0]
-                while pe < i1 or pl < i1:
-                    if pe < i1 and tau[pe] <= tau[pl] + a:
-                        u = tau[pe]
-                    else:
-                        u = tau[pl] + a
-                    if hi > lo and u > u_prev:
-                        f = fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
-                        w = scale * (_cum(Lc, s_grid, t - u_prev) - _cum(Lc, s_grid, t - u))
-                        if w > 0.0:
-                            j = int(f / delta + 0.5)
-                            if j > G:
-                                j = G
-                            out[row, j] += w
-                    if pe < i1 and tau[pe] <= tau[pl] + a:
-                        pe += 1
-                        hi = pe
-                    else:
-                        pl += 1
-                        lo = pl
-                    u_prev = u
+        u_min = t - s_grid[s_grid.shape[0] - 1]  # λ(t − u) > 0 only for u in [u_min, u_max]
+        u_max = t - s_grid[0]
+        for k in range(nK):
+            if k == excl[row]:
+                continue
+            i1 = t_end[k]
+            # requests with τ ≤ u_min − a have left the window before u_min: start after them
+            i0 = t_start[k] + np.searchsorted(tau[t_start[k] : i1], u_min - a, side="right")
+            if i0 >= i1:
+                continue
+            pe = i0  # next enter event (tau[pe])
+            pl = i0  # next leave event (tau[pl] + a)
+            lo = i0
+            hi = i0
+            u_prev = tau[i0]
+            c_prev = _cum(Lc, s_grid, t - u_prev)
+            while (pe < i1 or pl < i1) and u_prev < u_max:
+                if pe < i1 and tau[pe] <= tau[pl] + a:
+                    u = tau[pe]
+                else:
+                    u = tau[pl] + a
+                c_u = _cum(Lc, s_grid, t - u)
+                if hi > lo and u > u_prev:
+                    f = fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
+                    w = scale * (c_prev - c_u)
+                    if w > 0.0:
+                        mom[row, 0] += w
+                        mom[row, 1] += w * f
+                        mom[row, 2] += w * f * f
+                        if G > 0:
+                            x = f / delta
+                            j = int(x)
+                            if j >= G:
+                                out[row, G] += w
+                            else:
+                                fr = x - j
+                                out[row, j] += w * (1.0 - fr)
+                                out[row, j + 1] += w * fr
+                if pe < i1 and tau[pe] <= tau[pl] + a:
+                    pe += 1
+                    hi = pe
+                else:
+                    pl += 1
+                    lo = pl
+                u_prev = u
+                c_prev = c_u
 
 
 @njit(cache=True)
@@ -322,8 +339,10 @@ def estimate_trace(
     lam0: float | None = None,
     bins: int | None = None,
     n_values: int = 2048,
-    n_ages: int = 30,
-    n_times: int = 4096,
+    n_ages: int = 16,
+    n_times: int = 64,
+    exclude: str | bool = "auto",
+    mask: Any = None,
 ) -> AgenticEstimate:
     """Predicted vLLM hit ratio of a request trace at capacities ``Ns`` (blocks); see the module docstring.
 
@@ -335,7 +354,11 @@ def estimate_trace(
     predict the *stationary* stream of the trace's conversations started as a Poisson process at ``lam0``
     per second instead of the trace's own (non-stationary) start times. ``bins``: start-time histogram bins
     of the time-varying intensity (default ``clip(√C, 1, 24)``). ``n_values`` / ``n_ages`` / ``n_times``:
-    grid sizes of the tabulated law.
+    grid sizes of the tabulated law. ``exclude`` (time-varying form): leave the tagged request's own
+    conversation out of the background templates (a pool holds each conversation once; ``"auto"``: when
+    the trace has ≤ 64 sessions, else the Palm factor (C − 1)/C). ``mask``: boolean over the requests in
+    arrival order (a ProductionTrace's or a time-sorted kvhit Trace's row order) selecting the *measured*
+    requests (e.g. after a warm-up); every request still loads the cache.
     """
     t0 = _time.perf_counter()
     if engine not in ENGINES:
@@ -362,14 +385,21 @@ def estimate_trace(
     part = (T % b != 0).astype(np.int64)
     Fx = F + (part if new23 else 0)
     N_min = int(R.max()) if n else 0
-    h_max = u.ceiling(metric)
-    den = float(T.sum()) if metric == "tokens" else float(R.sum())
+    if mask is None:
+        meas = np.ones(n, bool)
+    else:
+        meas = np.asarray(mask)
+        if meas.dtype != np.bool_ or meas.shape != (n,):
+            raise AgenticError(f"mask: expected a boolean array of shape ({n},)")
+    hit_inf = float(u.reusable[meas].sum())
+    den = float(T[meas].sum()) if metric == "tokens" else float(R[meas].sum())
+    h_max = hit_inf * (b if metric == "tokens" else 1) / den if den else float("nan")
     unit = float(b) if metric == "tokens" else 1.0
     # segments, capped at (T-1)//b
     seg_req = np.repeat(np.arange(n, dtype=np.int64), np.diff(u.seg_off))
     s0 = u.seg_start
     s1 = np.minimum(u.seg_end, cap[seg_req])
-    keep = s1 > s0
+    keep = (s1 > s0) & meas[seg_req]
     # e: vLLM ≥ 0.24 keeps the previous request's partial block at the queue head
     prev_any = np.maximum(seg_req - 1, 0)
     e = np.where(seg_req > 0, part[prev_any], 0) if not new23 else np.zeros(seg_req.shape[0], np.int64)
@@ -377,11 +407,13 @@ def estimate_trace(
     h = np.zeros(Ns.shape[0])
     # rejected shares at every N; admission groups: all feasible N share one admitted set (everyone), the
     # infeasible ones are computed in at most 8 geometric groups with the group's smallest N's admitted set
-    Rsort = np.sort(R)
-    Tcum = np.concatenate([[0], np.cumsum(T[np.argsort(R, kind="stable")])])
+    Rm, Tm = R[meas], T[meas]
+    Rsort = np.sort(Rm)
+    Tcum = np.concatenate([[0], np.cumsum(Tm[np.argsort(Rm, kind="stable")])])
     kadm = np.searchsorted(Rsort, Ns, side="right")
-    rej_req = 1.0 - kadm / n if n else np.zeros(Ns.shape[0])
-    rej_tok = 1.0 - Tcum[kadm] / Tcum[-1] if n and Tcum[-1] else np.zeros(Ns.shape[0])
+    nm = Rm.shape[0]
+    rej_req = 1.0 - kadm / nm if nm else np.zeros(Ns.shape[0])
+    rej_tok = 1.0 - Tcum[kadm] / Tcum[-1] if nm and Tcum[-1] else np.zeros(Ns.shape[0])
     key = np.zeros(Ns.shape[0], np.int64)
     inf_ = Ns < N_min
     if inf_.any():
@@ -389,6 +421,8 @@ def estimate_trace(
         key[inf_] = 1 + np.clip(np.searchsorted(edges, Ns[inf_], side="right") - 1, 0, 7)
     if n and Ns.max() < N_min:
         notes.append("every capacity asked is below N_min (infeasible)")
+    seg_src_all = u.seg_src
+    table = None
     for kval in np.unique(key):
         sel = key == kval
         Nsel = Ns[sel]
@@ -396,18 +430,33 @@ def estimate_trace(
         ks = keep & adm[seg_req]
         if not ks.any():
             continue
-        sr = seg_req[ks]
-        src = u.seg_src[ks]
-        same = np.zeros(int(ks.sum()), np.int64)
-        other = np.zeros(int(ks.sum()), np.int64)
-        _window_D(sr, src, u.seg_off, u.seg_start, u.seg_end, Fx, u.L_any, u.session, adm, same, other)
-        c0 = 1 + e[ks] + s0[ks]  # block i = s0 + m needs N ≥ c0 + m + D
         ln = s1[ks] - s0[ks]
         if form == "replay":
-            num = _sum_clip(c0 + same + other, ln, np.full(ln.shape[0], unit), Nsel)
+            sr = seg_req[ks]
+            same = np.zeros(sr.shape[0], np.int64)
+            other = np.zeros(sr.shape[0], np.int64)
+            _window_D(sr, seg_src_all[ks], u.seg_src, u.seg_off, u.seg_end, Fx, u.session, adm, same, other)
+            num = _sum_clip(1 + e[ks] + s0[ks] + same + other, ln, np.full(ln.shape[0], unit), Nsel)
         else:
-            num = _poisson_hits(
-                u, sr, src, c0 + same, ln, unit, Nsel, adm, Fx, lam0, bins, n_values, n_ages, n_times, notes
+            # one law table for every capacity: the background is the feasible (everyone admitted) one; below
+            # N_min only the rejected requests' own hits are dropped (their touches are not)
+            if table is None:
+                table = _poisson_table(
+                    u, seg_req[keep], seg_src_all[keep], Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes
+                )
+            Hb, delta, rows, d_same = table
+            sub = ks[keep]
+            c0 = 1 + e[ks] + s0[ks] + d_same[sub]
+            num = np.zeros(Nsel.shape[0])
+            _hits_kernel(
+                Hb,
+                delta,
+                rows[sub],
+                c0.astype(np.float64),
+                ln.astype(np.float64),
+                np.full(ln.shape[0], unit),
+                Nsel.astype(np.float64),
+                num,
             )
         h[sel] = num / den if den else np.nan
     infeasible = Ns < N_min
@@ -439,7 +488,21 @@ def _regime(u: RequestReuse, lam0, form, notes) -> dict:
             f"only {n_sess} sessions: their start-time intensity is poorly determined "
             "(form='replay' uses the trace's own timing; lam0= a stationary rate)"
         )
-    return {"validated": not out, "notes": out, "sessions": n_sess}
+    return {"validated": not any(not x.startswith("info:") for x in out), "notes": out, "sessions": n_sess}
+
+
+def _split_hist(f: np.ndarray, delta: float, G: int) -> np.ndarray:
+    """Counts of the values ``f`` on the grid ``jδ`` (a value between two knots split in proportion; ``≥ Gδ``
+    clamped to ``G``), as the kernel bins jumps."""
+    out = np.zeros(G + 1)
+    x = np.asarray(f, np.float64) / delta
+    j = np.floor(x).astype(np.int64)
+    big = j >= G
+    np.add.at(out, np.full(int(big.sum()), G), 1.0)
+    j, fr = j[~big], (x - np.floor(x))[~big]
+    np.add.at(out, j, 1.0 - fr)
+    np.add.at(out, j + 1, fr)
+    return out
 
 
 def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray):
@@ -470,11 +533,19 @@ def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray):
     )
 
 
-def _poisson_hits(u, sr, src, c0, ln, unit, Ns, adm, Fx, lam0, bins, n_values, n_ages, n_times, notes):
-    """Σ over segments of unit·E[hits] with D_other the compound Poisson law at the segment's (t, a) cell.
+def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes, work_budget=1.5e7):
+    """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same.
 
-    Cells: ``n_times`` uniform time bins × log-age bins of ratio ``(1 + 1/n_ages)``; the law is computed
-    exactly at each occupied cell's centre (nearest cell, no interpolation across a lumpy law)."""
+    Returns ``(Hb, delta, row, D_same)``: ``Hb[row]`` = δ·cumulative CDF on the value grid of the segment's
+    cell. Cells: ``n_times`` uniform time bins × log-age bins of ratio ``1 + 1/n_ages`` (× the tagged
+    conversation when its own template is excluded); the law is computed exactly at each occupied cell's
+    centre (nearest cell: no interpolation across a lumpy law)."""
+    n = u.n
+    adm = np.ones(n, bool)
+    same = np.zeros(sr.shape[0], np.int64)
+    other = np.zeros(sr.shape[0], np.int64)
+    if sr.shape[0]:
+        _window_D(sr, src, u.seg_src, u.seg_off, u.seg_end, Fx, u.session, adm, same, other)
     t_r = u.time[sr]
     age = t_r - u.time[src]
     other_sess = u.session[src] != u.session[sr]
@@ -486,71 +557,136 @@ def _poisson_hits(u, sr, src, c0, ln, unit, Ns, adm, Fx, lam0, bins, n_values, n
         lam_hat = (C - 1) / span_starts if span_starts > 0 and C > 1 else lam0
         age = np.where(other_sess, age * lam_hat / lam0, age)
         t_eval = np.zeros_like(t_r)
-        lo = -float((tau.max() if tau.size else 0.0) + age.max() + 1.0)
+        lo = -float((tau.max() if tau.size else 0.0) + (age.max() if age.size else 0.0) + 1.0)
         s_grid = np.array([lo, 1.0])
         Lc = np.array([0.0, lam0 * (1.0 - lo)])
         scale = 1.0 / C if C else 0.0
+        excl = np.full(sr.shape[0], -1, np.int64)
     else:
         nb = int(bins) if bins else int(np.clip(round(math.sqrt(C)), 1, 24))
-        lo, hi = float(t_first.min()), float(t_first.max())
+        lo, hi = (float(t_first.min()), float(t_first.max())) if C else (0.0, 1.0)
         if hi <= lo:
             hi = lo + 1.0
         cnt, edges = np.histogram(t_first, bins=nb, range=(lo, hi))
         s_grid = edges
         Lc = np.concatenate([[0.0], np.cumsum(cnt).astype(np.float64)])
-        scale = 1.0 / C  # each of the other C − 1 conversations once: its own template excluded per cell
-        t0, t1 = float(t_r.min()), float(t_r.max())
+        scale = 1.0 / C if C else 0.0
+        # time cells: quantiles of the tagged requests' times (dense where the requests are), evaluated at the
+        # cell's median request time
+        # work budget: the kernel costs (time cells × age cells × requests of multi-request templates)
+        qa = math.log1p(1.0 / max(int(n_ages), 1))
+        n_age_cells = max(1, np.unique(np.round(np.log(np.maximum(age[age > 0], 1e-9)) / qa)).shape[0])
+        n_multi = int(((te - ts) > 1).sum() and (te - ts)[(te - ts) > 1].sum())
         nt = max(int(n_times), 1)
-        w = (t1 - t0) / nt if t1 > t0 else 1.0
-        ti = np.minimum(((t_r - t0) / w).astype(np.int64), nt - 1)
-        t_eval = t0 + (ti + 0.5) * w
+        budget = max(4, int(work_budget // max(n_age_cells * max(n_multi, 1), 1)))
+        if budget < nt:
+            nt = budget
+            notes.append(f"info: time cells reduced to {nt} (work budget)")
+        if t_r.size:
+            edges_t = np.unique(np.quantile(t_r, np.linspace(0.0, 1.0, nt + 1)))
+            ti = np.clip(np.searchsorted(edges_t, t_r, side="right") - 1, 0, max(edges_t.shape[0] - 2, 0))
+            med = np.array([np.median(t_r[ti == k]) if np.any(ti == k) else 0.0 for k in range(int(ti.max()) + 1)])
+            t_eval = med[ti]
+        else:
+            t_eval = t_r.copy()
+        # a pool holds each conversation once: the others are the C − 1 other templates (Palm)
+        excl_on = C <= 64 if exclude == "auto" else bool(exclude)
+        tmpl_of = np.full(int(u.session.max()) + 1 if n else 1, -1, np.int64)
+        tmpl_of[t_sess] = np.arange(C)
+        if excl_on:
+            excl = tmpl_of[u.session[sr]]
+        else:
+            excl = np.full(sr.shape[0], -1, np.int64)
+            scale = (C - 1) / C / C if C > 1 else 0.0
     q = math.log1p(1.0 / max(int(n_ages), 1))
     la = np.where(age > 0, np.round(np.log(np.maximum(age, 1e-9)) / q), -(10**9)).astype(np.int64)
     a_eval = np.where(age > 0, np.exp(la * q), 0.0)
-    # template index of each session (templates are the sessions with an admitted request, in session order)
-    tmpl_of = np.full(int(u.session.max()) + 1, -1, np.int64)
-    tmpl_of[t_sess] = np.arange(C)
-    excl = tmpl_of[u.session[sr]] if lam0 is None else np.full(sr.shape[0], -1, np.int64)
     key = np.stack([t_eval, a_eval, excl.astype(np.float64)], axis=1)
     cells, row = np.unique(key, axis=0, return_inverse=True)
     row = row.reshape(-1).astype(np.int64)
-    Vmax = int(Ns.max()) + 1
+    P = cells.shape[0]
+    a_c = cells[:, 1].copy()
+    t_c = cells[:, 0].copy()
+    x_c = cells[:, 2].astype(np.int64)
+    # one-request conversations (most of a production trace) in closed form: footprint F over u ∈ (0, a),
+    # weight scale·(Λ(t) − Λ(t − a)); the others through the kernel
+    single = (te - ts) == 1
+    F1 = fx_first[ts[single]]
+    w1 = scale * (np.interp(t_c, s_grid, Lc) - np.interp(t_c - a_c, s_grid, Lc))
+    excl_single = np.zeros(P)  # the excluded template's own footprint when it is a one-request one
+    if C:
+        ex = (x_c >= 0) & single[np.maximum(x_c, 0)]
+        excl_single[ex] = fx_first[ts[x_c[ex]]]
+    multi = np.flatnonzero(~single)
+    remap = np.full(C + 1, -1, np.int64)
+    remap[multi] = np.arange(multi.shape[0])
+    x_m = np.where(x_c >= 0, remap[np.maximum(x_c, 0)], -1)
+    ts_m, te_m = ts[multi], te[multi]
+    # moments at the oldest cell of every (time, excluded) group (D grows with the age: an upper bound)
+    grp = np.unique(np.stack([t_c, x_c.astype(np.float64)], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+    oldest = np.full(int(grp.max()) + 1 if P else 0, -1, np.int64)
+    order_a = np.argsort(a_c, kind="stable")
+    oldest[grp[order_a]] = order_a  # last write wins: the largest age of each group
+    mom = np.zeros((oldest.shape[0], 3))
+    if C and P:
+        _levy_kernel(
+            ts,
+            te,
+            tau,
+            fx_first,
+            cumnew,
+            a_c[oldest],
+            t_c[oldest],
+            x_c[oldest],
+            s_grid,
+            Lc,
+            1.0,
+            0,
+            scale,
+            np.zeros((1, 1)),
+            mom,
+        )
+    # value range: the largest N asked, or where every segment's last block fits even when D is 12 sd above
+    # its mean (beyond it CDF = 1 to ~1e-30; a finer grid where it matters)
+    sd = np.sqrt(mom[:, 2])
+    d_hi = float(
+        np.max(mom[:, 1] + 12.0 * sd + 12.0 * np.sqrt(np.maximum(mom[:, 2] / np.maximum(mom[:, 0], 1e-300), 0.0)))
+    )
+    fit = float(np.max(same) if same.size else 0.0) + float(u.prompt_blocks.max()) + 2.0
+    Vmax = int(min(int(Ns.max()) + 1, math.ceil(fit + d_hi)))
+    Vmax = max(Vmax, 2)
     G = int(min(n_values, Vmax))
     delta = Vmax / G
-    P = cells.shape[0]
     Hb = np.zeros((P, G + 1))
+    hist1 = _split_hist(F1, delta, G)
     chunk = max(1, (1 << 22) // (4 * G))
     for c_lo in range(0, P, chunk):
         c_hi = min(P, c_lo + chunk)
         nu = np.zeros((c_hi - c_lo, G + 1))
-        if C:
+        if multi.size:
             _levy_kernel(
-                ts,
-                te,
+                ts_m,
+                te_m,
                 tau,
                 fx_first,
                 cumnew,
-                cells[c_lo:c_hi, 1].copy(),
-                cells[c_lo:c_hi, 0].copy(),
-                cells[c_lo:c_hi, 2].astype(np.int64),
+                a_c[c_lo:c_hi],
+                t_c[c_lo:c_hi],
+                x_m[c_lo:c_hi],
                 s_grid,
                 Lc,
                 delta,
                 G,
                 scale,
                 nu,
+                np.zeros((c_hi - c_lo, 3)),
             )
+        if F1.size:
+            nu += w1[c_lo:c_hi, None] * hist1[None, :]
+            xs = excl_single[c_lo:c_hi]
+            for r_ in np.flatnonzero(xs > 0):
+                nu[r_] -= w1[c_lo + r_] * _split_hist(np.array([xs[r_]]), delta, G)
+            np.maximum(nu, 0.0, out=nu)
         cdf = compound_poisson_cdf(nu, G)
         np.cumsum(cdf * delta, axis=1, out=Hb[c_lo:c_hi, 1:])
-    out = np.zeros(Ns.shape[0])
-    _hits_kernel(
-        Hb,
-        delta,
-        row,
-        c0.astype(np.float64),
-        ln.astype(np.float64),
-        np.full(sr.shape[0], unit),
-        Ns.astype(np.float64),
-        out,
-    )
-    return out
+    return Hb, delta, row, same

@@ -381,7 +381,12 @@ def _get_int(cfg: Mapping[str, Any], key: str, src: str, *, default: Any = ..., 
         or (positive and v == 0)
     ):
         raise ModelConfigError(f"{src}: field {key!r} must be a positive integer, got {v!r}")
+    if v > _MAX_CONFIG_INT:
+        raise ModelConfigError(f"{src}: field {key!r} = {v!r} is implausibly large (> 2**40)")
     return int(v)
+
+
+_MAX_CONFIG_INT = 2**40  #: no layer count, head count or dimension of a real model comes near this
 
 
 def _layer_types(cfg: Mapping[str, Any], n_layers: int, src: str) -> tuple[tuple[str, ...], int | None]:

@@ -108,7 +108,7 @@ def make_workload(
     tr = source
     b = tr.block_size or block_size
     nw = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
-    conv_ids = np.unique(tr["conv"])
+    conv_ids, dense, _ = tr.conv_index()
     measured = conv_ids >= nw
     mom = est.trace_moments(tr, measured)
     lam = float(lam0 if lam0 is not None else tr.meta.get("lam0", mom.lam0_hat))
@@ -129,9 +129,9 @@ def make_workload(
         if engine == "content":
             metric = "blocks"
     if "cum_tokens" in tr.cols:
-        per = np.bincount(np.searchsorted(conv_ids, tr["conv"]), weights=tr["cum_tokens"].astype(float))
+        per = np.bincount(dense, weights=tr["cum_tokens"].astype(float))
     else:
-        per = np.bincount(np.searchsorted(conv_ids, tr["conv"]), weights=(tr["R"] * b - 1).astype(float))
+        per = np.bincount(dense, weights=(tr["R"] * b - 1).astype(float))
     tokens = float(per[measured].mean())
     name = Path(str(tr.meta.get("source", ""))).name or "trace"
     return Workload(

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 
 from ..estimate import empirical_F, engine_accounting, estimate, estimate_engine, trace_moments
-from ..sim.blockcurve import BlockThresholds, block_curve, block_hit_thresholds
+from ..sim.block import simulate_block
+from ..sim.blockcurve import block_hit_thresholds
 from ..sim.runner import block_requests
-from ..sim.stackdist import FIRST_TURN, content_curve_from_thresholds, content_hit_thresholds
+from ..sim.stackdist import FIRST_TURN, content_hit_thresholds
 from ..workload.trace import Trace, Window
 
 __all__ = [
@@ -59,16 +60,60 @@ def _no_progress(done: int, total: int, what: str) -> None:
     return None
 
 
+class _Cumulative:
+    """Σ_i w_i·1{thr_i ≤ N} for any N, from the finite thresholds ``thr`` and weights ``w``, kept as the sorted
+    distinct thresholds and their cumulative weight (O(distinct thresholds) memory instead of one entry per
+    event: what keeps a 10⁷-turn curve within a few GB)."""
+
+    def __init__(self, thr: np.ndarray, w: np.ndarray | None):
+        if thr.size == 0:
+            self.values, self.cum = np.zeros(0, np.int64), np.zeros(0)
+            return
+        top = int(thr.max())
+        if top < 4 * thr.size + 1024:  # a histogram over threshold values: O(n), no sort
+            h = np.bincount(thr, weights=w, minlength=top + 1)
+            self.values = np.flatnonzero(h)
+            self.cum = np.cumsum(h[self.values], dtype=float)
+        else:
+            self.values, inv = np.unique(thr, return_inverse=True)
+            self.cum = np.cumsum(np.bincount(inv.ravel(), weights=w, minlength=self.values.size), dtype=float)
+
+    @property
+    def total(self) -> float:
+        return float(self.cum[-1]) if self.cum.size else 0.0
+
+    def __call__(self, Ns: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(self.values, Ns, side="right")
+        return np.where(k > 0, self.cum[np.maximum(k - 1, 0)] if self.cum.size else 0.0, 0.0)
+
+    def quantile(self, q: float) -> int | None:
+        """Smallest N with weight(≤ N) ≥ q·total (None when the total is 0)."""
+        if self.total <= 0:
+            return None
+        k = int(np.searchsorted(self.cum, q * self.total * (1 - 1e-12), side="left"))
+        return int(self.values[min(k, self.values.size - 1)])
+
+
+@dataclass
+class _BlockInputs:
+    hit: _Cumulative  # hit blocks of measured requests
+    prompt_tokens: int
+    prompt_blocks: int
+    min_exact_N: int
+    ambiguous: np.ndarray
+
+
 @dataclass
 class CurveInputs:
-    """The one-pass hit thresholds of every simulated policy over a trace's measured rows (the expensive part
-    of a curve; capacities are then cheap)."""
+    """The one-pass hit thresholds of every simulated policy over a trace's measured rows, reduced to their
+    cumulative distributions (the expensive part of a curve; capacities are then cheap)."""
 
     trace: Trace
     window: Window
     mask: np.ndarray
-    content: tuple[np.ndarray, np.ndarray] | None  # (thresholds, practical weights on measured rows)
-    blocks: dict[str, BlockThresholds]
+    content: _Cumulative | None  # practical hit weight (eq. (31)) of the measured rows
+    content_demand: float  # Σ R over the measured rows
+    blocks: dict[str, _BlockInputs]
     requests: Any
     N_min: int  # largest request ⌈T_j/b⌉ (vLLM refuses any request above N); 0 without a vLLM policy
 
@@ -76,7 +121,7 @@ class CurveInputs:
 def curve_inputs(
     tr: Trace, window: Window, policies=("content", "vllm", "vllm-0.23"), progress: Progress | None = None
 ) -> CurveInputs:
-    """Hit thresholds of every policy in ``policies`` (one pass each)."""
+    """Hit thresholds of every policy in ``policies`` (one pass each), reduced to cumulative distributions."""
     cb = progress or _no_progress
     bad = set(policies) - set(POLICIES)
     if bad:
@@ -84,34 +129,35 @@ def curve_inputs(
     mask = window.mask(tr)
     total = len(policies)
     content = None
-    blocks: dict[str, BlockThresholds] = {}
+    blocks: dict[str, _BlockInputs] = {}
     rq = None
     for i, p in enumerate(policies):
         cb(i, total, f"hit thresholds: {POLICIES[p]}")
         if p == "content":
             thr = content_hit_thresholds(tr.dense_conv(), tr["R"])
-            content = (thr, np.where(mask, np.maximum(tr.R_prev() - 1, 0), 0))
+            keep = mask & (thr < FIRST_TURN)
+            w = np.maximum(tr.R_prev() - 1, 0)[keep].astype(float)
+            content = _Cumulative(thr[keep], w)
+            del thr
         else:
             if rq is None:
                 rq = block_requests(tr)
-            blocks[p] = block_hit_thresholds(
-                rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, engine=p
+            bt = block_hit_thresholds(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, engine=p)
+            sel = np.repeat(mask, np.diff(bt.offsets))
+            sel &= bt.thresholds < FIRST_TURN
+            hit = _Cumulative(bt.thresholds[sel], None)
+            del sel
+            blocks[p] = _BlockInputs(
+                hit,
+                int(bt.prompt_tokens[mask].sum()),
+                int(bt.prompt_blocks[mask].sum()),
+                int(bt.min_exact_N),
+                bt.ambiguous,
             )
+            del bt
     cb(total, total, "hit thresholds")
-    n_min = max((bt.min_exact_N for bt in blocks.values()), default=0)
-    return CurveInputs(tr, window, mask, content, blocks, rq, n_min)
-
-
-def _weighted_quantile_capacity(thr: np.ndarray, w: np.ndarray, q: float, never: int) -> int | None:
-    """Smallest N with Σ w·1{thr ≤ N} ≥ q·Σ_{thr finite} w (None when nothing ever hits)."""
-    fin = (thr < never) & (w > 0)
-    if not fin.any():
-        return None
-    t, ww = thr[fin], w[fin].astype(float)
-    order = np.argsort(t, kind="stable")
-    cw = np.cumsum(ww[order])
-    k = int(np.searchsorted(cw, q * cw[-1] * (1 - 1e-12), side="left"))
-    return int(t[order][min(k, t.size - 1)])
+    n_min = max((bi.min_exact_N for bi in blocks.values()), default=0)
+    return CurveInputs(tr, window, mask, content, float(tr["R"][mask].sum()), blocks, rq, n_min)
 
 
 def saturation_capacity(inp: CurveInputs, q: float = SATURATION_QUANTILE) -> dict[str, int]:
@@ -119,14 +165,11 @@ def saturation_capacity(inp: CurveInputs, q: float = SATURATION_QUANTILE) -> dic
     infinite-capacity value (the ``q``-quantile of the hit thresholds weighted by the hit weight)."""
     out: dict[str, int] = {}
     if inp.content is not None:
-        thr, w = inp.content
-        n = _weighted_quantile_capacity(thr, w, q, FIRST_TURN)
+        n = inp.content.quantile(q)
         if n is not None:
             out["content"] = n
-    for p, bt in inp.blocks.items():
-        mh = np.diff(bt.offsets)
-        w = np.repeat(inp.mask.astype(np.int64), mh)
-        n = _weighted_quantile_capacity(bt.thresholds, w, q, np.iinfo(np.int64).max)
+    for p, bi in inp.blocks.items():
+        n = bi.hit.quantile(q)
         if n is not None:
             out[p] = n
     return out
@@ -144,6 +187,16 @@ def default_capacity_range(inp: CurveInputs, n_min: int = 64) -> tuple[int, int]
     sat = saturation_capacity(inp)
     top = max(max(sat.values(), default=0), inp.N_min, 1)
     return int(n_min), max(int(math.ceil(SATURATION_MARGIN * top)), 2 * int(n_min))
+
+
+def _ambiguous(bi: _BlockInputs, Ns: np.ndarray) -> np.ndarray:
+    """Indices of feasible capacities inside an ambiguity interval of :mod:`kvhit.sim.blockcurve` (rare)."""
+    amb = bi.ambiguous
+    if amb.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    k = np.searchsorted(amb[:, 0], Ns, side="right") - 1
+    inside = (k >= 0) & (Ns < amb[np.maximum(k, 0), 1]) & (Ns >= bi.min_exact_N)
+    return np.flatnonzero(inside)
 
 
 def curve_data(
@@ -171,23 +224,30 @@ def curve_data(
     for p in policies:
         cb(step, steps, f"curve: {POLICIES[p]}")
         if p == "content":
-            thr, w = inp.content
-            out[POLICIES[p]] = content_curve_from_thresholds(thr, w, Ns) / tr["R"][inp.mask].sum()
+            out[POLICIES[p]] = inp.content(Ns) / inp.content_demand
         else:
-            rq = inp.requests
-            c = block_curve(
-                rq.prompt_tokens,
-                rq.hash_offsets,
-                rq.hashes,
-                block_size=rq.block_size,
-                Ns=Ns,
-                engine=p,
-                mask=inp.mask,
-                fallback="infeasible",
-                thresholds=inp.blocks[p],
-            )
-            out[POLICIES[p]] = c["block_hit_ratio"]
-            out[POLICIES[p] + " token ratio"] = c["token_hit_ratio"]
+            bi = inp.blocks[p]
+            hb = bi.hit(Ns)
+            tok = np.full(Ns.shape, float(bi.prompt_tokens))
+            blk = np.full(Ns.shape, float(bi.prompt_blocks))
+            for k in _ambiguous(bi, Ns):  # capacities where the stack model is not certified: simulate
+                res = simulate_block(
+                    inp.requests.prompt_tokens,
+                    inp.requests.hash_offsets,
+                    inp.requests.hashes,
+                    N=int(Ns[k]),
+                    block_size=inp.requests.block_size,
+                    engine=p,
+                )
+                mm = inp.mask & ~res.rejected
+                hb[k] = float(res.hit_blocks[mm].sum())
+                tok[k] = float(inp.requests.prompt_tokens[mm].sum())
+                blk[k] = float((-(-inp.requests.prompt_tokens[mm] // inp.requests.block_size)).sum())
+            with np.errstate(invalid="ignore", divide="ignore"):
+                h_blk = np.where(feasible, hb / blk, np.nan)
+                h_tok = np.where(feasible, hb * inp.requests.block_size / tok, np.nan)
+            out[POLICIES[p]] = h_blk
+            out[POLICIES[p] + " token ratio"] = h_tok
         step += 1
     conv = tr.conversations()
     measured = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)

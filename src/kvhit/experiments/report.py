@@ -5,10 +5,11 @@ Outputs (in ``out_dir``; every file is written to a temporary directory first an
 file is ever half-written):
 
 * ``fig2.png/.svg``: the workload of the first seed's measurement set (:func:`kvhit.plots.plot_fig2`);
-* ``fig3``/``fig5``: actual hit ratios (both vLLM orders, Algorithm 1) and the estimates vs μ_F (Exp. 1) and
-  vs λ0 (Exp. 2), mean over seeds with 95% t-interval error bars;
-* ``fig4``/``fig6``: (a) AE and (b) RE of the estimators vs the same axes, with the paper's bounds (the
-  engine-aware estimators against their own engine's actual, in its colour);
+* ``fig3``/``fig5``: one panel per simulated engine (vLLM ≤ 0.23, vLLM ≥ 0.24, Algorithm 1): its actual hit
+  ratio and the estimates of it vs μ_F (Exp. 1) and vs λ0 (Exp. 2), mean over seeds with 95% t-interval error
+  bars; one legend in plain words;
+* ``fig4``/``fig6``: absolute and relative errors, one column per engine, with the paper's bounds and kvhit's
+  engine target as reference lines — every series and reference line in the legend;
 * ``results.json``: the setting, every run (every point, every seed), the per-point statistics and, under
   ``"ingredients"``, each ingredient's signed error on every grid point with the max |error| per grid, engine and
   column against the 0.005 target (:func:`kvhit.experiments.paper.summarize`);
@@ -54,19 +55,6 @@ __all__ = [
 ]
 
 _EST_STYLE = {"prior": ("#1f77b4", "s"), "posterior": ("#ff7f0e", "D"), "empirical": ("#9467bd", "v")}
-_ACT_STYLE = {
-    "vllm-0.23": ("black", "o", "-"),
-    "vllm": ("#7f7f7f", "s", "-"),
-    "alg1": ("#2ca02c", "^", "-"),
-    "alg1-phys": ("#2ca02c", "v", ":"),
-}
-_ACT_LABEL = {
-    "vllm-0.23": "actual: vLLM ≤0.23 block LRU (h_blocks)",
-    "vllm": "actual: vLLM ≥0.24 block LRU",
-    "alg1": "Algorithm 1 (eq. (31))",
-    "alg1-phys": "Algorithm 1, exact block sizes",
-}
-_ERR_LS = {"vllm-0.23": "-", "vllm": "--", "alg1": ":"}
 #: engine-aware estimators: drawn in their target actual's colour, line style by family
 _FAMILY_LS = {"engine": "--", "window": ":", "finite": "-."}
 _X_LABEL = {
@@ -131,13 +119,6 @@ def _untargeted(summary: dict[str, Any]) -> list[str]:
     return [en for en in summary["estimators"] if en not in t]
 
 
-def _targeted_style(en: str, target: str) -> tuple[str, str, str]:
-    col = _ACT_STYLE.get(target.split(":")[0], ("#8c564b", "x", "-"))[0]
-    fam = en.split(":")[0]
-    mk = {"engine": "P", "window": "X", "finite": "*"}.get(fam, "P")
-    return col, mk, _FAMILY_LS.get(fam, "-.")
-
-
 def _series(points: list[dict], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     x = np.array([p["x"] for p in points], float)
     m = np.array([p["stats"][key]["mean"] for p in points], float)
@@ -165,32 +146,78 @@ def _save(fig, prefix: Path) -> list[Path]:
 # ------------------------------------------------------------------------------------------------------------
 
 
+_FACET_TITLE = {
+    "vllm-0.23": "vLLM ≤ 0.23 (the paper's testbed order)",
+    "vllm": "vLLM ≥ 0.24",
+    "alg1": "Algorithm 1 (the paper's model)",
+}
+_EST_PLAIN = {
+    "prior": "paper's estimator, F = exponential with the target mean (prior)",
+    "posterior": "paper's estimator, F = exponential with the realized mean (posterior)",
+    "empirical": "paper's estimator, F = empirical distribution of the gaps",
+    "engine": "kvhit engine-aware estimator (stationary)",
+    "window": "kvhit engine-aware estimator, measurement-window form",
+    "finite": "kvhit finite-capacity estimator",
+}
+
+
+def _est_plain(en: str) -> str:
+    return _EST_PLAIN.get(en, _EST_PLAIN.get(en.split(":")[0], en))
+
+
+def _facets(summary: dict[str, Any]) -> list[str]:
+    """One panel per simulated engine (actual) the run produced, the paper's testbed order first."""
+    return [a for a in (PRIMARY_ACTUAL, "vllm", "alg1") if a in summary["actuals"]]
+
+
+def _estimators_for(summary: dict[str, Any], a: str) -> list[str]:
+    """The estimators drawn against actual ``a``: the paper's (untargeted) ones, then those targeting ``a``."""
+    return list(_untargeted(summary)) + [en for en, t in _targets(summary).items() if t == a]
+
+
+def _est_style(summary: dict[str, Any], en: str) -> tuple[str, str, str]:
+    if en in _targets(summary):
+        fam = en.split(":")[0]
+        col = {"engine": "#2ca02c", "window": "#8c564b", "finite": "#e377c2"}.get(fam, "#17becf")
+        mk = {"engine": "P", "window": "X", "finite": "*"}.get(fam, "P")
+        return col, mk, _FAMILY_LS.get(fam, "-.")
+    col, mk = _EST_STYLE.get(en, ("#17becf", "P"))
+    return col, mk, "--"
+
+
+def _figure_legend(fig, axes, ncol: int = 2) -> None:
+    """One legend for the whole figure with every labelled artist of every panel (series and reference
+    lines), each label once."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(lab, h)
+    fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
+
+
 def plot_estimates(summary: dict[str, Any], experiment: int, out_prefix: str | Path) -> list[Path]:
-    """Fig. 3 (experiment 1) / Fig. 5 (experiment 2): actual hit ratios and estimates vs μ_F or λ0."""
+    """Fig. 3 (experiment 1) / Fig. 5 (experiment 2): one panel per simulated engine — its actual hit ratio and
+    the estimates of it (the paper's estimators in every panel, kvhit's engine-aware ones in their engine's
+    panel) vs μ_F or λ0, mean ± 95% CI over seeds; one legend in plain words."""
     e = str(experiment)
     pts = summary["experiments"][e]["points"]
-    fig, (ax,) = _new_figure(1, (7.5, 4.8))
-    for a in [k for k in summary["actuals"] if ":" not in k]:
-        col, mk, ls = _ACT_STYLE.get(a, ("#8c564b", "x", "-"))
+    facets = _facets(summary)
+    fig, axes = _new_figure(len(facets), (4.6 * len(facets), 5.6))
+    for ax, a in zip(axes, facets, strict=True):
         x, m, ci = _series(pts, f"actual/{a}")
-        ax.errorbar(x, m, yerr=ci, color=col, marker=mk, ls=ls, capsize=3, label=_ACT_LABEL.get(a, a))
-    for en in _untargeted(summary):
-        col, mk = _EST_STYLE.get(en, ("#17becf", "P"))
-        x, m, ci = _series(pts, f"est/{en}")
-        ax.errorbar(x, m, yerr=ci, color=col, marker=mk, ls="--", capsize=3, label=f"{en} estimate")
-    for en, a in _targets(summary).items():
-        if ":" in a:  # token-metric estimates: in the tables only (their actuals are not drawn)
-            continue
-        col, mk, ls = _targeted_style(en, a)
-        x, m, ci = _series(pts, f"est/{en}")
         ax.errorbar(
-            x, m, yerr=ci, color=col, marker=mk, ms=5, ls=ls, lw=1, capsize=2, alpha=0.8, label=f"{en} (vs {a})"
+            x, m, yerr=ci, color="black", marker="o", ls="-", lw=2, capsize=3, label="simulated engine (actual)"
         )
-    ax.set_xlabel(_X_LABEL[e])
-    ax.set_ylabel("hit ratio")
-    ax.set_title(f"Experiment {e}: actual vs estimated hit ratio (mean ± 95% CI over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+        for en in _estimators_for(summary, a):
+            col, mk, ls = _est_style(summary, en)
+            x, m, ci = _series(pts, f"est/{en}")
+            ax.errorbar(x, m, yerr=ci, color=col, marker=mk, ms=5, ls=ls, lw=1.2, capsize=2, label=_est_plain(en))
+        ax.set_title(_FACET_TITLE.get(a, a), fontsize=10)
+        ax.set_xlabel(_X_LABEL[e])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("hit ratio (block-weighted)")
+    fig.suptitle(f"Experiment {e}: simulated vs estimated hit ratio, one panel per engine (mean ± 95% CI over seeds)")
+    _figure_legend(fig, axes)
     return _save(fig, Path(out_prefix))
 
 
@@ -200,62 +227,54 @@ def plot_errors(
     out_prefix: str | Path,
     bounds: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
-    """Fig. 4 (experiment 1) / Fig. 6 (experiment 2): (a) AE and (b) RE of each untargeted estimator against
-    the primary actual (solid), vLLM ≥ 0.24 (dashed) and Algorithm 1 (dotted), and of each block-metric
-    engine-aware estimator against its own actual (its colour); the paper's bounds and the engine target as
-    horizontal lines."""
+    """Fig. 4 (experiment 1) / Fig. 6 (experiment 2): absolute (top row) and relative (bottom row) errors, one
+    column per simulated engine, of the paper's estimators and of kvhit's estimators of that engine; the
+    paper's bounds and kvhit's engine target drawn as reference lines, every one in the legend."""
     from .paper import PAPER_BOUNDS
 
     e = str(experiment)
     pts = summary["experiments"][e]["points"]
-    fig, (ax_ae, ax_re) = _new_figure(2, (12, 4.6))
-    acts = [a for a in (PRIMARY_ACTUAL, "vllm", "alg1") if a in summary["actuals"]]
-    for en in _untargeted(summary):
-        col, mk = _EST_STYLE.get(en, ("#17becf", "P"))
-        for a in acts:
-            if a != PRIMARY_ACTUAL and en not in PAPER_ESTIMATORS:
-                continue
+    facets = _facets(summary)
+    n = len(facets)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.6 * n, 8.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(2, n, squeeze=False, sharex="col")
+    bl = [b for b in (bounds if bounds is not None else PAPER_BOUNDS) if str(b["experiment"]) == e]
+    for j, a in enumerate(facets):
+        ax_ae, ax_re = grid[0, j], grid[1, j]
+        for en in _estimators_for(summary, a):
+            col, mk, ls = _est_style(summary, en)
             for ax, metric, scale in ((ax_ae, "ae", 1.0), (ax_re, "re", 100.0)):
                 x, m, ci = _series(pts, f"{metric}/{en}/{a}")
-                ax.errorbar(
-                    x,
-                    m * scale,
-                    yerr=ci * scale,
-                    color=col,
-                    marker=mk,
-                    ls=_ERR_LS.get(a, "-."),
-                    capsize=3,
-                    alpha=1.0 if a == PRIMARY_ACTUAL else 0.6,
-                    label=f"{en} vs {a}",
-                )
-    targeted = {en: a for en, a in _targets(summary).items() if ":" not in a}
-    for en, a in targeted.items():
-        col, mk, ls = _targeted_style(en, a)
-        for ax, metric, scale in ((ax_ae, "ae", 1.0), (ax_re, "re", 100.0)):
-            x, m, ci = _series(pts, f"{metric}/{en}/{a}")
-            ax.errorbar(
-                x, m * scale, yerr=ci * scale, color=col, marker=mk, ms=5, ls=ls, lw=1, capsize=2, label=f"{en} vs {a}"
+                ax.errorbar(x, m * scale, yerr=ci * scale, color=col, marker=mk, ms=5, ls=ls, lw=1.2, capsize=2,
+                            label=_est_plain(en))  # fmt: skip
+        if any(t == a for t in _targets(summary).values()):
+            ax_ae.axhline(
+                ENGINE_TARGET,
+                color="purple",
+                lw=1,
+                ls=":",
+                label=f"kvhit's target for its engine estimators: AE ≤ {ENGINE_TARGET:g}",
             )
-    if targeted:
-        ax_ae.axhline(ENGINE_TARGET, color="purple", lw=1, ls=":", label=f"engine target AE ≤ {ENGINE_TARGET:g}")
-    for b in bounds if bounds is not None else PAPER_BOUNDS:
-        if str(b["experiment"]) != e:
-            continue
-        ax = ax_ae if b["metric"] == "ae" else ax_re
-        val = b["bound"] * (100.0 if b["metric"] == "re" else 1.0)
-        if b["range"] is None:
-            ax.axhline(val, color="red", lw=1, ls="-.", label=f"paper: {b['text']}")
-        else:
-            ax.hlines(val, *b["range"], color="darkred", lw=2, label=f"paper: {b['text']}")
-    ax_ae.set_title(f"(a) Absolute errors (Experiment {e})")
-    ax_re.set_title(f"(b) Relative errors (Experiment {e})")
-    ax_ae.set_ylabel("AE = |estimate − actual|")
-    ax_re.set_ylabel("RE = AE / actual (%)")
-    for ax in (ax_ae, ax_re):
-        ax.set_xlabel(_X_LABEL[e])
-        ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
-    ax_re.legend(fontsize=7, ncol=2)
+        for b in bl:
+            ax = ax_ae if b["metric"] == "ae" else ax_re
+            val = b["bound"] * (100.0 if b["metric"] == "re" else 1.0)
+            if b["range"] is None:
+                ax.axhline(val, color="red", lw=1, ls="-.", label=f"paper's bound: {b['text']}")
+            else:
+                ax.hlines(val, *b["range"], color="darkred", lw=2.5, label=f"paper's bound: {b['text']}")
+        ax_ae.set_title(_FACET_TITLE.get(a, a), fontsize=10)
+        ax_re.set_xlabel(_X_LABEL[e])
+        for ax in (ax_ae, ax_re):
+            ax.grid(alpha=0.3)
+            ax.set_ylim(bottom=0)
+    grid[0, 0].set_ylabel("absolute error |estimate − actual|")
+    grid[1, 0].set_ylabel("relative error |estimate − actual| / actual (%)")
+    fig.suptitle(f"Experiment {e}: estimation errors against each simulated engine (mean ± 95% CI over seeds)")
+    _figure_legend(fig, list(grid.ravel()))
     return _save(fig, Path(out_prefix))
 
 

@@ -20,9 +20,26 @@ through ``cli._call`` and renders the response (a table, or ``--json``). No doma
 """
 
 from .base import Request, Response, build, strict_json
+from .curve import CurveRequest, CurveResponse, curve
 from .errors import InputError, translating
 from .estimate import EstimateRequest, EstimateResponse, estimate
-from .kv import KvRequest, KvResponse, kv, list_presets
+from .kv import HardwareFields, KvRequest, KvResponse, kv, list_presets
+from .plan import PlanRequest, PlanResponse, plan
+from .runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
+from .simulate import SimulateRequest, SimulateResponse, simulate
+from .spec import SpecFields, TraceOrSpecFields, load_spec
+from .tiers import TiersRequest, TiersResponse, tiers
+from .traces import (
+    GenerateRequest,
+    GenerateResponse,
+    ShareGPTRequest,
+    ShareGPTResponse,
+    StatsRequest,
+    StatsResponse,
+    generate_trace,
+    sharegpt_trace,
+    trace_stats,
+)
 
 __all__ = [
     "InputError",
@@ -31,6 +48,10 @@ __all__ = [
     "Response",
     "build",
     "strict_json",
+    "SpecFields",
+    "TraceOrSpecFields",
+    "HardwareFields",
+    "load_spec",
     "EstimateRequest",
     "EstimateResponse",
     "estimate",
@@ -38,8 +59,32 @@ __all__ = [
     "KvResponse",
     "kv",
     "list_presets",
+    "SimulateRequest",
+    "SimulateResponse",
+    "simulate",
+    "GenerateRequest",
+    "GenerateResponse",
+    "generate_trace",
+    "StatsRequest",
+    "StatsResponse",
+    "trace_stats",
+    "ShareGPTRequest",
+    "ShareGPTResponse",
+    "sharegpt_trace",
+    "CurveRequest",
+    "CurveResponse",
+    "curve",
+    "PlanRequest",
+    "PlanResponse",
+    "plan",
+    "PAPER_N",
+    "DemoRequest",
+    "DemoResponse",
+    "demo",
+    "ReproduceRequest",
+    "ReproduceResponse",
+    "reproduce",
+    "TiersRequest",
+    "TiersResponse",
+    "tiers",
 ]
-
-from .spec import SpecFields, TraceOrSpecFields, load_spec  # noqa: E402
-
-__all__ += ["SpecFields", "TraceOrSpecFields", "load_spec"]

@@ -46,6 +46,8 @@ def translating(where: str = "") -> Iterator[None]:
         raise InputError(f"{e.filename or where}: is a directory, expected a file") from None
     except PermissionError as e:
         raise InputError(f"{e.filename or where}: permission denied") from None
+    except OverflowError as e:
+        raise InputError(f"{where + ': ' if where else ''}a value is too large ({e})") from None
     except MemoryError:
         raise InputError(f"{where + ': ' if where else ''}not enough memory for this request") from None
     except (ValueError, KeyError) as e:

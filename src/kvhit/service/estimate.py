@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from .base import Response
+from .base import Response, check_capacity_memory
 from .common import Capacities, Engine, Seed
 from .errors import translating
 from .spec import SpecFields, load_spec
@@ -82,6 +82,9 @@ def estimate(req: EstimateRequest) -> EstimateResponse:
         est = spec_estimates(sp, req.N, True)
     if req.engine is not None:
         from ..plan import make_workload
+
+        for n in req.N:  # the engine-aware estimator tabulates over capacities up to N
+            check_capacity_memory(n, "--N")
 
         with translating("--engine"):
             for metric in ("blocks", "tokens"):

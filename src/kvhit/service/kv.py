@@ -29,8 +29,8 @@ class HardwareFields(Request):
     tp: int = Field(
         1, ge=1, le=4096, description="Tensor-parallel degree; must divide the KV heads (or be a multiple)."
     )
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="Fraction of accelerator memory vLLM may use; in (0, 1]."
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="With --gpu: fraction of accelerator memory vLLM may use; in (0, 1]; default 0.9."
     )
 
     FLAGS = {"accelerator": "--gpu", "dtype": "--kv-dtype", "kv_gb": "--kv-gb"}
@@ -38,10 +38,42 @@ class HardwareFields(Request):
     def check_one_budget(self) -> None:
         if self.accelerator is not None and self.kv_gb is not None:
             raise InputError("--gpu and --kv-gb: give one KV budget, not both")
+        if self.gpu_memory_utilization is not None and self.accelerator is None:
+            raise InputError("--gpu-memory-utilization: applies to --gpu (a --kv-gb budget is all KV)")
+
+    def resolve(self):
+        """The model and its KV bytes per block, each error naming the flag at fault."""
+        from .. import hardware
+
+        with translating("--model"):
+            m = hardware.resolve_model(self.model)
+        try:
+            bpb = m.bytes_per_block(self.block_size, self.dtype, self.tp)
+        except ValueError as e:
+            msg = str(e)
+            flag = "--tp" if msg.startswith("tp") else "--kv-dtype" if "dtype" in msg else "--block-size"
+            raise InputError(f"{flag}: {msg}") from None
+        return m, bpb
+
+    @property
+    def util(self) -> float:
+        return 0.9 if self.gpu_memory_utilization is None else self.gpu_memory_utilization
 
 
 class KvRequest(HardwareFields):
-    pass
+    dram_gb: float | None = Field(
+        None,
+        gt=0,
+        le=2**20,
+        description="DRAM for a host KV tier, GiB over all TP ranks, in (0, 2^20]: its capacity per engine; "
+        "default: none.",
+    )
+    blocks_per_chunk: int = Field(
+        1, ge=1, le=4096, description="vLLM native offloading: GPU blocks per CPU chunk, 1–4096."
+    )
+    chunk_tokens: int = Field(256, ge=1, le=2**20, description="LMCache chunk size in tokens, 1–2^20 (default 256).")
+
+    FLAGS = {**HardwareFields.FLAGS, "dram_gb": "--dram-gb"}
 
 
 class KvResponse(Response):
@@ -54,16 +86,19 @@ class KvResponse(Response):
     N: int | None = Field(None, description="Capacity in blocks (null without a budget).")
     kv_gib: float | None = Field(None, description="KV memory in GiB (null without a budget).")
     accelerator: str | None = Field(None, description="Accelerator or KV budget label.")
+    host_tier: dict | None = Field(
+        None,
+        description="With --dram-gb: native_chunks (vLLM 0.33.0 CPUOffloadingSpec, all ranks in one chunk), "
+        "simple_cpu_blocks (per rank), lmcache_chunks_per_rank (max_local_cpu_size = DRAM/TP per rank).",
+    )
 
 
 def kv(req: KvRequest) -> KvResponse:
-    from .. import hardware
     from ..plan import capacity
 
     req.check_one_budget()
-    with translating("--model"):
-        m = hardware.resolve_model(req.model)
-    with translating("--tp" if req.tp != 1 else "--kv-dtype"):
+    m, _ = req.resolve()
+    with translating("--kv-dtype"):
         out = KvResponse(
             model=m.name,
             bytes_per_token=m.bytes_per_token(req.dtype, req.tp),
@@ -81,9 +116,25 @@ def kv(req: KvRequest) -> KvResponse:
                 block_size=req.block_size,
                 dtype=req.dtype,
                 tp=req.tp,
-                gpu_memory_utilization=req.gpu_memory_utilization,
+                gpu_memory_utilization=req.util,
             )
         out.N, out.kv_gib, out.accelerator = c.N, c.kv_gib, c.accelerator
+    if req.dram_gb is not None:
+        from ..sim.tiers.sizing import host_units
+
+        if req.chunk_tokens % req.block_size:
+            raise InputError(f"--chunk-tokens: expected a multiple of --block-size {req.block_size}")
+        dram = int(req.dram_gb * 2**30)
+        common = {"bytes_per_block_rank": out.bytes_per_block, "block_size": req.block_size, "tp": req.tp}
+        out.host_tier = {
+            "dram_gib": req.dram_gb,
+            "native_chunks": host_units("native", dram, blocks_per_chunk=req.blocks_per_chunk, **common),
+            "native_chunk_tokens": req.blocks_per_chunk * req.block_size,
+            "simple_cpu_blocks": host_units("simple", dram, **common),
+            "lmcache_chunks_per_rank": host_units("lmcache", dram, chunk_tokens=req.chunk_tokens, **common),
+            "lmcache_chunk_tokens": req.chunk_tokens,
+            "lmcache_max_local_cpu_size_gib": req.dram_gb / req.tp,
+        }
     return out
 
 

@@ -49,7 +49,11 @@ class SpecFields(Request):
         "default: exponential (or the spec's).",
     )
     w_cv: float | None = Field(
-        None, gt=0, description="Coefficient of variation of W for gamma/lognormal; > 0; default: 1."
+        None,
+        ge=1e-3,
+        le=1e3,
+        description="Coefficient of variation of W for gamma/lognormal; in [0.001, 1000]; default: 1 "
+        "(cv 0 is --w-dist deterministic).",
     )
 
     FLAGS = {"spec": "--spec", "lam0": "--lam0", "p": "--p", "mean_turns": "--mean-turns"}
@@ -109,7 +113,7 @@ def load_spec(req: SpecFields):
 
     if req.p is not None and req.mean_turns is not None:
         raise InputError("--p and --mean-turns: give one, not both")
-    with translating():
+    with translating(str(req.spec) if req.spec is not None else ""):
         turns = (
             Geometric(req.p)
             if req.p is not None

@@ -337,6 +337,8 @@ def int_dist_from_dict(d: dict[str, Any] | int, where: str) -> IntDist:
     if not isinstance(d, dict) or "kind" not in d:
         raise SpecError(f"{where}: expected an integer or a table with a 'kind' key, got {d!r}")
     kind = d["kind"]
+    if not isinstance(kind, str):
+        raise SpecError(f"{where}.kind: expected a string, got {kind!r}")
     if kind in _INT_KEYS:
         check_keys(d, _INT_KEYS[kind], where)
     try:
@@ -461,6 +463,9 @@ class Deterministic(Interarrival):
         return {"kind": "deterministic", "value": float(self.value)}
 
 
+GAMMA_MAX_SHAPE = 1e6  #: shape k = 1/cv² bound of :class:`GammaW`
+
+
 @dataclass(frozen=True)
 class GammaW(Interarrival):
     """Gamma with shape k and the given mean (scale θ = mean/k).
@@ -475,6 +480,11 @@ class GammaW(Interarrival):
     def __post_init__(self):
         _check_positive("gamma shape", self.shape)
         _check_positive("gamma mean", self.mean_)
+        if self.shape > GAMMA_MAX_SHAPE:  # cv < 0.001: the CDF's numerics break down; W is deterministic there
+            raise SpecError(
+                f"gamma shape must be ≤ {GAMMA_MAX_SHAPE:g} (coefficient of variation ≥ 0.001), got {self.shape!r}; "
+                "use a deterministic interarrival for cv = 0"
+            )
 
     @property
     def mean(self) -> float:
@@ -682,6 +692,8 @@ def interarrival_from_dict(d: dict[str, Any], where: str = "interarrival") -> In
     if not isinstance(d, dict) or "kind" not in d:
         raise SpecError(f"{where}: expected a table with a 'kind' key, got {d!r}")
     kind = d["kind"]
+    if not isinstance(kind, str):
+        raise SpecError(f"{where}.kind: expected a string, got {kind!r}")
     if kind in _W_KEYS:
         check_keys(d, _W_KEYS[kind], where)
     try:

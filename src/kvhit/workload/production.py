@@ -573,6 +573,7 @@ def read_mooncake(
     time = np.asarray(times, np.float64)
     order = np.argsort(time, kind="stable")
     sorted_already = bool(np.all(order == np.arange(n)))
+    out_of_order = int(np.count_nonzero(np.diff(time) < 0)) if n > 1 else 0  # reported, never silent
     off0 = np.zeros(n + 1, np.int64)
     np.cumsum(counts, out=off0[1:])
     sess = None
@@ -607,7 +608,12 @@ def read_mooncake(
         rechained=rechained,
         n_partial_dropped=int(dropped),
         skipped=tuple(skipped),
-        meta={"hash_count": hash_count, "shared_min_successors": int(shared_min_successors), "chain": chain},
+        meta={
+            "hash_count": hash_count,
+            "shared_min_successors": int(shared_min_successors),
+            "chain": chain,
+            "out_of_order": out_of_order,
+        },
     )
 
 

@@ -503,7 +503,19 @@ def build_sharegpt_trace(
         progress=progress,
     )
     ss_sample, ss_time = np.random.SeedSequence(int(seed)).spawn(2)
-    idx = sample_indices(corpus.M, n_warm, n_meas, np.random.default_rng(ss_sample), min_turns=min_turns)
+    try:
+        idx = sample_indices(corpus.M, n_warm, n_meas, np.random.default_rng(ss_sample), min_turns=min_turns)
+    except ValueError as e:
+        read = corpus.read_report
+        skipped = {k: v for k, v in (read.get("skipped") or {}).items() if v}
+        why = ""
+        if skipped:
+            reason, k = max(skipped.items(), key=lambda kv: kv[1])
+            why = (
+                f"; of {read.get('n_records', 0):,} records {read.get('n_skipped', 0):,} were skipped, "
+                f"most often: {reason} ({k:,})"
+            )
+        raise ValueError(f"{read.get('source', path)}: {e}{why}") from None
     offs = corpus.offsets
     rows = np.concatenate([np.arange(offs[i], offs[i + 1]) for i in idx])
     M = corpus.M[idx]

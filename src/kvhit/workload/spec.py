@@ -244,6 +244,8 @@ def increments_from_dict(d: dict[str, Any], where: str = "increments") -> Increm
     if not isinstance(d, dict) or "kind" not in d:
         raise SpecError(f"{where}: expected a table with a 'kind' key, got {d!r}")
     kind = d["kind"]
+    if not isinstance(kind, str):
+        raise SpecError(f"{where}.kind: expected a string, got {kind!r}")
     keys = {
         "iid": ("kind", "z"),
         "turn_dependent": ("kind", "dists"),
@@ -372,7 +374,7 @@ class WorkloadSpec:
             raise SpecError(f"{path}: invalid TOML: {e}") from None
         try:
             return cls.from_dict(data, where=str(path))
-        except SpecError:
-            raise
-        except ValueError as e:
+        except ValueError as e:  # SpecError included: every message names the file
+            if str(path) in str(e):
+                raise
             raise SpecError(f"{path}: {e}") from None

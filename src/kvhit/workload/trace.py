@@ -160,7 +160,7 @@ class Trace:
         fail(c["time"] < c["conv_arrival"], "time", "turn before its conversation's arrival")
         fail(np.diff(c["time"], prepend=c["time"][0]) < 0, "time", "rows not sorted by time")
         # per-conversation checks: turns consecutive from 1, R = cumsum Z, times nondecreasing
-        order = np.lexsort((c["turn"], c["conv"]))
+        order = self.conv_index()[2]
         conv_s, turn_s = c["conv"][order], c["turn"][order]
         first = np.concatenate([[True], conv_s[1:] != conv_s[:-1]])
         expected_turn = np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0)) + 1
@@ -199,7 +199,35 @@ class Trace:
 
     @property
     def n_conversations(self) -> int:
-        return int(np.unique(self.cols["conv"]).size)
+        return int(self.conv_index()[0].size)
+
+    def conv_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ids, dense, order)``: the sorted distinct conversation ids, each row's conversation as 0..C−1, and
+        the rows in conversation-major order (by conversation id, then turn). Computed once per trace (columns
+        are read-only after construction; replacing the ``conv`` or ``turn`` array recomputes it): O(n) for
+        dense non-negative ids, which every generator and reader produces, else by sorting."""
+        conv, turn = self.cols["conv"], self.cols["turn"]
+        key = (id(conv), id(turn), conv.shape[0])
+        cached = self.__dict__.get("_conv_index")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        n = conv.shape[0]
+        if n and int(conv.min()) >= 0 and int(conv.max()) < 2 * n + 1024:
+            counts = np.bincount(conv)
+            present = counts > 0
+            ids = np.flatnonzero(present).astype(conv.dtype)
+            dense = (np.cumsum(present) - 1)[conv]
+        else:
+            ids, dense = np.unique(conv, return_inverse=True)
+            dense = dense.ravel()
+        dense = dense.astype(np.int64)
+        order = np.argsort(dense, kind="stable")  # rows are time-sorted, so turns ascend within a conversation
+        d_s, t_s = dense[order], turn[order]
+        if n > 1 and bool(((d_s[1:] == d_s[:-1]) & (t_s[1:] < t_s[:-1])).any()):
+            order = np.lexsort((turn, dense))
+        res = (ids, dense, order)
+        self.__dict__["_conv_index"] = (key, res)
+        return res
 
     @property
     def block_size(self) -> int | None:
@@ -220,8 +248,7 @@ class Trace:
 
     def dense_conv(self) -> np.ndarray:
         """Conversation ids mapped to 0..C−1 (in id order)."""
-        _, inv = np.unique(self.cols["conv"], return_inverse=True)
-        return inv.astype(np.int64)
+        return self.conv_index()[1]
 
     def R_prev(self) -> np.ndarray:
         """R_{j−1} for every row (0 at first turns)."""
@@ -230,7 +257,7 @@ class Trace:
     def interarrivals(self) -> np.ndarray:
         """The observed prompt interarrival times W (time of turn j+1 − time of turn j), within conversations."""
         c = self.cols
-        order = np.lexsort((c["turn"], c["conv"]))
+        order = self.conv_index()[2]
         conv_s, t_s = c["conv"][order], c["time"][order]
         same = conv_s[1:] == conv_s[:-1]
         return (t_s[1:] - t_s[:-1])[same]
@@ -239,10 +266,13 @@ class Trace:
         """Per-conversation arrays in id order: ``conv``, ``arrival``, ``M`` (turn count), ``B`` (= R_M, eq. (1)),
         ``observed`` (turns present in the trace)."""
         c = self.cols
-        ids, first, counts = np.unique(c["conv"], return_index=True, return_counts=True)
+        ids, dense, order = self.conv_index()
+        counts = np.bincount(dense, minlength=ids.size)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        first = order[starts] if ids.size else np.zeros(0, np.int64)
         B = np.zeros(ids.size, dtype=np.int64)
-        idx = np.searchsorted(ids, c["conv"])
-        np.maximum.at(B, idx, c["R"])
+        if ids.size:
+            B = np.maximum.reduceat(c["R"][order], starts).astype(np.int64)
         return {
             "conv": ids,
             "arrival": c["conv_arrival"][first],
@@ -286,7 +316,12 @@ class Trace:
         raw = (table.schema.metadata or {}).get(_META_KEY)
         if raw is None:
             raise TraceError(f"{path}: not a kvhit trace (no kvhit metadata in the Parquet schema)")
-        meta = json.loads(raw)
+        try:
+            meta = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TraceError(f"{path}: the kvhit metadata in the Parquet schema is not JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise TraceError(f"{path}: the kvhit metadata in the Parquet schema is not a JSON object")
         version = meta.get("schema_version")
         if version != SCHEMA_VERSION:
             raise TraceError(f"{path}: trace schema version {version!r}, this kvhit reads version {SCHEMA_VERSION}")

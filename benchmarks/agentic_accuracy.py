@@ -1,0 +1,255 @@
+"""Accuracy of the agentic estimator (kvhit.estimate_agentic) against the exact block simulator (issue 11).
+
+The "actual" is :func:`kvhit.sim.blockcurve.block_curve` (exact, both vLLM free-queue orders; vLLM's token metric
+``prefix_cache_hits / prefix_cache_queries``), as ``kvhit curve --blocks-trace`` computes it. Errors are
+|estimate − simulator| over the capacities of a 300-point log grid whose simulated hit ratio lies between 10% and
+90% of the infinite-cache ceiling AND that are feasible (N ≥ N_min = the largest request: below it vLLM rejects
+requests and the simulator's ratio leaves them out, which is no hit ratio of the workload; the estimator flags those
+capacities infeasible). ``band`` = number of such capacities (0: the whole 10–90% band is infeasible).
+
+Held out (never looked at while designing the estimator): WEKA trace_0030 … trace_0037 (7 files) and the second
+half hour of Mooncake's conversation trace (timestamps ≥ 1,800 s). Design set: WEKA trace_0001 … trace_0029
+(27 files), Mooncake's first half hour.
+
+Workloads:
+* ``pool-uniform``: the WEKA conversations pooled like ``kvhit curve --blocks-trace DIR --arrival uniform
+  --span 3600 --seed 0``; ``pool-poisson``: ``--arrival poisson --rate C/3600`` (same mean rate), seed 0.
+  Estimator: the time-varying Poisson form from the trace's own start times.
+* ``resample λ0``: whole conversations drawn with replacement (seed 0) from the pool, their relative timings and
+  ids kept (ids re-namespaced per draw), Poisson starts at λ0 (from one conversation at a time to dozens
+  active). Estimator: the time-varying Poisson form on the resampled stream (its own start histogram; the
+  realized overlap of the conversations is not used). The stationary form (``lam0=``, from the pool alone) is
+  not tabulated: a stream of ``--n-conv`` conversations lasting up to days is never in steady state, so no
+  simulation here measures the stationary hit ratio.
+* ``mooncake``: the conversation trace (sessions derived from the prefix tree), time-varying form.
+* ``chat`` (``--only chat``, not run by default): ShareGPT as in ``benchmarks/estimator_accuracy.py``
+  (1,000 warm-up + 5,000 measured conversations, b = 128, exponential W, seeds 0 1), measured window =
+  App. E's, at N = 1,138 / 2,275 / 4,550; printed as estimate − simulated per point.
+Form ``replay`` (the working-set identity on the trace's own load, not a model) is printed with ``--replay``.
+
+    NUMBA_CACHE_DIR=.numba_cache .venv/bin/python benchmarks/agentic_accuracy.py [--quick] [--replay] [--json out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from kvhit.estimate_agentic import estimate_trace
+from kvhit.sim.blockcurve import block_curve
+from kvhit.workload.production import ProductionTrace, read_mooncake, read_weka
+from kvhit.workload.reuse import request_reuse
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT.parent / "shared" / "data" / "traces"
+WEKA = TRACES / "weka_kv_cache_tester" / "traces"
+MOON = TRACES / "mooncake_fast25" / "conversation_trace.jsonl"
+ENGINES = ("vllm", "vllm-0.23")
+
+
+def weka_files(held_out: bool) -> list[str]:
+    fs = sorted(str(p) for p in WEKA.glob("trace_*.json"))
+    return [f for f in fs if (int(Path(f).stem.split("_")[1]) >= 30) == held_out]
+
+
+def resample(pool: ProductionTrace, lam0: float, n_conv: int, seed: int) -> ProductionTrace:
+    """Whole conversations of ``pool`` drawn with replacement, Poisson starts at ``lam0`` (first at 0), relative
+    timings kept, block ids re-namespaced per draw (``(draw << 32) | local id``: a chained stream)."""
+    rng = np.random.default_rng(seed)
+    sess = pool.session
+    C = int(sess.max()) + 1
+    draws = rng.integers(0, C, n_conv)
+    starts = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / lam0, n_conv - 1))])
+    first = np.full(C, np.inf)
+    np.minimum.at(first, sess, pool.time)
+    by = [np.flatnonzero(sess == k) for k in range(C)]
+    rows = np.concatenate([by[k] for k in draws])
+    d_of = np.repeat(np.arange(n_conv), [by[k].size for k in draws])
+    t = starts[d_of] + pool.time[rows] - first[sess[rows]]
+    counts = pool.full_blocks[rows]
+    pos = np.repeat(pool.hash_offsets[rows], counts) + (
+        np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    )
+    ids = (np.repeat(d_of, counts).astype(np.int64) << 32) | (pool.hashes[pos] & 0xFFFFFFFF)
+    order = np.argsort(t, kind="stable")
+    off0 = np.concatenate([[0], np.cumsum(counts)])
+    c2 = counts[order]
+    pos2 = np.repeat(off0[:-1][order], c2) + (np.arange(int(c2.sum())) - np.repeat(np.cumsum(c2) - c2, c2))
+    off = np.concatenate([[0], np.cumsum(c2)]).astype(np.int64)
+    r = rows[order]
+    return replace(
+        pool,
+        time=t[order],
+        prompt_tokens=pool.prompt_tokens[r],
+        output_tokens=pool.output_tokens[r],
+        hash_offsets=off,
+        hashes=ids[pos2],
+        session=d_of[order].astype(np.int64),
+        agent=pool.agent[r],
+        model=None if pool.model is None else pool.model[r],
+        file_index=pool.file_index[r],
+        record=pool.record[r],
+        sub_record=pool.sub_record[r],
+        meta={"resample": {"lam0": lam0, "n_conv": n_conv, "seed": seed}},
+    )
+
+
+def grid(pt: ProductionTrace, points: int) -> np.ndarray:
+    d = pt.describe()
+    return np.unique(np.geomspace(d["min_N"], 4 * d["distinct_blocks"], points).astype(np.int64))
+
+
+def errors(est: np.ndarray, sim: np.ndarray, hmax: float, Ns: np.ndarray, N_min: int) -> tuple[int, float, float]:
+    band = (Ns >= N_min) & (sim >= 0.1 * hmax) & (sim <= 0.9 * hmax) & np.isfinite(sim)
+    if not band.any():
+        return 0, float("nan"), float("nan")
+    e = np.abs(est - sim)[band]
+    return int(band.sum()), float(e.max()), float(e.mean())
+
+
+def row(out, workload, held, lam0, engine, form, n, mx, mean, t_est):
+    out.append(
+        {
+            "workload": workload,
+            "held_out": held,
+            "lam0": lam0,
+            "engine": engine,
+            "form": form,
+            "band": n,
+            "max_err": mx,
+            "mean_err": mean,
+            "estimate_s": t_est,
+        }
+    )
+    lam = "" if lam0 is None else f"{lam0:.3g}"
+    print(
+        f"{workload:16s} {'held-out' if held else 'design':8s} {lam:>9s} {engine:9s} {form:7s} {n:5d} "
+        f"{mx:8.4f} {mean:8.4f} {t_est:7.2f}",
+        flush=True,
+    )
+
+
+def trace_rows(out, pt, workload, held, lam0, forms, points, mask=None, est_source=None, est_lam0=None, tag=None):
+    rq = pt.to_block_requests()
+    Ns = grid(pt, points)
+    u = request_reuse(pt)  # same request order as pt (both sorted by time, stable)
+    d = pt.describe()
+    N_min = int(d["min_N"])
+    for eng in ENGINES:
+        c = block_curve(
+            rq.prompt_tokens,
+            rq.hash_offsets,
+            rq.hashes,
+            block_size=rq.block_size,
+            Ns=Ns,
+            engine=eng,
+            mask=mask,
+            fallback="nan",  # infeasible capacities (N < N_min) are not compared
+        )
+        sim = c["token_hit_ratio"]
+        m = np.ones(pt.n_requests, bool) if mask is None else mask
+        hmax = float(u.reusable[m].sum() * u.block_size / u.prompt_tokens[m].sum())  # infinite-cache ceiling
+        for form in forms:
+            src = u if est_source is None else est_source
+            t0 = time.perf_counter()
+            e = estimate_trace(src, Ns, engine=eng, form=form, lam0=est_lam0 if form == "poisson" else None)
+            dt = time.perf_counter() - t0
+            n, mx, mean = errors(e.h, sim, hmax, Ns, N_min)
+            row(out, workload, held, lam0, eng, tag or form, n, mx, mean, dt)
+
+
+def chat(out: list) -> None:
+    from kvhit.sim.runner import block_requests, simulate_trace_block
+    from kvhit.workload.dists import Exponential
+    from kvhit.workload.sharegpt import build_sharegpt_trace
+    from kvhit.workload.trace import Window
+
+    for lam0, mu in ((1.5, 90.0), (1.5, 135.0), (1.5, 240.0), (0.5, 135.0), (2.0, 135.0)):
+        for seed in (0, 1):
+            tr, _ = build_sharegpt_trace(
+                n_warm=1000, n_meas=5000, seed=seed, lam0=lam0, interarrival=Exponential(mu), block_size=128
+            )
+            win = Window.warmup_conversations(tr, 1000)
+            rq = block_requests(tr, source="counts")
+            u = request_reuse(tr)
+            m = win.mask(tr)
+            Ns = np.array([1138, 2275, 4550])
+            for eng in ENGINES:
+                sim = np.array(
+                    [
+                        float(
+                            simulate_trace_block(tr, int(N), engine=eng, window=win, requests=rq)[1]["token_hit_ratio"]
+                        )
+                        for N in Ns
+                    ]
+                )
+                t0 = time.perf_counter()
+                e = estimate_trace(u, Ns, engine=eng, mask=m)
+                dt = time.perf_counter() - t0
+                d = e.h - sim
+                out.append(
+                    {
+                        "workload": "chat",
+                        "lam0": lam0,
+                        "mu": mu,
+                        "seed": seed,
+                        "engine": eng,
+                        "N": Ns.tolist(),
+                        "sim": sim.tolist(),
+                        "err": d.tolist(),
+                        "estimate_s": dt,
+                    }
+                )
+                print(
+                    f"chat λ0={lam0} μ={mu:.0f} seed={seed} {eng:9s} sim {np.round(sim, 4)} "
+                    f"est−sim {np.round(d, 4)}  {dt:.1f}s",
+                    flush=True,
+                )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer capacities and resample rates")
+    ap.add_argument("--replay", action="store_true", help="also print the replay (working-set) form")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--n-conv", type=int, default=120, help="conversations per resampled stream")
+    ap.add_argument("--only", nargs="*", default=None, help="pool resample mooncake chat (default: all but chat)")
+    a = ap.parse_args()
+    points = 120 if a.quick else 300
+    forms = ("poisson", "replay") if a.replay else ("poisson",)
+    out: list[dict] = []
+    print(
+        f"{'workload':16s} {'set':8s} {'lam0':>9s} {'engine':9s} {'form':7s} {'band':>5s} {'max|err|':>8s} "
+        f"{'mean':>8s} {'est_s':>7s}"
+    )
+    lams = [1e-5, 1 / 3600, 1 / 600, 1 / 120] if not a.quick else [1e-5, 1 / 600]
+    for held in (False, True):
+        files = weka_files(held)
+        C = len(files)
+        if a.only is None or "pool" in a.only:
+            pu = read_weka(files, arrival="uniform", span=3600, seed=0)
+            trace_rows(out, pu, "pool-uniform", held, None, forms, points)
+            pp = read_weka(files, arrival="poisson", rate=C / 3600, seed=0)
+            trace_rows(out, pp, "pool-poisson", held, None, forms, points)
+        if a.only is None or "resample" in a.only:
+            pool = read_weka(files, arrival="uniform", span=3600, seed=0)
+            for lam0 in lams:
+                rs = resample(pool, lam0, a.n_conv, seed=0)
+                trace_rows(out, rs, "resample", held, lam0, forms, points, tag=None)
+        if a.only is None or "mooncake" in a.only:
+            mc = read_mooncake(MOON)
+            half = mc.select(mc.time >= 1800.0) if held else mc.select(mc.time < 1800.0)
+            trace_rows(out, half, "mooncake-half", held, None, forms, points)
+    if a.only is not None and "chat" in a.only:
+        chat(out)
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""``curve``: the hit ratio at every capacity of a log grid — exact simulated curves in one pass each
+(``kvhit.sim.stackdist``, ``kvhit.sim.blockcurve``) beside the estimators' curves — on a trace, a spec or a
+production block-id trace, with an optional plot.
+
+Invariant: the grid is validated (1 ≤ n_min < n_max ≤ 2^40, 2 ≤ points ≤ 100,000) and the plot prefix checked
+before computing. NOT modelled here: the default range rule and the plot's layout (``kvhit.plots``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from .base import Response, check_capacity_memory
+from .common import MAX_N, Seed
+from .errors import InputError, translating
+from .inputs import read_blocks_trace, read_trace, window_for
+from .io import check_output_file
+from .simulate import BlocksTraceFields
+from .spec import load_spec
+
+__all__ = ["CurveRequest", "CurveResponse", "curve"]
+
+POLICIES = ("content", "vllm", "vllm-0.23")
+
+
+class CurveRequest(BlocksTraceFields):
+    conversations: int | None = Field(
+        None, ge=1, le=10**8, description="Spec mode: conversations generated; 1–10^8; default: 20,000."
+    )
+    seed: Seed = 0
+    n_min: int = Field(64, ge=1, le=MAX_N, description="Smallest capacity, blocks; ≥ 1.")
+    n_max: int | None = Field(
+        None,
+        ge=2,
+        le=MAX_N,
+        description="Largest capacity, blocks; > --n-min; default: 1.25 × the capacity where every simulated curve "
+        "reaches 99% of its infinite-capacity value, at least 1.25 × the largest request (kvhit.experiments.curve).",
+    )
+    points: int = Field(1000, ge=2, le=100_000, description="Capacities on a log grid; 2–100,000.")
+    policies: list[str] = Field(
+        ["content", "vllm", "vllm-0.23"], min_length=1, description="Simulated policies: content, vllm, vllm-0.23."
+    )
+    model: str = Field("qwen3-8b", description="Model behind the GiB axis (preset or config.json).")
+    block_size: int | None = Field(
+        None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's, else 128."
+    )
+    plot: Path | None = Field(None, description="Write PREFIX.png and PREFIX.svg.")
+    warmup: int | None = Field(None, ge=0, description="Warm-up conversations; ≥ 0; default: the trace's n_warm.")
+    estimates: bool = Field(True, description="Also compute the estimators' curves.")
+    kv_gb: float | None = Field(
+        None, gt=0, le=2**20, description="KV budget in GiB of --model, marked on the plot; (0, 2^20]."
+    )
+
+
+class CurveResponse(Response):
+    N: list[int] = Field(description="Capacities (blocks).")
+    feasible: list[bool] | None = Field(None, description="N ≥ the largest request (vLLM can serve it).")
+    N_min: int | None = Field(None, description="Largest request in blocks (vLLM refuses it below).")
+    budget_N: int | None = Field(None, description="The --kv-gb budget in blocks of --model.")
+    grid: str = Field("log", description="Capacities are log-spaced.")
+    model: str = Field(description="Model behind the GiB axis.")
+    refused_request_share: list[float] | None = Field(None, description="Share of requests vLLM refuses at N.")
+    refused_token_share: list[float] | None = Field(None, description="Share of prompt tokens refused at N.")
+    describe: dict[str, Any] | None = Field(None, description="Production trace summary (--blocks-trace).")
+    curves: dict[str, list[float | None]] = Field(description="Hit ratio per capacity, by source.")
+    h_max: float | None
+    lam0: float | None = Field(description="λ0 (1/s); null for a production trace.")
+    bytes_per_block: int
+    figures: list[str] = Field(default_factory=list)
+
+    def to_jsonable(self) -> Any:
+        """Flat, as before the service layer: {"N": [...], "<curve label>": [...], "h_max": …}."""
+        d = super().to_jsonable()
+        curves = d.pop("curves")
+        return {"N": d.pop("N"), **curves, **d}
+
+
+def _grid(n_min: int, hi: int, points: int, flag: str) -> np.ndarray:
+    if hi <= n_min:
+        raise InputError(f"{flag}: {hi:,} must be larger than --n-min {n_min:,}")
+    return np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
+
+
+def _curve_keys(data: dict) -> list[str]:
+    """The hit-ratio lines of a curve result (float arrays over N, not the refused shares or token duplicates)."""
+    return [
+        k
+        for k, v in data.items()
+        if isinstance(v, np.ndarray)
+        and v.dtype.kind == "f"
+        and k != "N"
+        and not k.startswith("refused")
+        and not k.endswith("token ratio")
+    ]
+
+
+def _split_curves(data: dict, model: str) -> CurveResponse:
+    Ns = data.pop("N")
+    feasible = data.pop("feasible", None)
+    refused_r = data.pop("refused_request_share", None)
+    refused_t = data.pop("refused_token_share", None)
+    curves = {k: v for k, v in data.items() if isinstance(v, np.ndarray)}
+    return CurveResponse(
+        model=model,
+        describe=data.get("describe"),
+        refused_request_share=None if refused_r is None else [float(x) for x in refused_r],
+        refused_token_share=None if refused_t is None else [float(x) for x in refused_t],
+        N=[int(x) for x in Ns],
+        feasible=None if feasible is None else [bool(x) for x in feasible],
+        N_min=None if not data.get("N_min") else int(data["N_min"]),
+        budget_N=data.get("budget_N"),
+        curves={k: [float(x) for x in v] for k, v in curves.items()},
+        h_max=float(data["h_max"]),
+        lam0=None if data.get("lam0") is None or not np.isfinite(data["lam0"]) else float(data["lam0"]),
+        bytes_per_block=int(data["bytes_per_block"]),
+        figures=[str(f) for f in data.get("figures", [])],
+    )
+
+
+def curve(req: CurveRequest, progress=None) -> CurveResponse:
+    from .. import hardware
+
+    source = req.check_sources()
+    check_output_file(req.plot, "--plot", (".png", ".svg"))
+    bad = sorted(set(req.policies) - set(POLICIES))
+    if bad:
+        raise InputError(f"--policies: unknown {bad} (content, vllm, vllm-0.23)")
+    if source != "spec" and req.conversations is not None:
+        raise InputError("--conversations: applies to a spec (a trace file is used as it is)")
+    with translating("--model"):
+        model = hardware.resolve_model(req.model)
+    if source == "blocks":
+        if req.warmup is not None:
+            raise InputError("--warmup: a production trace has no conversation warm-up")
+        pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
+        d = pt.describe()
+        hi = req.n_max or int(4 * d.get("distinct_blocks", d["min_N"] * 10))
+        Ns = _grid(req.n_min, hi, req.points, "--n-max")
+        check_capacity_memory(int(Ns.max()), "--n-max")
+        from ..sim.tracerun import ENGINE_LABELS, production_curve
+
+        with translating(f"--blocks-trace {req.blocks_trace}"):
+            c = production_curve(pt, Ns)
+        feas = c["feasibility"]
+        data: dict[str, Any] = {"N": Ns}
+        for e, label in ENGINE_LABELS.items():
+            data[f"{label} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
+        data["h_max"] = c["h_max"]
+        data["lam0"] = None
+        data["N_min"] = feas.N_min
+        data["feasible"] = feas.feasible
+        data["refused_request_share"] = feas.refused_requests
+        data["refused_token_share"] = feas.refused_tokens
+        data["describe"] = d
+        data["bytes_per_block"] = model.bytes_per_block(pt.block_size)
+        if req.kv_gb is not None:
+            data["budget_N"] = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), data["bytes_per_block"]))
+        if req.plot is not None:
+            from ..plots import plot_curves
+
+            req.plot.parent.mkdir(parents=True, exist_ok=True)
+            lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
+            data["figures"] = plot_curves(
+                lines,
+                str(req.plot),
+                h_max=data["h_max"],
+                bytes_per_block=data["bytes_per_block"],
+                model=model.name,
+                log_x=True,
+                N_min=feas.N_min,
+                budget_N=data.get("budget_N"),
+                title=f"{Path(req.blocks_trace).name} ({pt.format}): vLLM token hit ratio vs capacity "
+                f"(b = {pt.block_size}, {model.name} KV)",
+            )
+        return _split_curves(data, model.name)
+
+    if source == "trace":
+        tr = read_trace(req.trace)
+        if req.block_size or tr.block_size is None:
+            tr.meta["block_size"] = req.block_size or 128
+        window = window_for(tr, req.warmup, None, str(req.trace))
+    else:
+        from ..workload import Window, generate
+
+        sp = load_spec(req)
+        conversations = req.conversations or 20_000
+        n_warm = req.warmup if req.warmup is not None else conversations // 5
+        if n_warm >= conversations:
+            raise InputError(f"--warmup: {n_warm:,} warm-up conversations leave none of {conversations:,} to measure")
+        with translating(str(req.spec) if req.spec else "spec"):
+            tr = generate(sp, req.seed, n_conversations=conversations)
+        tr.meta.update(n_warm=n_warm, block_size=req.block_size or 128)
+        window = Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
+    from ..experiments.curve import curve_data, curve_inputs, default_capacity_range
+
+    cb = progress or (lambda done, total, what=None: None)
+    b = tr.block_size or 128
+    bpb = model.bytes_per_block(b)
+    with translating(str(req.trace or req.spec or "spec")):
+        inp = curve_inputs(tr, window, tuple(req.policies), progress=cb)
+        hi = req.n_max or default_capacity_range(inp, req.n_min)[1]
+        Ns = _grid(req.n_min, hi, req.points, "--n-max" if req.n_max else "--n-min")
+        if req.estimates or any(p != "content" for p in req.policies):
+            check_capacity_memory(int(Ns.max()), "--n-max")
+        data = curve_data(
+            tr, Ns, window, policies=tuple(req.policies), estimates=req.estimates, inputs=inp, progress=cb
+        )
+    data["bytes_per_block"] = bpb
+    if inp.requests is not None:  # refused shares where vLLM cannot serve the workload (sim/feasibility)
+        from ..sim.feasibility import feasibility
+
+        f = feasibility(inp.requests.prompt_tokens, inp.requests.block_size, Ns, mask=inp.mask)
+        data["refused_request_share"] = f.refused_requests
+        data["refused_token_share"] = f.refused_tokens
+    budget = None
+    if req.kv_gb is not None:
+        budget = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), bpb))
+        data["budget_N"] = budget
+    if req.plot is not None:
+        from ..plots import plot_curves
+
+        req.plot.parent.mkdir(parents=True, exist_ok=True)
+        lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
+        data["figures"] = plot_curves(
+            lines,
+            str(req.plot),
+            h_max=data["h_max"],
+            bytes_per_block=bpb,
+            model=model.name,
+            budget_N=budget,
+            N_min=data.get("N_min") or None,
+            title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, {model.name} KV)",
+        )
+    return _split_curves(data, model.name)

@@ -1,0 +1,197 @@
+"""``plan``: (a) h at the KV memory available, (b) the KV memory for a target h, (c) the largest λ0 keeping the
+target, (d) prefill tokens saved per second; ``compare`` another engine at the same capacity, ``verify`` by
+exact simulation.
+
+Invariant: the question answered is the one asked — the metric is the engine's (vLLM: tokens by default;
+Algorithm 1 and the paper's estimator are block-weighted, and asking them for tokens is refused), a target is in
+(0, 1), a verified capacity fits in memory. NOT modelled here: the predictors and the bisections (``kvhit.plan``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from .base import Response, check_capacity_memory
+from .common import Seed
+from .errors import InputError, translating
+from .inputs import read_blocks_trace, read_trace
+from .kv import HardwareFields
+from .simulate import BlocksTraceFields
+from .spec import load_spec, spec_flags_given
+
+__all__ = ["PlanRequest", "PlanResponse", "plan"]
+
+PlanEngine = Literal["vllm", "vllm-0.23", "content", "paper"]
+
+
+class PlanRequest(BlocksTraceFields, HardwareFields):
+    target: float | None = Field(None, gt=0, lt=1, description="Target hit ratio; in (0, 1); default: none.")
+    engine: PlanEngine = Field(
+        "vllm", description="Predictor: vllm (≥ 0.24) | vllm-0.23 | content (Algorithm 1) | paper (eq. 39)."
+    )
+    metric: Literal["tokens", "blocks"] | None = Field(
+        None, description="tokens (vLLM's prefix_cache_hits/queries) | blocks; default: tokens for vLLM, else blocks."
+    )
+    compare: PlanEngine | None = Field(None, description="Another engine to compare at the same capacity.")
+    verify: bool = Field(False, description="Check (a) by exact simulation of the engine.")
+    seed: Seed = 0
+    scale: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="--blocks-trace: plan a stationary stream at this multiple of the trace's rate; (0, 10^6].",
+    )
+    replications: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="--blocks-trace with --lam0/--scale: resampled replications; 1–10,000; default 5.",
+    )
+    conversations: int | None = Field(
+        None,
+        ge=1,
+        le=10**7,
+        description="--blocks-trace resampling: conversations per replication; 1–10^7; default 200.",
+    )
+
+    FLAGS = {**BlocksTraceFields.FLAGS, **HardwareFields.FLAGS}
+
+
+class PlanResponse(Response):
+    workload: str
+    estimator: str
+    metric: str
+    lam0: float
+    h_max: float | None
+    capacity: dict[str, Any] | None = None
+    h_at_capacity: float | None = None
+    target: float | None = None
+    N_for_target: int | None = None
+    gib_for_target: float | None = None
+    lam0_max_for_target: float | None = None
+    saved_prefill_tokens_per_s: float | None = None
+    saved_fraction: float | None = None
+    verify: dict[str, Any] = Field(default_factory=dict)
+    compare: dict[str, Any] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    N_min: int | None = Field(None, description="Largest request (blocks): smaller capacities cannot serve it.")
+    feasible: bool | None = Field(None, description="The capacity is ≥ N_min (null: no capacity asked).")
+    refused_request_share: float | None = None
+    refused_token_share: float | None = None
+    answered_by: str = Field("estimator", description="estimator | replay (exact) | resample (exact, at λ0).")
+
+
+def _metric(engine: str, metric: str | None) -> str:
+    if engine in ("paper", "content"):
+        if metric == "tokens":
+            raise InputError(f"--metric tokens: the {engine} predictor is block-weighted; use --metric blocks")
+        return "blocks"
+    return metric or "tokens"
+
+
+def _capacity(req: PlanRequest, block_size: int):
+    from ..plan import capacity
+
+    with translating("--gpu" if req.accelerator else "--kv-gb"):
+        cap = capacity(
+            req.model,
+            accelerator=req.accelerator,
+            kv_gb=req.kv_gb,
+            block_size=block_size,
+            dtype=req.dtype,
+            tp=req.tp,
+            gpu_memory_utilization=req.util,
+        )
+    if cap.N < 1:
+        raise InputError(f"{req.flag('accelerator' if req.accelerator else 'kv_gb')}: no KV block fits (N = 0)")
+    check_capacity_memory(cap.N, "--gpu" if req.accelerator else "--kv-gb")
+    return cap
+
+
+def _plan_blocks_trace(req: PlanRequest) -> PlanResponse:
+    """Plan from a production block-id trace: replay at its own load, or resample-and-simulate at --lam0/--scale
+    (``kvhit.plan.plan_production``)."""
+    from ..plan import plan_production
+
+    if req.trace is not None or req.spec is not None or req.compare is not None:
+        raise InputError("--blocks-trace: not with --trace, --spec or --compare")
+    extra = spec_flags_given(req, exclude=("lam0",))
+    if extra:
+        raise InputError(f"{extra[0]}: applies to a spec, not to --blocks-trace (it would be ignored)")
+    if req.lam0 is not None and req.scale is not None:
+        raise InputError("--lam0 and --scale: give at most one")
+    if req.lam0 is None and req.scale is None:
+        for name in ("replications", "conversations"):
+            if getattr(req, name) is not None:
+                raise InputError(f"{req.flag(name)}: applies to resampling (--lam0 or --scale), not to a replay")
+    has_cap = req.accelerator is not None or req.kv_gb is not None
+    if not has_cap and req.target is None:
+        raise InputError("nothing to plan: give --gpu or --kv-gb, and/or --target")
+    if req.engine not in ("vllm", "vllm-0.23"):
+        raise InputError(f"--engine {req.engine}: a block-id trace is planned for vllm or vllm-0.23")
+    pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
+    cap = _capacity(req, pt.block_size) if has_cap else None
+    with translating(f"--blocks-trace {req.blocks_trace}"):
+        res = plan_production(
+            pt,
+            cap,
+            target=req.target,
+            engine=req.engine,
+            metric=req.metric or "tokens",
+            lam0=req.lam0,
+            scale=req.scale,
+            verify=req.verify,
+            replications=req.replications or 5,
+            n_conversations=req.conversations or 200,
+            seed=req.seed,
+        )
+    return PlanResponse(**res.to_dict())
+
+
+def plan(req: PlanRequest) -> PlanResponse:
+    from ..plan import make_workload
+    from ..plan import plan as plan_fn
+
+    req.check_one_budget()
+    if req.blocks_trace is not None:
+        return _plan_blocks_trace(req)
+    for name in ("scale", "replications", "conversations"):
+        if getattr(req, name) is not None:
+            raise InputError(f"{req.flag(name)}: applies to --blocks-trace")
+    if req.arrival != "sequential" or req.rate is not None or req.span is not None:
+        raise InputError("--arrival/--rate/--span: apply to --blocks-trace (WEKA)")
+    req.check_source(allow_with_trace=("lam0",))
+    has_cap = req.accelerator is not None or req.kv_gb is not None
+    if not has_cap and req.target is None:
+        raise InputError("nothing to plan: give --gpu or --kv-gb, and/or --target")
+    if req.compare is not None and not has_cap:
+        raise InputError("--compare: needs a capacity (--gpu or --kv-gb)")
+    if req.verify and not has_cap:
+        raise InputError("--verify: needs a capacity (--gpu or --kv-gb)")
+    metric = _metric(req.engine, req.metric)
+    if req.verify and req.trace is None and req.engine == "paper":
+        raise InputError("--verify: the paper's estimator on a spec has no trace to simulate; give --trace or --engine")
+    req.resolve()
+    if req.compare is not None and req.compare in ("paper", "content") and metric == "tokens":
+        raise InputError(
+            f"--compare {req.compare}: it is block-weighted and cannot be compared in vLLM's token metric; "
+            "add --metric blocks"
+        )
+    source = read_trace(req.trace) if req.trace is not None else load_spec(req)
+    where = f"--trace {req.trace}" if req.trace is not None else str(req.spec or "spec")
+    cap = _capacity(req, req.block_size) if has_cap else None
+    lam0 = req.lam0 if req.trace is not None else None
+    with translating(where):
+        wl = make_workload(source, lam0=lam0, engine=req.engine, metric=metric, block_size=req.block_size)
+        res = plan_fn(wl, cap, target=req.target, verify=req.verify)
+        if req.compare is not None:
+            other = make_workload(source, lam0=lam0, engine=req.compare, metric=metric, block_size=req.block_size)
+            if res.h_at_capacity is None:  # infeasible capacity: no ratio to compare
+                res.compare = {"engine": req.compare, "h_at_capacity": None, "gain": None}
+            else:
+                h_other = float(other.predict(np.array([float(cap.N)]), np.array([wl.lam0]))[0])
+                res.compare = {"engine": req.compare, "h_at_capacity": h_other, "gain": res.h_at_capacity - h_other}
+    return PlanResponse(**res.to_dict())

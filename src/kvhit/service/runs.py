@@ -1,0 +1,136 @@
+"""``demo`` and ``reproduce``: the paper's App. E job end to end.
+
+``demo`` answers at N = 2,275 blocks by default — **the paper's App. E capacity** (Qwen3-8B, 40 GiB of KV,
+⌊40·2³⁰ / 18 MiB⌋), stated in its output — and ``reproduce`` runs Experiments 1–2 into an output directory that
+is checked before the minutes of computing begin. NOT modelled here: the experiments (``kvhit.experiments``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from .base import Request, Response
+from .common import MAX_N, Seed
+from .errors import InputError, translating
+from .io import check_output_dir
+from .traces import ShareGPTRequest, build_sharegpt, stats_dict
+
+__all__ = ["DemoRequest", "DemoResponse", "demo", "ReproduceRequest", "ReproduceResponse", "reproduce"]
+
+PAPER_N = 2275  #: the paper's App. E capacity: 40 GiB of Qwen3-8B KV at 128-token blocks
+
+
+class DemoRequest(Request):
+    N: int = Field(PAPER_N, ge=2, le=MAX_N, description="Capacity in blocks; default 2,275 (the paper's App. E).")
+    lam0: float = Field(1.0, gt=0, description="Conversation arrival rate λ0, conversations/s; > 0.")
+    w_mean: float = Field(135.0, gt=0, description="Mean exponential interarrival W, seconds; > 0.")
+    seed: Seed = 0
+
+    FLAGS = {"N": "--N"}
+
+
+class DemoResponse(Response):
+    report: dict[str, Any]
+    stats: dict[str, Any]
+    N: int
+    N_is_paper_default: bool = Field(description="True when N is the paper's App. E capacity (2,275 blocks).")
+    lam0: float
+    w_mean: float
+    estimates: dict[str, float | None]
+    simulated: dict[str, float | None]
+
+
+def demo(req: DemoRequest, progress=None) -> DemoResponse:
+    from ..estimate import estimate as est_fn
+    from ..estimate import trace_moments
+    from ..plan import make_workload
+    from ..sim.block import simulate_block  # noqa: F401  (compiled once, before the runs)
+    from ..sim.runner import block_requests, simulate_trace_block, simulate_trace_content
+    from ..workload import Exponential, Window
+    from .base import check_capacity_memory
+
+    check_capacity_memory(req.N, "--N")
+    sg = ShareGPTRequest(out=None, seed=req.seed, lam0=req.lam0, w_mean=req.w_mean)
+    tr, rep = build_sharegpt(sg, progress)
+    N, lam0 = req.N, req.lam0
+    with translating("demo"):
+        st = stats_dict(tr)
+        window = Window.warmup_conversations(tr, 1000)
+        mom = trace_moments(tr, rows=window.mask(tr), incomplete="drop")
+        estimates: dict[str, float | None] = {
+            "prior": float(est_fn(mom, N, lam0, Exponential(req.w_mean)).h),
+            "posterior": float(est_fn(mom, N, lam0, "posterior").h),
+            "empirical": float(est_fn(mom, N, lam0, "empirical").h),
+        }
+        content = simulate_trace_content(tr, N, window=window, practical=True)
+        rq = block_requests(tr)
+        blocks = {
+            e: simulate_trace_block(tr, N, engine=e, window=window, requests=rq)[1] for e in ("vllm", "vllm-0.23")
+        }
+        tr.meta["n_warm"] = 1000
+        for e in ("content", "vllm", "vllm-0.23"):
+            wl = make_workload(tr, engine=e, metric="blocks", lam0=lam0)
+            estimates[f"engine:{e}"] = float(wl.predict(np.array([float(N)]), np.array([lam0]))[0])
+    return DemoResponse(
+        report=rep.to_dict(),
+        stats=st,
+        N=N,
+        N_is_paper_default=N == PAPER_N,
+        lam0=lam0,
+        w_mean=req.w_mean,
+        estimates=estimates,
+        simulated={
+            "content": content.h,
+            "vllm": blocks["vllm"]["h_blocks"],
+            "vllm-0.23": blocks["vllm-0.23"]["h_blocks"],
+            "vllm_token_hit_ratio": blocks["vllm"]["token_hit_ratio"],
+            "vllm-0.23_token_hit_ratio": blocks["vllm-0.23"]["token_hit_ratio"],
+        },
+    )
+
+
+class ReproduceRequest(Request):
+    out: Path = Field(Path("out/reproduce"), description="Output directory (created; must not be a file).")
+    quick: bool = Field(False, description="Fewer seeds and points (≤ 2 minutes).")
+    seeds: int | None = Field(None, ge=1, le=1000, description="Seeds per point; ≥ 1; default: the setting's.")
+    jobs: int | None = Field(None, ge=1, le=1024, description="Worker processes; ≥ 1; default: all cores.")
+    tpot: float | None = Field(
+        None, gt=0, le=60, description="Decode time per output token (s) of the eq. (80) latency model; default 0.15."
+    )
+
+
+class ReproduceResponse(Response):
+    out: str
+    files: list[str]
+    seconds: dict[str, float]
+    checks: list[dict[str, Any]]
+    passed: bool
+
+
+def reproduce(req: ReproduceRequest, progress=None) -> ReproduceResponse:
+    from dataclasses import replace
+
+    from ..experiments import get_setting
+    from ..experiments import reproduce as reproduce_fn
+
+    check_output_dir(req.out, "--out")
+    st = get_setting("quick" if req.quick else "paper")
+    if req.tpot is not None:
+        st = replace(st, latency=replace(st.latency, tpot_s=req.tpot))
+    with translating("reproduce"):
+        res = reproduce_fn(
+            req.out, setting=st, seeds=range(req.seeds) if req.seeds else None, jobs=req.jobs, progress=progress
+        )
+    if not res.files:
+        raise InputError("reproduce: no output written")
+    return ReproduceResponse(
+        out=str(res.out_dir),
+        files=[str(f) for f in res.files],
+        seconds=res.seconds,
+        checks=res.checks,
+        passed=res.passed,
+    )

@@ -1,0 +1,339 @@
+"""``simulate``: the exact hit ratio — Algorithm 1 (``policy="content"``) or the vLLM block cache
+(``policy="block"``) — on a kvhit trace (95% CI from batch means), on a spec (independent replications, seed
++ r, Student-t CI), or on a production block-id trace (both vLLM free-queue orders); beside the estimators.
+
+Invariant: every flag given changes the answer or is refused (a replication count with ``--trace``, a weighting
+with the block policy, …); simulated capacities fit in memory (checked before allocating). NOT modelled here:
+the simulators themselves (``kvhit.sim``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from .base import Response, check_capacity_memory
+from .common import BlockEngine, Capacities, Seed
+from .errors import InputError, translating
+from .inputs import measured_moments, production_mask, production_notes, read_blocks_trace, read_trace, window_for
+from .spec import TraceOrSpecFields, load_spec
+
+__all__ = ["SimulateRequest", "SimulateResponse", "simulate", "simulate_trace_rows", "trace_estimates"]
+
+Arrival = Literal["sequential", "poisson", "uniform"]
+
+
+class BlocksTraceFields(TraceOrSpecFields):
+    blocks_trace: Path | None = Field(
+        None, description="Production block-id trace: Mooncake .jsonl, or WEKA .json file/directory."
+    )
+    arrival: Arrival = Field(
+        "sequential", description="WEKA conversation starts: sequential | poisson (--rate) | uniform (--span)."
+    )
+    rate: float | None = Field(None, gt=0, description="WEKA poisson arrivals: conversations/s; > 0.")
+    span: float | None = Field(None, ge=0, description="WEKA uniform arrivals over [0, span] seconds; ≥ 0.")
+
+    FLAGS = {**TraceOrSpecFields.FLAGS, "blocks_trace": "--blocks-trace"}
+
+    def check_sources(self) -> str:
+        """Which workload source: ``"blocks"``, ``"trace"`` or ``"spec"``; mixed sources are refused."""
+        if self.blocks_trace is not None:
+            if self.trace is not None or self.spec is not None:
+                other = "--trace" if self.trace is not None else "--spec"
+                raise InputError(f"--blocks-trace and {other}: give one workload source, not both")
+            from .spec import spec_flags_given
+
+            extra = spec_flags_given(self)
+            if extra:
+                raise InputError(f"{extra[0]}: applies to a spec, not to --blocks-trace (it would be ignored)")
+            return "blocks"
+        if self.arrival != "sequential" or self.rate is not None or self.span is not None:
+            raise InputError("--arrival/--rate/--span: apply to --blocks-trace (WEKA), not to this source")
+        self.check_source()
+        return "trace" if self.trace is not None else "spec"
+
+
+class SimulateRequest(BlocksTraceFields):
+    N: Capacities
+    policy: Literal["content", "block"] = Field(
+        "content", description="content (Algorithm 1, whole-conversation LRU) | block (vLLM prefix cache)."
+    )
+    engine: BlockEngine = Field("vllm", description="Block policy engine: vllm (≥ 0.24 order) | vllm-0.23.")
+    weighting: Literal["base", "practical"] | None = Field(
+        None, description="Content policy hit weight: base (eq. 12) | practical (eq. 31); default: practical."
+    )
+    colocated: bool = Field(False, description="Block policy: keep the response KV (prefill/decode colocated).")
+    block_size: int | None = Field(
+        None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's, else 128."
+    )
+    conversations: int | None = Field(
+        None, ge=1, le=10**8, description="Spec mode: measured conversations per replication; 1–10^8; default: 20,000."
+    )
+    warmup: int | None = Field(
+        None, ge=0, description="Warm-up conversations; ≥ 0; default: the trace's n_warm, or 20% of -n on a spec."
+    )
+    warmup_time: float | None = Field(None, ge=0, description="Warm-up by time, seconds; ≥ 0.")
+    replications: int | None = Field(
+        None, ge=1, le=10_000, description="Spec mode: independent replications (seed + r); ≥ 1; default: 5."
+    )
+    seed: Seed = 0
+    estimates: bool = Field(True, description="Also compute the estimators beside the simulation.")
+
+    FLAGS = {**BlocksTraceFields.FLAGS, "N": "--N"}
+
+
+class SimulateResponse(Response):
+    policy: str
+    rows: list[dict[str, Any]] = Field(description="One row per capacity (and engine): simulated h, 95% CI, …")
+    estimate: list[dict[str, Any]] = Field(default_factory=list, description="Estimators at each N.")
+    trace: str | None = None
+    spec: dict[str, Any] | None = None
+    blocks_trace: str | None = None
+    describe: dict[str, Any] | None = Field(None, description="Production trace summary (--blocks-trace).")
+    notes: list[str] = Field(default_factory=list, description="What the reader changed or noticed.")
+    N_min: int | None = Field(None, description="Largest request in blocks: vLLM cannot serve smaller capacities.")
+
+
+def simulate_trace_rows(
+    tr, Ns, policy, engine, weighting, colocated, window, block_size=None, progress=None
+) -> list[dict]:
+    """One row per capacity: simulated h (batch-means 95% CI) on a fixed trace. Block policy: capacities below
+    the largest request are infeasible (vLLM would refuse requests; refused shares, no ratio:
+    :mod:`kvhit.sim.feasibility`). Algorithm 1 serves every request (a content larger than N is a miss, nothing is
+    left out), so the content policy has no infeasible capacity. ``progress(done, total, what)`` is called before
+    each simulated capacity."""
+    from ..sim.content import simulate_content
+    from ..sim.feasibility import feasibility
+    from ..sim.metrics import batch_means, content_hit_stats
+    from ..sim.runner import block_requests, simulate_trace_block
+
+    rows = []
+    wmask = window.mask(tr) if window is not None else np.ones(tr.n_turns, bool)
+    rq0 = None
+    if policy == "block":
+        rq0 = block_requests(tr, block_size=block_size, colocated=colocated)
+        feas = feasibility(rq0.prompt_tokens, rq0.block_size, Ns, mask=wmask, response_tokens=rq0.response_tokens)
+        for k in range(len(Ns)):
+            if not feas.feasible[k]:
+                rows.append(
+                    {"N": Ns[k], "policy": policy, **feas.row(k), "h": None, "h_ci95": None, "N_min": feas.N_min}
+                )
+        Ns = [n for k, n in enumerate(Ns) if feas.feasible[k]]
+    if policy == "content":
+        conv, practical = tr.dense_conv(), weighting == "practical"
+        R_prev = tr.R_prev()
+        weight = np.maximum(R_prev - 1, 0) if practical else R_prev  # eq. (31) or eq. (12)
+        for k, N in enumerate(Ns):
+            if progress:
+                progress(k, len(Ns), f"Algorithm 1 at N = {N:,}")
+            hit = simulate_content(conv, tr["R"], N).hit.astype(bool)
+            st = content_hit_stats(tr, hit, window=window, practical=practical)
+            _, half = batch_means(tr, np.where(hit, weight, 0), tr["R"], window)
+            rows.append(
+                {
+                    "N": N,
+                    "policy": "content",
+                    "weighting": weighting,
+                    "h": st.h,
+                    "h_ci95": half,
+                    "request_hit_rate": st.request_hit_rate,
+                    "n_measured": st.n_measured,
+                }
+            )
+    else:
+        rq = rq0
+        for k, N in enumerate(Ns):
+            if progress:
+                progress(k, len(Ns), f"{engine} block cache at N = {N:,}")
+            res, m = simulate_trace_block(tr, N, engine=engine, colocated=colocated, window=window, requests=rq)
+            _, half = batch_means(tr, res.hit_blocks.astype(float), res.prompt_blocks, window)
+            rows.append(
+                {
+                    "N": N,
+                    "policy": "block",
+                    "engine": engine,
+                    "source": rq.source,
+                    "h": m["h_blocks"],
+                    "h_ci95": half,
+                    "token_hit_ratio": m["token_hit_ratio"],
+                    "request_hit_rate": m["request_hit_rate"],
+                    "evictions": m["evictions"],
+                    "rejected": m["rejected"],
+                    "n_measured": m["n_measured"],
+                }
+            )
+    for r in rows:
+        r.setdefault("feasible", True)
+        r.setdefault("refused_request_share", 0.0)
+        r.setdefault("refused_token_share", 0.0)
+    return sorted(rows, key=lambda r: r["N"])
+
+
+def _null_infeasible_estimates(rows: list[dict], est: list[dict]) -> None:
+    """No estimated ratio either where the capacity cannot serve the workload."""
+    bad = {r["N"] for r in rows if not r.get("feasible", True)}
+    for e in est:
+        if e["N"] in bad:
+            for k in list(e):
+                if k.startswith("h"):
+                    e[k] = None
+            e["feasible"] = False
+
+
+def trace_estimates(tr, Ns: list[int], window, practical: bool) -> list[dict]:
+    """The paper's estimator (eq. (35)–(39), empirical F̂) on the measured conversations of a trace."""
+    from ..estimate import estimate
+
+    mom, lam0 = measured_moments(tr, window)
+    e_b = estimate(mom, np.asarray(Ns, float), lam0, "empirical", practical=False)
+    e_p = estimate(mom, np.asarray(Ns, float), lam0, "empirical", practical=True)
+    out = []
+    for i, n in enumerate(Ns):
+        hb, hp = float(np.atleast_1d(e_b.h)[i]), float(np.atleast_1d(e_p.h)[i])
+        out.append(
+            {
+                "N": n,
+                "h": hp if practical else hb,
+                "h_base": hb,
+                "h_prac": hp,
+                "lam0": lam0,
+                "T_C": float(np.atleast_1d(e_b.T_C)[i]),
+                "T_C_prac": float(np.atleast_1d(e_p.T_C)[i]),
+            }
+        )
+    return out
+
+
+def _add_engine_estimates(est: list[dict], source, Ns, policy, engine, block_size=128) -> None:
+    """The engine-aware estimate (block-weighted, like the simulated h) of the simulated engine beside each row."""
+    from ..plan import make_workload
+
+    wl = make_workload(
+        source, engine="content" if policy == "content" else engine, metric="blocks", block_size=block_size
+    )
+    h = wl.predict(np.asarray(Ns, float), np.full(len(Ns), wl.lam0))
+    for e, v in zip(est, h, strict=True):
+        e["h_engine"] = float(v)
+
+
+def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
+    """Run the request; ``progress(done, total, what)`` reports replications (spec) or capacities (trace)."""
+    source = req.check_sources()
+    if req.policy == "block" and req.weighting is not None:
+        raise InputError("--weighting: applies to --policy content (the block policy counts blocks)")
+    if req.policy == "content" and req.colocated:
+        raise InputError("--colocated: applies to --policy block")
+    if source != "spec":
+        for name in ("conversations", "replications"):
+            if getattr(req, name) is not None:
+                raise InputError(f"{req.flag(name)}: applies to a spec (a trace file is simulated once)")
+    if source == "blocks" and req.warmup is not None:
+        raise InputError("--warmup: a production trace has no conversation warm-up; use --warmup-time")
+    if source == "spec" and req.warmup_time is not None:
+        raise InputError("--warmup-time: applies to a trace file; on a spec use --warmup (conversations)")
+    for n in req.N:  # the block pool and the engine-aware estimator's tables grow with N
+        check_capacity_memory(n, "--N")
+    weighting = req.weighting or "practical"
+    Ns = list(req.N)
+
+    if source == "blocks":
+        from ..sim.tracerun import production_rows
+
+        pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
+        production_mask(pt, req.warmup_time)  # refuses a warm-up that leaves nothing to measure
+        with translating(f"--blocks-trace {req.blocks_trace}"):
+            rows, feas = production_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time=req.warmup_time)
+            return SimulateResponse(
+                N_min=feas.N_min,
+                policy="block",
+                blocks_trace=str(req.blocks_trace),
+                describe=pt.describe(),
+                rows=rows,
+                notes=production_notes(pt),
+            )
+
+    if source == "trace":
+        tr = read_trace(req.trace)
+        if tr.block_size is None:
+            tr.meta["block_size"] = req.block_size or 128
+        window = window_for(tr, req.warmup, req.warmup_time, str(req.trace))
+        with translating(f"--trace {req.trace}"):
+            rows = simulate_trace_rows(
+                tr, Ns, req.policy, req.engine, weighting, req.colocated, window, req.block_size, progress=progress
+            )
+            est = []
+            if req.estimates:
+                if progress:
+                    progress(len(Ns), len(Ns) + 2, "estimators: paper eq. (39)")
+                est = trace_estimates(tr, Ns, window, weighting == "practical")
+                if progress:
+                    progress(len(Ns) + 1, len(Ns) + 2, "estimators: engine-aware")
+                _add_engine_estimates(est, tr, Ns, req.policy, req.engine)
+                _null_infeasible_estimates(rows, est)
+        return SimulateResponse(policy=req.policy, trace=str(req.trace), rows=rows, estimate=est)
+
+    from ..sim.metrics import mean_ci
+    from ..workload import Window, generate
+    from .estimate import spec_estimates
+
+    sp = load_spec(req)
+    conversations = req.conversations or 20_000
+    replications = req.replications or 5
+    n_warm = req.warmup if req.warmup is not None else max(1, conversations // 5)
+    per_N: dict[int, list[dict]] = {n: [] for n in Ns}
+    with translating(str(req.spec) if req.spec else "spec"):
+        for r in range(replications):
+            tr = generate(sp, req.seed + r, n_conversations=conversations + n_warm)
+            if req.block_size:
+                tr.meta["block_size"] = req.block_size
+            elif req.policy == "block":
+                tr.meta["block_size"] = 128
+            window = Window.warmup_conversations(tr, n_warm)
+            for row in simulate_trace_rows(tr, Ns, req.policy, req.engine, weighting, req.colocated, window):
+                per_N[row["N"]].append(row)
+            if progress is not None:
+                progress(r + 1, replications)
+        rows = []
+        for n in Ns:
+            reps = per_N[n]
+            if not all(x.get("feasible", True) for x in reps):
+                rows.append(
+                    {
+                        "N": n,
+                        "policy": req.policy,
+                        "feasible": False,
+                        "refused_request_share": float(np.mean([x["refused_request_share"] for x in reps])),
+                        "refused_token_share": float(np.mean([x["refused_token_share"] for x in reps])),
+                        "h": None,
+                        "h_ci95": None,
+                        "replications": replications,
+                    }
+                )
+                continue
+            h, half = mean_ci([x["h"] for x in reps])
+            rq, _ = mean_ci([x["request_hit_rate"] for x in reps])
+            row = {
+                "N": n,
+                "policy": req.policy,
+                "feasible": True,
+                "h": h,
+                "h_ci95": half,
+                "request_hit_rate": rq,
+                "replications": replications,
+                "h_reps": [x["h"] for x in reps],
+            }
+            if req.policy == "block":
+                row["engine"] = req.engine
+                row["token_hit_ratio"] = mean_ci([x["token_hit_ratio"] for x in reps])[0]
+            else:
+                row["weighting"] = weighting
+            rows.append(row)
+        est = []
+        if req.estimates:
+            est = spec_estimates(sp, Ns, weighting == "practical")
+            _add_engine_estimates(est, sp, Ns, req.policy, req.engine, req.block_size or 128)
+            _null_infeasible_estimates(rows, est)
+    return SimulateResponse(policy=req.policy, rows=rows, estimate=est, spec=sp.to_dict())

@@ -1,0 +1,143 @@
+"""`kvhit tiers` (service.tiers): the surface through the service layer; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvhit.cli import main
+from kvhit.sim.tiers.sizing import host_units
+from kvhit.sim.tiers.surface import hit_surface
+from kvhit.workload.production import read_production
+
+
+@pytest.fixture
+def mooncake(tmp_path):
+    """A tiny Mooncake-format trace (block size 512): two conversations sharing a system prompt block."""
+    rows = [
+        (0, 1100, [0, 1, 2]),
+        (1, 1200, [0, 3, 4]),
+        (2, 1700, [0, 1, 2, 5]),
+        (3, 1600, [0, 3, 4, 6]),
+        (4, 2100, [0, 1, 2, 5, 7]),
+        (5, 700, [8, 9]),
+        (6, 2100, [0, 1, 2, 5, 7]),
+    ]
+    p = tmp_path / "t.jsonl"
+    p.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": n, "output_length": 10, "hash_ids": h}) + "\n"
+            for t, n, h in rows
+        )
+    )
+    return p
+
+
+def test_tiers_json_equals_library(mooncake, capsys):
+    rc = main(["tiers", "--blocks-trace", str(mooncake), "--hbm-blocks", "4,8", "--host-units", "0,2,6", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rq = read_production(mooncake).to_block_requests()
+    s = hit_surface(
+        rq.prompt_tokens, rq.hash_offsets, rq.hashes, tier="native", gpu_blocks=[4, 8], host=[0, 2, 6], block_size=512
+    )
+    assert out["h"] == s.hit.tolist() and out["h_gpu"] == s.gpu_hit.tolist()
+    assert [row[0] for row in out["h"]] == out["h_gpu"]  # no host tier: the GPU alone
+    assert out["h"][0][2] > out["h"][0][0]  # the host tier serves what 4 GPU blocks lost
+
+
+def test_tiers_dram_gb_conversion_and_plot(mooncake, tmp_path, capsys):
+    fig = tmp_path / "surf"
+    rc = main(
+        ["tiers", "--blocks-trace", str(mooncake), "--tier", "simple", "--hbm-blocks", "4", "--hbm-blocks", "8",
+         "--dram-gb", "0.2,1", "--model", "qwen3-8b", "--plot", str(fig), "--json"]
+    )  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    from kvhit import hardware
+
+    bpb = hardware.resolve_model("qwen3-8b").bytes_per_block(512, "bf16", 1)
+    assert out["host_units"] == [host_units("simple", int(g * 2**30), bytes_per_block_rank=bpb, block_size=512)
+                                 for g in (0.2, 1)]  # fmt: skip
+    assert (tmp_path / "surf.png").stat().st_size > 0 and (tmp_path / "surf.svg").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--hbm-blocks", "4", "--host-units", "1"], "--trace and --blocks-trace"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4"], "--dram-gb and --host-units"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "1", "--dram-gb", "1"], "--dram-gb and"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "1.5", "--host-units", "1"], "--hbm-blocks"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "0", "--host-units", "1"], "--hbm-blocks"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "1", "--tier", "lmcache"], "--chunk-tokens"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "0", "--tier", "simple"], "simple tier"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "1", "--tier", "lru"], "--tier"),
+        (["--blocks-trace", "/nonexistent.jsonl", "--hbm-blocks", "4", "--host-units", "1"], "--blocks-trace"),
+    ],
+)
+def test_tiers_bad_input_one_line_exit_2(mooncake, capsys, args, flag):
+    rc = main(["tiers", *[a.replace("{t}", str(mooncake)) for a in args]])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and flag in err, err
+    assert "Traceback" not in err
+
+
+def test_tiers_ttft_saved(mooncake, capsys):
+    """TTFT saved = Σ loaded tokens · (1/prefill − bytes_per_token/bandwidth) / requests, per pair."""
+    args = ["tiers", "--blocks-trace", str(mooncake), "--hbm-blocks", "4", "--host-units", "0,6", "--json"]
+    rc = main([*args, "--prefill-tokens-per-s", "10000", "--pcie-gb-per-s", "20"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    from kvhit import hardware
+
+    bpt = hardware.resolve_model("qwen3-8b").bytes_per_token("bf16", 1)
+    rq = read_production(mooncake).to_block_requests()
+    T = rq.prompt_tokens
+    adm = -(-T // 512) <= 4  # a request needing more than the 4 GPU blocks is rejected
+    load = (out["h"][0][1] - out["h_gpu"][0]) * T[adm].sum()
+    assert out["ttft_saved_s"][0][0] == 0.0
+    assert out["ttft_saved_s"][0][1] == pytest.approx(load * (1e-4 - bpt / 20e9) / adm.sum(), rel=1e-9)
+
+
+def test_plan_tiers_on_a_hand_grid():
+    from kvhit.plan_tiers import cheapest_split, dram_for_target
+
+    H = np.array([[0.1, 0.3, 0.25, 0.5], [0.4, 0.45, 0.5, 0.6]])  # not monotone in DRAM (row 0)
+    dram = np.array([0, 64, 128, 256])
+    assert dram_for_target(H, dram, 0.3) == [64.0, 0.0]
+    assert dram_for_target(H, dram, 0.55) == [None, 256.0]
+    # HBM 80 / 160 GiB at 10/GiB, DRAM at 1/GiB: (80, 256) costs 1056, (160, 0) costs 1600 -> first
+    sp = cheapest_split(H, [80, 160], dram, 0.4, 10.0, 1.0)
+    assert (sp.hbm_gib, sp.dram_gib, sp.cost, sp.h) == (80.0, 256.0, 1056.0, 0.5)
+    assert cheapest_split(H, [80, 160], dram, 0.7, 10.0, 1.0) is None
+
+
+def test_tiers_target_and_prices(mooncake, capsys):
+    args = ["tiers", "--blocks-trace", str(mooncake), "--hbm-blocks", "4,8", "--dram-gb", "0,0.2,1", "--json"]
+    rc = main([*args, "--target", "0.3", "--price-hbm-per-gib", "20", "--price-dram-per-gib", "2"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    from kvhit.plan_tiers import cheapest_split, dram_for_target
+
+    assert out["dram_for_target"] == dram_for_target(np.array(out["h"], float), np.array([0, 0.2, 1]), 0.3)
+    sp = cheapest_split(np.array(out["h"], float), out["hbm_gib"], np.array([0, 0.2, 1]), 0.3, 20, 2)
+    assert (out["cheapest"] is None) == (sp is None)
+    rc = main([*args, "--price-hbm-per-gib", "20"])
+    assert rc == 2 and "give both" in capsys.readouterr().err
+
+
+def test_kv_dram_capacity(capsys):
+    rc = main(["kv", "--model", "qwen3-8b", "--block-size", "16", "--tp", "2", "--dram-gb", "64", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    t = out["host_tier"]
+    bpb = out["bytes_per_block"]  # per rank
+    assert t["native_chunks"] == (64 << 30) // (bpb * 2)  # one chunk holds both ranks' copies
+    assert t["simple_cpu_blocks"] == (32 << 30) // bpb  # per rank
+    assert t["lmcache_chunks_per_rank"] == (32 << 30) // (bpb * 16)  # 256-token chunks, per rank
+    rc = main(["kv", "--block-size", "48", "--dram-gb", "1"])
+    assert rc == 2 and "--chunk-tokens" in capsys.readouterr().err
