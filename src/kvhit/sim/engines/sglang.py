@@ -31,12 +31,13 @@ full-attention model without HiCache, speculative decoding or sliding windows:
   can be evicted before its prompt); the request's slots not in the tree are freed and the lock released.
 * **Capacity** is in tokens (the KV pool size ``C``, a multiple of ``p``), not blocks.
 
-The driver (:func:`kvhit.sim.engines.replay`) admits FIFO; here a request is admitted when its prefill
-demand fits in ``available + evictable`` after locking its match (the scheduler's ``PrefillAdder`` budget
-without the decode reservation). All ``n − 1`` decode steps run at admission (nothing else runs in between
-without holds; with holds, concurrent requests' decode steps are not interleaved). A request is rejected
-(never runs) when ``T + n − 1`` tokens rounded up to pages, plus one page when ``p > 1``, exceed ``C``.
-On a refused admission the match has already stamped and split the tree (as in SGLang).
+The driver (:func:`kvhit.sim.engines.replay`) admits FIFO; here a request is admitted when its prefill and
+all its decode tokens fit in ``available + evictable`` after locking its match (the scheduler's
+``PrefillAdder`` budget with ``new_token_ratio = 1``, so a running request is never retracted). All ``n − 1``
+decode steps run at admission (nothing else runs in between without holds; with holds, concurrent requests'
+decode steps are not interleaved). A request is rejected (never runs) when ``T + n − 1`` tokens rounded up to
+pages, plus one page when ``p > 1``, exceed ``C``. On a refused admission the match has already stamped and
+split the tree (as in SGLang).
 
 Not modelled: decode-time retraction (preemption) when the pool runs out, the ``new_token_ratio`` decode
 reservation of ``PrefillAdder``, chunked prefill, HiCache (host tier), LFU/priority/SLRU policies, SWA and
@@ -266,7 +267,8 @@ class SglangEngine:
         self._lock(node, +1)
         extend = T - hit
         demand = extend + (self.p if self.p > 1 else 0)
-        if demand > self.available + self.evictable_size():
+        whole = self._pages(T + n - 1) - hit + (self.p if self.p > 1 else 0)  # prefill and every decode step
+        if whole > self.available + self.evictable_size():
             self._lock(node, -1)
             return None
         mark = len(self._evicted)
