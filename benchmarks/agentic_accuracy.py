@@ -19,8 +19,12 @@ Workloads:
   ids kept (ids re-namespaced per draw), Poisson starts at λ0 (from one conversation at a time to dozens
   active). Estimator: the time-varying Poisson form on the resampled stream (its own start histogram; the
   realized overlap of the conversations is not used). The stationary form (``lam0=``, from the pool alone) is
-  not tabulated: a stream of ``--n-conv`` conversations lasting up to days is never in steady state, so no
-  simulation here measures the stationary hit ratio.
+  checked by ``resample-stat`` instead.
+* ``resample-stat λ0``: the stationary form (``lam0=λ0``, from the pool alone: no stream) against
+  :func:`kvhit.sim.resample.resample_simulate` (stationary streams: starts on [−D − w, H], so the active set is
+  stationary; cache warmed over w = min(H, D); H = ``--horizon`` s; mean of ``--reps`` replications, seed 0).
+  The simulated mean carries its own sampling error (printed: ``ci``, the 95% half-width at the band's worst
+  point).
 * ``mooncake``: the conversation trace (sessions derived from the prefix tree), time-varying form.
 * ``chat`` (``--only chat``, not run by default): ShareGPT as in ``benchmarks/estimator_accuracy.py``
   (1,000 warm-up + 5,000 measured conversations, b = 128, exponential W, seeds 0 1), measured window =
@@ -218,7 +222,11 @@ def main() -> None:
     ap.add_argument("--replay", action="store_true", help="also print the replay (working-set) form")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--n-conv", type=int, default=120, help="conversations per resampled stream")
-    ap.add_argument("--only", nargs="*", default=None, help="pool resample mooncake chat (default: all but chat)")
+    ap.add_argument("--horizon", type=float, default=36000.0, help="resample-stat: measured horizon (s)")
+    ap.add_argument("--reps", type=int, default=4, help="resample-stat: replications")
+    ap.add_argument(
+        "--only", nargs="*", default=None, help="pool resample stationary mooncake chat (default: all but chat)"
+    )
     a = ap.parse_args()
     points = 120 if a.quick else 300
     forms = ("poisson", "replay") if a.replay else ("poisson",)
@@ -241,6 +249,27 @@ def main() -> None:
             for lam0 in lams:
                 rs = resample(pool, lam0, a.n_conv, seed=0)
                 trace_rows(out, rs, "resample", held, lam0, forms, points, tag=None)
+        if a.only is None or "stationary" in a.only:
+            from kvhit.sim.resample import conversation_pool, resample_simulate
+
+            pool = read_weka(files, arrival="uniform", span=3600, seed=0)
+            up = request_reuse(pool)
+            cp = conversation_pool(pool)
+            hmax = up.ceiling()
+            Ns = np.unique(np.geomspace(cp.N_min, 4 * up.distinct_blocks, points // 3).astype(np.int64))
+            for lam0 in lams[1:]:
+                rr = resample_simulate(cp, Ns, lam0=lam0, horizon=a.horizon, replications=a.reps, seed=0)
+                mc = rr.mean_ci()
+                for eng in ENGINES[:1]:
+                    t0 = time.perf_counter()
+                    e = estimate_trace(up, Ns, engine=eng, lam0=lam0)
+                    dt = time.perf_counter() - t0
+                    n, mx, mean = errors(e.h, mc[0], hmax, Ns, cp.N_min)
+                    row(out, "resample-stat", held, lam0, eng, "stat", n, mx, mean, dt)
+                    if n:
+                        band = (Ns >= cp.N_min) & (mc[0] >= 0.1 * hmax) & (mc[0] <= 0.9 * hmax)
+                        worst = np.flatnonzero(band)[np.argmax(np.abs(e.h - mc[0])[band])]
+                        print(f"{'':16s} ci half-width at the worst point: {float(np.asarray(mc[1])[worst]):.4f}")
         if a.only is None or "mooncake" in a.only:
             mc = read_mooncake(MOON)
             half = mc.select(mc.time >= 1800.0) if held else mc.select(mc.time < 1800.0)

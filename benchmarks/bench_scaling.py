@@ -35,6 +35,7 @@ def _commands(trace: Path, n_conv: int, out: Path) -> list[tuple[str, list[str]]
         ("simulate block", ["simulate", "--trace", t, "--N", "2275", "--policy", "block"]),
         ("trace stats", ["trace", "stats", t]),
         ("curve (1,000 capacities)", ["curve", "--trace", t, "--points", "1000", "--json"]),
+        ("curve, Algorithm 1 only", ["curve", "--trace", t, "--points", "1000", "--policies", "content", "--json"]),
     ]
 
 

@@ -162,3 +162,17 @@ def test_held_in_weka_pool_within_measured_bound(engine):
     assert band.sum() >= 5
     est = estimate_trace(pt, Ns, engine=engine)
     assert np.abs(est.h - sim)[band].max() < 0.015
+
+
+def test_spec_entry_point_single_turn_and_monotone():
+    from kvhit.estimate_agentic import estimate_spec_agentic
+    from kvhit.workload.dists import Constant, Exponential, Geometric
+    from kvhit.workload.spec import IIDIncrements, WorkloadSpec
+
+    spec = WorkloadSpec(0.05, Geometric(0.25), IIDIncrements(Constant(40)), Exponential(30.0))
+    Ns = np.array([50, 200, 800, 3200, 12800])
+    e = estimate_spec_agentic(spec, Ns, conversations=300, seed=1)
+    assert np.all(np.diff(e.h) >= -1e-12) and e.h[-1] <= e.h_max + 1e-12
+    assert e.h[-1] > 0.9 * e.h_max  # a pool far larger than the live histories keeps almost everything
+    with pytest.raises(AgenticError, match="spec"):
+        estimate_spec_agentic(object(), Ns)

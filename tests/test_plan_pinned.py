@@ -181,3 +181,39 @@ def test_target_validation(spec):
             plan(wl, None, target=bad)
     p = plan(wl, None, target=0.2)
     assert p.lam0_max_for_target is None and p.gib_for_target is None and p.N_for_target > 0
+
+
+def test_smallest_capacity_counts_reaching_the_target_exactly():
+    # h(N) equal to the target is enough ("h ≥ target"), not only strictly above it
+    assert _smallest_capacity(lambda Ns: np.where(np.asarray(Ns) >= 37, 0.25, 0.0), 0.25) == 37
+
+
+@pytest.mark.parametrize("engine", ["vllm", "vllm-0.23"])
+def test_ceiling_is_the_engines_own(trace, engine):
+    wl = make_workload(trace, engine=engine)
+    measured = _measured(trace)
+    acc = engine_accounting(trace, engine=engine, metric="tokens", block_size=B, mask=measured)
+    assert wl.h_max == pytest.approx(acc.A_hit / acc.A_R, rel=1e-12)
+    assert abs(wl.h_max - trace_moments(trace, measured).h_max_hash) > 1e-3  # differs from the paper's ceiling
+
+
+def test_one_block_is_infeasible_for_vllm(trace):
+    p = plan(make_workload(trace, engine="vllm"), _cap_at(1))
+    assert p.feasible is False and p.h_at_capacity is None and p.N_min == int(trace["R"].max())
+
+
+def test_capacity_needs_exactly_one_of_accelerator_and_budget():
+    with pytest.raises(PlanError, match="exactly one"):
+        capacity("qwen3-8b", accelerator="H100", kv_gb=40)
+    with pytest.raises(PlanError, match="exactly one"):
+        capacity("qwen3-8b")
+
+
+def test_note_when_the_budget_misses_the_target(trace):
+    wl = make_workload(trace, engine="vllm")
+    small = plan(wl, _cap_at(800), target=TARGET)
+    assert small.h_at_capacity < TARGET
+    assert any("reaches only" in n for n in small.notes)
+    big = plan(wl, _cap_at(20_000), target=TARGET)
+    assert big.h_at_capacity >= TARGET
+    assert not any("reaches only" in n for n in big.notes)

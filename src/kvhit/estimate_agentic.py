@@ -58,7 +58,7 @@ from numba import njit
 
 from kvhit.workload.reuse import RequestReuse, request_reuse
 
-__all__ = ["AgenticError", "AgenticEstimate", "estimate_trace", "compound_poisson_cdf"]
+__all__ = ["AgenticError", "AgenticEstimate", "compound_poisson_cdf", "estimate_spec_agentic", "estimate_trace"]
 
 ENGINES = ("vllm", "vllm-0.23")
 FORMS = ("poisson", "replay")
@@ -324,7 +324,9 @@ def _prepare(source, engine: str):
     from kvhit.workload.spec import WorkloadSpec
 
     if isinstance(source, WorkloadSpec):
-        raise AgenticError("source: pass a trace generated from the spec (kvhit.workload.generate) — see estimate_spec")
+        raise AgenticError(
+            "source: a WorkloadSpec goes to estimate_spec_agentic (it needs conversations drawn from it)"
+        )
     u = source if isinstance(source, RequestReuse) else request_reuse(source)
     return u
 
@@ -343,6 +345,7 @@ def estimate_trace(
     n_times: int = 64,
     exclude: str | bool = "auto",
     mask: Any = None,
+    work_budget: float = 6e7,
 ) -> AgenticEstimate:
     """Predicted vLLM hit ratio of a request trace at capacities ``Ns`` (blocks); see the module docstring.
 
@@ -358,7 +361,9 @@ def estimate_trace(
     conversation out of the background templates (a pool holds each conversation once; ``"auto"``: when
     the trace has ≤ 64 sessions, else the Palm factor (C − 1)/C). ``mask``: boolean over the requests in
     arrival order (a ProductionTrace's or a time-sorted kvhit Trace's row order) selecting the *measured*
-    requests (e.g. after a warm-up); every request still loads the cache.
+    requests (e.g. after a warm-up); every request still loads the cache. ``work_budget``: events of the
+    Lévy sweep (time cells × age cells × requests of multi-request conversations) above which the number of
+    time cells is lowered (reported in ``regime.notes``).
     """
     t0 = _time.perf_counter()
     if engine not in ENGINES:
@@ -442,7 +447,19 @@ def estimate_trace(
             # N_min only the rejected requests' own hits are dropped (their touches are not)
             if table is None:
                 table = _poisson_table(
-                    u, seg_req[keep], seg_src_all[keep], Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes
+                    u,
+                    seg_req[keep],
+                    seg_src_all[keep],
+                    Fx,
+                    Ns,
+                    lam0,
+                    bins,
+                    n_values,
+                    n_ages,
+                    n_times,
+                    exclude,
+                    notes,
+                    work_budget,
                 )
             Hb, delta, rows, d_same = table
             sub = ks[keep]
@@ -533,7 +550,7 @@ def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray):
     )
 
 
-def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes, work_budget=1.5e7):
+def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes, work_budget=6e7):
     """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same.
 
     Returns ``(Hb, delta, row, D_same)``: ``Hb[row]`` = δ·cumulative CDF on the value grid of the segment's
@@ -571,33 +588,50 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
         s_grid = edges
         Lc = np.concatenate([[0.0], np.cumsum(cnt).astype(np.float64)])
         scale = 1.0 / C if C else 0.0
-        # time cells: quantiles of the tagged requests' times (dense where the requests are), evaluated at the
-        # cell's median request time
-        # work budget: the kernel costs (time cells × age cells × requests of multi-request templates)
-        qa = math.log1p(1.0 / max(int(n_ages), 1))
-        n_age_cells = max(1, np.unique(np.round(np.log(np.maximum(age[age > 0], 1e-9)) / qa)).shape[0])
-        n_multi = int(((te - ts) > 1).sum() and (te - ts)[(te - ts) > 1].sum())
-        nt = max(int(n_times), 1)
-        budget = max(4, int(work_budget // max(n_age_cells * max(n_multi, 1), 1)))
-        if budget < nt:
-            nt = budget
-            notes.append(f"info: time cells reduced to {nt} (work budget)")
-        if t_r.size:
-            edges_t = np.unique(np.quantile(t_r, np.linspace(0.0, 1.0, nt + 1)))
-            ti = np.clip(np.searchsorted(edges_t, t_r, side="right") - 1, 0, max(edges_t.shape[0] - 2, 0))
-            med = np.array([np.median(t_r[ti == k]) if np.any(ti == k) else 0.0 for k in range(int(ti.max()) + 1)])
-            t_eval = med[ti]
-        else:
-            t_eval = t_r.copy()
-        # a pool holds each conversation once: the others are the C − 1 other templates (Palm)
-        excl_on = C <= 64 if exclude == "auto" else bool(exclude)
+        # the others are the C − 1 other conversations: leave the tagged one's template out of the marks.
+        # Identical templates (copies of one conversation in a resampled stream) form one class, and leaving
+        # out any copy is the same, so cells are keyed by the class's first template; with more than 64
+        # classes the Palm factor (C − 1)/C is used instead (``exclude="auto"``)
+        rep = np.arange(C, dtype=np.int64)
+        seen: dict = {}
+        cn = np.diff(cumnew)
+        for k in range(C):
+            a_, b_ = int(ts[k]), int(te[k])
+            sig = (b_ - a_, tau[a_:b_].tobytes(), fx_first[a_:b_].tobytes(), cn[a_ + 1 : b_].tobytes())
+            rep[k] = seen.setdefault(sig, k)
+        n_classes = len(seen)
+        excl_on = n_classes <= 64 if exclude == "auto" else bool(exclude)
         tmpl_of = np.full(int(u.session.max()) + 1 if n else 1, -1, np.int64)
-        tmpl_of[t_sess] = np.arange(C)
+        tmpl_of[t_sess] = rep
         if excl_on:
             excl = tmpl_of[u.session[sr]]
         else:
             excl = np.full(sr.shape[0], -1, np.int64)
             scale = (C - 1) / C / C if C > 1 else 0.0
+        # time cells: quantiles of the tagged requests' times (dense where the requests are), evaluated at the
+        # cell's median request time; halved until (occupied cells × requests of multi-request conversations)
+        # fits the work budget of the Lévy sweep
+        qa = math.log1p(1.0 / max(int(n_ages), 1))
+        la_ = np.where(age > 0, np.round(np.log(np.maximum(age, 1e-9)) / qa), -(10**9))
+        n_multi = max(int((te - ts)[(te - ts) > 1].sum()), 1)
+        nt = max(int(n_times), 1)
+        t_eval = t_r.copy()
+        while t_r.size:
+            edges_t = np.unique(np.quantile(t_r, np.linspace(0.0, 1.0, nt + 1)))
+            ti = np.clip(np.searchsorted(edges_t, t_r, side="right") - 1, 0, max(edges_t.shape[0] - 2, 0))
+            cnt_t = np.bincount(ti)
+            med = np.zeros(cnt_t.shape[0])
+            o_t = np.lexsort((t_r, ti))
+            starts_t = np.concatenate([[0], np.cumsum(cnt_t)[:-1]])
+            ok_t = cnt_t > 0
+            med[ok_t] = t_r[o_t][starts_t[ok_t] + (cnt_t[ok_t] - 1) // 2]  # lower median (a request time)
+            t_eval = med[ti]
+            n_cells = np.unique(np.stack([t_eval, la_, excl.astype(np.float64)], axis=1), axis=0).shape[0]
+            if n_cells * n_multi <= work_budget or nt <= 4:
+                break
+            nt = max(4, nt // 2)
+        if nt < int(n_times):
+            notes.append(f"info: time cells reduced to {nt} (work budget)")
     q = math.log1p(1.0 / max(int(n_ages), 1))
     la = np.where(age > 0, np.round(np.log(np.maximum(age, 1e-9)) / q), -(10**9)).astype(np.int64)
     a_eval = np.where(age > 0, np.exp(la * q), 0.0)
@@ -690,3 +724,33 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
         cdf = compound_poisson_cdf(nu, G)
         np.cumsum(cdf * delta, axis=1, out=Hb[c_lo:c_hi, 1:])
     return Hb, delta, row, same
+
+
+def estimate_spec_agentic(
+    spec: Any,
+    Ns: Any,
+    *,
+    conversations: int = 2000,
+    seed: int = 0,
+    block_size: int = 16,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    **kwargs: Any,
+) -> AgenticEstimate:
+    """The stationary Poisson form for a :class:`~kvhit.workload.spec.WorkloadSpec`: ``conversations`` drawn
+    from the spec (:func:`kvhit.workload.generate.generate`, ``seed``) are the marks, ``spec.lam0`` the rate.
+    A spec counts blocks only: prompts are ``R·b − 1`` tokens (the practical model, eq. (28)) with
+    ``block_size`` b. The answer carries the sampling error of the drawn conversations (seeded)."""
+    from kvhit.workload.generate import generate
+    from kvhit.workload.spec import WorkloadSpec
+
+    if not isinstance(spec, WorkloadSpec):
+        raise AgenticError(f"spec: expected a WorkloadSpec, got {type(spec).__name__}")
+    if not isinstance(conversations, int) or conversations < 2:
+        raise AgenticError(f"conversations: expected an integer >= 2, got {conversations!r}")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise AgenticError(f"block_size: expected an integer >= 1, got {block_size!r}")
+    tr = generate(spec, seed, n_conversations=conversations)
+    if not tr.block_size:
+        tr.meta["block_size"] = block_size
+    return estimate_trace(tr, Ns, engine=engine, metric=metric, lam0=float(spec.lam0), **kwargs)
