@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 export MPLBACKEND ?= Agg
 
-.PHONY: venv demo test test-fast bench bench-large lint clean conformance
+.PHONY: venv demo test test-fast test-browser serve bench bench-large lint clean conformance
 
 venv: $(STAMP)
 
@@ -25,6 +25,14 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+
+# end-to-end tests of `kvhit serve` in Debian's Chromium (apt-get install chromium); not part of `make test`
+test-browser: $(STAMP)
+	KVHIT_BROWSER=1 $(BIN)/python -m pytest -q -m browser -p no:randomly tests/test_web_browser.py
+
+# the planner page and JSON API on http://127.0.0.1:8765 (OpenAPI at /docs)
+serve: $(STAMP)
+	$(BIN)/kvhit serve
 
 # libCacheSim (GPL) is a benchmark-only comparison: installed beside, never into, the project environment.
 BENCH_DEPS := .bench_deps

@@ -135,3 +135,64 @@ def test_cli_simulate_blocks_trace_infeasible_rows():
     assert out["N_min"] == 683  # the fixture's largest request: ceil(T/64) blocks
     assert by[(100, "vllm")]["feasible"] is False and by[(100, "vllm")]["token_hit_ratio"] is None
     assert by[(700, "vllm-0.23")]["feasible"] is True and 0 < by[(700, "vllm-0.23")]["token_hit_ratio"] < 1
+
+
+def test_cli_estimate_blocks_trace_matches_library_and_marks_infeasible(pt):
+    from kvhit.estimate_agentic import estimate_trace
+
+    r = _run("estimate", "--blocks-trace", FILES[1], "--N", "100,700,5000", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"bare {c} in --json"))
+    assert out["N_min"] == 683
+    rows = {x["N"]: x for x in out["rows"]}
+    assert rows[100]["feasible"] is False and rows[100]["h"] == {"vllm": None, "vllm-0.23": None}
+    rq, rt = _hand_refused(read_weka(FILES[1]), 100)
+    assert rows[100]["refused_request_share"] == pytest.approx(rq) and rows[100][
+        "refused_token_share"
+    ] == pytest.approx(rt)
+    est = estimate_trace(read_weka(FILES[1]), [700, 5000], engine="vllm-0.23")
+    assert rows[700]["h"]["vllm-0.23"] == pytest.approx(est.h[0], abs=1e-12)
+    assert rows[5000]["h"]["vllm-0.23"] == pytest.approx(est.h[1], abs=1e-12)
+
+
+def test_cli_estimate_trace_refuses_spec_flags_and_wrong_engine():
+    r = _run("estimate", "--blocks-trace", FILES[1], "--N", "700", "--p", "0.5")
+    assert r.exit_code == 2 and "--blocks-trace" in r.output
+    r = _run("estimate", "--blocks-trace", FILES[1], "--N", "700", "--engine", "content")
+    assert r.exit_code == 2 and "--engine" in r.output and "Traceback" not in r.output
+
+
+def test_cli_trace_stats_on_block_trace(tmp_path):
+    r = _run("trace", "stats", FILES[1], "--fig", str(tmp_path / "s"), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"bare {c} in --json"))
+    assert out["summary"]["requests"] == 7 and out["summary"]["min_N"] == 683
+    assert out["summary"]["ceiling_token_hit_ratio"] == pytest.approx(
+        read_weka(FILES[1]).describe()["ideal_token_hit_ratio"]
+    )
+    assert (tmp_path / "s.png").stat().st_size > 0
+    r = _run("trace", "stats", FILES[1])
+    assert r.exit_code == 0 and "largest request" in r.output
+
+
+def test_cli_curve_blocks_trace_has_estimator_lines(tmp_path):
+    r = _run("curve", "--blocks-trace", FILES[1], "--n-min", "100", "--n-max", "3000", "--points", "12", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    for label in ("estimate: vLLM ≥ 0.24 (agentic)", "estimate: vLLM ≤ 0.23 (agentic)"):
+        h = out[label]
+        for k, N in enumerate(out["N"]):
+            assert (h[k] is None) is (N < out["N_min"])
+
+
+def test_plan_stationary_answers_exactly_and_shows_the_estimate(pt):
+    from kvhit.estimate_agentic import estimate_trace
+
+    pool = conversation_pool(pt)
+    N = 2 * pool.N_min
+    p = plan_production(pt, _cap(N), lam0=0.01, verify=True, replications=2, n_conversations=10, seed=1)
+    r = resample_simulate(pool, [N], lam0=0.01, n_conversations=10, replications=2, seed=1)
+    assert p.answered_by == "resample" and p.h_at_capacity == r.mean_ci()[0][0]
+    est = estimate_trace(pt, [N], engine="vllm", metric="tokens", lam0=0.01)
+    assert p.verify["predictor"] == "estimator" and p.verify["h_predicted"] == pytest.approx(est.h[0], abs=1e-12)
+    assert p.verify["difference"] == pytest.approx(est.h[0] - p.h_at_capacity, abs=1e-12)

@@ -11,6 +11,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvhit.sim.block import simulate_block, token_hit_ratio
 from kvhit.sim.feasibility import feasibility
@@ -297,3 +299,21 @@ def test_bad_arguments(tmp_path):
         resample_simulate(pool, [10], engine="content", lam0=1.0, horizon=1.0)
     with pytest.raises(ResampleError, match="engine"):
         resample_simulate(pool, [10], engine="sglang", lam0=1.0, horizon=1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    T=st.lists(st.integers(1, 500), min_size=1, max_size=40),
+    b=st.integers(1, 64),
+    Ns=st.lists(st.integers(1, 600), min_size=1, max_size=10),
+)
+def test_feasibility_invariants(T, b, Ns):
+    T = np.array(T)
+    f = feasibility(T, b, Ns)
+    need = -(-T // b)
+    for k, N in enumerate(Ns):
+        assert f.feasible[k] == (N >= need.max()) == (f.refused_requests[k] == 0)
+        assert f.refused_requests[k] == pytest.approx((need > N).mean(), abs=1e-15)
+        assert f.refused_tokens[k] == pytest.approx(T[need > N].sum() / T.sum(), abs=1e-15)
+    o = np.argsort(Ns, kind="stable")
+    assert np.all(np.diff(f.refused_requests[o]) <= 0) and np.all(np.diff(f.refused_tokens[o]) <= 1e-15)

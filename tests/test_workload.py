@@ -319,3 +319,15 @@ def test_iid_increments_sample_shape():
     assert inc.sample(np.random.default_rng(0), np.array([2, 3])).tolist() == [2] * 5
     pr = PromptResponse(Constant(2), Constant(5))
     assert pr.z_from_xy(np.array([2, 2, 2]), np.array([5, 5, 5]), np.array([2, 1])).tolist() == [2, 7, 2]
+
+
+def test_conv_index_is_recomputed_when_a_column_is_replaced():
+    sp = WorkloadSpec.scm(1.0, 0.5, x=2, y=1, mean_w=10.0)
+    tr = generate(sp, 1, n_conversations=30)
+    ids, dense, order = tr.conv_index()
+    assert (ids == np.unique(tr["conv"])).all()
+    assert (order == np.lexsort((tr["turn"], tr["conv"]))).all()
+    tr.cols["conv"] = tr["conv"] * 3 + 7  # new ids, same shape
+    ids2, dense2, order2 = tr.conv_index()
+    assert (ids2 == ids * 3 + 7).all() and (dense2 == dense).all()
+    assert tr.n_conversations == ids.size

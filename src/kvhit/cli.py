@@ -236,6 +236,33 @@ def _spec_values(**kw: Any) -> dict[str, Any]:
 ER = svc.EstimateRequest
 
 
+def _print_trace_estimate(res) -> None:
+    lam = "the trace's own load" if res.lam0 is None else f"a stationary stream at λ0 = {res.lam0:.4g}/s"
+    console.print(
+        f"{res.source} ({res.format}): {res.estimator}; {lam}; ceiling {_fmt(res.h_max)}; largest request "
+        f"{res.N_min:,} blocks"
+    )
+    engines = list(res.rows[0].h) if res.rows else []
+    t = Table(title=f"predicted hit ratio ({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})")
+    t.add_column("N (blocks)", justify="right")
+    for e in engines:
+        t.add_column(e, justify="right")
+    t.add_column("refused (requests / tokens)", justify="right")
+    for r in res.rows:
+        if r.feasible:
+            t.add_row(_fmt(r.N), *[_fmt(r.h[e]) for e in engines], "–")
+        else:
+            t.add_row(
+                _fmt(r.N),
+                *["–" for _ in engines],
+                f"[yellow]infeasible: {100 * r.refused_request_share:.2f}% / {100 * r.refused_token_share:.2f}%[/]",
+            )
+    console.print(t)
+    for e, reg in res.regime.items():
+        if not reg.get("validated", True):
+            console.print(f"[yellow]note: {e}: outside the estimator's validated regime: {'; '.join(reg['notes'])}[/]")
+
+
 @app.command()
 def estimate(
     N: NOpt = None,
@@ -251,6 +278,12 @@ def estimate(
     engine: Annotated[str | None, _opt(ER, "engine", "--engine")] = None,
     sample: Annotated[int, _opt(ER, "sample", "--sample")] = 20_000,
     seed: SeedOpt = 0,
+    trace: Annotated[Path | None, _opt(svc.TraceEstimateRequest, "trace", "--trace")] = None,
+    blocks_trace: BlocksTraceOpt = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
+    metric: Annotated[str, _opt(svc.TraceEstimateRequest, "metric", "--metric")] = "tokens",
     as_json: JsonOpt = False,
 ) -> None:
     """Mean-field estimate from a workload spec: moments, T_C, h_max and h (base eq. (25), practical eq. (32)).
@@ -258,7 +291,33 @@ def estimate(
     λ0 is the physical (unscaled) arrival rate and N the capacity in blocks (threshold form, eq. (38)). With
     --engine, the engine-aware estimate (the engine's block accounting, finite capacity, tail-first partial hits,
     fluctuations; docs/estimators.md) of a sample of the spec is shown too, in both of vLLM's metrics.
+
+    From a trace: --trace (kvhit Parquet: the engine-aware estimator) or --blocks-trace (Mooncake/WEKA block ids:
+    the agentic estimator, at the trace's own load or a stationary --lam0), both vLLM orders unless --engine;
+    capacities below the largest request are infeasible (refused shares, no ratio).
     """
+    if trace is not None or blocks_trace is not None:
+        if spec is not None or any(v is not None for v in (p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)):
+            _fail("--trace/--blocks-trace: not with --spec or spec flags (the trace is the workload)")
+        res = _call(
+            svc.trace_estimate,
+            svc.TraceEstimateRequest,
+            N=_split(N),
+            trace=trace,
+            blocks_trace=blocks_trace,
+            arrival=arrival,
+            rate=rate,
+            span=span,
+            seed=seed,
+            engine=engine,
+            metric=metric,
+            lam0=lam0,
+        )
+        if as_json:
+            _print_json(res)
+            return
+        _print_trace_estimate(res)
+        return
     res = _call(
         svc.estimate,
         ER,
@@ -518,15 +577,85 @@ def _print_stats(st: Any, paper: bool) -> None:
 STR = svc.StatsRequest
 
 
+def _print_block_stats(st: dict) -> None:
+    def dist(d: dict, digits: int = 1) -> str:
+        if not d.get("count"):
+            return "–"
+        q = d["quantiles"]
+        return (
+            f"mean {_fmt(d['mean'], digits)}, median {_fmt(q['p50'], digits)}, p90 {_fmt(q['p90'], digits)}, "
+            f"max {_fmt(d['max'], digits)}"
+        )
+
+    def pct(x) -> str:
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    sm, ru, sh, gp, cv, cc = (st[k] for k in ("summary", "reuse", "shared", "gaps", "conversations", "concurrency"))
+    t = Table(title=f"workload statistics of {sm['source']} ({sm['block_size']}-token blocks)")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    rows = [
+        ("requests / sessions", f"{sm['requests']:,} / {sm['sessions']:,}"),
+        ("time span", f"{sm['time_span_s']:,.0f} s"),
+        ("prompt tokens per request", dist(sm["prompt_tokens"], 0)),
+        ("largest request (smallest feasible N)", f"{sm['min_N']:,} blocks"),
+        (
+            "infinite-cache ceiling (tokens / blocks)",
+            f"{_fmt(sm['ceiling_token_hit_ratio'])} / {_fmt(sm['ceiling_block_hit_ratio'])}",
+        ),
+        (
+            "prompt grows / shrinks / diverges vs previous",
+            f"{pct(ru['grow_rate'])} / {pct(ru['shrink_rate'])} / {pct(ru['diverge_rate'])}",
+        ),
+        ("reused share of the previous request", dist(ru["reused_fraction_of_previous"], 3)),
+        ("new blocks per request", dist(ru["new_blocks"])),
+        ("requests with a cross-session shared prefix", pct(sh["request_fraction"])),
+        ("shared prefix tokens / all prompt tokens", pct(sh["token_fraction"])),
+        ("shared prefix length (blocks)", dist(sh["shared_prefix_blocks"])),
+        ("gap W between requests of a session (s)", dist(gp)),
+        ("requests per session", dist(cv["requests_per_session"])),
+        ("session lifetime (s)", dist(cv["lifetime_s"], 0)),
+        ("active sessions over time", dist(cc["active_sessions"])),
+        ("live context of active sessions (blocks)", dist(cc["live_context_blocks"], 0)),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+
+
 @trace_app.command("stats")
 def trace_stats(
-    path: Annotated[Path, typer.Argument(help="Trace (Parquet); required.")],
+    path: Annotated[
+        Path,
+        typer.Argument(help="Trace: kvhit Parquet, or a Mooncake .jsonl / WEKA .json file or directory; required."),
+    ],
     warmup: Annotated[int | None, _opt(STR, "warmup", "--warmup")] = None,
     block: Annotated[str, _opt(STR, "block", "--block")] = "paper",
     fig: Annotated[Path | None, _opt(STR, "fig", "--fig")] = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
+    seed: SeedOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Workload statistics of a trace (eq. (35)–(37)) and the two panels of the paper's Fig. 2."""
+    """Workload statistics of a trace (eq. (35)–(37)) and the two panels of the paper's Fig. 2.
+
+    On a production block-id trace (Mooncake, WEKA): what an estimator needs (kvhit.workload.stats) — per-request
+    reusable prefix (growth, shrink, divergence), shared prefixes, gaps, conversation sizes and lifetimes,
+    concurrency, the largest request and the infinite-cache ceiling — and a four-panel figure with --fig."""
+    if svc.is_block_trace(path):
+        if warmup is not None or block != "paper":
+            _fail("--warmup/--block: apply to kvhit Parquet traces, not to a block-id trace")
+        bs = _call(
+            svc.block_stats, svc.BlockStatsRequest, path=path, arrival=arrival, rate=rate, span=span, seed=seed, fig=fig
+        )
+        if as_json:
+            _print_json(bs)
+            return
+        _print_block_stats(bs.to_jsonable())
+        for f in bs.figures:
+            console.print(f"wrote {f}", markup=False)
+        return
     st = _call(svc.trace_stats, STR, _progress_label="reading", path=path, warmup=warmup, block=block, fig=fig)
     if as_json:
         _print_json(st)
@@ -772,7 +901,8 @@ def plan(
     if res.target is not None:
         need = f"{res.N_for_target:,} blocks" + (f" = {res.gib_for_target:.2f} GiB" if res.gib_for_target else "")
         rows.append([f"(b) KV memory for h = {res.target:g}", need])
-        if res.capacity and res.feasible is not False and res.answered_by == "estimator":
+        c_unanswered = any(n.startswith("(c)") for n in res.notes)  # block-id traces: see the note
+        if res.capacity and res.feasible is not False and res.answered_by == "estimator" and not c_unanswered:
             lm = res.lam0_max_for_target
             rows.append([f"(c) largest λ0 keeping h ≥ {res.target:g}", "unreachable" if lm is None else f"{lm:.4g}/s"])
     if res.saved_prefill_tokens_per_s is not None:
@@ -794,7 +924,13 @@ def plan(
                 f"verify: simulated {v['simulator']}",
                 f"{v['h_simulated']:.4f}"
                 + (f" ± {v['h_simulated_ci95']:.4f} (95%, {v['replications']} runs)" if "h_simulated_ci95" in v else "")
-                + (f" (prediction − simulation = {v['difference']:+.4f})" if v.get("difference") is not None else ""),
+                + (
+                    f" (estimate {v['h_predicted']:.4f}; estimate − simulation = {v['difference']:+.4f})"
+                    if v.get("difference") is not None and res.answered_by == "resample"
+                    else f" (prediction − simulation = {v['difference']:+.4f})"
+                    if v.get("difference") is not None
+                    else ""
+                ),
             ]
         )
     by = {"estimator": f"predictor: {res.estimator}", "replay": "exact: trace replayed", "resample": "exact: resampled"}
@@ -1166,6 +1302,34 @@ def tiers(
         )
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str, typer.Option("--host", help="Interface to bind; default 127.0.0.1 (this machine only).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port, 1–65,535 (0: any free port).")] = 8765,
+    workers: Annotated[int, typer.Option("--workers", help="Job worker processes, 1–64.")] = 2,
+) -> None:
+    """The planner page and the JSON API (OpenAPI at /docs) over the service layer; opens nothing by itself."""
+    if not 0 <= port <= 65535:
+        _fail(f"--port: expected 0–65,535 (got {port})")
+    if not 1 <= workers <= 64:
+        _fail(f"--workers: expected 1–64 (got {workers})")
+    if host in ("0.0.0.0", "::"):
+        err_console.print(
+            Text.assemble(
+                ("warning: ", "bold yellow"),
+                f"--host {host}: the planner (no authentication) is reachable from every network this machine is on",
+            ),
+            highlight=False,
+        )
+    import uvicorn
+
+    from .web import create_app
+
+    uvicorn.run(create_app(workers=workers, warm=True), host=host, port=port, log_level="warning")
 
 
 def main(argv: list[str] | None = None) -> int:

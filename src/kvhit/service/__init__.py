@@ -20,6 +20,7 @@ through ``cli._call`` and renders the response (a table, or ``--json``). No doma
 """
 
 from .base import Request, Response, build, strict_json
+from .block_stats import BlockStatsRequest, BlockStatsResponse, block_stats, is_block_trace
 from .curve import CurveRequest, CurveResponse, curve
 from .errors import InputError, translating
 from .estimate import EstimateRequest, EstimateResponse, estimate
@@ -29,6 +30,7 @@ from .runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, Reproduc
 from .simulate import SimulateRequest, SimulateResponse, simulate
 from .spec import SpecFields, TraceOrSpecFields, load_spec
 from .tiers import TiersRequest, TiersResponse, tiers
+from .trace_estimate import TraceEstimateRequest, TraceEstimateResponse, trace_estimate
 from .traces import (
     GenerateRequest,
     GenerateResponse,
@@ -59,6 +61,13 @@ __all__ = [
     "KvResponse",
     "kv",
     "list_presets",
+    "TraceEstimateRequest",
+    "TraceEstimateResponse",
+    "trace_estimate",
+    "BlockStatsRequest",
+    "BlockStatsResponse",
+    "block_stats",
+    "is_block_trace",
     "SimulateRequest",
     "SimulateResponse",
     "simulate",

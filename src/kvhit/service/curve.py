@@ -149,6 +149,11 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         data: dict[str, Any] = {"N": Ns}
         for e, label in ENGINE_LABELS.items():
             data[f"{label} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
+        if req.estimates:  # the agentic estimator's curves beside the simulated ones (NaN where infeasible)
+            from .trace_estimate import agentic_lines
+
+            with translating(f"--blocks-trace {req.blocks_trace}"):
+                data.update(agentic_lines(pt, Ns, feas.feasible))
         data["h_max"] = c["h_max"]
         data["lam0"] = None
         data["N_min"] = feas.N_min

@@ -207,10 +207,10 @@ class Trace:
         are read-only after construction; replacing the ``conv`` or ``turn`` array recomputes it): O(n) for
         dense non-negative ids, which every generator and reader produces, else by sorting."""
         conv, turn = self.cols["conv"], self.cols["turn"]
-        key = (id(conv), id(turn), conv.shape[0])
         cached = self.__dict__.get("_conv_index")
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        # the cache holds the very arrays it was computed from (identity, not id(): no address reuse)
+        if cached is not None and cached[0] is conv and cached[1] is turn and cached[2] == conv.shape[0]:
+            return cached[3]
         n = conv.shape[0]
         if n and int(conv.min()) >= 0 and int(conv.max()) < 2 * n + 1024:
             counts = np.bincount(conv)
@@ -226,7 +226,7 @@ class Trace:
         if n > 1 and bool(((d_s[1:] == d_s[:-1]) & (t_s[1:] < t_s[:-1])).any()):
             order = np.lexsort((turn, dense))
         res = (ids, dense, order)
-        self.__dict__["_conv_index"] = (key, res)
+        self.__dict__["_conv_index"] = (conv, turn, n, res)
         return res
 
     @property

@@ -1,0 +1,56 @@
+"""The commands of the service layer by name: ``run(command, fields)`` builds the request (validated, one-line
+:class:`~kvhit.service.errors.InputError` naming the field) and calls the command's function.
+
+Invariant: every front end that dispatches by name (the web API of issue 14, its worker processes) goes through
+:data:`COMMANDS`, so a request is validated by exactly one model and answered by exactly one function. NOT here:
+transport concerns (HTTP status codes, uploads, size limits: ``kvhit.web``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, get_args
+
+from .base import Request, Response, build
+from .curve import CurveRequest, curve
+from .estimate import EstimateRequest, estimate
+from .kv import KvRequest, kv
+from .plan import PlanRequest, plan
+from .simulate import SimulateRequest, simulate
+from .tiers import TiersRequest, tiers
+from .traces import StatsRequest, trace_stats
+
+__all__ = ["COMMANDS", "run", "path_fields"]
+
+#: command name → (request model, function)
+COMMANDS: dict[str, tuple[type[Request], Callable[..., Response]]] = {
+    "estimate": (EstimateRequest, estimate),
+    "kv": (KvRequest, kv),
+    "plan": (PlanRequest, plan),
+    "simulate": (SimulateRequest, simulate),
+    "curve": (CurveRequest, curve),
+    "stats": (StatsRequest, trace_stats),
+    "tiers": (TiersRequest, tiers),
+}
+
+
+def path_fields(model: type[Request]) -> list[str]:
+    """The fields of a request that name a file on this machine (inputs to read or outputs to write)."""
+    out = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if ann is Path or Path in get_args(ann):
+            out.append(name)
+    return out
+
+
+def run(command: str, fields: dict[str, Any], progress=None) -> Response:
+    """Build ``command``'s request from ``fields`` and answer it; ``progress(done, total, what)`` is passed to
+    commands that report progress."""
+    model, fn = COMMANDS[command]
+    req = build(model, **fields)
+    if progress is not None and "progress" in inspect.signature(fn).parameters:
+        return fn(req, progress=progress)
+    return fn(req)

@@ -1,0 +1,167 @@
+"""``estimate --trace / --blocks-trace``: the predicted vLLM hit ratio of a trace at given capacities, with the
+capacities that cannot serve it marked.
+
+* ``--blocks-trace`` (Mooncake / WEKA block ids): the agentic estimator
+  (:func:`kvhit.estimate_agentic.estimate_trace`) of both vLLM orders (or ``--engine``), at the trace's own
+  load (its conversations at the start times it was read with) or, with ``--lam0``, a stationary stream of its
+  conversations at that rate; the estimator's own regime flag (``validated`` and why not) is passed on.
+* ``--trace`` (kvhit Parquet): the engine-aware estimator (:func:`kvhit.plan.make_workload`, eq. (38)–(39) with
+  the engine's block accounting, docs/estimators.md) at the trace's λ0 (or ``--lam0``).
+
+Invariant: a capacity below the largest request (``N_min``) is infeasible: its ``h`` is ``None`` for every engine
+and the row carries the shares of requests and prompt tokens vLLM would refuse (:mod:`kvhit.sim.feasibility`).
+NOT modelled here: anything the estimators do not model (see their docstrings); use ``simulate`` or
+``plan --verify`` for the exact answer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from .base import Request, Response
+from .common import BlockEngine, Capacities, Seed
+from .errors import InputError, translating
+
+__all__ = ["TraceEstimateRequest", "TraceEstimateResponse", "trace_estimate"]
+
+
+class TraceEstimateRequest(Request):
+    N: Capacities
+    trace: Path | None = Field(None, description="kvhit trace (Parquet); default: none.")
+    blocks_trace: Path | None = Field(
+        None, description="Production block-id trace: Mooncake .jsonl, or WEKA .json file/dir; default: none."
+    )
+    arrival: Literal["sequential", "poisson", "uniform"] = Field(
+        "sequential", description="WEKA conversation starts: sequential | poisson (--rate) | uniform (--span)."
+    )
+    rate: float | None = Field(None, gt=0, description="WEKA poisson arrivals: conversations/s; > 0.")
+    span: float | None = Field(None, ge=0, description="WEKA uniform arrivals over [0, span] seconds; ≥ 0.")
+    seed: Seed = 0
+    engine: BlockEngine | None = Field(None, description="vllm (≥ 0.24) | vllm-0.23; default: both.")
+    metric: Literal["tokens", "blocks"] = Field(
+        "tokens", description="tokens (vLLM's prefix_cache_hits/queries) | blocks (block-weighted h)."
+    )
+    lam0: float | None = Field(
+        None, gt=0, description="Predict a stationary stream of the trace's conversations at λ0 (conversations/s)."
+    )
+
+    FLAGS = {"N": "--N", "blocks_trace": "--blocks-trace", "lam0": "--lam0"}
+
+
+class TraceEstimateRow(Response):
+    N: int = Field(description="Capacity in blocks.")
+    feasible: bool = Field(description="N ≥ the largest request: vLLM can serve every request.")
+    refused_request_share: float = Field(description="Share of requests vLLM would refuse at N.")
+    refused_token_share: float = Field(description="Share of prompt tokens in refused requests.")
+    h: dict[str, float | None] = Field(description="Predicted hit ratio per engine (None where infeasible).")
+
+
+class TraceEstimateResponse(Response):
+    source: str
+    format: str
+    estimator: str
+    metric: str
+    lam0: float | None
+    h_max: float | None = Field(description="Infinite-cache ceiling of the metric.")
+    N_min: int = Field(description="Largest request (blocks): smaller capacities are infeasible.")
+    regime: dict[str, Any] = Field(default_factory=dict, description="The estimator's own validity flag and notes.")
+    rows: list[TraceEstimateRow]
+
+
+def _read_blocks(req: TraceEstimateRequest):
+    from ..workload.production import read_production
+
+    p = req.blocks_trace
+    kw: dict[str, Any] = {}
+    if p.is_dir() or p.suffix == ".json":
+        kw = {"arrival": req.arrival, "rate": req.rate, "span": req.span, "seed": req.seed}
+    with translating(str(p)):
+        return read_production(p, **kw)
+
+
+def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
+    from ..sim.feasibility import feasibility
+
+    if (req.trace is None) == (req.blocks_trace is None):
+        raise InputError("--trace / --blocks-trace: give exactly one")
+    engines = [req.engine] if req.engine else ["vllm", "vllm-0.23"]
+    Ns = np.asarray(req.N, dtype=np.int64)
+    h: dict[str, np.ndarray] = {}
+    regime: dict[str, Any] = {}
+    if req.blocks_trace is not None:
+        from ..estimate_agentic import estimate_trace
+        from ..workload.reuse import request_reuse
+
+        pt = _read_blocks(req)
+        with translating(str(req.blocks_trace)):
+            reuse = request_reuse(pt)
+            for e in engines:
+                est = estimate_trace(reuse, Ns, engine=e, metric=req.metric, lam0=req.lam0)
+                h[e] = np.where(est.infeasible, np.nan, est.h)
+                regime[e] = est.regime
+            h_max = float(est.h_max)
+        T, b, fmt, src = pt.prompt_tokens, pt.block_size, pt.format, str(req.blocks_trace)
+        estimator = "agentic (kvhit.estimate_agentic, compound Poisson displacement)"
+        lam = req.lam0
+    else:
+        from ..plan import make_workload
+        from ..sim.runner import block_requests
+        from ..workload import Trace
+
+        with translating(str(req.trace)):
+            tr = Trace.read(req.trace)
+            b = tr.block_size or 128
+            for e in engines:
+                wl = make_workload(tr, lam0=req.lam0, engine=e, metric=req.metric, block_size=b)
+                h[e] = np.asarray(wl.predict(Ns.astype(float), np.full(Ns.shape[0], wl.lam0)), float)
+            h_max, lam = float(wl.h_max), float(wl.lam0)
+            T = block_requests(tr, block_size=b).prompt_tokens
+        fmt, src = "kvhit", str(req.trace)
+        estimator = "engine-aware (kvhit.estimate.estimate_engine, eq. (38)-(39))"
+    feas = feasibility(T, b, Ns)
+    rows = []
+    for k, N in enumerate(req.N):
+        ok = bool(feas.feasible[k])
+        rows.append(
+            TraceEstimateRow(
+                **feas.row(k) | {"N": N, "feasible": ok},
+                h={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in h.items()},
+            )
+        )
+    return TraceEstimateResponse(
+        source=src,
+        format=fmt,
+        estimator=estimator,
+        metric=req.metric,
+        lam0=lam,
+        h_max=h_max if np.isfinite(h_max) else None,
+        N_min=feas.N_min,
+        regime=regime,
+        rows=rows,
+    )
+
+
+def agentic_lines(pt, Ns, feasible, *, metric: str = "tokens", lam0: float | None = None) -> dict:
+    """The agentic estimator's curves beside the simulated ones of ``kvhit curve --blocks-trace``: one array per
+    vLLM order (NaN where infeasible) labelled ``estimate: vLLM ≥ 0.24 (agentic)`` etc., and its regime flags
+    under ``estimator_regime``."""
+    from ..estimate_agentic import estimate_trace
+    from ..sim.tracerun import ENGINE_LABELS
+    from ..workload.reuse import request_reuse
+
+    Ns = np.asarray(Ns, dtype=np.int64)
+    ok = np.asarray(feasible, bool)
+    reuse = request_reuse(pt)
+    out: dict[str, Any] = {"estimator_regime": {}}
+    for e, label in ENGINE_LABELS.items():
+        h = np.full(Ns.shape, np.nan)
+        if ok.any():
+            est = estimate_trace(reuse, Ns[ok], engine=e, metric=metric, lam0=lam0)
+            h[ok] = est.h
+            out["estimator_regime"][e] = est.regime
+        out[f"estimate: {label} (agentic)"] = h
+    return out

@@ -1,0 +1,353 @@
+"""The web front end: a JSON API over :mod:`kvhit.service` and the planner page, as one FastAPI app.
+
+Invariant: the API adds transport only — every request body is validated by the service layer's own request
+model (:data:`kvhit.service.registry.COMMANDS`) and answered by its function; a refusal (the service's
+:class:`~kvhit.service.InputError`, one line naming the field/flag) is HTTP 422 ``{"detail": line, "field": …}``.
+The API never reads or writes a path a client names: input files come as uploads (deleted when the request or
+job ends), output files (plots) are refused. Bodies and uploads are size-limited (413). Long commands (simulate,
+curve, trace stats, tiers, plan with ``verify`` or an uploaded trace) are jobs (``kvhit.web.jobs``): 202 with a
+job id to poll (progress) or cancel; results are cached by the hash of the inputs (fields and uploaded bytes).
+
+NOT modelled here: anything the service computes or checks; authentication (the server binds 127.0.0.1 by
+default and is meant for one user or a trusted network).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.datastructures import UploadFile
+
+from ..service import InputError, list_presets
+from ..service.registry import COMMANDS, path_fields
+from .jobs import JobManager, QueueFull
+
+__all__ = ["create_app", "MAX_BODY_BYTES", "MAX_UPLOAD_BYTES"]
+
+#: Largest JSON body (bytes) and largest uploaded file (bytes) the API accepts.
+MAX_BODY_BYTES = 1 << 20
+MAX_UPLOAD_BYTES = 512 << 20
+
+#: Commands always run as jobs (long); ``plan`` is one unless it uses the paper's closed form (see ``handle``).
+JOB = ("simulate", "curve", "stats", "tiers")
+#: Input-file fields a client may upload, per command; ``model_config`` is a config.json for ``model``.
+UPLOADS = {
+    "estimate": (),
+    "kv": ("model_config",),
+    "plan": ("trace", "blocks_trace", "model_config"),
+    "simulate": ("trace", "blocks_trace"),
+    "curve": ("trace", "blocks_trace", "model_config"),
+    "stats": ("path",),
+    "tiers": ("trace", "blocks_trace", "model_config"),
+}
+ROUTES = {c: f"/api/{c}" for c in COMMANDS} | {"stats": "/api/trace/stats"}
+
+STATIC = resources.files("kvhit.web") / "static"
+
+
+class Refused(Exception):
+    def __init__(self, status: int, detail: str, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.field = status, detail, field
+
+
+def _plotly_js() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def _field_of(msg: str, model) -> str | None:
+    """The request field a one-line service message names (by its CLI flag or field name), if any."""
+    head = msg.split(":", 1)[0].split(" ", 1)[0].split("[", 1)[0]
+    for name in model.model_fields:
+        if head in (model.flag(name), name):
+            return name
+    return head[2:].replace("-", "_") if head.startswith("--") else None
+
+
+class _Limit:
+    """ASGI middleware: refuse request bodies over ``limit`` bytes (413) — by Content-Length, or while reading."""
+
+    def __init__(self, app, limit_for) -> None:
+        self.app, self.limit_for = app, limit_for
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = self.limit_for(scope)
+        headers = dict(scope.get("headers") or [])
+        cl = headers.get(b"content-length")
+        if cl is not None and cl.isdigit() and int(cl) > limit:
+            return await _send_413(send, limit)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise _TooLarge()
+            return msg
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _send_413(send, limit)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_413(send, limit: int) -> None:
+    body = json.dumps({"detail": f"request body: larger than the limit of {limit:,} bytes"}).encode()
+    await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _safe_name(name: str | None, fallback: str) -> str:
+    base = os.path.basename(name or "") or fallback
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", base)[:100].lstrip(".")
+    return base or fallback
+
+
+async def _parse(request: Request, command: str, max_upload: int) -> tuple[dict[str, Any], dict, Path | None, str]:
+    """The request fields, a {temporary path: client file name} map, the upload directory, and the input hash."""
+    model, _ = COMMANDS[command]
+    ctype = request.headers.get("content-type", "")
+    files: dict[str, UploadFile] = {}
+    if ctype.startswith("multipart/form-data"):
+        form = await request.form(max_part_size=MAX_BODY_BYTES)
+        raw = form.get("request", "{}")
+        for k, v in form.multi_items():
+            if k == "request":
+                continue
+            if not isinstance(v, UploadFile) or k not in UPLOADS[command]:
+                allowed = ", ".join(UPLOADS[command]) or "none"
+                raise Refused(422, f"{k}: not a file part of {command} (file parts: {allowed})", k)
+            files[k] = v
+        if isinstance(raw, UploadFile):
+            raw = (await raw.read()).decode("utf-8", "replace")
+    else:
+        raw = (await request.body()).decode("utf-8", "replace") or "{}"
+    try:
+        fields = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise Refused(422, f"request body: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(fields, dict):
+        raise Refused(422, "request body: expected a JSON object of request fields")
+    for name in path_fields(model):
+        if fields.get(name) is not None:
+            how = f"upload it as file part '{name}'" if name in UPLOADS[command] else "file outputs are CLI-only"
+            raise Refused(422, f"{name}: file paths are not accepted over HTTP; {how}", name)
+    m = fields.get("model")
+    if isinstance(m, str) and (os.sep in m or m.endswith(".json") or os.path.exists(m)):
+        raise Refused(422, "model: a preset name over HTTP; upload a config.json as file part 'model_config'", "model")
+    digest = hashlib.sha256()
+    digest.update(command.encode())
+    digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
+    tmpdir: Path | None = None
+    rename: dict[str, str] = {}
+    try:
+        for name, up in files.items():
+            if tmpdir is None:
+                tmpdir = Path(tempfile.mkdtemp(prefix="kvhit-upload-"))
+            (tmpdir / name).mkdir()
+            dest = tmpdir / name / _safe_name(up.filename, "config.json" if name == "model_config" else "upload")
+            size = 0
+            h = hashlib.sha256()
+            with open(dest, "wb") as f:
+                while chunk := await up.read(1 << 20):
+                    size += len(chunk)
+                    if size > max_upload:
+                        raise Refused(413, f"{name}: larger than the upload limit of {max_upload:,} bytes", name)
+                    h.update(chunk)
+                    f.write(chunk)
+            digest.update(f"{name}={h.hexdigest()};{dest.name}".encode())
+            rename[str(dest)] = up.filename or dest.name
+            fields["model" if name == "model_config" else name] = str(dest)
+    except BaseException:
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        raise
+    return fields, rename, tmpdir, digest.hexdigest()
+
+
+def _clean(msg: str, rename: dict[str, str]) -> str:
+    for tmp, name in rename.items():
+        msg = msg.replace(tmp, name)
+    return msg
+
+
+def _warm_up() -> None:
+    from ..service.registry import run
+
+    scm = {"lam0": 1.0, "mean_turns": 5.0, "x_mean": 4.0, "y_mean": 3.0, "w_mean": 135.0}
+    with contextlib.suppress(Exception):
+        run("estimate", {"N": [100, 1000], **scm})
+        run("plan", {"engine": "paper", "kv_gb": 40, "target": 0.3, **scm})
+
+
+def create_app(
+    workers: int = 2, max_body: int = MAX_BODY_BYTES, max_upload: int = MAX_UPLOAD_BYTES, warm: bool = False
+) -> FastAPI:
+    """The app: ``/`` the planner page, ``/api/...`` the JSON API, ``/docs`` its OpenAPI documentation;
+    ``warm``: answer a small estimate and plan in the background at start-up (imports, first compilations)."""
+    jobs = JobManager(workers=workers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if warm:  # imports and first compilations off the first user's request
+            threading.Thread(target=_warm_up, daemon=True).start()
+        yield
+        jobs.shutdown()
+
+    app = FastAPI(
+        title="kvhit",
+        summary="Predict, simulate and plan KV-cache hit ratios (the kvhit service layer over HTTP).",
+        lifespan=lifespan,
+    )
+    app.state.jobs = jobs
+    sync_cache: dict[str, Any] = {}
+
+    def error(status: int, detail: str, field: str | None = None) -> JSONResponse:
+        return JSONResponse({"detail": detail, "field": field}, status_code=status)
+
+    async def handle(request: Request, command: str) -> Response:
+        model, _ = COMMANDS[command]
+        try:
+            fields, rename, tmpdir, key = await _parse(request, command, max_upload)
+        except Refused as e:
+            return error(e.status, e.detail, e.field)
+        from ..service.registry import run
+
+        # plan answers at once only with the paper's closed-form estimator (eq. 39); the engine-aware predictors
+        # sample the workload (seconds to minutes), so they run as jobs like the simulations.
+        as_job = command in JOB or (command == "plan" and (bool(tmpdir) or fields.get("engine") != "paper"))
+        try:
+            from ..service import build
+
+            build(model, **fields)  # types and ranges now, before queueing anything
+        except InputError as e:
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+            msg = _clean(str(e), rename)
+            return error(422, msg, _field_of(msg, model))
+        if as_job:
+            try:
+                job = jobs.submit(command, fields, key, tmpdir=tmpdir, rename=rename)
+            except QueueFull as e:
+                return error(429, str(e))
+            return JSONResponse(job.view(), status_code=202, headers={"Location": f"/api/jobs/{job.id}"})
+        if key in sync_cache:
+            return JSONResponse(sync_cache[key])
+        try:
+            res = await run_in_threadpool(run, command, fields)
+        except InputError as e:
+            msg = _clean(str(e), rename)
+            return error(422, msg, _field_of(msg, model))
+        out = res.to_jsonable()
+        if len(sync_cache) >= 256:
+            sync_cache.pop(next(iter(sync_cache)))
+        sync_cache[key] = out
+        return JSONResponse(out)
+
+    def doc(command: str) -> dict:
+        model, fn = COMMANDS[command]
+        schema = model.model_json_schema()
+        props = {"request": {"type": "string", "description": f"JSON object of {model.__name__} fields"}}
+        props |= {f: {"type": "string", "format": "binary"} for f in UPLOADS[command]}
+        return {
+            "requestBody": {
+                "required": False,
+                "content": {
+                    "application/json": {"schema": schema},
+                    "multipart/form-data": {"schema": {"type": "object", "properties": props}},
+                },
+            },
+            "responses": {
+                "200": {"description": "The answer (synchronous commands)"},
+                "202": {"description": "A job: poll GET /api/jobs/{id}"},
+                "413": {"description": "Body or upload too large"},
+                "422": {"description": "Refused input: {detail: one line naming the field, field}"},
+            },
+        }
+
+    def add(command: str) -> None:
+        model, fn = COMMANDS[command]
+
+        async def endpoint(request: Request) -> Response:
+            return await handle(request, command)
+
+        endpoint.__name__ = f"post_{command}"
+        summary = (fn.__doc__ or "").strip().split("\n")[0] or f"kvhit {command}"
+        app.post(
+            ROUTES[command],
+            summary=f"{command}" + (" (job)" if command in JOB else ""),
+            description=(model.__doc__ or summary) + f"\n\nFields: see the {model.__name__} schema.",
+            openapi_extra=doc(command),
+            tags=["jobs" if command in JOB else "answers"],
+        )(endpoint)
+
+    for c in COMMANDS:
+        add(c)
+
+    @app.get("/api/jobs/{job_id}", tags=["jobs"], summary="A job's status, progress and (when done) result")
+    async def get_job(job_id: str):
+        job = jobs.get(job_id)
+        if job is None:
+            return error(404, f"job {job_id}: no such job")
+        return job.view()
+
+    @app.delete("/api/jobs/{job_id}", tags=["jobs"], summary="Cancel a job")
+    async def cancel_job(job_id: str):
+        job = jobs.cancel(job_id)
+        if job is None:
+            return error(404, f"job {job_id}: no such job")
+        return job.view()
+
+    @app.get("/api/presets", tags=["answers"], summary="Model and accelerator presets")
+    async def presets():
+        return list_presets()
+
+    @app.get("/", include_in_schema=False)
+    async def index():
+        return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return Response(status_code=204)
+
+    @app.get("/static/plotly.min.js", include_in_schema=False)
+    async def plotly_js():
+        return FileResponse(_plotly_js(), media_type="text/javascript")
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def static(name: str):
+        types = {".js": "text/javascript", ".css": "text/css"}
+        f = STATIC / name
+        if "/" in name or not name.endswith(tuple(types)) or not f.is_file():
+            return error(404, f"{name}: not found")
+        return Response(f.read_bytes(), media_type=types[Path(name).suffix])
+
+    def limit_for(scope) -> int:
+        ctype = dict(scope.get("headers") or []).get(b"content-type", b"")
+        return max_upload * 3 + max_body if ctype.startswith(b"multipart/") else max_body
+
+    app.add_middleware(_Limit, limit_for=limit_for)
+    return app

@@ -1,0 +1,188 @@
+"""The JSON API of ``kvhit serve`` (kvhit.web) with FastAPI's TestClient: answers equal the service layer's,
+every endpoint refuses bad input with 422 naming the field, size limits, jobs (progress, cache, cancel), uploads
+(parsed by the CLI's readers, deleted after the job)."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from kvhit import service as svc
+from kvhit.web import create_app
+
+SCM = {"lam0": 1.0, "mean_turns": 5.0, "x_mean": 4.0, "y_mean": 3.0, "w_mean": 135.0}
+
+
+@pytest.fixture(scope="module")
+def client():
+    with TestClient(create_app(workers=2, max_upload=200_000)) as c:
+        yield c
+
+
+def wait(client, job, timeout=240):
+    t0 = time.time()
+    while job["status"] in ("queued", "running"):
+        assert time.time() - t0 < timeout, f"job did not end: {job}"
+        time.sleep(0.2)
+        job = client.get(f"/api/jobs/{job['id']}").json()
+    return job
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("web") / "small.parquet"
+    svc.generate_trace(svc.build(svc.GenerateRequest, out=out, conversations=300, seed=3, **SCM))
+    return out
+
+
+def test_estimate_equals_service(client):
+    N = np.unique(np.geomspace(100, 100_000, 1000).astype(int)).tolist()
+    r = client.post("/api/estimate", json={"N": N, **SCM})
+    assert r.status_code == 200
+    want = svc.estimate(svc.build(svc.EstimateRequest, N=N, **SCM)).to_jsonable()
+    assert r.json() == want
+    assert len(r.json()["estimates"]) == len(N)
+
+
+def test_kv_and_plan_equal_service(client):
+    r = client.post("/api/kv", json={"model": "qwen3-8b", "accelerator": "H100"})
+    assert r.status_code == 200
+    assert r.json() == svc.kv(svc.build(svc.KvRequest, model="qwen3-8b", accelerator="H100")).to_jsonable()
+    body = {"engine": "paper", "kv_gb": 40, "target": 0.3, **SCM}
+    r = client.post("/api/plan", json=body)
+    assert r.status_code == 200
+    assert r.json() == svc.plan(svc.build(svc.PlanRequest, **body)).to_jsonable()
+
+
+BAD = [
+    ("/api/estimate", {"N": [0], **SCM}, "N", "--N[0]"),
+    ("/api/estimate", {"N": [10], "lam0": -1}, "lam0", "--lam0"),
+    ("/api/estimate", {"N": [10], "lam0": 1.0}, None, "missing flag(s)"),
+    ("/api/kv", {"model": "qwen3-8b", "tp": 0}, "tp", "--tp"),
+    ("/api/kv", {"model": "no-such-model"}, "model", "--model"),
+    ("/api/kv", {"accelerator": "H100", "kv_gb": 3}, "accelerator", "--gpu and --kv-gb"),
+    ("/api/plan", {"engine": "paper", "target": 1.5, **SCM}, "target", "--target"),
+    ("/api/plan", {"engine": "paper", **SCM}, None, "nothing to plan"),
+    ("/api/simulate", {"N": [], **SCM}, "N", "--N: required"),
+    ("/api/simulate", {"N": [100], "policy": "fifo", **SCM}, "policy", "--policy"),
+    ("/api/curve", {"points": 1, **SCM}, "points", "--points"),
+    ("/api/curve", {"n_min": 10.5, **SCM}, "n_min", "--n-min"),
+    ("/api/trace/stats", {}, "path", "PATH: required"),
+    ("/api/tiers", {"tier": "native"}, "hbm_blocks", "--hbm-blocks: required"),
+    ("/api/tiers", {"hbm_blocks": [0]}, "hbm_blocks", "--hbm-blocks[0]"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field", "says"), BAD)
+def test_bad_input_is_422_naming_the_field(client, path, body, field, says):
+    r = client.post(path, json=body)
+    assert r.status_code == 422, r.text
+    d = r.json()
+    assert says in d["detail"] and "\n" not in d["detail"]
+    assert d["field"] == field
+
+
+def test_bad_field_beside_an_upload_is_422_before_any_job(client, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    r = client.post("/api/trace/stats", data={"request": '{"block": "odd"}'}, files={"path": ("t.parquet", b"x")})
+    assert r.status_code == 422 and r.json()["field"] == "block" and "--block" in r.json()["detail"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/simulate", {"N": [10], "trace": "/etc/passwd"}, "trace"),
+        ("/api/curve", {"plot": "/tmp/x", **SCM}, "plot"),
+        ("/api/trace/stats", {"path": "/etc/passwd"}, "path"),
+        ("/api/kv", {"model": "/etc/passwd"}, "model"),
+        ("/api/kv", {"model": "config.json"}, "model"),
+    ],
+)
+def test_server_paths_are_refused(client, path, body, field):
+    r = client.post(path, json=body)
+    assert r.status_code == 422 and r.json()["field"] == field
+    assert "over HTTP" in r.json()["detail"] or "not accepted" in r.json()["detail"]
+
+
+def test_not_json_and_unknown_file_part(client):
+    r = client.post("/api/estimate", content=b"{nope", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("request body: not JSON")
+    r = client.post("/api/estimate", data={"request": "{}"}, files={"trace": ("t.parquet", b"x")})
+    assert r.status_code == 422 and r.json()["field"] == "trace"
+
+
+def test_size_limits():
+    with TestClient(create_app(max_body=1000, max_upload=100)) as c:
+        r = c.post("/api/estimate", json={"N": list(range(1, 1000)), **SCM})
+        assert r.status_code == 413 and "1,000 bytes" in r.json()["detail"]
+        r = c.post("/api/trace/stats", data={"request": "{}"}, files={"path": ("t.parquet", b"x" * 1000)})
+        assert r.status_code == 413 and r.json()["field"] == "path"
+
+
+def test_curve_job_equals_service_and_is_cached(client):
+    body = {"conversations": 300, "n_min": 50, "n_max": 5000, "points": 20, "policies": ["content"], **SCM}
+    r = client.post("/api/curve", json=body)
+    assert r.status_code == 202 and r.headers["location"] == f"/api/jobs/{r.json()['id']}"
+    job = wait(client, r.json())
+    assert job["status"] == "done", job
+    want = svc.curve(svc.build(svc.CurveRequest, **body)).to_jsonable()
+    assert job["result"] == want
+    again = client.post("/api/curve", json=body).json()
+    assert again["status"] == "done" and again["cached"] and again["result"] == want
+
+
+def test_uploaded_trace_good_and_bad(client, trace_file, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with open(trace_file, "rb") as f:
+        r = client.post("/api/trace/stats", data={"request": "{}"}, files={"path": ("mine.parquet", f)})
+    assert r.status_code == 202
+    job = wait(client, r.json())
+    assert job["status"] == "done", job
+    want = svc.trace_stats(svc.build(svc.StatsRequest, path=trace_file)).to_jsonable()
+    got = job["result"]
+    assert {k: got[k] for k in ("L", "n_turns", "A_R", "A_H_hash", "E_B")} == {
+        k: want[k] for k in ("L", "n_turns", "A_R", "A_H_hash", "E_B")
+    }
+    r = client.post("/api/trace/stats", data={"request": "{}"}, files={"path": ("broken.parquet", b"not parquet")})
+    job = wait(client, r.json())
+    assert job["status"] == "error"
+    assert job["error"].startswith("PATH broken.parquet:") and "\n" not in job["error"]
+    assert "kvhit-upload" not in job["error"]
+    time.sleep(0.5)
+    assert list(tmp_path.iterdir()) == []  # nothing of the uploads kept on disk
+
+
+def test_cancel_a_running_job(client):
+    body = {"N": [2000], "conversations": 10**7, "replications": 50, **SCM}
+    job = client.post("/api/simulate", json=body).json()
+    assert job["status"] in ("queued", "running")
+    r = client.delete(f"/api/jobs/{job['id']}")
+    assert r.status_code == 200
+    job = wait(client, r.json(), timeout=30)
+    assert job["status"] == "cancelled"
+    assert client.get("/api/jobs/nope").status_code == 404
+
+
+def test_docs_page_and_local_plotly(client):
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    for p in ("/api/estimate", "/api/kv", "/api/plan", "/api/simulate", "/api/curve", "/api/trace/stats", "/api/tiers"):
+        assert p in paths
+    page = client.get("/").text
+    assert '<script src="/static/plotly.min.js">' in page and "cdn" not in page.lower()
+    js = client.get("/static/plotly.min.js")
+    assert js.status_code == 200 and len(js.content) > 1_000_000
+    assert client.get("/static/app.js").status_code == 200
+    assert client.get("/static/..%2Fapp.py").status_code == 404
+
+
+def test_serve_refuses_a_bad_port(capsys):
+    from kvhit.cli import main
+
+    assert main(["serve", "--port", "70000"]) == 2
+    assert "--port" in capsys.readouterr().err
