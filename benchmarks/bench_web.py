@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 SCM = {"mean_turns": 5.0, "x_mean": 4.0, "y_mean": 3.0, "w_mean": 135.0}
-N = np.unique(np.geomspace(100, 100_000, 1000).astype(int)).tolist()
+N = np.unique(np.geomspace(1_000, 1_000_000, 1000).astype(int)).tolist()  # 1,000 distinct capacities
 
 
 def _port() -> int:

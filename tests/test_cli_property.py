@@ -196,6 +196,17 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
             ["curve", "--blocks-trace", MOONCAKE, "--points", "3"],
             {"--n-min": bad_int(1, 2**40), "--kv-gb": bad_pos_float(hi=2**20), "--points": bad_int(2, 100_000)},
         ),
+        "tiers": (
+            ["tiers", "--blocks-trace", MOONCAKE, "--hbm-blocks", "4", "--host-units", "0,6"],
+            {
+                "--hbm-blocks": st.one_of(bad_capacities(), st.just(str(2**31 + 1))),
+                "--tier": bad_choice(("native", "lmcache", "simple")),
+                "--tp": bad_int(1, 4096),
+                "--blocks-per-chunk": bad_int(1, 4096),
+                "--policy": bad_choice(("lru", "arc")),
+                "--store-threshold": bad_int(0, 1000),
+            },
+        ),
         "demo": (["demo"], {"--N": bad_int(2, 2**40), "--lam0": bad_pos_float(), "--w-mean": bad_pos_float()}),
         "reproduce": (
             ["reproduce", "--quick", "-o", str(tmp / "rep")],
@@ -224,7 +235,7 @@ def bad_flag(draw):
     return name, flag, draw(flags[flag])
 
 
-@settings(max_examples=400, **SETTINGS)
+@settings(max_examples=300, **SETTINGS)
 @given(case=bad_flag())
 def test_bad_flag_values_are_refused_in_one_line(trace_file, case):
     name, flag, value = case

@@ -74,6 +74,10 @@ BAD = [
     ("/api/trace/stats", {}, "path", "PATH: required"),
     ("/api/tiers", {"tier": "native"}, "hbm_blocks", "--hbm-blocks: required"),
     ("/api/tiers", {"hbm_blocks": [0]}, "hbm_blocks", "--hbm-blocks[0]"),
+    ("/api/trace/block-stats", {}, "path", "PATH: required"),
+    ("/api/trace/block-stats", {"rate": 0}, "path", "PATH: required"),
+    ("/api/trace/estimate", {"N": [0]}, "N", "--N[0]"),
+    ("/api/trace/estimate", {"N": [10], "metric": "bytes"}, "metric", "--metric"),
 ]
 
 
@@ -171,7 +175,17 @@ def test_cancel_a_running_job(client):
 def test_docs_page_and_local_plotly(client):
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
-    for p in ("/api/estimate", "/api/kv", "/api/plan", "/api/simulate", "/api/curve", "/api/trace/stats", "/api/tiers"):
+    for p in (
+        "/api/estimate",
+        "/api/kv",
+        "/api/plan",
+        "/api/simulate",
+        "/api/curve",
+        "/api/trace/stats",
+        "/api/tiers",
+        "/api/trace/block-stats",
+        "/api/trace/estimate",
+    ):
         assert p in paths
     page = client.get("/").text
     assert '<script src="/static/plotly.min.js">' in page and "cdn" not in page.lower()
@@ -186,3 +200,36 @@ def test_serve_refuses_a_bad_port(capsys):
 
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port" in capsys.readouterr().err
+
+
+def test_serve_binds_localhost_and_warns_on_all_interfaces(monkeypatch, capsys):
+    import uvicorn
+
+    from kvhit.cli import main
+
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    assert main(["serve"]) == 0
+    assert calls[-1]["host"] == "127.0.0.1" and calls[-1]["port"] == 8765
+    assert "warning" not in capsys.readouterr().err
+    assert main(["serve", "--host", "0.0.0.0", "--port", "9000"]) == 0
+    assert calls[-1]["host"] == "0.0.0.0" and calls[-1]["port"] == 9000
+    err = capsys.readouterr().err
+    assert "warning" in err and "--host 0.0.0.0" in err
+
+
+def test_uploaded_production_trace_block_stats(client, tmp_path):
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces" / "mooncake_fast25"
+    src = src / "conversation_trace.jsonl"
+    if not src.exists():
+        pytest.skip(f"{src}: not here")
+    small = tmp_path / "mooncake.jsonl"
+    small.write_text("".join(src.read_text().splitlines(keepends=True)[:300]))
+    with open(small, "rb") as f:
+        r = client.post("/api/trace/block-stats", data={"request": "{}"}, files={"path": ("mooncake.jsonl", f)})
+    job = wait(client, r.json())
+    assert job["status"] == "done", job
+    want = svc.block_stats(svc.build(svc.BlockStatsRequest, path=small)).to_json()
+    assert job["result"] == __import__("json").loads(want.replace(str(small), "mooncake.jsonl"))

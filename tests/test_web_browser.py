@@ -163,3 +163,17 @@ def test_upload_good_and_bad_trace(server, page, tmp_path):
         svc.curve(svc.build(svc.CurveRequest, trace=bad, n_min=100, n_max=100000, points=200, policies=["content"]))
     assert shown == str(e.value).replace(str(bad), "bad.parquet")
     assert "Traceback" not in shown
+
+
+def test_exact_simulation_on_demand(server, page):
+    load(page, server + "/")
+    page.select_option("#engine", "content")
+    page.click("#simulate")
+    page.wait_for_function("window.kvhit.sim", timeout=180_000)
+    got = page.evaluate("window.kvhit.sim")
+    fields = {"n_min": 100, "n_max": 100000, "points": 100, "estimates": False, "policies": ["content"]}
+    ref = svc.curve(svc.build(svc.CurveRequest, model="Qwen3-8B", conversations=4000, seed=0, **fields, **SCM))
+    assert got == ref.to_jsonable()
+    names = [t["name"] for t in chart(page)]
+    assert names[0] == "estimator (eq. 32)" and any("Algorithm 1" in n for n in names[1:])
+    assert page.inner_text("#progress_what").startswith("done")

@@ -88,12 +88,12 @@ MUTANTS: list[tuple[str, str, str, str]] = [
         "service/simulate.py",
         "_add_engine_estimates(est, sp, Ns, req.policy, req.engine, req.block_size or 128)",
         "_add_engine_estimates(est, sp, Ns, req.policy, req.engine, req.block_size or 64)",
-        "engine estimate at b=64",
+        "engine estimate at b=64 (equivalent: a sampled spec has T_j = R_j·b − 1, so ⌊T/b⌋, ⌈T/b⌉ do not depend on b)",
     ),
     (
         "service/simulate.py",
-        "mask = production_mask(pt, req.warmup_time)",
-        "mask = production_mask(pt, None)",
+        'production_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time=req.warmup_time)',
+        'production_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time=None)',
         "--warmup-time ignored on production traces",
     ),
     (

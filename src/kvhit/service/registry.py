@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any, get_args
 
 from .base import Request, Response, build
+from .block_stats import BlockStatsRequest, block_stats
 from .curve import CurveRequest, curve
 from .estimate import EstimateRequest, estimate
 from .kv import KvRequest, kv
 from .plan import PlanRequest, plan
 from .simulate import SimulateRequest, simulate
 from .tiers import TiersRequest, tiers
+from .trace_estimate import TraceEstimateRequest, trace_estimate
 from .traces import StatsRequest, trace_stats
 
 __all__ = ["COMMANDS", "run", "path_fields"]
@@ -33,6 +35,8 @@ COMMANDS: dict[str, tuple[type[Request], Callable[..., Response]]] = {
     "curve": (CurveRequest, curve),
     "stats": (StatsRequest, trace_stats),
     "tiers": (TiersRequest, tiers),
+    "block-stats": (BlockStatsRequest, block_stats),
+    "trace-estimate": (TraceEstimateRequest, trace_estimate),
 }
 
 

@@ -42,7 +42,7 @@ MAX_BODY_BYTES = 1 << 20
 MAX_UPLOAD_BYTES = 512 << 20
 
 #: Commands always run as jobs (long); ``plan`` is one unless it uses the paper's closed form (see ``handle``).
-JOB = ("simulate", "curve", "stats", "tiers")
+JOB = ("simulate", "curve", "stats", "tiers", "block-stats", "trace-estimate")
 #: Input-file fields a client may upload, per command; ``model_config`` is a config.json for ``model``.
 UPLOADS = {
     "estimate": (),
@@ -52,8 +52,14 @@ UPLOADS = {
     "curve": ("trace", "blocks_trace", "model_config"),
     "stats": ("path",),
     "tiers": ("trace", "blocks_trace", "model_config"),
+    "block-stats": ("path",),
+    "trace-estimate": ("trace", "blocks_trace"),
 }
-ROUTES = {c: f"/api/{c}" for c in COMMANDS} | {"stats": "/api/trace/stats"}
+ROUTES = {c: f"/api/{c}" for c in COMMANDS} | {
+    "stats": "/api/trace/stats",
+    "block-stats": "/api/trace/block-stats",
+    "trace-estimate": "/api/trace/estimate",
+}
 
 STATIC = resources.files("kvhit.web") / "static"
 
@@ -262,7 +268,7 @@ def create_app(
             msg = _clean(str(e), rename)
             return error(422, msg, _field_of(msg, model))
         out = res.to_jsonable()
-        if len(sync_cache) >= 256:
+        if len(sync_cache) >= 64:  # bounded: a 1,000-point curve is ~1 MiB of Python objects
             sync_cache.pop(next(iter(sync_cache)))
         sync_cache[key] = out
         return JSONResponse(out)
@@ -294,7 +300,7 @@ def create_app(
         async def endpoint(request: Request) -> Response:
             return await handle(request, command)
 
-        endpoint.__name__ = f"post_{command}"
+        endpoint.__name__ = "post_" + command.replace("-", "_")
         summary = (fn.__doc__ or "").strip().split("\n")[0] or f"kvhit {command}"
         app.post(
             ROUTES[command],
