@@ -45,6 +45,13 @@ Capacity (``CPUOffloadingSpec``): ``num_chunks = cpu_bytes_to_use // round_up(kv
 bpc, alignment)`` with ``copies = world_size`` (1 for the replicated shared-region layout): see
 :func:`cpu_chunks`.
 
+Corrections to issue 16's statements, for 0.33.0: (1) loaded chunks are refreshed at finish (above); (2) a running
+request's provisional rank is newer than everything committed *before its first access* only — a request that
+finishes later commits newer ranks; (3) the capacity divides by one chunk copy per rank except with the replicated
+shared-region layout (one copy); (4) every offered key is protected from eviction in its ``prepare_store`` call,
+new ones included. Confirmed as stated: chunk keys, full chunks only, prompt-only default, all-or-nothing stores,
+``store_threshold`` default 0 = off, tail-before-head LRU, no ``T - 1`` cap on the CPU side.
+
 Not modelled: transfers in flight (chunks being stored are unreadable/unevictable, loads pin and delay
 other requests: all complete at once here), the per-step re-offer of a failed store between prefill and
 finish, sliding-window/eagle/mamba groups, partial-tail boundary stores, ``reset_cache``.
