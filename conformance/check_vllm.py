@@ -81,6 +81,8 @@ def gen_case(rng: np.random.Generator) -> Case:
         if len(hist[c]) > 4 * N * b + 8:  # restart a conversation that outgrew the pool
             hist[c] = hist[c][-int(rng.integers(1, b * N + 2)) :]
         prompts.append(tuple(int(x) for x in hist[c]))
+        if prompts and rng.random() < 0.15:  # a retry: an earlier prompt exactly (the T - 1 hit cap binds)
+            prompts.append(prompts[int(rng.integers(0, len(prompts)))])
         resp = int(rng.integers(0, 2 * b + 1))  # the response becomes part of the next prompt
         for _ in range(resp):
             hist[c].append(nxt[c] + 500_000)

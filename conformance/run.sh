@@ -30,4 +30,10 @@ check "$py_new" --model no-hit-cap:vllm --cases 300 --seed 1 --expect-mismatch
 tiers() { "$py_new" conformance/check_tiers_native.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v " INFO \|^INFO" || status=1; }
 tiers --cases "$CASES" --seed 0
 tiers --cases 300 --seed 1 --expect-mismatch
+# SGLang (issue 12): engine="sglang" against SGLang's own RadixCache + TokenToKVPoolAllocator (page_size 1)
+SGLANG=${SGLANG:-0.5.23}
+py_sgl=$(conformance/make_env.sh sglang "$SGLANG")
+sgl() { "$py_sgl" -W ignore conformance/check_sglang.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v "Warning\|warnings.warn" || status=1; }
+sgl --model sglang --cases "$CASES" --seed 0
+sgl --model no-hit-cap --cases 300 --seed 1 --expect-mismatch
 exit $status

@@ -240,9 +240,12 @@ def requests_from_stream(prompt_tokens, hash_offsets, hashes, response_tokens=No
 
 def make_engine(engine: str, capacity: int, **kw) -> Engine:
     """An engine model by name: ``"vllm"``, ``"vllm-0.23"`` (``capacity`` = usable blocks; ``block_size``,
-    ``colocated``)."""
+    ``colocated``) or ``"sglang"`` (``capacity`` = KV pool tokens; ``page_size``, ``evict_policy``)."""
+    from kvhit.sim.engines.sglang import SglangEngine
     from kvhit.sim.engines.vllm import VllmEngine
 
     if engine in ("vllm", "vllm-0.23"):
         return VllmEngine(capacity, engine=engine, **kw)
-    raise ValueError(f"engine: expected one of ['vllm', 'vllm-0.23'], got {engine!r}")
+    if engine == "sglang":
+        return SglangEngine(capacity, **kw)
+    raise ValueError(f"engine: expected one of ['sglang', 'vllm', 'vllm-0.23'], got {engine!r}")

@@ -1,0 +1,211 @@
+"""Conformance: kvhit's ``engine="sglang"`` against SGLang's own RadixCache + token allocator (page_size 1).
+
+    python conformance/check_sglang.py --cases 300 --seed 0 [--model sglang|no-hit-cap] [--expect-mismatch]
+
+Random multi-turn workloads (prompts + outputs as token ids; exact retries, duplicated conversations, shared
+system prompts, pools of a few tokens, requests near and above capacity, in-flight holds with ties); both
+engines run through :func:`kvhit.sim.engines.replay`; after every event the outcome (hit tokens, evicted nodes
+as token paths, evicted tokens), the free/evictable/cached token counts and the eviction order are compared.
+The first mismatching case is shrunk and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from real_sglang import VERSION, RealSglangEngine  # noqa: E402
+
+from kvhit.sim.engines import Request, replay  # noqa: E402
+from kvhit.sim.engines.sglang import SglangEngine  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Case:
+    C: int
+    reqs: tuple[tuple[int, tuple[int, ...]], ...]  # (prompt tokens T, prompt + output token ids)
+    times: tuple[float, ...] | None = None
+    hold: tuple[float, ...] | None = None
+
+    def show(self) -> str:
+        out = [f"capacity={self.C} tokens, requests={len(self.reqs)}"]
+        for r, (T, toks) in enumerate(self.reqs):
+            t = "" if self.hold is None else f" t={self.times[r]} hold={self.hold[r]}"
+            out.append(f"  r{r}: T={T} outputs={len(toks) - T}{t} tokens={list(toks)}")
+        return "\n".join(out)
+
+
+def gen_case(rng) -> Case:
+    C = int(rng.choice([int(rng.integers(2, 12)), int(rng.integers(12, 40)), int(rng.integers(40, 120))]))
+    nconv = int(rng.integers(1, 6))
+    sysp = [int(x) for x in rng.integers(10_000, 20_000, int(rng.integers(0, 8)))]
+    hist = [list(sysp) if rng.random() < 0.5 else [] for _ in range(nconv)]
+    nxt = [1000 * (c + 1) for c in range(nconv)]
+    reqs = []
+    for _ in range(int(rng.integers(1, 20))):
+        c = int(rng.integers(0, nconv))
+        inc = int(rng.integers(1, 10)) if rng.random() < 0.8 else max(1, C - len(hist[c]) + int(rng.integers(-3, 3)))
+        for _ in range(inc):
+            hist[c].append(nxt[c])
+            nxt[c] += 1
+        T = len(hist[c])
+        out = int(rng.integers(1, 8))
+        toks = list(hist[c]) + [500_000 + nxt[c] + i for i in range(out)]
+        nxt[c] += out
+        reqs.append((T, tuple(toks)))
+        if rng.random() < 0.15:  # an exact retry: same prompt, same outputs
+            reqs.append(reqs[int(rng.integers(0, len(reqs)))])
+        hist[c] = toks if len(toks) < 3 * C else []
+        if rng.random() < 0.1 and nconv > 1:  # a conversation duplicated into another
+            hist[int(rng.integers(0, nconv))] = list(hist[c])
+    times = hold = None
+    if rng.random() < 0.5:
+        n = len(reqs)
+        times = tuple(float(x) for x in np.sort(np.round(rng.uniform(0, 6, n), 0)))
+        hold = tuple(float(x) for x in np.round(rng.exponential(2.0, n), 0) * (rng.random(n) >= 0.3))
+    return Case(C, tuple(reqs), times, hold)
+
+
+def requests(case: Case) -> list[Request]:
+    return [
+        Request(rid=r, prompt_tokens=T, output_tokens=len(t) - T, token_ids=t) for r, (T, t) in enumerate(case.reqs)
+    ]
+
+
+class _NoHitCap(SglangEngine):
+    """Mutant (negative control): the admission match is not capped at T - 1 tokens."""
+
+    def submit(self, req):
+        orig = self._match
+        self._match = lambda key: orig(req.token_ids[: req.prompt_tokens])
+        try:
+            return super().submit(req)
+        finally:
+            self._match = orig
+
+
+MODELS = {"sglang": SglangEngine, "no-hit-cap": _NoHitCap}
+
+
+def trace(engine, case: Case, state) -> list:
+    log = []
+
+    def on_event(kind, rid, out):
+        o = (out.hit_tokens, out.evicted, out.evicted_units) if kind == "submit" else None
+        log.append((kind, rid, o, state(engine), tuple(engine.eviction_order())))
+
+    replay(engine, requests(case), times=case.times, hold=case.hold, on_event=on_event)
+    return log
+
+
+def compare(case: Case, model: str):
+    a = trace(MODELS[model](case.C), case, lambda e: (e.available, e.evictable_size(), e.cached_tokens()))
+    r = trace(RealSglangEngine(case.C), case, lambda e: e.state())
+    n = sum(1 for e in r if e[0] == "submit")
+    names = [
+        "event",
+        "request",
+        "outcome (hit, evicted, evicted tokens)",
+        "(free, evictable, cached)",
+        "eviction order",
+    ]
+    for i, (x, y) in enumerate(zip(a, r, strict=False)):
+        if x != y:
+            k = next(j for j in range(5) if x[j] != y[j])
+            return (
+                n,
+                f"event {i} ({y[0]} r{y[1]}): {names[k]} differs\n  kvhit {model}: {x[k]}\n  sglang {VERSION}: {y[k]}",
+            )
+    if len(a) != len(r):
+        return n, f"event count differs: {len(a)} vs {len(r)}"
+    return n, None
+
+
+def shrink(case: Case, model: str) -> Case:
+    def bad(c):
+        try:
+            return bool(c.reqs) and compare(c, model)[1] is not None
+        except Exception:
+            return False
+
+    changed = True
+    while changed:
+        changed = False
+        cands = [replace(case, times=None, hold=None)] if case.hold is not None else []
+        n = len(case.reqs)
+        for i in range(n):
+            keep = [j for j in range(n) if j != i]
+            cands.append(
+                replace(
+                    case,
+                    reqs=tuple(case.reqs[j] for j in keep),
+                    times=None if case.times is None else tuple(case.times[j] for j in keep),
+                    hold=None if case.hold is None else tuple(case.hold[j] for j in keep),
+                )
+            )
+        if case.C > 1:
+            cands.append(replace(case, C=case.C - 1))
+        for c in cands:
+            if bad(c):
+                case, changed = c, True
+                break
+    return case
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="sglang")
+    ap.add_argument("--cases", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--expect-mismatch", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    rng = np.random.default_rng(a.seed)
+    t0 = time.perf_counter()
+    compared = bad = 0
+    first = None
+    for _ in range(a.cases):
+        case = gen_case(rng)
+        n, diff = compare(case, a.model)
+        compared += n
+        if diff is not None:
+            bad += 1
+            first = first or case
+    secs = round(time.perf_counter() - t0, 1)
+    label = "negative control " if a.expect_mismatch else ""
+    print(
+        f"{label}kvhit engine={a.model} vs SGLang {VERSION} RadixCache: {a.cases} cases, "
+        f"{compared} requests, {bad} mismatching cases ({secs} s)"
+    )
+    if first is not None:
+        small = shrink(first, a.model)
+        print("minimal mismatching case:\n" + small.show())
+        print(compare(small, a.model)[1])
+    if a.json:
+        with open(a.json, "a") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "model": a.model,
+                        "engine": f"sglang=={VERSION}",
+                        "cases": a.cases,
+                        "seed": a.seed,
+                        "requests": compared,
+                        "mismatching_cases": bad,
+                        "negative_control": a.expect_mismatch,
+                        "seconds": secs,
+                    }
+                )
+                + "\n"
+            )
+    return 0 if (bad > 0) == a.expect_mismatch else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
