@@ -233,3 +233,46 @@ def test_uploaded_production_trace_block_stats(client, tmp_path):
     assert job["status"] == "done", job
     want = svc.block_stats(svc.build(svc.BlockStatsRequest, path=small)).to_json()
     assert job["result"] == __import__("json").loads(want.replace(str(small), "mooncake.jsonl"))
+
+
+def test_sharegpt_workload_equals_service(client):
+    body = {"engine": "paper", "kv_gb": 40, "target": 0.3, "sharegpt": True}
+    r = client.post("/api/plan", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json() == svc.plan(svc.build(svc.PlanRequest, **body)).to_jsonable()
+    assert r.json()["lam0"] == 1.0  # the bundled trace's λ0 (kvhit trace sharegpt's default)
+    body = {"sharegpt": True, "n_min": 100, "n_max": 100_000, "points": 50, "policies": ["content"]}
+    r = client.post("/api/curve", json=body)
+    assert r.status_code == 202, r.text
+    job = wait(client, r.json())
+    assert job["status"] == "done", job
+    assert job["result"] == svc.curve(svc.build(svc.CurveRequest, **body)).to_jsonable()
+
+
+@pytest.mark.parametrize(
+    "path,body,says",
+    [
+        (
+            "/api/plan",
+            {"sharegpt": True, "engine": "paper", "kv_gb": 40, "mean_turns": 5},
+            "--mean-turns: applies to a spec, not to --sharegpt",
+        ),
+        ("/api/curve", {"sharegpt": True, "lam0": 2.0}, "--lam0: applies to a spec, not to --sharegpt"),
+    ],
+)
+def test_sharegpt_with_spec_inputs_is_refused(client, path, body, says):
+    r = client.post(path, json=body)
+    if r.status_code == 202:  # curve is always a job: the refusal is the job's one-line error
+        job = wait(client, r.json())
+        assert job["status"] == "error", job
+        assert job["error"].startswith(says), job
+    else:
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"].startswith(says)
+
+
+def test_sharegpt_with_a_trace_is_refused_by_the_service(trace_file):
+    with pytest.raises(svc.InputError, match=r"^--sharegpt and --trace: give one workload source, not both$"):
+        svc.plan(svc.build(svc.PlanRequest, sharegpt=True, trace=trace_file, engine="paper", kv_gb=40))
+    with pytest.raises(svc.InputError, match=r"^--sharegpt and --trace: give one workload source"):
+        svc.curve(svc.build(svc.CurveRequest, sharegpt=True, trace=trace_file))

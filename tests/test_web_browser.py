@@ -177,3 +177,23 @@ def test_exact_simulation_on_demand(server, page):
     names = [t["name"] for t in chart(page)]
     assert names[0] == "estimator (eq. 32)" and any("Algorithm 1" in n for n in names[1:])
     assert page.inner_text("#progress_what").startswith("done")
+
+
+def test_sharegpt_workload_plots_the_service(server, page):
+    page.goto("about:blank")  # a fresh load: a hash change alone does not re-run the page
+    load(page, server + "/#workload=sharegpt")
+    page.wait_for_function(
+        "(window.kvhit.plan && window.kvhit.traceCurve) || document.getElementById('error').textContent",
+        timeout=180_000,
+    )
+    assert page.inner_text("#error") == ""
+    ref = svc.curve(
+        svc.build(svc.CurveRequest, sharegpt=True, n_min=100, n_max=100000, points=200, policies=["content"])
+    ).to_jsonable()
+    assert page.evaluate("window.kvhit.traceCurve") == json.loads(json.dumps(ref))
+    plotted = {t["name"]: t["y"] for t in chart(page)}
+    assert plotted["estimate: paper eq. (39), F̂"] == ref["estimate: paper eq. (39), F̂"]
+    want = svc.plan(svc.build(svc.PlanRequest, sharegpt=True, engine="paper", target=0.3, accelerator="H100"))
+    assert page.evaluate("window.kvhit.plan") == json.loads(want.to_json())
+    cell = page.locator("#plan td[data-k='h at capacity']").inner_text()
+    assert cell == f"{want.h_at_capacity:.4f}"

@@ -21,6 +21,7 @@ from .inputs import read_blocks_trace, read_trace, window_for
 from .io import check_output_file
 from .simulate import BlocksTraceFields
 from .spec import load_spec
+from .traces import bundled_sharegpt, check_sharegpt_alone
 
 __all__ = ["CurveRequest", "CurveResponse", "curve"]
 
@@ -53,6 +54,9 @@ class CurveRequest(BlocksTraceFields):
     estimates: bool = Field(True, description="Also compute the estimators' curves.")
     kv_gb: float | None = Field(
         None, gt=0, le=2**20, description="KV budget in GiB of --model, marked on the plot; (0, 2^20]."
+    )
+    sharegpt: bool = Field(
+        False, description="Workload: the bundled ShareGPT trace of `kvhit trace sharegpt` (defaults), built once."
     )
 
 
@@ -124,7 +128,11 @@ def _split_curves(data: dict, model: str) -> CurveResponse:
 def curve(req: CurveRequest, progress=None) -> CurveResponse:
     from .. import hardware
 
-    source = req.check_sources()
+    if req.sharegpt:
+        check_sharegpt_alone(req)
+        source = "sharegpt"
+    else:
+        source = req.check_sources()
     check_output_file(req.plot, "--plot", (".png", ".svg"))
     bad = sorted(set(req.policies) - set(POLICIES))
     if bad:
@@ -188,6 +196,10 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         if req.block_size or tr.block_size is None:
             tr.meta["block_size"] = req.block_size or 128
         window = window_for(tr, req.warmup, None, str(req.trace))
+    elif source == "sharegpt":
+        with translating("ShareGPT"):
+            tr = bundled_sharegpt(req.block_size)
+        window = window_for(tr, req.warmup, None, "ShareGPT")
     else:
         from ..workload import Window, generate
 
@@ -205,7 +217,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
     cb = progress or (lambda done, total, what=None: None)
     b = tr.block_size or 128
     bpb = model.bytes_per_block(b)
-    with translating(str(req.trace or req.spec or "spec")):
+    with translating("ShareGPT" if req.sharegpt else str(req.trace or req.spec or "spec")):
         inp = curve_inputs(tr, window, tuple(req.policies), progress=cb)
         hi = req.n_max or default_capacity_range(inp, req.n_min)[1]
         Ns = _grid(req.n_min, hi, req.points, "--n-max" if req.n_max else "--n-min")

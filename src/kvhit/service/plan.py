@@ -21,6 +21,7 @@ from .inputs import read_blocks_trace, read_trace
 from .kv import HardwareFields
 from .simulate import BlocksTraceFields
 from .spec import load_spec, spec_flags_given
+from .traces import bundled_sharegpt, check_sharegpt_alone
 
 __all__ = ["PlanRequest", "PlanResponse", "plan"]
 
@@ -55,6 +56,9 @@ class PlanRequest(BlocksTraceFields, HardwareFields):
         ge=1,
         le=10**7,
         description="--blocks-trace resampling: conversations per replication; 1–10^7; default 200.",
+    )
+    sharegpt: bool = Field(
+        False, description="Workload: the bundled ShareGPT trace of `kvhit trace sharegpt` (defaults), built once."
     )
 
     FLAGS = {**BlocksTraceFields.FLAGS, **HardwareFields.FLAGS}
@@ -156,6 +160,8 @@ def plan(req: PlanRequest) -> PlanResponse:
     from ..plan import plan as plan_fn
 
     req.check_one_budget()
+    if req.sharegpt:
+        check_sharegpt_alone(req, allow=("lam0",))
     if req.blocks_trace is not None:
         return _plan_blocks_trace(req)
     for name in ("scale", "replications", "conversations"):
@@ -172,7 +178,7 @@ def plan(req: PlanRequest) -> PlanResponse:
     if req.verify and not has_cap:
         raise InputError("--verify: needs a capacity (--gpu or --kv-gb)")
     metric = _metric(req.engine, req.metric)
-    if req.verify and req.trace is None and req.engine == "paper":
+    if req.verify and req.trace is None and not req.sharegpt and req.engine == "paper":
         raise InputError("--verify: the paper's estimator on a spec has no trace to simulate; give --trace or --engine")
     req.resolve()
     if req.compare is not None and req.compare in ("paper", "content") and metric == "tokens":
@@ -180,10 +186,16 @@ def plan(req: PlanRequest) -> PlanResponse:
             f"--compare {req.compare}: it is block-weighted and cannot be compared in vLLM's token metric; "
             "add --metric blocks"
         )
-    source = read_trace(req.trace) if req.trace is not None else load_spec(req)
-    where = f"--trace {req.trace}" if req.trace is not None else str(req.spec or "spec")
+    if req.sharegpt:
+        with translating("ShareGPT"):
+            source = bundled_sharegpt(req.block_size)
+        where = "ShareGPT"
+    elif req.trace is not None:
+        source, where = read_trace(req.trace), f"--trace {req.trace}"
+    else:
+        source, where = load_spec(req), str(req.spec or "spec")
     cap = _capacity(req, req.block_size) if has_cap else None
-    lam0 = req.lam0 if req.trace is not None else None
+    lam0 = req.lam0 if req.trace is not None or req.sharegpt else None
     with translating(where):
         wl = make_workload(source, lam0=lam0, engine=req.engine, metric=metric, block_size=req.block_size)
         res = plan_fn(wl, cap, target=req.target, verify=req.verify)

@@ -7,6 +7,8 @@ ShareGPT reader and tokenizer, the statistics (``kvhit.workload``, ``kvhit.estim
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +33,8 @@ __all__ = [
     "ShareGPTResponse",
     "sharegpt_trace",
     "stats_dict",
+    "bundled_sharegpt",
+    "check_sharegpt_alone",
 ]
 
 #: Bytes per turn of a generated trace in memory and while writing it (≈ 8 int64/float64 columns, twice).
@@ -231,3 +235,28 @@ def sharegpt_trace(req: ShareGPTRequest, progress=None) -> ShareGPTResponse:
         turns=tr.n_turns,
         conversations=tr.n_conversations,
     )
+
+
+@functools.lru_cache(maxsize=2)
+def _bundled(block_size: int):
+    return build_sharegpt(ShareGPTRequest(out=None, block_size=block_size))[0]
+
+
+def bundled_sharegpt(block_size: int | None = None):
+    """The default ShareGPT trace of ``kvhit trace sharegpt`` / ``kvhit demo`` (bundled file, 1,000 warm-up +
+    5,000 measured conversations, seed 0, λ0 = 1/s, W ~ Exp(135 s)), built once per block size and kept in
+    memory; each call gets its own metadata dict, so a caller's changes do not reach the cache."""
+    tr = _bundled(int(block_size or 128))
+    return dataclasses.replace(tr, meta=dict(tr.meta))
+
+
+def check_sharegpt_alone(req, allow: tuple[str, ...] = ()) -> None:
+    """Refuse another workload source (or spec flags that would be ignored) beside ``sharegpt``."""
+    from .spec import spec_flags_given
+
+    for name in ("trace", "spec", "blocks_trace"):
+        if getattr(req, name, None) is not None:
+            raise InputError(f"--sharegpt and {req.flag(name)}: give one workload source, not both")
+    extra = spec_flags_given(req, exclude=allow)
+    if extra:
+        raise InputError(f"{extra[0]}: applies to a spec, not to --sharegpt (it would be ignored)")

@@ -73,6 +73,8 @@ function grid(points) {
   return [...out].sort((x, y) => x - y);
 }
 function traceFile() { return radio("workload") === "trace" ? $("trace").files[0] : null; }
+function sharegpt() { return radio("workload") === "sharegpt"; }
+function refresh() { return traceFile() ? refreshTrace() : sharegpt() ? refreshShareGPT() : refreshFast(); }
 
 // a curve answer is flat: {"N": [...], "<curve label>": [h per N], ..., "h_max": ...}
 function curvesOf(res) {
@@ -167,13 +169,27 @@ async function refreshTrace() {
     state.plan = p; table("plan", planRows(p));
   } catch (e) { state.traceCurve = null; draw(); showError(e); }
 }
+async function refreshShareGPT() {
+  // the bundled ShareGPT trace, built by the service (cached there): estimators and Algorithm 1 in a job
+  try {
+    writeUrl(); showError(null); state.est = null; state.sim = null; state.traceCurve = null; state.plan = null;
+    table("plan", []);
+    await refreshKv();
+    state.traceCurve = await api("/api/curve", { sharegpt: true, n_min: num("n_min"), n_max: num("n_max"), points: 200,
+      policies: ["content"], ...modelFields() }, modelFiles());
+    draw();
+    const p = await api("/api/plan", { sharegpt: true, engine: "paper", target: num("target"), ...modelFields(), ...budgetFields() }, modelFiles());
+    state.plan = p; table("plan", planRows(p));
+  } catch (e) { state.traceCurve = null; draw(); showError(e); }
+}
 async function simulate() {
   try {
     showError(null);
     const fields = { n_min: num("n_min"), n_max: num("n_max"), points: 100, estimates: false,
       policies: [$("engine").value], ...modelFields() };
     const f = traceFile();
-    if (!f) Object.assign(fields, specFields(), { conversations: 4000, seed: 0 });
+    if (sharegpt()) fields.sharegpt = true;
+    else if (!f) Object.assign(fields, specFields(), { conversations: 4000, seed: 0 });
     state.sim = await api("/api/curve", fields, { trace: f, ...modelFiles() });
     draw();
   } catch (e) { showError(e); }
@@ -182,7 +198,7 @@ async function enginePlan() {
   try {
     showError(null);
     const f = traceFile();
-    const fields = { engine: $("engine").value, target: num("target"), ...modelFields(), ...budgetFields(), ...(f ? {} : specFields()) };
+    const fields = { engine: $("engine").value, target: num("target"), ...modelFields(), ...budgetFields(), ...(f ? {} : sharegpt() ? { sharegpt: true } : specFields()) };
     if ($("compare").value) fields.compare = $("compare").value;
     if (fields.engine === "content" || fields.compare === "content") fields.metric = "blocks";
     const p = await api("/api/plan", fields, { trace: f, ...modelFiles() });
@@ -199,14 +215,14 @@ async function init() {
   readUrl();
   for (const el of document.querySelectorAll("#inputs input, #inputs select")) {
     if (el.id === "trace") continue;
-    el.addEventListener(el.type === "range" ? "input" : "change", () => (traceFile() ? refreshTrace() : refreshFast()));
+    el.addEventListener(el.type === "range" ? "input" : "change", refresh);
   }
   $("trace").addEventListener("change", () => { setRadio("workload", "trace"); writeUrl(); refreshTrace(); });
   $("xunit").addEventListener("change", draw);
   $("simulate").addEventListener("click", simulate);
   $("compare_run").addEventListener("click", enginePlan);
   $("cancel").addEventListener("click", () => state.job && fetch(`/api/jobs/${state.job}`, { method: "DELETE" }));
-  await refreshFast();
+  await refresh();
   document.body.dataset.ready = "1";
 }
 init();
