@@ -88,12 +88,13 @@ def chart(page) -> list[dict]:
 
 
 def load(page, url):
+    page.goto("about:blank")  # a fresh load: a hash change alone does not re-run the page
     page.goto(url)
     page.wait_for_selector("body[data-ready='1']", timeout=180_000)
 
 
 def test_curve_and_plan_match_the_service(server, page):
-    load(page, server + "/")
+    load(page, server + "/#workload=scm")
     (est,) = chart(page)
     want = svc.estimate(svc.build(svc.EstimateRequest, N=est["x"], **SCM))
     assert est["y"] == [r.h for r in want.estimates]
@@ -109,7 +110,7 @@ def test_curve_and_plan_match_the_service(server, page):
 
 
 def test_slider_redraws_and_url_restores(server, page):
-    load(page, server + "/")
+    load(page, server + "/#workload=scm")
     before = chart(page)[0]["y"]
     page.evaluate(
         "(() => { const s = document.getElementById('lam0'); s.value = '0.3'; s.dispatchEvent(new Event('input')); })()"
@@ -129,7 +130,7 @@ def test_slider_redraws_and_url_restores(server, page):
 
 
 def test_kv_budget_in_gib(server, page):
-    load(page, server + "/")
+    load(page, server + "/#workload=scm")
     page.check("input[name=budget][value=kv_gb]")
     page.fill("#kv_gb", "60")
     page.dispatch_event("#kv_gb", "change")
@@ -141,7 +142,7 @@ def test_kv_budget_in_gib(server, page):
 def test_upload_good_and_bad_trace(server, page, tmp_path):
     good = tmp_path / "small.parquet"
     svc.generate_trace(svc.build(svc.GenerateRequest, out=good, conversations=300, seed=3, **SCM))
-    load(page, server + "/")
+    load(page, server + "/#workload=scm")
     page.set_input_files("#trace", str(good))
     page.wait_for_function("window.kvhit.traceCurve !== null && window.kvhit.traceCurve !== undefined", timeout=120_000)
     got = page.evaluate("window.kvhit.traceCurve")
@@ -166,7 +167,7 @@ def test_upload_good_and_bad_trace(server, page, tmp_path):
 
 
 def test_exact_simulation_on_demand(server, page):
-    load(page, server + "/")
+    load(page, server + "/#workload=scm")
     page.select_option("#engine", "content")
     page.click("#simulate")
     page.wait_for_function("window.kvhit.sim", timeout=180_000)
@@ -180,8 +181,7 @@ def test_exact_simulation_on_demand(server, page):
 
 
 def test_sharegpt_workload_plots_the_service(server, page):
-    page.goto("about:blank")  # a fresh load: a hash change alone does not re-run the page
-    load(page, server + "/#workload=sharegpt")
+    load(page, server + "/")  # the default workload
     page.wait_for_function(
         "(window.kvhit.plan && window.kvhit.traceCurve) || document.getElementById('error').textContent",
         timeout=180_000,
