@@ -4,6 +4,7 @@ every endpoint refuses bad input with 422 naming the field, size limits, jobs (p
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 
@@ -77,6 +78,7 @@ BAD = [
     ("/api/trace/block-stats", {}, "path", "PATH: required"),
     ("/api/trace/block-stats", {"rate": 0}, "path", "PATH: required"),
     ("/api/trace/estimate", {"N": [0]}, "N", "--N[0]"),
+    ("/api/fleet", {"replicas": [2], "N": [100]}, "trace", "--trace: required"),
     ("/api/trace/estimate", {"N": [10], "metric": "bytes"}, "metric", "--metric"),
 ]
 
@@ -185,6 +187,7 @@ def test_docs_page_and_local_plotly(client):
         "/api/tiers",
         "/api/trace/block-stats",
         "/api/trace/estimate",
+        "/api/fleet",
     ):
         assert p in paths
     page = client.get("/").text
@@ -276,3 +279,15 @@ def test_sharegpt_with_a_trace_is_refused_by_the_service(trace_file):
         svc.plan(svc.build(svc.PlanRequest, sharegpt=True, trace=trace_file, engine="paper", kv_gb=40))
     with pytest.raises(svc.InputError, match=r"^--sharegpt and --trace: give one workload source"):
         svc.curve(svc.build(svc.CurveRequest, sharegpt=True, trace=trace_file))
+
+
+def test_uploaded_trace_fleet_equals_service(client, trace_file):
+    fields = {"replicas": [1, 2], "N": [300], "router": ["round-robin", "session"], "block_size": 16}
+    with open(trace_file, "rb") as f:
+        r = client.post("/api/fleet", data={"request": json.dumps(fields)}, files={"trace": ("small.parquet", f)})
+    assert r.status_code == 202, r.text
+    job = wait(client, r.json())
+    assert job["status"] == "done", job["error"]
+    want = svc.fleet_simulate(svc.build(svc.FleetRequest, trace=trace_file, **fields)).to_jsonable()
+    got = job["result"]
+    assert got["rows"] == want["rows"]

@@ -17,6 +17,7 @@ from .base import Request, Response, build
 from .block_stats import BlockStatsRequest, block_stats
 from .curve import CurveRequest, curve
 from .estimate import EstimateRequest, estimate
+from .fleet import FleetRequest, fleet_simulate
 from .kv import KvRequest, kv
 from .plan import PlanRequest, plan
 from .simulate import SimulateRequest, simulate
@@ -37,6 +38,7 @@ COMMANDS: dict[str, tuple[type[Request], Callable[..., Response]]] = {
     "tiers": (TiersRequest, tiers),
     "block-stats": (BlockStatsRequest, block_stats),
     "trace-estimate": (TraceEstimateRequest, trace_estimate),
+    "fleet": (FleetRequest, fleet_simulate),
 }
 
 

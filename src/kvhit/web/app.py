@@ -42,7 +42,7 @@ MAX_BODY_BYTES = 1 << 20
 MAX_UPLOAD_BYTES = 512 << 20
 
 #: Commands always run as jobs (long); ``plan`` is one unless it uses the paper's closed form (see ``handle``).
-JOB = ("simulate", "curve", "stats", "tiers", "block-stats", "trace-estimate")
+JOB = ("simulate", "curve", "stats", "tiers", "block-stats", "trace-estimate", "fleet")
 #: Input-file fields a client may upload, per command; ``model_config`` is a config.json for ``model``.
 UPLOADS = {
     "estimate": (),
@@ -54,6 +54,7 @@ UPLOADS = {
     "tiers": ("trace", "blocks_trace", "model_config"),
     "block-stats": ("path",),
     "trace-estimate": ("trace", "blocks_trace"),
+    "fleet": ("trace",),
 }
 ROUTES = {c: f"/api/{c}" for c in COMMANDS} | {
     "stats": "/api/trace/stats",
