@@ -72,6 +72,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from kvhit.workload.hashing import fmix64
+
 __all__ = [
     "ENGINES",
     "BlockSimError",
@@ -144,23 +146,8 @@ class BlockResult:
 # and ``cap >= 2N``.
 # --------------------------------------------------------------------------------------------------
 
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
 _NX, _PV, _RF, _HH = 0, 1, 2, 3
 _DN, _DP = 0, 1
-
-
-@njit(cache=True, inline="always")
-def fmix64(x):
-    """MurmurHash3's 64-bit finalizer: a bijection of uint64 words (shared by the hash table, the synthetic
-    block ids and the production-trace re-chaining)."""
-    x ^= x >> _S33
-    x *= _M1
-    x ^= x >> _S33
-    x *= _M2
-    x ^= x >> _S33
-    return x
 
 
 @njit(cache=True, inline="always")

@@ -94,6 +94,7 @@ from kvhit.sim.block import (
     simulate_block,
 )
 from kvhit.sim.stackdist import FIRST_TURN, content_curve_from_thresholds
+from kvhit.workload.hashing import fmix64
 
 __all__ = [
     "NEVER",
@@ -117,22 +118,6 @@ class BlockCurveError(BlockSimError):
 # --------------------------------------------------------------------------------------------------
 # numba core
 # --------------------------------------------------------------------------------------------------
-
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
-
-
-@njit(cache=True, inline="always")
-def _mix(key):
-    x = np.uint64(key)
-    x ^= x >> _S33
-    x *= _M1
-    x ^= x >> _S33
-    x *= _M2
-    x ^= x >> _S33
-    return x
-
 
 _S32 = np.uint64(32)
 _ID = np.int64((1 << 31) - 1)
@@ -284,7 +269,7 @@ def _thresholds_kernel(T, L, off, hashes, b, new_engine):  # pragma: no cover - 
                     slots[i] = v
                     par = v
                     continue
-            fp = np.int64(_mix(key) >> _S32)
+            fp = np.int64(fmix64(np.uint64(key)) >> _S32)
             j = fp & cm
             while True:
                 e = tab[j]
