@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from kvhit.workload.hashing import fmix64
+from kvhit.hashing import fmix64
 
 __all__ = [
     "ENGINES",

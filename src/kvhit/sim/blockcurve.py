@@ -87,6 +87,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from kvhit.hashing import fmix64
 from kvhit.sim.block import (
     ENGINES,
     BlockSimError,
@@ -94,7 +95,6 @@ from kvhit.sim.block import (
     simulate_block,
 )
 from kvhit.sim.stackdist import FIRST_TURN, content_curve_from_thresholds
-from kvhit.workload.hashing import fmix64
 
 __all__ = [
     "NEVER",

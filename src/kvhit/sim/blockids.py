@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from kvhit.hashing import fmix64 as _fmix64
 from kvhit.sim.block import BlockSimError
-from kvhit.workload.hashing import fmix64 as _fmix64
 
 __all__ = ["hashes_from_token_ids", "hashes_from_block_counts", "block_id", "MAX_CONVERSATION_ID"]
 

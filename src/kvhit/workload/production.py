@@ -71,7 +71,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from kvhit.workload.hashing import fmix64 as _fmix64
+from kvhit.hashing import fmix64 as _fmix64
 
 __all__ = [
     "ProductionTrace",

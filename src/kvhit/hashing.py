@@ -2,7 +2,8 @@
 
 Invariant: :func:`fmix64` is a bijection of uint64 words, so ids built from it (synthetic block ids, the
 re-chained production-trace ids, the block pool's hash-table home slots) are injective in their inputs. It lives
-at the bottom layer so that readers (``workload``) and simulators (``sim``) share it without importing upwards.
+at the bottom layer (no kvhit import, no scipy) so that readers (``workload``), simulators (``sim``) and the
+conformance environments share it without importing upwards.
 Not modelled: nothing — this is a pure function, not a model of an engine's hash (vLLM hashes token content).
 """
 
