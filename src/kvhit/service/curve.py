@@ -25,7 +25,9 @@ from .traces import bundled_sharegpt, check_sharegpt_alone
 
 __all__ = ["CurveRequest", "CurveResponse", "curve"]
 
-POLICIES = ("content", "vllm", "vllm-0.23")
+POLICIES = ("content", "vllm", "vllm-0.23", "sglang")
+SGLANG_LABEL = "SGLang 0.5.23 radix cache (N·b tokens)"
+COLOCATED_LABEL = "vLLM colocated (v0.24+ order, responses cached) token hit ratio"
 
 
 class CurveRequest(BlocksTraceFields):
@@ -43,7 +45,15 @@ class CurveRequest(BlocksTraceFields):
     )
     points: int = Field(1000, ge=2, le=100_000, description="Capacities on a log grid; 2–100,000.")
     policies: list[str] = Field(
-        ["content", "vllm", "vllm-0.23"], min_length=1, description="Simulated policies: content, vllm, vllm-0.23."
+        ["content", "vllm", "vllm-0.23"],
+        min_length=1,
+        description="Simulated policies: content, vllm, vllm-0.23, sglang (SGLang's token pool at N·b tokens: the "
+        "same memory as N blocks; simulated per capacity at --sglang-points of the grid, no one-pass curve exists).",
+    )
+    page_size: int | None = Field(None, ge=1, le=2**16, description="sglang: tokens per page; default 1.")
+    evict_policy: str | None = Field(None, description="sglang: lru (default) | fifo | mru | filo.")
+    sglang_points: int | None = Field(
+        None, ge=2, le=100_000, description="sglang: capacities of the grid simulated (log-spaced subset); default 24."
     )
     model: str = Field("qwen3-8b", description="Model behind the GiB axis (preset or config.json).")
     block_size: int | None = Field(
@@ -102,6 +112,67 @@ def _curve_keys(data: dict) -> list[str]:
     ]
 
 
+def _sglang_line(ts, Ns: np.ndarray, b: int, page: int, evict: str, mask, req) -> np.ndarray:
+    """SGLang's token hit ratio at ``N·b`` tokens (rounded down to pages) for a log-spaced subset of the grid
+    (``--sglang-points``), NaN elsewhere and where a request would not fit the pool: one simulation per capacity
+    (no inclusion property, :mod:`kvhit.sim.radixrun`), in parallel threads."""
+    from ..sim.radixrun import radix_curve
+    from .sglang import sglang_tokens
+
+    k = min(req.sglang_points or 24, Ns.size)
+    idx = np.unique(np.round(np.linspace(0, Ns.size - 1, k)).astype(np.int64))  # Ns is log-spaced already
+    Cs = np.array([max(sglang_tokens(int(n), b, page), page) for n in Ns[idx]], np.int64)
+    out = np.full(Ns.shape, np.nan)
+    out[idx] = radix_curve(ts, Cs, page_size=page, evict_policy=evict, mask=mask)["token_hit_ratio"]
+    return out
+
+
+def _colocated_line(rq, Ns: np.ndarray, mask) -> np.ndarray:
+    """vLLM (≥ 0.24) keeping the response KV (Remark B.1), as SGLang does: its exact token hit ratio at every
+    capacity (one threshold pass, :func:`kvhit.sim.blockcurve.block_curve`), NaN where a request cannot fit."""
+    from ..sim.blockcurve import block_curve
+
+    c = block_curve(
+        rq.prompt_tokens,
+        rq.hash_offsets,
+        rq.hashes,
+        block_size=rq.block_size,
+        Ns=Ns,
+        engine="vllm",
+        colocated=True,
+        response_tokens=rq.response_tokens,
+        mask=mask,
+        fallback="infeasible",
+    )
+    return np.asarray(c["token_hit_ratio"], float)
+
+
+def _lines(data: dict, Ns: np.ndarray) -> dict:
+    """Plot lines; with the SGLang line, vLLM's token-ratio lines replace its block-weighted ones (one metric on
+    one plot) and the SGLang line is drawn through its simulated capacities only."""
+    keys = _curve_keys(data)
+    if SGLANG_LABEL not in data:
+        return {k: (Ns, data[k]) for k in keys}
+    lines = {}
+    for k in keys:
+        if k == SGLANG_LABEL:
+            ok = np.isfinite(data[k]) | np.isnan(data[k])
+            sim = np.flatnonzero(ok & ~np.isnan(data[k]))
+            lines[k] = (Ns[sim], data[k][sim])
+        elif k.startswith("estimate"):
+            continue  # block-weighted estimators: not on a token-ratio plot
+        elif k + " token ratio" in data:
+            lines[k.replace("(block cache)", "prefill-only (responses not cached) token hit ratio")] = (
+                Ns,
+                data[k + " token ratio"],
+            )
+        elif "Algorithm 1" in k:
+            continue
+        else:
+            lines[k] = (Ns, data[k])
+    return lines
+
+
 def _split_curves(data: dict, model: str) -> CurveResponse:
     Ns = data.pop("N")
     feasible = data.pop("feasible", None)
@@ -136,7 +207,14 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
     check_output_file(req.plot, "--plot", (".png", ".svg"))
     bad = sorted(set(req.policies) - set(POLICIES))
     if bad:
-        raise InputError(f"--policies: unknown {bad} (content, vllm, vllm-0.23)")
+        raise InputError(f"--policies: unknown {bad} (content, vllm, vllm-0.23, sglang)")
+    sglang = "sglang" in req.policies
+    if not sglang and req.sglang_points is not None:
+        raise InputError("--sglang-points: applies to --policies ... sglang")
+    from .sglang import check_sglang_flags
+
+    page, evict = check_sglang_flags(req, sglang, where="--policies ... sglang")
+    block_policies = tuple(x for x in req.policies if x != "sglang")
     if source != "spec" and req.conversations is not None:
         raise InputError("--conversations: applies to a spec (a trace file is used as it is)")
     with translating("--model"):
@@ -151,12 +229,21 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         check_capacity_memory(int(Ns.max()), "--n-max")
         from ..sim.tracerun import ENGINE_LABELS, production_curve
 
+        engines = tuple(e for e in ENGINE_LABELS if e in req.policies or not sglang)
         with translating(f"--blocks-trace {req.blocks_trace}"):
-            c = production_curve(pt, Ns)
+            c = production_curve(pt, Ns, engines)
         feas = c["feasibility"]
         data: dict[str, Any] = {"N": Ns}
-        for e, label in ENGINE_LABELS.items():
-            data[f"{label} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
+        for e in engines:
+            data[f"{ENGINE_LABELS[e]} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
+        if sglang:
+            from ..sim.streams import streams_from_production
+            from ..sim.tracerun import measured_mask
+
+            with translating(f"--blocks-trace {req.blocks_trace}"):
+                m = measured_mask(pt, None)
+                data[COLOCATED_LABEL] = _colocated_line(pt.to_block_requests(colocated=True), Ns, m)
+                data[SGLANG_LABEL] = _sglang_line(streams_from_production(pt), Ns, pt.block_size, page, evict, m, req)
         if req.estimates:  # the agentic estimator's curves beside the simulated ones (NaN where infeasible)
             from .trace_estimate import agentic_lines
 
@@ -176,7 +263,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             from ..plots import plot_curves
 
             req.plot.parent.mkdir(parents=True, exist_ok=True)
-            lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
+            lines = _lines(data, Ns)
             data["figures"] = plot_curves(
                 lines,
                 str(req.plot),
@@ -186,7 +273,8 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
                 log_x=True,
                 N_min=feas.N_min,
                 budget_N=data.get("budget_N"),
-                title=f"{Path(req.blocks_trace).name} ({pt.format}): vLLM token hit ratio vs capacity "
+                title=f"{Path(req.blocks_trace).name} ({pt.format}): {'vLLM/SGLang' if sglang else 'vLLM'} token hit "
+                "ratio vs capacity "
                 f"(b = {pt.block_size}, {model.name} KV)",
             )
         return _split_curves(data, model.name)
@@ -218,14 +306,25 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
     b = tr.block_size or 128
     bpb = model.bytes_per_block(b)
     with translating("ShareGPT" if req.sharegpt else str(req.trace or req.spec or "spec")):
-        inp = curve_inputs(tr, window, tuple(req.policies), progress=cb)
-        hi = req.n_max or default_capacity_range(inp, req.n_min)[1]
+        inp = curve_inputs(tr, window, block_policies, progress=cb)
+        if req.n_max:
+            hi = req.n_max
+        else:  # the saturation rule needs a block curve: with sglang alone, vLLM's thresholds set the range
+            rng = inp if block_policies else curve_inputs(tr, window, ("vllm",))
+            hi = default_capacity_range(rng, req.n_min)[1]
         Ns = _grid(req.n_min, hi, req.points, "--n-max" if req.n_max else "--n-min")
         if req.estimates or any(p != "content" for p in req.policies):
             check_capacity_memory(int(Ns.max()), "--n-max")
-        data = curve_data(
-            tr, Ns, window, policies=tuple(req.policies), estimates=req.estimates, inputs=inp, progress=cb
-        )
+        data = curve_data(tr, Ns, window, policies=block_policies, estimates=req.estimates, inputs=inp, progress=cb)
+        if sglang:
+            from ..sim.streams import streams_from_trace
+
+            if "response_tokens" in tr.cols:
+                from ..sim.runner import block_requests
+
+                data[COLOCATED_LABEL] = _colocated_line(block_requests(tr, colocated=True), Ns, inp.mask)
+            cb(0, 1, "SGLang radix cache: one simulation per capacity")
+            data[SGLANG_LABEL] = _sglang_line(streams_from_trace(tr, block_size=b), Ns, b, page, evict, inp.mask, req)
     data["bytes_per_block"] = bpb
     if inp.requests is not None:  # refused shares where vLLM cannot serve the workload (sim/feasibility)
         from ..sim.feasibility import feasibility
@@ -241,15 +340,16 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         from ..plots import plot_curves
 
         req.plot.parent.mkdir(parents=True, exist_ok=True)
-        lines = {k: (Ns, data[k]) for k in _curve_keys(data)}
+        lines = _lines(data, Ns)
         data["figures"] = plot_curves(
             lines,
             str(req.plot),
-            h_max=data["h_max"],
+            h_max=None if sglang else data["h_max"],  # the paper's ceiling is for prefill-only block caches
             bytes_per_block=bpb,
             model=model.name,
             budget_N=budget,
             N_min=data.get("N_min") or None,
-            title=f"hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, {model.name} KV)",
+            title=f"{'token ' if sglang else ''}hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, "
+            f"{model.name} KV)",
         )
     return _split_curves(data, model.name)

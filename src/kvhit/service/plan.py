@@ -36,7 +36,13 @@ class PlanRequest(BlocksTraceFields, HardwareFields):
     metric: Literal["tokens", "blocks"] | None = Field(
         None, description="tokens (vLLM's prefix_cache_hits/queries) | blocks; default: tokens for vLLM, else blocks."
     )
-    compare: PlanEngine | None = Field(None, description="Another engine to compare at the same capacity.")
+    compare: PlanEngine | Literal["sglang"] | None = Field(
+        None,
+        description="Another engine to compare at the same capacity; sglang: both vLLM and SGLang simulated at the "
+        "same KV bytes, with the difference and its CI.",
+    )
+    page_size: int | None = Field(None, ge=1, le=2**16, description="--compare sglang: tokens per page; default 1.")
+    evict_policy: str | None = Field(None, description="--compare sglang: lru (default) | fifo | mru | filo.")
     verify: bool = Field(False, description="Check (a) by exact simulation of the engine.")
     seed: Seed = 0
     scale: float | None = Field(
@@ -156,10 +162,19 @@ def _plan_blocks_trace(req: PlanRequest) -> PlanResponse:
 
 
 def plan(req: PlanRequest) -> PlanResponse:
+    from .sglang import check_sglang_flags, plan_compare_sglang
+
+    req.check_one_budget()
+    if req.compare == "sglang":
+        return plan_compare_sglang(req, _plan_blocks_trace, _plan)
+    check_sglang_flags(req, False, where="--compare sglang")
+    return _plan(req)
+
+
+def _plan(req: PlanRequest) -> PlanResponse:
     from ..plan import make_workload
     from ..plan import plan as plan_fn
 
-    req.check_one_budget()
     if req.sharegpt:
         check_sharegpt_alone(req, allow=("lam0",))
     if req.blocks_trace is not None:

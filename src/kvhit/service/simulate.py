@@ -61,7 +61,20 @@ class SimulateRequest(BlocksTraceFields):
     policy: Literal["content", "block"] = Field(
         "content", description="content (Algorithm 1, whole-conversation LRU) | block (vLLM prefix cache)."
     )
-    engine: BlockEngine = Field("vllm", description="Block policy engine: vllm (≥ 0.24 order) | vllm-0.23.")
+    engine: BlockEngine | Literal["sglang"] = Field(
+        "vllm",
+        description="vllm (≥ 0.24) | vllm-0.23 (block policy) | sglang (SGLang 0.5.23 radix cache, --N in tokens).",
+    )
+    page_size: int | None = Field(None, ge=1, le=2**16, description="--engine sglang: tokens per page; default 1.")
+    evict_policy: str | None = Field(
+        None, description="--engine sglang: lru (default) | fifo | mru | filo (lfu, slru, priority, tlru: refused)."
+    )
+    prefill_tokens_per_s: float | None = Field(
+        None, gt=0, le=1e12, description="--engine sglang: in-flight holds of T/speed seconds (FIFO admission); > 0."
+    )
+    decode_tokens_per_s: float | None = Field(
+        None, gt=0, le=1e12, description="--engine sglang: adds n/speed seconds of decode to each hold; > 0."
+    )
     weighting: Literal["base", "practical"] | None = Field(
         None, description="Content policy hit weight: base (eq. 12) | practical (eq. 31); default: practical."
     )
@@ -222,6 +235,16 @@ def _add_engine_estimates(est: list[dict], source, Ns, policy, engine, block_siz
 def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
     """Run the request; ``progress(done, total, what)`` reports replications (spec) or capacities (trace)."""
     source = req.check_sources()
+    if req.engine == "sglang":
+        from .sglang import simulate_sglang
+
+        return simulate_sglang(req, source, progress)
+    from .sglang import check_sglang_flags
+
+    check_sglang_flags(req, False)
+    for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+        if getattr(req, name) is not None:
+            raise InputError(f"{req.flag(name)}: in-flight holds are simulated for --engine sglang")
     if req.policy == "block" and req.weighting is not None:
         raise InputError("--weighting: applies to --policy content (the block policy counts blocks)")
     if req.policy == "content" and req.colocated:
