@@ -60,8 +60,16 @@ def curve(
     n_max: Annotated[int | None, _opt(CR, "n_max", "--n-max")] = None,
     points: Annotated[int, _opt(CR, "points", "--points")] = 1000,
     policies: Annotated[
-        str, typer.Option("--policies", help="Comma list of simulated policies: content, vllm, vllm-0.23.")
+        str,
+        typer.Option(
+            "--policies",
+            help="Comma list of simulated policies: content, vllm, vllm-0.23, sglang (SGLang at N·b tokens, the same "
+            "memory; simulated per capacity at --sglang-points of the grid: no one-pass curve exists for it).",
+        ),
     ] = "content,vllm,vllm-0.23",
+    page_size: Annotated[int | None, _opt(CR, "page_size", "--page-size")] = None,
+    evict_policy: Annotated[str | None, _opt(CR, "evict_policy", "--evict-policy")] = None,
+    sglang_points: Annotated[int | None, _opt(CR, "sglang_points", "--sglang-points")] = None,
     model: Annotated[str, _opt(CR, "model", "--model")] = "qwen3-8b",
     block_size: Annotated[int | None, _opt(CR, "block_size", "--block-size")] = None,
     plot: Annotated[Path | None, _opt(CR, "plot", "--plot")] = None,
@@ -101,6 +109,9 @@ def curve(
         n_max=n_max,
         points=points,
         policies=_split([policies]),
+        page_size=page_size,
+        evict_policy=evict_policy,
+        sglang_points=sglang_points,
         model=model,
         block_size=block_size,
         plot=plot,
@@ -115,10 +126,19 @@ def curve(
         return
     Ns = res.N
     keys = [k for k in res.curves if not k.endswith("token ratio")]
+    sg = [k for k in keys if k.startswith("SGLang")]
+    if sg:  # show the capacities SGLang was simulated at, with vLLM's token ratios beside it
+        keys = [k + " token ratio" if k + " token ratio" in res.curves else k for k in keys]
+        keys = [k for k in keys if "Algorithm 1" not in k and not k.startswith("estimate")]
     feas = res.feasible
     cols = ["N (blocks)", "GiB", *keys] + (["refused (requests / tokens)"] if feas is not None else [])
     rows = []
-    for i in np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int)):
+    shown = (
+        [i for i, v in enumerate(res.curves[sg[0]]) if v is not None]
+        if sg
+        else np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int))
+    )
+    for i in shown:
         row = [_fmt(int(Ns[i])), f"{Ns[i] * res.bytes_per_block / 2**30:.2f}", *[_fmt(res.curves[k][i]) for k in keys]]
         if feas is not None:
             row.append(
@@ -127,9 +147,14 @@ def curve(
                 else f"infeasible: {100 * res.refused_request_share[i]:.2f}% / {100 * res.refused_token_share[i]:.2f}%"
             )
         rows.append(row)
+    what = (
+        f"token hit ratio vs KV capacity (SGLang simulated at {len(shown)} of {len(Ns):,} capacities, shown; "
+        "SGLang's pool = N·b tokens, the same GiB; simulated per capacity: no one-pass curve exists for SGLang)"
+        if sg
+        else f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {_fmt(res.h_max)}"
+    )
     _table(
-        f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {_fmt(res.h_max)}; "
-        f"GiB of {res.model} KV)",
+        f"{what}; GiB of {res.model} KV)",
         cols,
         rows,
     )

@@ -69,6 +69,8 @@ def plan(
     engine: Annotated[str, _opt(PR, "engine", "--engine")] = "vllm",
     metric: Annotated[str | None, _opt(PR, "metric", "--metric")] = None,
     compare: Annotated[str | None, _opt(PR, "compare", "--compare")] = None,
+    page_size: Annotated[int | None, _opt(PR, "page_size", "--page-size")] = None,
+    evict_policy: Annotated[str | None, _opt(PR, "evict_policy", "--evict-policy")] = None,
     verify: Annotated[bool, _opt(PR, "verify", "--verify")] = False,
     blocks_trace: BlocksTraceOpt = None,
     arrival: ArrivalOpt = "sequential",
@@ -113,6 +115,8 @@ def plan(
         engine=engine,
         metric=metric,
         compare=compare,
+        page_size=page_size,
+        evict_policy=evict_policy,
         verify=verify,
         blocks_trace=blocks_trace,
         arrival=arrival,
@@ -164,7 +168,9 @@ def plan(
                 f"{res.saved_prefill_tokens_per_s:,.0f} tokens/s ({100 * res.saved_fraction:.1f}% of prompt tokens)",
             ]
         )
-    if res.compare and res.compare.get("h_at_capacity") is not None:
+    if res.compare and res.compare.get("engine") == "sglang":
+        rows.extend(_sglang_rows(res.compare))
+    elif res.compare and res.compare.get("h_at_capacity") is not None:
         c = res.compare
         rows.append(
             [f"vs {c['engine']} at this capacity", f"{c['h_at_capacity']:.4f} → {res.estimator} gains {c['gain']:+.4f}"]
@@ -194,6 +200,31 @@ def plan(
     )
     for n in res.notes:
         console.print(f"note: {n}", markup=False, style="dim")
+
+
+def _sglang_rows(c: dict) -> list[list[str]]:
+    """``--compare sglang``: both engines simulated at the same KV bytes."""
+
+    def h(key: str) -> str:
+        v = c.get(f"h_{key}")
+        if v is None:
+            return f"infeasible ({100 * (c.get(f'{key}_refused_request_share') or 0):.2f}% of requests refused)"
+        return f"{v:.4f} ± {c.get(f'h_{key}_ci95', float('nan')):.4f}"
+
+    rows = [
+        [f"vLLM ({c['vllm_engine']}, {c['vllm_mode']}) at {c['vllm_blocks']:,} blocks", h("vllm")],
+    ]
+    if "h_vllm_prefill_only" in c:
+        rows.append([f"vLLM prefill-only (PD) at {c['vllm_blocks']:,} blocks", h("vllm_prefill_only")])
+    rows.append([f"SGLang (page {c['page_size']}, {c['evict_policy']}) at {c['sglang_tokens']:,} tokens", h("sglang")])
+    if c.get("difference") is not None:
+        rows.append(
+            [
+                f"SGLang − vLLM at {c['kv_gib']:.2f} GiB (paired, 95%)",
+                f"{c['difference']:+.4f} ± {c['difference_ci95']:.4f} → {c['better']}",
+            ]
+        )
+    return rows
 
 
 @app.command()

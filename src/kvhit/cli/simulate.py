@@ -55,7 +55,7 @@ def simulate(
     w_mean: WMeanOpt = None,
     w_dist: WDistOpt = None,
     w_cv: WCvOpt = None,
-    policy: Annotated[str, _opt(SR, "policy", "--policy")] = "content",
+    policy: Annotated[str | None, _opt(SR, "policy", "--policy")] = None,
     engine: Annotated[str, _opt(SR, "engine", "--engine")] = "vllm",
     weighting: Annotated[str | None, _opt(SR, "weighting", "--weighting")] = None,
     colocated: Annotated[bool, _opt(SR, "colocated", "--colocated")] = False,
@@ -70,10 +70,16 @@ def simulate(
     rate: RateOpt = None,
     span: SpanOpt = None,
     estimates: Annotated[bool, _opt(SR, "estimates", "--estimate/--no-estimate")] = True,
+    page_size: Annotated[int | None, _opt(SR, "page_size", "--page-size")] = None,
+    evict_policy: Annotated[str | None, _opt(SR, "evict_policy", "--evict-policy")] = None,
+    prefill_tokens_per_s: Annotated[float | None, _opt(SR, "prefill_tokens_per_s", "--prefill-tokens-per-s")] = None,
+    decode_tokens_per_s: Annotated[float | None, _opt(SR, "decode_tokens_per_s", "--decode-tokens-per-s")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate the hit ratio: Algorithm 1 (content) or the vLLM block cache, on a trace, a spec, or a production
     block-id trace (--blocks-trace: Mooncake FAST'25 .jsonl or WEKA Claude-Code .json; both engine orders).
+    --engine sglang: SGLang 0.5.23's radix cache, --N in tokens (its KV pool), token hit ratio, optional
+    in-flight holds (--prefill-tokens-per-s, --decode-tokens-per-s).
 
     On a spec, each replication generates a fresh trace (seed + r) and the 95% interval is over replications;
     on a trace file the interval is from batch means. The mean-field estimate is shown beside it.
@@ -94,8 +100,12 @@ def simulate(
         w_mean=w_mean,
         w_dist=w_dist,
         w_cv=w_cv,
-        policy=policy,
+        **({"policy": policy} if policy is not None else {}),
         engine=engine,
+        page_size=page_size,
+        evict_policy=evict_policy,
+        prefill_tokens_per_s=prefill_tokens_per_s,
+        decode_tokens_per_s=decode_tokens_per_s,
         weighting=weighting,
         colocated=colocated,
         block_size=block_size,
@@ -111,6 +121,9 @@ def simulate(
     )
     if as_json:
         _print_json(res)
+        return
+    if res.policy == "sglang":
+        _print_sglang(res)
         return
     if res.blocks_trace is not None:
         d = res.describe
@@ -165,3 +178,44 @@ def simulate(
             ]
         )
     _table(title, cols, rows)
+
+
+def _print_sglang(res) -> None:
+    """The rows of ``--engine sglang`` (N in tokens, token hit ratio)."""
+    if res.blocks_trace is not None:
+        d = res.describe
+        console.print(
+            f"{res.blocks_trace}: {d['requests']:,} requests over {d['time_span_s']:,.0f} s, "
+            f"{d['block_size']}-token blocks; infinite-cache ceiling (vLLM blocks): token hit ratio "
+            f"{d['ideal_token_hit_ratio']:.4f}",
+            markup=False,
+        )
+    holds = any(r.get("mean_wait") is not None for r in res.rows)
+    cols = ["N (tokens)", "token hit ratio", "± 95%", "request hit rate", "evicted tokens"] + (
+        ["mean wait (s)"] if holds else []
+    )
+    rows = []
+    for r in res.rows:
+        if not r["feasible"]:
+            rows.append([_fmt(r["N"]), _refused(r), "–", "–", "–"] + (["–"] if holds else []))
+            continue
+        rows.append(
+            [
+                _fmt(r["N"]),
+                _fmt(r["h"]),
+                _fmt(r["h_ci95"]),
+                _fmt(r["request_hit_rate"]),
+                _fmt(r.get("evicted_tokens")),
+            ]
+            + ([_fmt(r.get("mean_wait"))] if holds else [])
+        )
+    r0 = res.rows[0]
+    _table(f"SGLang radix cache (page size {r0['page_size']}, {r0['evict_policy']})", cols, rows)
+    if any(not r["feasible"] for r in res.rows):
+        console.print(
+            f"note: below N = {res.N_min:,} tokens (the largest request, pages rounded up) SGLang rejects a request; "
+            "no hit ratio is reported there",
+            markup=False,
+        )
+    for n in res.notes:
+        console.print(f"note: {n}", markup=False)
