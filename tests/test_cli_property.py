@@ -207,6 +207,32 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
                 "--store-threshold": bad_int(0, 1000),
             },
         ),
+        "simulate --engine sglang": (
+            ["simulate", "--trace", str(trace), "--engine", "sglang", "--N", "20000", "--prefill-tokens-per-s", "1e6"],
+            {
+                "--N": bad_capacities(),
+                "--page-size": bad_int(1, 2**16),
+                "--evict-policy": bad_choice(("lru", "fifo", "mru", "filo")),
+                "--prefill-tokens-per-s": bad_pos_float(hi=1e12),
+                "--decode-tokens-per-s": bad_pos_float(hi=1e12),
+            },
+        ),
+        "curve --policies sglang": (
+            ["curve", "--trace", str(trace), "--points", "3", "--policies", "vllm,sglang", "--sglang-points", "2"],
+            {
+                "--sglang-points": bad_int(2, 100_000),
+                "--page-size": bad_int(1, 2**16),
+                "--evict-policy": bad_choice(("lru", "fifo", "mru", "filo")),
+            },
+        ),
+        "plan --compare sglang": (
+            ["plan", "--trace", str(trace), "--kv-gb", "1", "--compare", "sglang"],
+            {
+                "--compare": bad_choice(("vllm", "vllm-0.23", "content", "paper", "sglang")),
+                "--page-size": bad_int(1, 2**16),
+                "--evict-policy": bad_choice(("lru", "fifo", "mru", "filo")),
+            },
+        ),
         "demo": (["demo"], {"--N": bad_int(2, 2**40), "--lam0": bad_pos_float(), "--w-mean": bad_pos_float()}),
         "reproduce": (
             ["reproduce", "--quick", "-o", str(tmp / "rep")],

@@ -1,0 +1,54 @@
+"""kvhit simulate/curve/plan with SGLang: the command line prints the service's numbers (token units named)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clihelp import kvhit
+
+SCM = ["--lam0", "0.5", "--p", "0.75", "--x-mean", "4", "--y-mean", "3", "--w-mean", "60"]
+MOONCAKE = str(Path(__file__).parent / "data" / "production" / "mooncake_small.jsonl")
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("sg") / "t.parquet"
+    assert kvhit("trace", "generate", *SCM, "-n", "300", "--seed", "4", "-o", p).code == 0
+    return p
+
+
+def test_simulate_table_and_json_agree(trace_file):
+    args = ["simulate", "--trace", trace_file, "--engine", "sglang", "--N", "30000,60000", "--page-size", "4"]
+    r = kvhit(*args)
+    assert r.code == 0, r.err
+    assert "N (tokens)" in r.out and "SGLang radix cache (page size 4, lru)" in r.out
+    j = json.loads(kvhit(*args, "--json").out)
+    for row in j["rows"]:
+        assert f"{row['h']:.4f}" in r.out and row["unit"] == "tokens"
+
+
+def test_simulate_blocks_trace_with_holds():
+    r = kvhit(
+        "simulate", "--blocks-trace", MOONCAKE, "--engine", "sglang", "--N", "100000", "--prefill-tokens-per-s", "1000"
+    )
+    assert r.code == 0, r.err
+    assert "mean wait" in r.out and "in-flight holds" in r.out
+
+
+def test_simulate_refuses_unmodelled_policy_in_one_line(trace_file):
+    r = kvhit("simulate", "--trace", trace_file, "--engine", "sglang", "--N", "30000", "--evict-policy", "slru")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--evict-policy slru" in r.err
+
+
+def test_curve_and_plan_compare(trace_file):
+    r = kvhit("curve", "--trace", trace_file, "--policies", "vllm,sglang", "--points", "20", "--sglang-points", "3")
+    assert r.code == 0, r.err
+    assert "SGLang simulated at 3 of" in r.out and "no one-pass curve" in r.out
+    r = kvhit("plan", "--trace", trace_file, "--kv-gb", "4", "--compare", "sglang", "--json")
+    assert r.code == 0, r.err
+    c = json.loads(r.out)["compare"]
+    t = kvhit("plan", "--trace", trace_file, "--kv-gb", "4", "--compare", "sglang")
+    assert f"{c['difference']:+.4f}" in t.out and "SGLang − vLLM" in t.out
