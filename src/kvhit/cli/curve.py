@@ -134,7 +134,7 @@ def curve(
     cols = ["N (blocks)", "GiB", *keys] + (["refused (requests / tokens)"] if feas is not None else [])
     rows = []
     shown = (
-        [i for i, v in enumerate(res.curves[sg[0]]) if v is not None]
+        [i for i, v in enumerate(res.curves[sg[0]]) if v is not None and np.isfinite(v)]
         if sg
         else np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int))
     )
@@ -148,7 +148,8 @@ def curve(
             )
         rows.append(row)
     what = (
-        f"token hit ratio vs KV capacity (SGLang simulated at {len(shown)} of {len(Ns):,} capacities, shown; "
+        f"token hit ratio vs KV capacity (the {len(shown)} feasible capacities SGLang was simulated at, of "
+        f"{len(Ns):,}; "
         "SGLang's pool = N·b tokens, the same GiB; simulated per capacity: no one-pass curve exists for SGLang)"
         if sg
         else f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {_fmt(res.h_max)}"
