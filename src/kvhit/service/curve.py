@@ -50,7 +50,7 @@ class CurveRequest(BlocksTraceFields):
         description="Simulated policies: content, vllm, vllm-0.23, sglang (SGLang's token pool at N·b tokens: the "
         "same memory as N blocks; simulated per capacity at --sglang-points of the grid, no one-pass curve exists).",
     )
-    page_size: int | None = Field(None, ge=1, le=2**16, description="sglang: tokens per page; default 1.")
+    page_size: int | None = Field(None, ge=1, le=2**16, description="sglang: tokens per page, 1–65,536; default 1.")
     evict_policy: str | None = Field(None, description="sglang: lru (default) | fifo | mru | filo.")
     sglang_points: int | None = Field(
         None, ge=2, le=100_000, description="sglang: capacities of the grid simulated (log-spaced subset); default 24."

@@ -41,7 +41,9 @@ class PlanRequest(BlocksTraceFields, HardwareFields):
         description="Another engine to compare at the same capacity; sglang: both vLLM and SGLang simulated at the "
         "same KV bytes, with the difference and its CI.",
     )
-    page_size: int | None = Field(None, ge=1, le=2**16, description="--compare sglang: tokens per page; default 1.")
+    page_size: int | None = Field(
+        None, ge=1, le=2**16, description="--compare sglang: tokens per page, 1–65,536; default 1."
+    )
     evict_policy: str | None = Field(None, description="--compare sglang: lru (default) | fifo | mru | filo.")
     verify: bool = Field(False, description="Check (a) by exact simulation of the engine.")
     seed: Seed = 0

@@ -59,13 +59,17 @@ class BlocksTraceFields(TraceOrSpecFields):
 class SimulateRequest(BlocksTraceFields):
     N: Capacities
     policy: Literal["content", "block"] = Field(
-        "content", description="content (Algorithm 1, whole-conversation LRU) | block (vLLM prefix cache)."
+        "content",
+        description="content (Algorithm 1, whole-conversation LRU) | block (vLLM prefix cache); default: content "
+        "(with --engine sglang: the SGLang model).",
     )
     engine: BlockEngine | Literal["sglang"] = Field(
         "vllm",
         description="vllm (≥ 0.24) | vllm-0.23 (block policy) | sglang (SGLang 0.5.23 radix cache, --N in tokens).",
     )
-    page_size: int | None = Field(None, ge=1, le=2**16, description="--engine sglang: tokens per page; default 1.")
+    page_size: int | None = Field(
+        None, ge=1, le=2**16, description="--engine sglang: tokens per page, 1–65,536; default 1."
+    )
     evict_policy: str | None = Field(
         None, description="--engine sglang: lru (default) | fifo | mru | filo (lfu, slru, priority, tlru: refused)."
     )
