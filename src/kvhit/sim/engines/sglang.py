@@ -39,8 +39,13 @@ decode steps are not interleaved). A request is rejected (never runs) when ``T +
 pages, plus one page when ``p > 1``, exceed ``C``. On a refused admission the match has already stamped and
 split the tree (as in SGLang).
 
+HiCache (host tier): ``host=`` a :class:`kvhit.sim.tiers.hicache.HiCacheTier`, which the tree calls at its
+events (split, insert walk, device eviction, match → load-back); nodes then carry ``dev``/``host`` flags and
+a hit count, and an evicted node may stay in the tree host-only (see that module). Without it every node is
+on the device and nothing here changes.
+
 Not modelled: decode-time retraction (preemption) when the pool runs out, the ``new_token_ratio`` decode
-reservation of ``PrefillAdder``, chunked prefill, HiCache (host tier), LFU/priority/SLRU policies, SWA and
+reservation of ``PrefillAdder``, chunked prefill, LFU/priority/SLRU policies, SWA and
 Mamba trees, speculative decoding (EAGLE bigram keys), ``extra_key`` / LoRA namespaces.
 """
 
