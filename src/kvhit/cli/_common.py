@@ -228,6 +228,8 @@ def _list_of(values: list[str] | None, flag: str, kind: type) -> list | None:
         return None
     out = []
     for v in values:
+        if not str(v).strip(" ,"):
+            _fail(f"{flag}: empty value {v!r}")
         for part in str(v).split(","):
             part = part.strip()
             if not part:

@@ -50,6 +50,7 @@ class TiersRequest(Request):
     )
     hicache_ratio: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(
         None,
+        min_length=1,
         max_length=64,
         description="hicache: host pool = ratio × device pool (SGLang --hicache-ratio), each in (0, 1000]; "
         "or --dram-gb / --host-units; default: none.",
