@@ -103,7 +103,8 @@ def test_content_stream_equals_whole_trace(trace, chunk, N):
 def test_content_stream_chunk_of_one_event(trace):
     whole = simulate_content(trace["conv"], trace["R"], 150)
     cs = ContentStream(150)
-    hit = [int(cs.push(trace["conv"][i : i + 1], trace["R"][i : i + 1], trace["turn"][i : i + 1] == trace["M"][i : i + 1])[0]) for i in range(trace.n_turns)]  # fmt: skip
+    last = trace["turn"] == trace["M"]
+    hit = [int(cs.push(trace["conv"][i : i + 1], trace["R"][i : i + 1], last[i : i + 1])[0]) for i in range(3000)]
     assert hit == whole.hit.tolist()
 
 
@@ -344,3 +345,76 @@ def _chunk(conv, turn, M, R, Z, start=0):
     a = lambda x: np.asarray(x, np.int64)  # noqa: E731
     n = len(conv)
     return EventChunk(a(conv), a(turn), a(M), a(R), a(Z), np.zeros(n), np.zeros(n), start=start)
+
+
+# -- the service ---------------------------------------------------------------------------------------------------
+
+
+def _svc(**fields):
+    from kvhit.service import registry
+
+    return registry.run("stream", {"N": [150, 2275], **fields})
+
+
+def test_service_stream_on_a_spec_is_chunk_independent_and_equals_the_library():
+    a = _svc(spec=Path(__file__).resolve().parents[1] / "examples" / "scm.toml", events=3000, chunk=7, seed=11)
+    b = _svc(spec=Path(__file__).resolve().parents[1] / "examples" / "scm.toml", events=3000, chunk=2999, seed=11)
+    keep = ("h", "h_practical", "hit_numerator", "evictions", "n_measured")
+    assert [{k: r[k] for k in keep} for r in a.rows] == [{k: r[k] for k in keep} for r in b.rows]
+    lib = simulate_stream(spec_chunks(SPEC, 11, 3000, 100), [150, 2275], warmup=300)
+    assert [r["hit_numerator"] for r in a.rows] == [r.hit_numerator for r in lib]
+    assert a.warmup == 300 and a.events == 3000 and a.peak_rss_mib > 0 and a.events_per_s > 0
+
+
+def test_service_stream_on_a_trace_file_equals_the_whole_trace(trace, tmp_path):
+    p = tmp_path / "t.parquet"
+    tr = Trace.from_columns({c: trace[c] for c in COLS}, {"block_size": 16}, sort=False)
+    tr.write(p)
+    res = _svc(trace=p, chunk=333, warmup=0)
+    for r in res.rows:
+        assert r["hit_numerator"] == simulate_content(trace["conv"], trace["R"], r["N"]).reused_blocks
+    blk = _svc(trace=p, policy="block", events=2000, warmup=0)
+    rq = block_requests(tr.select(np.arange(3000) < 2000), source="blocks")
+    assert blk.block_size == 16 and blk.events == 2000
+    for r in blk.rows:
+        w = simulate_block(rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=r["N"], block_size=16)
+        assert r["hit_numerator"] == int(w.hit_blocks[~w.rejected].sum())
+
+
+@pytest.mark.parametrize(
+    ("fields", "msg"),
+    [
+        ({"events": 100, "block_size": 16}, "--block-size: applies to --policy block"),
+        ({"events": 100, "engine": "vllm"}, "--engine: applies to --policy block"),
+        ({}, "--events: required on a spec"),
+        ({"events": 100, "warmup": 100}, "--warmup: 100 warm-up events leave none"),
+        ({"events": 0}, "--events"),
+        ({"events": 1.5}, "--events"),
+        ({"events": 100, "chunk": 0}, "--chunk"),
+        ({"events": 100, "chunk": 10**8}, "--chunk"),
+        ({"events": 100, "policy": "block", "N": [2**40]}, "--N: a capacity of"),
+    ],
+)
+def test_service_stream_refusals(fields, msg):
+    from kvhit.service import InputError
+
+    spec = Path(__file__).resolve().parents[1] / "examples" / "scm.toml"
+    with pytest.raises(InputError, match=msg.replace("(", r"\(")):
+        _svc(spec=spec, **fields)
+
+
+def test_service_stream_refusals_on_a_trace(trace, tmp_path):
+    from kvhit.service import InputError
+
+    p = tmp_path / "t.parquet"
+    Trace.from_columns({c: trace[c] for c in COLS}, sort=False).write(p)
+    with pytest.raises(InputError, match="--events: 5,000 events asked, the trace has 3,000 rows"):
+        _svc(trace=p, events=5000)
+    with pytest.raises(InputError, match="--seed"):
+        _svc(trace=p, seed=3)
+    with pytest.raises(InputError, match="--trace and --spec"):
+        _svc(trace=p, spec=Path("examples/scm.toml"))
+    with pytest.raises(InputError, match="--lam0: applies to a spec"):
+        _svc(trace=p, lam0=2.0)
+    with pytest.raises(InputError, match="no such file"):
+        _svc(trace=tmp_path / "none.parquet")

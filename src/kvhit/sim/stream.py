@@ -50,7 +50,7 @@ _C_ST = 15
 
 
 @njit(cache=True)
-def _content_chunk(conv, R, last, begin, N, measure_from, hit, tab, nxt, prv, size, fin, key_of, free, st):  # pragma: no cover
+def _content_chunk(conv, R, last, begin, N, measure_from, hit, tab, nxt, prv, size, fin, key_of, free, st):  # noqa: E501  # pragma: no cover
     """Algorithm 1 (lines 1–9, see :func:`kvhit.sim.content._lru_kernel`) over events ``begin…`` of one chunk;
     slot 0 is the sentinel of the circular resident list (``nxt`` towards the LRU end); a non-resident slot is a
     self-loop. Returns ``(status, i)``: 0 done; 1 event ``i`` has an invalid ``R``; 2 event ``i`` needs a slot and
@@ -260,7 +260,9 @@ _B_ACC = 9
 
 
 @njit(cache=True)
-def _block_chunk(T, off, hashes, b, N, unhashed_to_head, measure_from, hit_out, blk, dl, bhash, tab, mask, st, rb, acc):  # pragma: no cover
+def _block_chunk(
+    T, off, hashes, b, N, unhashed_to_head, measure_from, hit_out, blk, dl, bhash, tab, mask, st, rb, acc
+):  # pragma: no cover
     """The instantaneous branch of :func:`kvhit.sim.block._simulate_kernel` over one chunk, on persistent state."""
     head = N
     tail = N + 1

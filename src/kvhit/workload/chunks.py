@@ -46,7 +46,9 @@ __all__ = [
     "check_chunk_args",
     "materialize",
     "parquet_chunks",
+    "parquet_rows",
     "spec_chunks",
+    "trace_block_size",
 ]
 
 #: conversations drawn per generator block (part of the stream trace's definition: changing it changes the trace)
@@ -418,3 +420,19 @@ def trace_block_size(path: str | Path) -> int | None:
         return int(b) if b is not None else None
     except Exception:  # noqa: BLE001 - parquet_chunks reports unreadable files with their cause
         return None
+
+
+def parquet_rows(path: str | Path) -> int:
+    """Rows of a Parquet file from its footer (no data read); :class:`TraceError` if unreadable."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such file")
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory, expected a Parquet trace file")
+    try:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise TraceError(f"{path}: not a readable Parquet file ({e})") from None
