@@ -1,0 +1,49 @@
+"""kvhit command line: a thin typer + rich front end over the service layer (:mod:`kvhit.service`).
+
+Each command parses its flags into the service's request object (validated there, once), calls the service
+function and renders the response: a rich table, or strict JSON with ``--json`` (``null`` for undefined numbers).
+Refused input — a usage error or an :class:`~kvhit.service.InputError` — is one stderr line naming the
+file/flag/field, exit status 2, no traceback; outputs are checked before computing and written atomically.
+Tables never truncate a number: when the columns do not fit the terminal (80 columns in a pipe), each row is
+printed as a block of ``name: value`` lines instead. No domain logic lives here.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.text import Text
+
+from ..service.errors import one_line
+
+# Each command module registers its commands on ``app`` when imported; the import order is the order of
+# ``kvhit --help`` (typer lists sub-command groups after the commands).
+# isort: off
+from . import estimate, simulate, trace, demo, plan, reproduce, curve, tiers, serve, fleet  # noqa: F401
+
+# isort: on
+from ._common import app, console, err_console
+
+__all__ = ["app", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: every usage error and every refused input is one stderr line, exit 2."""
+    from typer._click import exceptions as cx
+
+    from ..service.io import install_signal_handlers
+
+    install_signal_handlers()
+    cmd = typer.main.get_command(app)
+    try:
+        rv = cmd.main(args=argv, prog_name="kvhit", standalone_mode=False)
+    except cx.NoArgsIsHelpError as e:
+        console.print(e.format_message(), markup=False, highlight=False)
+        return 0
+    except cx.ClickException as e:
+        err_console.print(Text.assemble(("error: ", "bold red"), one_line(e.format_message())), highlight=False)
+        return e.exit_code
+    except typer.Abort:
+        return 1
+    except typer.Exit as e:
+        return e.exit_code
+    return rv if isinstance(rv, int) else 0

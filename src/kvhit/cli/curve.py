@@ -1,0 +1,143 @@
+"""``kvhit curve``: hit ratio at every capacity in one pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from ._common import (
+    ArrivalOpt,
+    BlocksTraceOpt,
+    JsonOpt,
+    Lam0Opt,
+    POpt,
+    RateOpt,
+    SpanOpt,
+    SpecOpt,
+    TraceOpt,
+    TurnsOpt,
+    WCvOpt,
+    WDistOpt,
+    WMeanOpt,
+    XOpt,
+    YOpt,
+    _call,
+    _fmt,
+    _opt,
+    _print_json,
+    _split,
+    _table,
+    app,
+    console,
+    svc,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# kvhit curve
+# ---------------------------------------------------------------------------------------------------------------
+
+CR = svc.CurveRequest
+
+
+@app.command()
+def curve(
+    trace: TraceOpt = None,
+    spec: SpecOpt = None,
+    lam0: Lam0Opt = None,
+    p: POpt = None,
+    mean_turns: TurnsOpt = None,
+    x_mean: XOpt = None,
+    y_mean: YOpt = None,
+    w_mean: WMeanOpt = None,
+    w_dist: WDistOpt = None,
+    w_cv: WCvOpt = None,
+    conversations: Annotated[int | None, _opt(CR, "conversations", "--conversations", "-n")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Spec mode: seed; integer ≥ 0.")] = 0,
+    n_min: Annotated[int, _opt(CR, "n_min", "--n-min")] = 64,
+    n_max: Annotated[int | None, _opt(CR, "n_max", "--n-max")] = None,
+    points: Annotated[int, _opt(CR, "points", "--points")] = 1000,
+    policies: Annotated[
+        str, typer.Option("--policies", help="Comma list of simulated policies: content, vllm, vllm-0.23.")
+    ] = "content,vllm,vllm-0.23",
+    model: Annotated[str, _opt(CR, "model", "--model")] = "qwen3-8b",
+    block_size: Annotated[int | None, _opt(CR, "block_size", "--block-size")] = None,
+    plot: Annotated[Path | None, _opt(CR, "plot", "--plot")] = None,
+    warmup: Annotated[int | None, _opt(CR, "warmup", "--warmup")] = None,
+    blocks_trace: BlocksTraceOpt = None,
+    arrival: ArrivalOpt = "sequential",
+    rate: RateOpt = None,
+    span: SpanOpt = None,
+    estimates: Annotated[bool, _opt(CR, "estimates", "--estimate/--no-estimate")] = True,
+    kv_gb: Annotated[float | None, _opt(CR, "kv_gb", "--kv-gb")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
+
+    Simulated and estimated curves are block-weighted (Σ hit blocks / Σ prompt blocks); vLLM's token hit ratio
+    of each simulated engine is in the --json output.
+    """
+    res = _call(
+        svc.curve,
+        CR,
+        _progress_label="curve",
+        estimates=estimates,
+        kv_gb=kv_gb,
+        trace=trace,
+        spec=spec,
+        lam0=lam0,
+        p=p,
+        mean_turns=mean_turns,
+        x_mean=x_mean,
+        y_mean=y_mean,
+        w_mean=w_mean,
+        w_dist=w_dist,
+        w_cv=w_cv,
+        conversations=conversations,
+        seed=seed,
+        n_min=n_min,
+        n_max=n_max,
+        points=points,
+        policies=_split([policies]),
+        model=model,
+        block_size=block_size,
+        plot=plot,
+        warmup=warmup,
+        blocks_trace=blocks_trace,
+        arrival=arrival,
+        rate=rate,
+        span=span,
+    )
+    if as_json:
+        _print_json(res)
+        return
+    Ns = res.N
+    keys = [k for k in res.curves if not k.endswith("token ratio")]
+    feas = res.feasible
+    cols = ["N (blocks)", "GiB", *keys] + (["refused (requests / tokens)"] if feas is not None else [])
+    rows = []
+    for i in np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int)):
+        row = [_fmt(int(Ns[i])), f"{Ns[i] * res.bytes_per_block / 2**30:.2f}", *[_fmt(res.curves[k][i]) for k in keys]]
+        if feas is not None:
+            row.append(
+                "–"
+                if feas[i]
+                else f"infeasible: {100 * res.refused_request_share[i]:.2f}% / {100 * res.refused_token_share[i]:.2f}%"
+            )
+        rows.append(row)
+    _table(
+        f"hit ratio vs KV capacity ({len(Ns):,} capacities computed; 12 shown; h_max = {_fmt(res.h_max)}; "
+        f"GiB of {res.model} KV)",
+        cols,
+        rows,
+    )
+    if feas is not None and not all(feas):
+        console.print(
+            f"note: below N = {res.N_min:,} blocks (the largest request) vLLM cannot serve this workload: "
+            "no vLLM hit ratio is reported there (shaded in the plot)",
+            markup=False,
+        )
+    for f in res.figures:
+        console.print(f"wrote {f}", markup=False)

@@ -1,0 +1,42 @@
+"""``kvhit serve``: the planner page and the JSON API."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from ._common import (
+    _fail,
+    app,
+    err_console,
+)
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str, typer.Option("--host", help="Interface to bind; default 127.0.0.1 (this machine only).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port, 1–65,535 (0: any free port).")] = 8765,
+    workers: Annotated[int, typer.Option("--workers", help="Job worker processes, 1–64.")] = 2,
+) -> None:
+    """The planner page and the JSON API (OpenAPI at /docs) over the service layer; opens nothing by itself."""
+    if not 0 <= port <= 65535:
+        _fail(f"--port: expected 0–65,535 (got {port})")
+    if not 1 <= workers <= 64:
+        _fail(f"--workers: expected 1–64 (got {workers})")
+    if host in ("0.0.0.0", "::"):
+        err_console.print(
+            Text.assemble(
+                ("warning: ", "bold yellow"),
+                f"--host {host}: the planner (no authentication) is reachable from every network this machine is on",
+            ),
+            highlight=False,
+        )
+    import uvicorn
+
+    from ..web import create_app
+
+    uvicorn.run(create_app(workers=workers, warm=True), host=host, port=port, log_level="warning")

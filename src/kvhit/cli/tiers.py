@@ -1,0 +1,121 @@
+"""``kvhit tiers``: host-memory tiers (DRAM behind HBM)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ._common import (
+    _call,
+    _fmt,
+    _help,
+    _list_of,
+    _print_json,
+    app,
+    console,
+    svc,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# kvhit tiers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@app.command()
+def tiers(
+    trace: Annotated[Path | None, typer.Option("--trace", help=_help(svc.TiersRequest, "trace"))] = None,
+    blocks_trace: Annotated[
+        Path | None, typer.Option("--blocks-trace", help=_help(svc.TiersRequest, "blocks_trace"))
+    ] = None,
+    tier: Annotated[str, typer.Option("--tier", help=_help(svc.TiersRequest, "tier"))] = "native",
+    hbm_blocks: Annotated[
+        list[str] | None, typer.Option("--hbm-blocks", help=_help(svc.TiersRequest, "hbm_blocks"))
+    ] = None,
+    dram_gb: Annotated[list[str] | None, typer.Option("--dram-gb", help=_help(svc.TiersRequest, "dram_gb"))] = None,
+    host_units: Annotated[
+        list[str] | None, typer.Option("--host-units", help=_help(svc.TiersRequest, "host_units"))
+    ] = None,
+    model: Annotated[str, typer.Option("--model", help=_help(svc.TiersRequest, "model"))] = "qwen3-8b",
+    dtype: Annotated[str, typer.Option("--kv-dtype", help=_help(svc.TiersRequest, "dtype"))] = "bf16",
+    tp: Annotated[int, typer.Option("--tp", help=_help(svc.TiersRequest, "tp"))] = 1,
+    block_size: Annotated[int | None, typer.Option("--block-size", help=_help(svc.TiersRequest, "block_size"))] = None,
+    policy: Annotated[str, typer.Option("--policy", help=_help(svc.TiersRequest, "policy"))] = "lru",
+    blocks_per_chunk: Annotated[
+        int, typer.Option("--blocks-per-chunk", help=_help(svc.TiersRequest, "blocks_per_chunk"))
+    ] = 1,
+    store_threshold: Annotated[
+        int, typer.Option("--store-threshold", help=_help(svc.TiersRequest, "store_threshold"))
+    ] = 0,
+    chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", help=_help(svc.TiersRequest, "chunk_tokens"))] = 256,
+    prefill: Annotated[
+        float | None, typer.Option("--prefill-tokens-per-s", help=_help(svc.TiersRequest, "prefill_tokens_per_s"))
+    ] = None,
+    pcie: Annotated[float, typer.Option("--pcie-gb-per-s", help=_help(svc.TiersRequest, "pcie_gb_per_s"))] = 25.0,
+    target: Annotated[float | None, typer.Option("--target", help=_help(svc.TiersRequest, "target"))] = None,
+    price_hbm: Annotated[
+        float | None, typer.Option("--price-hbm-per-gib", help=_help(svc.TiersRequest, "price_hbm_per_gib"))
+    ] = None,
+    price_dram: Annotated[
+        float | None, typer.Option("--price-dram-per-gib", help=_help(svc.TiersRequest, "price_dram_per_gib"))
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", help=_help(svc.TiersRequest, "workers"))] = 1,
+    plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
+) -> None:
+    """Total hit ratio h(HBM, DRAM) of a trace behind a host-memory KV tier (vLLM native, simple, LMCache)."""
+    res = _call(
+        svc.tiers,
+        svc.TiersRequest,
+        trace=trace,
+        blocks_trace=blocks_trace,
+        tier=tier,
+        hbm_blocks=_list_of(hbm_blocks, "--hbm-blocks", int),
+        dram_gb=_list_of(dram_gb, "--dram-gb", float),
+        host_units=_list_of(host_units, "--host-units", int),
+        model=model,
+        dtype=dtype,
+        tp=tp,
+        block_size=block_size,
+        policy=policy,
+        blocks_per_chunk=blocks_per_chunk,
+        store_threshold=store_threshold,
+        chunk_tokens=chunk_tokens,
+        prefill_tokens_per_s=prefill,
+        pcie_gb_per_s=pcie,
+        target=target,
+        price_hbm_per_gib=price_hbm,
+        price_dram_per_gib=price_dram,
+        workers=workers,
+        plot=plot,
+    )
+    if as_json:
+        _print_json(res)
+        return
+    cols = res.dram_gib if res.dram_gib is not None else res.host_units
+    unit = "GiB" if res.dram_gib is not None else "units"
+    console.print(f"{res.tier}: {res.requests:,} requests, block size {res.block_size}; h (GPU + host)")
+    console.print("HBM blocks | GPU only | " + " | ".join(f"{c:g} {unit}" for c in cols))
+    for N, hg, row in zip(res.hbm_blocks, res.h_gpu, res.h, strict=True):
+        console.print(f"{N:,} | {_fmt(hg)} | " + " | ".join(_fmt(v) for v in row))
+    if res.ttft_saved_s is not None:
+        console.print("mean TTFT saved per request vs recompute (s)")
+        for N, row in zip(res.hbm_blocks, res.ttft_saved_s, strict=True):
+            console.print(f"{N:,} | " + " | ".join(_fmt(v) for v in row))
+    if res.dram_for_target is not None:
+        console.print(
+            "DRAM reaching the target (grid): "
+            + ", ".join(
+                f"{N:,} blocks → {'none' if d is None else f'{d:g}'}"
+                for N, d in zip(res.hbm_blocks, res.dram_for_target, strict=True)
+            )
+        )
+    if res.cheapest is not None:
+        c = res.cheapest
+        console.print(
+            f"cheapest split reaching the target: {c['hbm_blocks']:,} blocks ({c['hbm_gib']:.1f} GiB HBM) + "
+            f"{c['dram_gib']:g} GiB DRAM, cost {c['cost']:.4g}, h = {c['h']:.4f}"
+        )
+    if res.figure:
+        console.print("wrote " + ", ".join(res.figure))
