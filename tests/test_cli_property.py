@@ -231,11 +231,19 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
             ["tiers", "--blocks-trace", MOONCAKE, "--hbm-blocks", "4", "--host-units", "0,6"],
             {
                 "--hbm-blocks": st.one_of(bad_capacities(), st.just(str(2**31 + 1))),
-                "--tier": bad_choice(("native", "lmcache", "simple")),
+                "--tier": bad_choice(("native", "lmcache", "simple", "hicache")),
                 "--tp": bad_int(1, 4096),
                 "--blocks-per-chunk": bad_int(1, 4096),
                 "--policy": bad_choice(("lru", "arc")),
                 "--store-threshold": bad_int(0, 1000),
+            },
+        ),
+        "tiers --tier hicache": (
+            ["tiers", "--blocks-trace", MOONCAKE, "--tier", "hicache", "--hbm-blocks", "4", "--hicache-ratio", "1,2"],
+            {
+                "--hicache-ratio": bad_pos_float(hi=1000),
+                "--hicache-write-policy": bad_choice(("write_through", "write_through_selective", "write_back")),
+                "--page-size": bad_int(1, 4096),
             },
         ),
         "demo": (["demo"], {"--N": bad_int(2, 2**40), "--lam0": bad_pos_float(), "--w-mean": bad_pos_float()}),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plot_surface"]
+__all__ = ["plot_ratio_curve", "plot_surface"]
 
 
 def plot_surface(surface, out_prefix: str | Path, *, x=None, xlabel: str = "host capacity", levels=None) -> list[Path]:
@@ -39,6 +39,36 @@ def plot_surface(surface, out_prefix: str | Path, *, x=None, xlabel: str = "host
     ax.set_xlabel(xlabel)
     ax.set_ylabel("HBM for the KV cache (GPU blocks)")
     ax.set_title(f"h(HBM, DRAM): {surface.tier} tier", fontsize=10)
+    fig.tight_layout()
+    try:
+        return save_figure(fig, out_prefix)
+    finally:
+        plt.close(fig)
+
+
+def plot_ratio_curve(surface, out_prefix: str | Path, *, x, xlabel: str = "--hicache-ratio") -> list[Path]:
+    """h against the host pool (one line per HBM size, columns ``x``) with each HBM size's hit ratio without the
+    host tier dashed (``surface.gpu_hit``): the HiCache curve of ``kvhit tiers --tier hicache``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .plots import save_figure
+
+    H = np.asarray(surface.hit, float)
+    xs = np.asarray(x, float)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, N in enumerate(surface.gpu_blocks):
+        (line,) = ax.plot(xs, H[i], marker="o", label=f"{int(N):,} device blocks")
+        if np.isfinite(surface.gpu_hit[i]):
+            ax.axhline(surface.gpu_hit[i], color=line.get_color(), ls="--", lw=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("token hit ratio h (device + host)")
+    ax.set_ylim(0, max(0.05, float(np.nanmax(H)) * 1.1) if np.isfinite(H).any() else 1)
+    ax.set_title(f"{surface.tier}: h vs host pool (dashed: without HiCache)", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     try:
         return save_figure(fig, out_prefix)

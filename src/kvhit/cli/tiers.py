@@ -37,6 +37,13 @@ def tiers(
     host_units: Annotated[
         list[str] | None, typer.Option("--host-units", help=_help(svc.TiersRequest, "host_units"))
     ] = None,
+    hicache_ratio: Annotated[
+        list[str] | None, typer.Option("--hicache-ratio", help=_help(svc.TiersRequest, "hicache_ratio"))
+    ] = None,
+    write_policy: Annotated[
+        str, typer.Option("--hicache-write-policy", help=_help(svc.TiersRequest, "write_policy"))
+    ] = "write_through",
+    page_size: Annotated[int, typer.Option("--page-size", help=_help(svc.TiersRequest, "page_size"))] = 1,
     model: Annotated[str, typer.Option("--model", help=_help(svc.TiersRequest, "model"))] = "qwen3-8b",
     dtype: Annotated[str, typer.Option("--kv-dtype", help=_help(svc.TiersRequest, "dtype"))] = "bf16",
     tp: Annotated[int, typer.Option("--tp", help=_help(svc.TiersRequest, "tp"))] = 1,
@@ -64,7 +71,8 @@ def tiers(
     plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
 ) -> None:
-    """Total hit ratio h(HBM, DRAM) of a trace behind a host-memory KV tier (vLLM native, simple, LMCache)."""
+    """Total hit ratio h(HBM, DRAM) of a trace behind a host-memory KV tier (vLLM native, simple, LMCache, SGLang
+    HiCache)."""
     res = _call(
         svc.tiers,
         svc.TiersRequest,
@@ -74,6 +82,9 @@ def tiers(
         hbm_blocks=_list_of(hbm_blocks, "--hbm-blocks", int),
         dram_gb=_list_of(dram_gb, "--dram-gb", float),
         host_units=_list_of(host_units, "--host-units", int),
+        hicache_ratio=_list_of(hicache_ratio, "--hicache-ratio", float),
+        write_policy=write_policy,
+        page_size=page_size,
         model=model,
         dtype=dtype,
         tp=tp,
@@ -93,10 +104,15 @@ def tiers(
     if as_json:
         _print_json(res)
         return
-    cols = res.dram_gib if res.dram_gib is not None else res.host_units
-    unit = "GiB" if res.dram_gib is not None else "units"
+    if res.hicache_ratio is not None:
+        cols, unit = res.hicache_ratio, "× (ratio)"
+    elif res.dram_gib is not None:
+        cols, unit = res.dram_gib, "GiB"
+    else:
+        cols, unit = res.host_units, "tokens" if res.host_tokens is not None else "units"
     console.print(f"{res.tier}: {res.requests:,} requests, block size {res.block_size}; h (GPU + host)")
-    console.print("HBM blocks | GPU only | " + " | ".join(f"{c:g} {unit}" for c in cols))
+    gpu = "without HiCache" if res.host_tokens is not None else "GPU only"
+    console.print(f"HBM blocks | {gpu} | " + " | ".join(f"{c:g} {unit}" for c in cols))
     for N, hg, row in zip(res.hbm_blocks, res.h_gpu, res.h, strict=True):
         console.print(f"{N:,} | {_fmt(hg)} | " + " | ".join(_fmt(v) for v in row))
     if res.ttft_saved_s is not None:
@@ -109,6 +125,14 @@ def tiers(
             + ", ".join(
                 f"{N:,} blocks → {'none' if d is None else f'{d:g}'}"
                 for N, d in zip(res.hbm_blocks, res.dram_for_target, strict=True)
+            )
+        )
+    if res.ratio_for_target is not None:
+        console.print(
+            "--hicache-ratio reaching the target (grid): "
+            + ", ".join(
+                f"{N:,} blocks → {'none' if d is None else f'{d:g}'}"
+                for N, d in zip(res.hbm_blocks, res.ratio_for_target, strict=True)
             )
         )
     if res.cheapest is not None:

@@ -20,7 +20,7 @@ from .io import check_output_file
 
 __all__ = ["TiersRequest", "TiersResponse", "tiers"]
 
-Tier = Literal["native", "lmcache", "simple"]
+Tier = Literal["native", "lmcache", "simple", "hicache"]
 
 
 class TiersRequest(Request):
@@ -28,7 +28,11 @@ class TiersRequest(Request):
     blocks_trace: Path | None = Field(
         None, description="Production block-id trace (Mooncake JSONL, WEKA dir/.json); or --trace; default: none."
     )
-    tier: Tier = Field("native", description="Host tier: native (vLLM OffloadingConnector) | simple | lmcache.")
+    tier: Tier = Field(
+        "native",
+        description="Host tier: native (vLLM OffloadingConnector) | simple | lmcache | hicache (SGLang HiCache, "
+        "device pool = HBM blocks × block size tokens).",
+    )
     hbm_blocks: Annotated[list[Annotated[int, Field(ge=1, le=2**31)]], Field(min_length=1, max_length=64)] = Field(
         description="GPU capacities N in blocks; 1–64 values in [1, 2^31]; required."
     )
@@ -44,6 +48,17 @@ class TiersRequest(Request):
         description="Host capacities in tier units (chunks; CPU blocks for simple), integers in [0, 2^31]; "
         "or --dram-gb; default: none.",
     )
+    hicache_ratio: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(
+        None,
+        max_length=64,
+        description="hicache: host pool = ratio × device pool (SGLang --hicache-ratio), each in (0, 1000]; "
+        "or --dram-gb / --host-units; default: none.",
+    )
+    write_policy: Literal["write_through", "write_through_selective", "write_back"] = Field(
+        "write_through",
+        description="hicache: --hicache-write-policy write_through | write_through_selective | write_back.",
+    )
+    page_size: int = Field(1, ge=1, le=4096, description="hicache: SGLang --page-size (tokens), 1–4096.")
     model: str = Field("qwen3-8b", description="Model preset or config.json (KV bytes, for --dram-gb).")
     dtype: str = Field("bf16", description="KV cache dtype: bf16 | fp16 | fp8 | fp32.")
     tp: int = Field(1, ge=1, le=4096, description="Tensor-parallel degree; 1–4096.")
@@ -87,7 +102,13 @@ class TiersRequest(Request):
         None, description="Write a heatmap with iso-hit contours to PLOT.png/.svg; default: none."
     )
 
-    FLAGS = {"blocks_trace": "--blocks-trace", "hbm_blocks": "--hbm-blocks", "dram_gb": "--dram-gb"}
+    FLAGS = {
+        "blocks_trace": "--blocks-trace",
+        "hbm_blocks": "--hbm-blocks",
+        "dram_gb": "--dram-gb",
+        "hicache_ratio": "--hicache-ratio",
+        "write_policy": "--hicache-write-policy",
+    }
 
 
 class TiersResponse(Response):
@@ -95,10 +116,25 @@ class TiersResponse(Response):
     requests: int = Field(description="Requests replayed.")
     block_size: int = Field(description="Tokens per block.")
     hbm_blocks: list[int] = Field(description="GPU capacities (blocks), rows of h.")
-    host_units: list[int] = Field(description="Host capacities (tier units), columns of h.")
+    host_units: list[int] = Field(
+        description="Host capacities (tier units; hicache: tokens), columns of h (empty for --hicache-ratio columns: "
+        "see host_tokens)."
+    )
+    hicache_ratio: list[float] | None = Field(None, description="hicache: the --hicache-ratio of each column.")
+    host_tokens: list[list[int]] | None = Field(
+        None, description="hicache: host pool tokens per (HBM, column), as SGLang sizes it (a padding page more)."
+    )
+    h_device: list[list[float | None]] | None = Field(
+        None, description="hicache: the device part of h (Σ device-prefix hits / Σ prompt tokens) per pair."
+    )
+    ratio_for_target: list[float | None] | None = Field(
+        None, description="hicache: per HBM size, the smallest grid --hicache-ratio with h ≥ target (null: none)."
+    )
     dram_gib: list[float] | None = Field(None, description="DRAM sizes (GiB) the columns come from.")
     h: list[list[float | None]] = Field(description="Total token hit ratio (GPU + host) per (HBM, DRAM).")
-    h_gpu: list[float | None] = Field(description="Token hit ratio of the GPU alone per HBM.")
+    h_gpu: list[float | None] = Field(
+        description="Token hit ratio of the GPU alone per HBM (hicache: SGLang without HiCache)."
+    )
     ttft_saved_s: list[list[float | None]] | None = Field(
         None,
         description="Mean TTFT saved per request vs recomputing the host hits (s): Σ c_r·(1/prefill − "
@@ -136,6 +172,13 @@ def tiers(req: TiersRequest) -> TiersResponse:
     from ..sim.tiers.sizing import host_units
     from ..sim.tiers.surface import hit_surface
 
+    if req.tier == "hicache":
+        return _hicache(req)
+    if req.hicache_ratio is not None:
+        raise InputError("--hicache-ratio: applies to --tier hicache only")
+    if req.write_policy != "write_through" or req.page_size != 1:
+        flag = "--hicache-write-policy" if req.write_policy != "write_through" else "--page-size"
+        raise InputError(f"{flag}: applies to --tier hicache only")
     if (req.dram_gb is None) == (req.host_units is None):
         raise InputError("--dram-gb and --host-units: give exactly one")
     priced = (req.price_hbm_per_gib is not None, req.price_dram_per_gib is not None)
@@ -235,6 +278,144 @@ def tiers(req: TiersRequest) -> TiersResponse:
         h_gpu=[None if np.isnan(v) else float(v) for v in s.gpu_hit],
         ttft_saved_s=ttft,
         dram_for_target=need,
+        hbm_gib=hbm_gib,
+        cheapest=cheapest,
+        figure=figure,
+    )
+
+
+def _hicache_requests(req: TiersRequest, br):
+    """Token-level requests: the trace's own token ids when it keeps them, else expanded from block hashes."""
+    from ..sim.tiers.hicache_curve import token_requests, trace_token_requests
+
+    if req.trace is not None:
+        from ..workload.trace import Trace
+
+        with translating("--trace"):
+            reqs = trace_token_requests(Trace.read(req.trace))
+        if reqs is not None:
+            return reqs, "token ids"
+    return token_requests(br.prompt_tokens, br.hash_offsets, br.hashes, int(br.block_size)), "block hashes"
+
+
+def _hicache(req: TiersRequest) -> TiersResponse:
+    """``--tier hicache``: SGLang 0.5.23 HiCache over HBM sizes × (ratios | DRAM | host tokens)."""
+    from ..plan_tiers import cheapest_split, dram_for_target
+    from ..sim.tiers.hicache import VERSION, host_tokens
+    from ..sim.tiers.hicache_curve import hicache_surface
+
+    given = [x is not None for x in (req.hicache_ratio, req.dram_gb, req.host_units)]
+    if sum(given) != 1:
+        raise InputError("--hicache-ratio, --dram-gb and --host-units: give exactly one")
+    priced = (req.price_hbm_per_gib is not None, req.price_dram_per_gib is not None)
+    if any(priced) and not all(priced):
+        raise InputError("--price-hbm-per-gib and --price-dram-per-gib: give both or neither")
+    if all(priced) and (req.target is None or req.dram_gb is None):
+        raise InputError("--price-hbm-per-gib: the cheapest split needs --target and --dram-gb")
+    for name in ("policy", "blocks_per_chunk", "store_threshold", "chunk_tokens"):
+        if getattr(req, name) != TiersRequest.model_fields[name].default:
+            raise InputError(f"{req.flag(name)}: applies to the vLLM/LMCache tiers, not to --tier hicache")
+    if req.plot is not None:
+        check_output_file(str(req.plot) + ".png", "--plot")
+    br = _load(req)
+    b = int(br.block_size)
+    p = req.page_size
+    if b % p:
+        raise InputError(f"--page-size: {p} does not divide the block size {b} (the device pool must be whole pages)")
+    bpb = bpt = None
+    if req.dram_gb is not None or req.prefill_tokens_per_s is not None or all(priced):
+        from .. import hardware
+
+        with translating("--model"):
+            m = hardware.resolve_model(req.model)
+        with translating("--tp"):
+            bpb = m.bytes_per_block(b, req.dtype, req.tp)
+            bpt = m.bytes_per_token(req.dtype, req.tp)
+    Cs = [int(N) * b for N in req.hbm_blocks]
+    if req.hicache_ratio is not None:
+        cols = list(req.hicache_ratio)
+        grid = [[host_tokens(C, ratio=r, page_size=p) for r in cols] for C in Cs]
+    elif req.dram_gb is not None:
+        # --hicache-size is GB (10^9 B) per rank; --dram-gb is GiB over all ranks
+        cols = list(req.dram_gb)
+        grid = [
+            [
+                host_tokens(C, ratio=None, size_gb=g * 2**30 / req.tp / 1e9, bytes_per_token=bpt, page_size=p)
+                if g > 0
+                else 0  # no host pool: SGLang without HiCache
+                for g in cols
+            ]
+            for C in Cs
+        ]
+    else:
+        bad = [u for u in req.host_units if u % p]
+        if bad:
+            raise InputError(f"--host-units: {bad[0]} host tokens is not a whole number of {p}-token pages")
+        cols = list(req.host_units)
+        grid = [list(cols) for _ in Cs]
+    reqs, _ = _hicache_requests(req, br)
+    s = hicache_surface(
+        reqs,
+        hbm_blocks=req.hbm_blocks,
+        block_size=b,
+        host_tokens=grid,
+        columns=cols,
+        write_policy=req.write_policy,
+        page_size=p,
+        workers=req.workers,
+    )
+    figure = None
+    if req.plot is not None:
+        from ..tiers_plot import plot_ratio_curve
+
+        xlabel = (
+            "--hicache-ratio (host pool / device pool)"
+            if req.hicache_ratio is not None
+            else "DRAM for the KV tier (GiB, all ranks)"
+            if req.dram_gb is not None
+            else "host pool (tokens)"
+        )
+        figure = [str(f) for f in plot_ratio_curve(s, req.plot, x=np.asarray(cols, float), xlabel=xlabel)]
+    ttft = None
+    if req.prefill_tokens_per_s is not None:
+        per_token = 1.0 / req.prefill_tokens_per_s - bpt / (req.pcie_gb_per_s * 1e9)
+        ttft = [
+            [float(x) * per_token / max(1, int(n)) for x in row]
+            for row, n in zip(s.load_tokens, s.admitted, strict=True)
+        ]
+    xs = np.asarray(cols, float)
+    need = dram_for_target(s.hit, xs, req.target) if req.target is not None else None
+    hbm_gib = [float(N) * bpb * req.tp / 2**30 for N in s.gpu_blocks] if bpb is not None else None
+    cheapest = None
+    if all(priced):
+        sp = cheapest_split(s.hit, hbm_gib, xs, req.target, req.price_hbm_per_gib, req.price_dram_per_gib)
+        if sp is not None:
+            cheapest = {
+                "hbm_blocks": int(s.gpu_blocks[sp.hbm_index]),
+                "hbm_gib": sp.hbm_gib,
+                "dram_gib": sp.dram_gib,
+                "cost": sp.cost,
+                "h": sp.h,
+            }
+
+    def clean(M):
+        return [[None if np.isnan(v) else float(v) for v in row] for row in M]
+
+    return TiersResponse(
+        tier=f"hicache (SGLang {VERSION} HiCache, {req.write_policy})",
+        requests=len(reqs),
+        block_size=b,
+        hbm_blocks=[int(x) for x in s.gpu_blocks],
+        host_units=[] if req.hicache_ratio is not None else [int(x) for x in grid[0]],
+        dram_gib=list(req.dram_gb) if req.dram_gb is not None else None,
+        hicache_ratio=list(req.hicache_ratio) if req.hicache_ratio is not None else None,
+        host_tokens=[[int(x) for x in row] for row in s.host_tokens],
+        h=clean(s.hit),
+        h_gpu=[None if np.isnan(v) else float(v) for v in s.gpu_hit],
+        h_device=clean(s.device_hit),
+        ttft_saved_s=ttft,
+        dram_for_target=need if req.hicache_ratio is None else None,
+        ratio_for_target=need if req.hicache_ratio is not None else None,
         hbm_gib=hbm_gib,
         cheapest=cheapest,
         figure=figure,

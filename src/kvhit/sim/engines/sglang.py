@@ -39,14 +39,20 @@ decode steps are not interleaved). A request is rejected (never runs) when ``T +
 pages, plus one page when ``p > 1``, exceed ``C``. On a refused admission the match has already stamped and
 split the tree (as in SGLang).
 
+HiCache (host tier): ``host=`` a :class:`kvhit.sim.tiers.hicache.HiCacheTier`, which the tree calls at its
+events (split, insert walk, device eviction, match → load-back); nodes then carry ``dev``/``host`` flags and
+a hit count, and an evicted node may stay in the tree host-only (see that module). Without it every node is
+on the device and nothing here changes.
+
 Not modelled: decode-time retraction (preemption) when the pool runs out, the ``new_token_ratio`` decode
-reservation of ``PrefillAdder``, chunked prefill, HiCache (host tier), LFU/priority/SLRU policies, SWA and
+reservation of ``PrefillAdder``, chunked prefill, LFU/priority/SLRU policies, SWA and
 Mamba trees, speculative decoding (EAGLE bigram keys), ``extra_key`` / LoRA namespaces.
 """
 
 from __future__ import annotations
 
 import heapq
+from itertools import chain
 
 from kvhit.sim.engines import FinishOutcome, Request, RequestOutcome
 
@@ -62,7 +68,7 @@ EVICT_POLICIES = {
 
 
 class _Node:
-    __slots__ = ("key", "children", "parent", "lock", "t", "ct")
+    __slots__ = ("key", "children", "parent", "lock", "t", "ct", "dev", "host", "hits")
 
     def __init__(self, key: tuple, parent, now: int) -> None:
         self.key = key
@@ -71,13 +77,16 @@ class _Node:
         self.lock = 0
         self.t = now  # last access
         self.ct = now  # creation
+        self.dev = True  # KV on the device (False only for a HiCache node evicted to host)
+        self.host = False  # a host (HiCache) copy exists
+        self.hits = 0  # HiCache write-through hit count
 
     def __lt__(self, other: _Node) -> bool:  # heap tie-break, as TreeNode.__lt__
         return self.t < other.t
 
 
 class _Running:
-    __slots__ = ("req", "node", "protected", "alloc_end", "owned")
+    __slots__ = ("req", "node", "protected", "alloc_end", "owned", "inserted")
 
     def __init__(self, req, node, protected, alloc_end, owned) -> None:
         self.req = req
@@ -85,6 +94,7 @@ class _Running:
         self.protected = protected  # tokens [0, protected) are the tree's
         self.alloc_end = alloc_end  # the request owns slots [protected, alloc_end)
         self.owned = owned  # tokens with KV
+        self.inserted = 0  # cache_inserted_len: tokens this request already inserted
 
 
 class SglangEngine:
@@ -92,7 +102,7 @@ class SglangEngine:
 
     unit = "token"
 
-    def __init__(self, capacity: int, *, page_size: int = 1, evict_policy: str = "lru") -> None:
+    def __init__(self, capacity: int, *, page_size: int = 1, evict_policy: str = "lru", host=None) -> None:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size: expected a positive integer, got {page_size!r}")
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < page_size:
@@ -113,6 +123,10 @@ class SglangEngine:
         self.running: dict[int, _Running] = {}
         self._evicted: list[tuple] = []  # token keys (root to node) of evicted nodes, in order
         self._evicted_units: list[int] = []  # their own tokens
+        #: a host tier sharing this tree (:class:`kvhit.sim.tiers.hicache.HiCacheTier`), or None
+        self.host = host
+        if host is not None:
+            host.bind(self)
 
     # ---- tree -----------------------------------------------------------------------------------
     def _tick(self) -> int:
@@ -125,17 +139,25 @@ class SglangEngine:
     def _common(self, a: tuple, b, off: int) -> int:
         n = min(len(a), len(b) - off)
         k = 0
-        while k < n and a[k] == b[off + k]:
-            k += 1
+        while k < n:  # 64-token slices compared at C speed, then token by token inside the first unequal one
+            m = min(64, n - k)
+            if tuple(a[k : k + m]) != tuple(b[off + k : off + k + m]):
+                while a[k] == b[off + k]:
+                    k += 1
+                break
+            k += m
         return k // self.p * self.p
 
     def _split(self, child: _Node, at: int) -> _Node:
         new = _Node(child.key[:at], child.parent, self._tick())
         new.lock = child.lock
+        new.dev, new.host, new.hits = child.dev, child.host, child.hits
         new.children = {self._ck(child.key, at): child}
         new.parent.children[self._ck(child.key)] = new
         child.parent = new
         child.key = child.key[at:]
+        if self.host is not None:
+            self.host.on_split(new)
         return new
 
     def _match(self, key) -> tuple[int, _Node]:
@@ -158,12 +180,16 @@ class SglangEngine:
             off += k
         return off, node
 
-    def _insert(self, key) -> tuple[int, _Node]:
-        """``_insert_helper``: (tokens already in the tree, node of the whole key)."""
+    def _insert(self, key, inserted: int = 0) -> tuple[int, _Node, int]:
+        """``_insert_helper``: (tokens already in the tree, node of the whole key, tokens of host-only nodes
+        re-filled from the key's KV). ``inserted`` – the request's ``cache_inserted_len``: HiCache counts a hit
+        on each walked or created node that ends beyond it."""
         now = self._tick()
         node = self.root
         node.t = now
         off = 0
+        adopted = 0
+        host = self.host
         while off < len(key):
             child = node.children.get(self._ck(key, off))
             if child is None:
@@ -172,12 +198,20 @@ class SglangEngine:
             k = self._common(child.key, key, off)
             node = self._split(child, k) if k < len(child.key) else child
             off += k
+            if not node.dev:  # HiCache: an evicted node takes the request's fresh KV (``_unevict_node_on_insert``)
+                node.dev = True
+                adopted += len(node.key)
+                host.on_unevict(node)
+            if host is not None and off > inserted:
+                host.on_insert_hit(node)
         if off < len(key):
             leaf = _Node(tuple(key[off:]), node, self._tick())
             node.children[self._ck(leaf.key)] = leaf
             node = leaf
+            if host is not None and len(key) > inserted:
+                host.on_insert_hit(leaf)
         prefix = off
-        return prefix, node
+        return prefix, node, adopted
 
     def _lock(self, node: _Node, d: int) -> None:
         while node is not self.root:
@@ -185,22 +219,27 @@ class SglangEngine:
             node = node.parent
 
     def evictable_size(self) -> int:
-        """Tokens in unlocked tree nodes."""
+        """Tokens in unlocked tree nodes on the device."""
         tot = 0
         stack = list(self.root.children.values())
         while stack:
             x = stack.pop()
-            if x.lock == 0:
+            if x.lock == 0 and x.dev:
                 tot += len(x.key)
             stack.extend(x.children.values())
         return tot
+
+    def _is_leaf(self, x: _Node) -> bool:
+        """A device leaf (D-leaf): on the device, unlocked, no child on the device (HiCache keeps evicted
+        children in the tree; without it a D-leaf is a leaf)."""
+        return x.dev and x.lock == 0 and x is not self.root and not any(c.dev for c in x.children.values())
 
     def _leaves(self) -> list[_Node]:
         out = []
         stack = list(self.root.children.values())
         while stack:
             x = stack.pop()
-            if not x.children and x.lock == 0:
+            if self._is_leaf(x):
                 out.append(x)
             stack.extend(x.children.values())
         return out
@@ -209,15 +248,23 @@ class SglangEngine:
         heap = [(self._prio(x), x) for x in self._leaves()]
         heapq.heapify(heap)
         done = 0
+        host = self.host
         while done < num_tokens and heap:
             _, x = heapq.heappop(heap)
-            done += len(x.key)
-            self.available += len(x.key)
-            self._evicted.append(self.path_key(x))
-            self._evicted_units.append(len(x.key))
+            if host is not None and not self._is_leaf(x):
+                continue
+            n = len(x.key)
+            pk = self.path_key(x)
             parent = x.parent
-            del parent.children[self._ck(x.key)]
-            if parent is not self.root and not parent.children and parent.lock == 0:
+            if host is None:
+                del parent.children[self._ck(x.key)]
+            elif not host.on_device_evict(x):  # HiCache: demoted to host, deleted, or (write_back) kept
+                continue
+            done += n
+            self.available += n
+            self._evicted.append(pk)
+            self._evicted_units.append(n)
+            if parent is not self.root and self._is_leaf(parent):
                 heapq.heappush(heap, (self._prio(parent), parent))
         return done
 
@@ -234,13 +281,15 @@ class SglangEngine:
         toks = run.req.token_ids
         key_len = up_to // self.p * self.p
         key = toks[:key_len]
-        prefix, _ = self._insert(key)
+        prefix, _, adopted = self._insert(key, run.inserted)
+        run.inserted = max(run.inserted, key_len)
         if prompt_len is not None:
             pk = prompt_len // self.p * self.p
             if 0 < pk < key_len:
-                self._insert(toks[:pk])
-        # duplicates of tree content the request computed again are freed at once
-        self.available += max(0, prefix - run.protected)
+                self._insert(toks[:pk], pk)
+        # duplicates of tree content the request computed again are freed at once (host-only nodes it
+        # re-filled keep the request's slots instead)
+        self.available += max(0, prefix - run.protected - adopted)
         _, node = self._match(key)
         run.protected = max(run.protected, key_len)
         self._lock(run.node, -1)
@@ -264,16 +313,27 @@ class SglangEngine:
         n = max(req.output_tokens, 1)
         cap = (T - 1) // self.p * self.p
         hit, node = self._match(req.token_ids[:cap])
-        self._lock(node, +1)
-        extend = T - hit
-        demand = extend + (self.p if self.p > 1 else 0)
-        whole = self._pages(T + n - 1) - hit + (self.p if self.p > 1 else 0)  # prefill and every decode step
-        if whole > self.available + self.evictable_size():
-            self._lock(node, -1)
+        g, dnode = hit, node
+        if self.host is not None:  # HiCache: the match runs on through host-only nodes
+            g, dnode = self.host.device_part(node, hit)
+        self._lock(dnode, +1)
+        whole = self._pages(T + n - 1) - g + (self.p if self.p > 1 else 0)  # prefill and every decode step
+        if whole > self.available and whole > self.available + self.evictable_size():
+            self._lock(dnode, -1)
             return None
         mark = len(self._evicted)
+        c = 0
+        if hit > g:  # HiCache load-back of the host segment, all or nothing
+            c = self.host.load_back(node, hit - g)
+            if c:
+                self._lock(dnode, -1)
+                self._lock(node, +1)
+                dnode = node
+        hit = g + c
+        extend = T - hit
+        demand = extend + (self.p if self.p > 1 else 0)
         self._alloc(demand, self._pages(extend))
-        run = _Running(req, node, hit, hit + self._pages(extend), T)
+        run = _Running(req, dnode, hit, hit + self._pages(extend), T)
         self.running[req.rid] = run
         if n > 1:
             self._checkpoint(run, T)
@@ -284,7 +344,7 @@ class SglangEngine:
                 run.alloc_end += self.p
             run.owned += 1
         ev = tuple(self._evicted[mark:])
-        return RequestOutcome(
+        out = RequestOutcome(
             rid=req.rid,
             hit_tokens=hit,
             hit_units=hit // self.p,
@@ -292,6 +352,7 @@ class SglangEngine:
             evicted=ev,
             evicted_units=sum(self._evicted_units[mark:]),
         )
+        return out if self.host is None else self.host.outcome(out, req, g, c)
 
     def finish(self, rid: int) -> FinishOutcome:
         run = self.running.pop(rid)
@@ -316,12 +377,13 @@ class SglangEngine:
         return self.capacity - self.available - self.evictable_size()
 
     def cached_tokens(self) -> int:
-        """Tokens in the tree (locked or not)."""
+        """Tokens in the tree on the device (locked or not)."""
         tot = 0
         stack = list(self.root.children.values())
         while stack:
             x = stack.pop()
-            tot += len(x.key)
+            if x.dev:
+                tot += len(x.key)
             stack.extend(x.children.values())
         return tot
 
@@ -330,4 +392,4 @@ class SglangEngine:
         while node is not self.root:
             parts.append(node.key)
             node = node.parent
-        return tuple(t for k in reversed(parts) for t in k)
+        return tuple(chain.from_iterable(reversed(parts)))
