@@ -43,7 +43,8 @@ $(BENCH_DEPS)/.installed:
 bench: $(STAMP) $(BENCH_DEPS)/.installed
 	PYTHONPATH=$(BENCH_DEPS) $(BIN)/python benchmarks/run.py
 
-# adds the 10^7-turn row to bench_scaling (several minutes, ~10 GB peak for curve)
+# adds the 10^7-turn row to bench_scaling (several minutes, ~10 GB peak for curve) and the 10^8-event rows of
+# bench_stream (streamed Algorithm 1 and block cache, a few minutes, flat memory)
 bench-large: $(STAMP) $(BENCH_DEPS)/.installed
 	KVHIT_BENCH_LARGE=1 PYTHONPATH=$(BENCH_DEPS) $(BIN)/python benchmarks/run.py
 

@@ -36,4 +36,10 @@ py_sgl=$(conformance/make_env.sh sglang "$SGLANG")
 sgl() { "$py_sgl" -W ignore conformance/check_sglang.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v "Warning\|warnings.warn" || status=1; }
 sgl --model sglang --cases "$CASES" --seed 0
 sgl --model no-hit-cap --cases 300 --seed 1 --expect-mismatch
+# SGLang HiCache (issue 12 §2): the HiCache tier model against SGLang's UnifiedRadixCache + HybridCacheController
+hic() { "$py_sgl" -W ignore conformance/check_hicache.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v "Warning\|warnings.warn" || status=1; }
+for pol in write_through write_through_selective write_back; do hic --policy "$pol" --cases "$CASES" --seed 0; done
+hic --policy write_through --tree-core python --cases "$CASES" --seed 0
+hic --model threshold-1 --cases 300 --seed 1 --expect-mismatch
+hic --model through-as-selective --cases 300 --seed 1 --expect-mismatch
 exit $status

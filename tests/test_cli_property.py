@@ -63,6 +63,19 @@ def bad_int(lo: int, hi: int | None = None):
     return st.one_of(*opts)
 
 
+def bad_count(lo: int, hi: int | None = None):
+    """Not a whole number in [lo, hi] for a count flag that also takes ``1e8``: too small, too large, fractional,
+    non-numeric."""
+    opts = [
+        st.integers(max_value=lo - 1).map(str),
+        st.sampled_from(["2.5", "1.5e0", "1e-3", "inf", "nan", "x", "", "1e", "e5"]),
+        st.floats(min_value=lo + 0.01, max_value=1e6).filter(lambda x: not float(x).is_integer()).map(repr),
+    ]
+    if hi is not None:
+        opts.append(st.integers(min_value=hi + 1, max_value=hi * 10 + 10).map(str))
+    return st.one_of(*opts)
+
+
 def bad_choice(choices: tuple[str, ...]):
     return _text.filter(lambda s: s not in choices)
 
@@ -110,6 +123,24 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
                 "--replications": bad_int(1, 10_000),
                 "--lam0": bad_pos_float(),
             },
+        ),
+        "stream": (
+            ["stream", *SCM, "--N", "50", "--events", "500", "--chunk", "64"],
+            {
+                "--N": bad_capacities(),
+                "--events": bad_count(1, 10**11),
+                "--chunk": bad_count(1, 10**7),
+                "--warmup": st.one_of(bad_count(0), st.integers(min_value=500, max_value=10**9).map(str)),
+                "--policy": bad_choice(("content", "block")),
+                "--engine": bad_choice(("vllm", "vllm-0.23")),
+                "--block-size": bad_int(1, 2**16),
+                "--seed": bad_int(0),
+                "--lam0": bad_pos_float(),
+            },
+        ),
+        "stream --trace": (
+            ["stream", "--trace", str(trace), "--N", "50", "--chunk", "7"],
+            {"--events": st.one_of(bad_count(1), st.integers(min_value=10**6, max_value=10**9).map(str))},
         ),
         "trace generate": (
             ["trace", "generate", *SCM, "-n", "20", "-o", out],
@@ -349,6 +380,7 @@ def _readers(tmp: Path, trace: Path):
     return {
         "spec toml": ("w.toml", TOML_SPEC.encode(), lambda p: ["estimate", "--spec", p, "--N", "100"]),
         "parquet trace": ("t.parquet", trace.read_bytes(), lambda p: ["trace", "stats", p]),
+        "parquet trace (stream)": ("t.parquet", trace.read_bytes(), lambda p: ["stream", "--trace", p, "--N", "100"]),
         "sharegpt jsonl": (
             "s.jsonl",
             (DATA / "sharegpt_small.jsonl").read_bytes(),
@@ -427,6 +459,7 @@ def _check_mutated(r, fname: str, tmp: Path, what: str) -> None:
 READERS = [
     "spec toml",
     "parquet trace",
+    "parquet trace (stream)",
     "sharegpt jsonl",
     "sharegpt json",
     "mooncake jsonl",
@@ -532,7 +565,12 @@ def test_semantically_mutated_parquet_traces_are_refused_or_fine(trace_file, col
             t2 = t.set_column(t.column_names.index(column), column, pa.array(a))
         p = tmp / "mut.parquet"
         pq.write_table(t2.replace_schema_metadata(t.schema.metadata), p)
-        for argv in (["trace", "stats", p], ["simulate", "--trace", p, "--N", "100"]):
+        for argv in (
+            ["trace", "stats", p],
+            ["simulate", "--trace", p, "--N", "100"],
+            ["stream", "--trace", p, "--N", "100", "--chunk", "37"],
+            ["stream", "--trace", p, "--N", "100", "--chunk", "37", "--policy", "block"],
+        ):
             _check_mutated(kvhit(*argv), "mut.parquet", tmp, f"{column} {how} row {i}: {argv[0]}")
 
 

@@ -79,6 +79,7 @@ BAD = [
     ("/api/trace/block-stats", {"rate": 0}, "path", "PATH: required"),
     ("/api/trace/estimate", {"N": [0]}, "N", "--N[0]"),
     ("/api/fleet", {"replicas": [2], "N": [100]}, "trace", "--trace: required"),
+    ("/api/stream", {"N": [100], "events": 1000, "chunk": 0, **SCM}, "chunk", "--chunk"),
     ("/api/trace/estimate", {"N": [10], "metric": "bytes"}, "metric", "--metric"),
 ]
 
@@ -291,3 +292,14 @@ def test_uploaded_trace_fleet_equals_service(client, trace_file):
     want = svc.fleet_simulate(svc.build(svc.FleetRequest, trace=trace_file, **fields)).to_jsonable()
     got = job["result"]
     assert got["rows"] == want["rows"]
+
+
+def test_uploaded_trace_stream_equals_service(client, trace_file):
+    fields = {"N": [100, 1000], "chunk": 97}
+    with open(trace_file, "rb") as f:
+        r = client.post("/api/stream", data={"request": json.dumps(fields)}, files={"trace": ("small.parquet", f)})
+    assert r.status_code == 202, r.text
+    job = wait(client, r.json())
+    assert job["status"] == "done", job["error"]
+    want = svc.stream(svc.build(svc.StreamRequest, trace=trace_file, **fields)).to_jsonable()
+    assert job["result"]["rows"] == want["rows"] and job["result"]["events"] == want["events"]

@@ -30,6 +30,7 @@ from .plan import PlanRequest, PlanResponse, plan
 from .runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
 from .simulate import SimulateRequest, SimulateResponse, simulate
 from .spec import SpecFields, TraceOrSpecFields, load_spec
+from .stream import StreamRequest, StreamResponse, stream
 from .tiers import TiersRequest, TiersResponse, tiers
 from .trace_estimate import TraceEstimateRequest, TraceEstimateResponse, trace_estimate
 from .traces import (
@@ -72,6 +73,9 @@ __all__ = [
     "SimulateRequest",
     "SimulateResponse",
     "simulate",
+    "StreamRequest",
+    "StreamResponse",
+    "stream",
     "GenerateRequest",
     "GenerateResponse",
     "generate_trace",

@@ -21,6 +21,7 @@ from .fleet import FleetRequest, fleet_simulate
 from .kv import KvRequest, kv
 from .plan import PlanRequest, plan
 from .simulate import SimulateRequest, simulate
+from .stream import StreamRequest, stream
 from .tiers import TiersRequest, tiers
 from .trace_estimate import TraceEstimateRequest, trace_estimate
 from .traces import StatsRequest, trace_stats
@@ -33,6 +34,7 @@ COMMANDS: dict[str, tuple[type[Request], Callable[..., Response]]] = {
     "kv": (KvRequest, kv),
     "plan": (PlanRequest, plan),
     "simulate": (SimulateRequest, simulate),
+    "stream": (StreamRequest, stream),
     "curve": (CurveRequest, curve),
     "stats": (StatsRequest, trace_stats),
     "tiers": (TiersRequest, tiers),

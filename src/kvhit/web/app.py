@@ -42,13 +42,14 @@ MAX_BODY_BYTES = 1 << 20
 MAX_UPLOAD_BYTES = 512 << 20
 
 #: Commands always run as jobs (long); ``plan`` is one unless it uses the paper's closed form (see ``handle``).
-JOB = ("simulate", "curve", "stats", "tiers", "block-stats", "trace-estimate", "fleet")
+JOB = ("simulate", "stream", "curve", "stats", "tiers", "block-stats", "trace-estimate", "fleet")
 #: Input-file fields a client may upload, per command; ``model_config`` is a config.json for ``model``.
 UPLOADS = {
     "estimate": (),
     "kv": ("model_config",),
     "plan": ("trace", "blocks_trace", "model_config"),
     "simulate": ("trace", "blocks_trace"),
+    "stream": ("trace",),
     "curve": ("trace", "blocks_trace", "model_config"),
     "stats": ("path",),
     "tiers": ("trace", "blocks_trace", "model_config"),

@@ -59,6 +59,10 @@ Invariants (tests/test_hicache.py): host tokens ≤ host capacity; device accoun
 (available + device-cached = C when idle); every backed-up node's ancestors are backed up (write-through
 policies); every evicted node in the tree is backed up; ``g + c ≤ ⌊(T−1)/p⌋·p``.
 
+Checked against SGLang's own HiCache stack (``UnifiedRadixCache`` + ``HybridCacheController`` on CPU, both tree
+cores, all three policies) by ``conformance/check_hicache.py``: per-request device and host hit tokens of
+sequential one-token generations.
+
 Not modelled: transfer timing (writes and loads complete at once; SGLang holds a device lock on a node while
 its write-through is in flight and pins loaded nodes until the load's ack, which can change eviction order
 when the copies are slow), the auto-sizing reduction above, ``buffer_only`` host mode, L3 storage backends
