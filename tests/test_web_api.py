@@ -303,3 +303,15 @@ def test_uploaded_trace_stream_equals_service(client, trace_file):
     assert job["status"] == "done", job["error"]
     want = svc.stream(svc.build(svc.StreamRequest, trace=trace_file, **fields)).to_jsonable()
     assert job["result"]["rows"] == want["rows"] and job["result"]["events"] == want["events"]
+
+
+def test_plan_compare_sglang_job_equals_service(client):
+    body = {"engine": "vllm", "kv_gb": 2, "compare": "sglang", "page_size": 4, **SCM}
+    r = client.post("/api/plan", json=body)
+    assert r.status_code == 202, r.text  # an engine-aware plan runs as a job
+    job = wait(client, r.json())
+    assert job["status"] == "done", job
+    assert job["result"] == svc.plan(svc.build(svc.PlanRequest, **body)).to_jsonable()
+    c = job["result"]["compare"]
+    assert c["engine"] == "sglang" and c["page_size"] == 4 and "difference" in c
+    assert 'value="sglang"' in client.get("/").text  # the page offers it

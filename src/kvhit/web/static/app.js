@@ -127,7 +127,13 @@ function planRows(p) {
     ["prefill tokens saved", p.saved_prefill_tokens_per_s == null ? "—" : `${p.saved_prefill_tokens_per_s.toFixed(1)} tokens/s (${(100 * p.saved_fraction).toFixed(2)} %)`],
     ["h_max", f4(p.h_max)], ["estimator · metric", `${p.estimator} · ${p.metric}`],
   ];
-  if (p.compare && p.compare.engine) rows.push([`vs ${p.compare.engine}`, `h = ${f4(p.compare.h_at_capacity)}, gain ${f4(p.compare.gain)}`]);
+  const c = p.compare;
+  if (c && c.engine === "sglang") {
+    const ci = (k) => c[`h_${k}`] == null ? "infeasible" : `${f4(c[`h_${k}`])} ± ${f4(c[`h_${k}_ci95`])}`;
+    rows.push([`vLLM (${c.vllm_mode}) at ${c.vllm_blocks.toLocaleString()} blocks`, ci("vllm")]);
+    rows.push([`SGLang (page ${c.page_size}, ${c.evict_policy}) at ${c.sglang_tokens.toLocaleString()} tokens`, ci("sglang")]);
+    rows.push(["SGLang − vLLM (paired, 95%)", c.difference == null ? "—" : `${c.difference >= 0 ? "+" : ""}${f4(c.difference)} ± ${f4(c.difference_ci95)} → ${c.better}`]);
+  } else if (c && c.engine) rows.push([`vs ${c.engine}`, `h = ${f4(c.h_at_capacity)}, gain ${f4(c.gain)}`]);
   return rows;
 }
 
