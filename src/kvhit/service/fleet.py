@@ -140,8 +140,6 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     tr = read_trace(req.trace)
     window = window_for(tr, req.warmup, None, str(req.trace))
     mask = window.mask(tr)
-    ca = np.asarray(tr["conv_arrival"], float)
-    conv_rows = (ca >= window.start) & (ca <= window.end)  # the estimator's measured conversations
     with translating(f"--trace {req.trace}"):
         rq = block_requests(tr, block_size=req.block_size)
     conv = tr.dense_conv()
@@ -177,12 +175,12 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
             s = res.summary(mask)
             est = None
             if req.estimates and name in ("round-robin", "random", "session") and hold is None:
-                from ..estimate_fleet import estimate_fleet_oblivious
+                from ..estimate_fleet import estimate_fleet
 
                 lam0 = float(tr.meta["lam0"]) if "lam0" in tr.meta else None
-                with translating("estimate"):
-                    est = estimate_fleet_oblivious(
-                        tr, res.replica, Ns, engine=req.engine, rows=conv_rows, lam0=lam0, block_size=rq.block_size
+                with translating("estimate"):  # the rows the simulated ratio counts (docs/estimators.md §6)
+                    est = estimate_fleet(
+                        tr, res.replica, Ns, engine=req.engine, window=mask, lam0=lam0, block_size=rq.block_size
                     )
             rows.append({**s, "estimate": est, "N_total": int(sum(Ns)), "params": params[name]})
             per += [{"router": name, "replicas": R, **p} for p in res.per_replica(mask)]
