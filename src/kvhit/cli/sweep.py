@@ -32,10 +32,10 @@ def _progress_bar() -> Progress:
 @app.command(no_args_is_help=True)
 def sweep(
     target: Annotated[
-        str, typer.Argument(metavar="GRID.toml | report", help="A grid file to run, or `report` followed by DIR.")
+        str, typer.Argument(metavar="GRID.toml | report", help="A grid file to run, or `report` followed by DIR; required.")
     ],
     directory: Annotated[
-        Path | None, typer.Argument(metavar="[DIR]", help="With `report`: the sweep's result directory.")
+        Path | None, typer.Argument(metavar="[DIR]", help="With `report`: the sweep's result directory; default: none.")
     ] = None,
     out: Annotated[
         Path | None,
