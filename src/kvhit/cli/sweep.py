@@ -32,7 +32,8 @@ def _progress_bar() -> Progress:
 @app.command(no_args_is_help=True)
 def sweep(
     target: Annotated[
-        str, typer.Argument(metavar="GRID.toml | report", help="A grid file to run, or `report` followed by DIR; required.")
+        str,
+        typer.Argument(metavar="GRID.toml | report", help="A grid file to run, or `report` followed by DIR; required."),
     ],
     directory: Annotated[
         Path | None, typer.Argument(metavar="[DIR]", help="With `report`: the sweep's result directory; default: none.")
