@@ -110,10 +110,10 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
     else:
         from ..plan import make_workload
         from ..sim.runner import block_requests
-        from ..workload import Trace
+        from .inputs import load_trace_file
 
         with translating(str(req.trace)):
-            tr = Trace.read(req.trace)
+            tr = load_trace_file(req.trace)
             b = tr.block_size or 128
             for e in engines:
                 wl = make_workload(tr, lam0=req.lam0, engine=e, metric=req.metric, block_size=b)
