@@ -50,7 +50,9 @@ class _ComputeFields(FleetWorkloadFields):
         None, description="Accelerator preset (H100, H200, B200, MI300X, Ascend-910B2): HBM and BF16 peak."
     )
     kv_dtype: str = Field("bf16", description="KV cache dtype: bf16 | fp16 | fp8 | fp32 | auto.")
-    tp: int = Field(1, ge=1, le=4096, description="Tensor-parallel degree of a replica, 1–4096 (GPUs per replica); default 1.")
+    tp: int = Field(
+        1, ge=1, le=4096, description="Tensor-parallel degree of a replica, 1–4096 (GPUs per replica); default 1."
+    )
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="With --gpu: fraction of HBM vLLM may use; in (0, 1]; default 0.9."
     )
@@ -71,7 +73,8 @@ class FleetPlanRequest(_ComputeFields):
     target: float = Field(gt=0, lt=1, description="Target fleet token hit ratio; in (0, 1); required.")
     router: Annotated[list[RouterName], Field(min_length=1, max_length=16)] = Field(
         ["round-robin", "session", "dynamo"],
-        description="Routers (one or more) to plan for; repeat or comma-separate; default: round-robin, session, dynamo.",
+        description="Routers (one or more) to plan for; repeat or comma-separate; default: round-robin, session, "
+        "dynamo.",
     )
     vary: Literal["replicas", "hbm"] = Field(
         "replicas", description="replicas: smallest R at a given N | hbm: smallest N per replica at --replicas R."
@@ -80,7 +83,9 @@ class FleetPlanRequest(_ComputeFields):
         None, description="--vary replicas: blocks per replica, ≥ 1; default: the KV budget of --gpu (or give --kv-gb)."
     )
     kv_gb: float | None = Field(None, gt=0, le=2**20, description="--vary replicas: KV GiB per replica (or --N).")
-    replicas: int | None = Field(None, ge=1, le=4096, description="--vary hbm: the number of replicas R, 1–4096; required there.")
+    replicas: int | None = Field(
+        None, ge=1, le=4096, description="--vary hbm: the number of replicas R, 1–4096; required there."
+    )
     max_replicas: int = Field(64, ge=1, le=4096, description="--vary replicas: largest R tried, 1–4096; default 64.")
     rtol: float = Field(0.02, ge=0, lt=1, description="--vary hbm: relative resolution of N; [0, 1); default 0.02.")
     lam0: float | None = Field(
