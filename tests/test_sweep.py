@@ -148,6 +148,26 @@ def test_rows_are_the_service_answers_and_do_not_depend_on_workers(tmp_path):
     assert _results(tmp_path / "j2") == rows
 
 
+def test_workloads_are_shipped_once_per_worker_not_per_point(tmp_path, monkeypatch):
+    from kvhit.sweep import backends
+
+    calls = tmp_path / "installs"
+    calls.mkdir()
+    real = sweep_compute.install
+
+    def counting_install(pid, payload):
+        if sweep_compute._STATE["id"] != pid:
+            (calls / f"{os.getpid()}-{len(list(calls.iterdir()))}").write_text("")
+        real(pid, payload)
+
+    monkeypatch.setattr(sweep_compute, "install", counting_install)
+    monkeypatch.setattr(backends, "install", counting_install)
+    g = load_grid(_grid(tmp_path, SPEC_GRID))
+    assert run_sweep(g, tmp_path / "o", jobs=2).ok == 16
+    installs = [p.name.split("-")[0] for p in calls.iterdir()]
+    assert 1 <= len(installs) <= 2 and len(set(installs)) == len(installs), installs  # once per worker process
+
+
 def test_one_pass_curve_equals_per_capacity_simulation(tmp_path, small_trace):
     body = f"""
 [sweep]

@@ -18,6 +18,7 @@ NOT done here: what a task computes (:mod:`.compute`), the file format (:mod:`.s
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -124,10 +125,11 @@ class _Ray:
         self.ray, self.pid, self.owns = ray, payload_id, False
         if not ray.is_initialized():
             try:
+                quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
                 if address:
-                    ray.init(address=address, log_to_driver=False)
+                    ray.init(address=address, **quiet)
                 else:
-                    ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+                    ray.init(num_cpus=jobs, include_dashboard=False, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise BackendError(f"--address {address}: cannot connect to Ray ({str(e).splitlines()[0]})") from None
             self.owns = True
