@@ -97,6 +97,12 @@ def test_bad_grids_are_refused_in_one_line_naming_the_file_and_field(tmp_path, b
     assert not (tmp_path / "out").exists()
 
 
+def test_the_readme_grid_is_valid():
+    g = load_grid(ROOT / "examples" / "sweep_sharegpt.toml")
+    assert (len(g.points()), len(g.tasks()), g.compute) == (45, 9, "curve")
+    assert {p["N"] for p in g.points()} == {284, 568, 1137, 2275, 4551}  # 5…80 GiB of Qwen3-8B KV, b = 128
+
+
 def test_seeds_depend_on_coordinates_not_on_order():
     assert derive_seed(0, "scm", 1.0, 0) == derive_seed(0, "scm", 1.0, 0)
     assert (
