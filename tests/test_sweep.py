@@ -196,6 +196,38 @@ N = [300, 600, 1200, 4000]
         assert (a[k] is None and b[k] is None) or b[k] == pytest.approx(a[k], abs=1e-12), (k, a[k], b[k])
 
 
+def test_fleet_points_are_the_fleet_service_answers(tmp_path, small_trace):
+    body = f"""
+[sweep]
+estimates = true
+[workloads.t]
+trace = "{small_trace}"
+[axes]
+N = [800]
+replicas = [1, 4]
+router = ["round-robin", "session"]
+"""
+    g = load_grid(_grid(tmp_path, body))
+    s = run_sweep(g, tmp_path / "o")
+    assert s.ok == 4
+    rows = {(r["replicas"], r["router"]): r for r in _results(tmp_path / "o")}
+    want = svc.fleet_simulate(
+        svc.build(
+            svc.FleetRequest,
+            trace=small_trace,
+            replicas=[1, 4],
+            router=["round-robin", "session"],
+            N=[800],
+            block_size=128,  # the generated trace has none; the sweep passes the grid's (sweep.block_size)
+            seed=rows[(4, "session")]["seed"],
+        )
+    )
+    for w in want.rows:
+        r = rows[(w["replicas"], w["router"])]
+        assert r["h"] == w["token_hit_ratio"] and r["metric"] == "tokens" and r["h_estimate"] == w["estimate"]
+    assert rows[(4, "round-robin")]["h"] < rows[(4, "session")]["h"]  # scattering turns loses their prefixes
+
+
 def test_estimate_grid_groups_capacities_into_one_service_call(tmp_path):
     body = f"""
 [sweep]
