@@ -45,8 +45,21 @@ lam0 = [0.5, 1.5]
 
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory) -> Path:
+    from kvhit.workload import Trace
+
     out = tmp_path_factory.mktemp("sweep") / "t.parquet"
     svc.generate_trace(svc.build(svc.GenerateRequest, spec=SCM, out=out, conversations=400, seed=3))
+    tr = Trace.read(out)
+    tr.meta["block_size"] = 128  # as a ShareGPT trace records it (the tiers estimator needs it)
+    tr.write(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sharegpt_small(tmp_path_factory) -> Path:
+    """300 ShareGPT conversations (token counts: what the host-tier estimator reads)."""
+    out = tmp_path_factory.mktemp("sweep") / "sg.parquet"
+    svc.sharegpt_trace(svc.build(svc.ShareGPTRequest, out=out, n_warm=50, n_meas=250, seed=2))
     return out
 
 
@@ -84,6 +97,11 @@ def _results(out: Path) -> list[dict]:
         ("[sweep]\ncompute = 'curve'\n[axes]\nN = [10]\nrouter = ['random']", "axes.replicas/router"),
         ("[sweep]\nmodel = 'no-such-model'\n[axes]\nhbm_gb = [10]", "sweep.model"),
         ("[axes\nN = [10]", "invalid TOML"),
+        ("[sweep]\ntier = 'native'\n[axes]\nN = [10]", "sweep.tier"),
+        ("[sweep]\ntier = 'nvme'\n[axes]\nN = [10]\ndram_gb = [1]", "sweep.tier"),
+        ("[axes]\nN = [10]\ndram_gb = [1]\nengine = ['vllm']", "axes.engine"),
+        ("[axes]\nN = [10]\ndram_gb = [-1]", "axes.dram_gb"),
+        ("[sweep]\ncompute = 'curve'\n[axes]\nN = [10]\ndram_gb = [1]", "axes.dram_gb"),
     ],
 )
 def test_bad_grids_are_refused_in_one_line_naming_the_file_and_field(tmp_path, body, field):
@@ -218,7 +236,6 @@ router = ["round-robin", "session"]
             replicas=[1, 4],
             router=["round-robin", "session"],
             N=[800],
-            block_size=128,  # the generated trace has none; the sweep passes the grid's (sweep.block_size)
             seed=rows[(4, "session")]["seed"],
         )
     )
@@ -226,6 +243,39 @@ router = ["round-robin", "session"]
         r = rows[(w["replicas"], w["router"])]
         assert r["h"] == w["token_hit_ratio"] and r["metric"] == "tokens" and r["h_estimate"] == w["estimate"]
     assert rows[(4, "round-robin")]["h"] < rows[(4, "session")]["h"]  # scattering turns loses their prefixes
+
+
+@pytest.mark.parametrize("compute", ["simulate", "estimate"])
+def test_dram_points_are_the_tiers_service_answers(tmp_path, sharegpt_small, compute):
+    body = f"""
+[sweep]
+compute = "{compute}"
+[workloads.t]
+trace = "{sharegpt_small}"
+[axes]
+N = [100, 400]
+dram_gb = [0, 4]
+"""
+    g = load_grid(_grid(tmp_path, body))
+    assert run_sweep(g, tmp_path / "o").ok == 4
+    rows = {(r["N"], r["dram_gb"]): r for r in _results(tmp_path / "o")}
+    want = svc.tiers(
+        svc.build(
+            svc.TiersRequest,
+            trace=sharegpt_small,
+            hbm_blocks=[100, 400],
+            dram_gb=[0, 4],
+            estimate="only" if compute == "estimate" else "none",
+        )
+    )
+    for i, n in enumerate(want.hbm_blocks):
+        for j, d in enumerate(want.dram_gib):
+            # simulated: exactly; the estimator solves per call, to ~1e-10, so one pair alone may differ there
+            tol = 0 if compute == "simulate" else 1e-8
+            assert (
+                rows[(n, d)]["h"] == pytest.approx(want.h[i][j], rel=tol, abs=tol) and rows[(n, d)]["engine"] == "vllm"
+            )
+    assert rows[(100, 4.0)]["h"] > rows[(100, 0.0)]["h"]  # the host tier adds hits
 
 
 def test_estimate_grid_groups_capacities_into_one_service_call(tmp_path):

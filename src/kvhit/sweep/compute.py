@@ -145,6 +145,8 @@ def run_task(task: Task) -> list[dict]:
     wl = grid.workloads[task.workload]
     src = _source(task)
     Ns = [int(p["N"]) for p in task.points]
+    if "dram_gb" in task.points[0]:
+        return [_tiers(task, wl, src, task.points[0])]
     if task.compute == "estimate":
         engine = task.points[0].get("engine")
         if wl.kind == "spec":
@@ -210,6 +212,36 @@ def run_task(task: Task) -> list[dict]:
             )
         ]
     return [_simulate(task, wl, src, p)]
+
+
+def _tiers(task: Task, wl, src: dict, p: dict) -> dict:
+    """A host tier (``sweep.tier``) of ``dram_gb`` GiB behind ``N`` GPU blocks: :func:`kvhit.service.tiers`."""
+    from .. import service as svc
+
+    grid: Grid = _STATE["grid"]
+    estimate = "only" if task.compute == "estimate" else ("also" if grid.estimates else "none")
+    r = svc.tiers(
+        svc.build(
+            svc.TiersRequest,
+            trace=src["trace"],
+            tier=grid.tier,
+            hbm_blocks=[p["N"]],
+            dram_gb=[p["dram_gb"]],
+            model=grid.model,
+            estimate=estimate,
+            block_size=None if _STATE["block_sizes"].get(task.shipped) else wl.block_size,
+        )
+    )
+    h = r.h[0][0]
+    est = r.h_estimate[0][0] if r.h_estimate else None
+    return _row(
+        h=_f(h),
+        metric="tokens",
+        token_hit_ratio=_f(h),
+        h_estimate=_f(est),
+        feasible=h is not None,
+        extra={"tier": r.tier, "h_gpu": r.h_gpu[0], "h_source": r.h_source, "host_units": r.host_units},
+    )
 
 
 def _simulate(task: Task, wl, src: dict, p: dict) -> dict:

@@ -113,7 +113,7 @@ def _write_csv(points: list[dict], path: Path) -> None:
 
 
 def _fmt_val(a: str, v) -> str:
-    unit = {"hbm_gb": " GiB", "lam0": "/s", "N": " blocks"}.get(a, "")
+    unit = {"hbm_gb": " GiB", "dram_gb": " GiB DRAM", "lam0": "/s", "N": " blocks"}.get(a, "")
     return f"{a} = {v:g}{unit}" if isinstance(v, float) else f"{a} = {v}{unit}"
 
 
@@ -149,7 +149,12 @@ def _figure(points: list[dict], x: str, varying: list[str], out_prefix: Path, ti
             err = [p["ci95"] or 0.0 for p in pts]
             ax.errorbar(xs, ys, yerr=err, marker="o", ms=3.5, lw=1.2, capsize=2, color=f"C{j}", label=str(hv))
         vals = sorted({p[x] for p in sel})
-        if x in ("N", "hbm_gb", "replicas", "lam0") and len(vals) > 2 and vals[0] > 0 and vals[-1] / vals[0] >= 8:
+        if (
+            x in ("N", "hbm_gb", "dram_gb", "replicas", "lam0")
+            and len(vals) > 2
+            and vals[0] > 0
+            and vals[-1] / vals[0] >= 8
+        ):
             ax.set_xscale("log")
             ax.set_xticks(vals, [f"{v:g}" for v in vals])
             ax.minorticks_off()
@@ -196,7 +201,7 @@ def report(directory: Path) -> dict:
             )
         by_axis[a] = rows
     figures: list[str] = []
-    xs = [a for a in ("hbm_gb", "N", "lam0", "replicas") if a in varying]
+    xs = [a for a in ("hbm_gb", "N", "dram_gb", "lam0", "replicas") if a in varying]
     metric = {f"{p['engine']}: {p['metric']}" if p["engine"] else p["metric"] for p in points if p["metric"]}
     reps = counts["replications"]
     what = f"hit ratio ({'; '.join(sorted(metric))})" + (f", mean of {reps} replications ± 95% CI" if reps > 1 else "")
