@@ -68,10 +68,11 @@ def test_lmcache_chunk_alignment():
 
 
 def test_simple_hand_case():
-    # CPU pool of 10 blocks. r0 (PD) is stored by the finish-time flush: its GPU blocks are freed AFTER the
+    # CPU pool of 11 blocks (10 usable: one is vLLM's null block).
+    # r0 (PD) is stored by the finish-time flush: its GPU blocks are freed AFTER the
     # request's own free, in prefix order. r3: T=16, the CPU side keeps the T-1 cap: 3 blocks (12) loaded.
     # r4: g=4, cap 16-1-4=11 -> 2 blocks (8). The CPU pool frees stored and loaded blocks in prefix order.
-    e, out = _run("simple", HAND, gpu_blocks=5, host_capacity=10, block_size=4)
+    e, out = _run("simple", HAND, gpu_blocks=5, host_capacity=11, block_size=4)
     assert out == [(0, 0, 16), (0, 0, 20), (0, 16, 1), (0, 12, 4), (4, 8, 4)]
     assert e.host_eviction_order() == [1003, 1004, 0, 3, 1000, 1001, 1002, 1, 2]
 
@@ -307,7 +308,7 @@ def test_lmcache_equals_reference(tr, C, k):
 @given(traces(), st.integers(1, 20))
 def test_simple_equals_reference(tr, C):
     b, N, reqs = tr
-    e = make_tiered("simple", gpu_blocks=N, host_capacity=C, block_size=b)
+    e = make_tiered("simple", gpu_blocks=N, host_capacity=C + 1, block_size=b)  # + vLLM's null block
     res = replay(e, reqs)
     got = [(o.gpu_hit_tokens, o.cpu_hit_tokens) for o in res.outcomes]
     assert got == ref_simple(reqs, N=N, b=b, C=C)

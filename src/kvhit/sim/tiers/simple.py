@@ -3,8 +3,9 @@
 Read from **vLLM 0.33.0**: ``v1/simple_kv_offload/manager.py`` (``SimpleCPUOffloadScheduler``),
 ``distributed/kv_transfer/kv_connector/v1/simple_cpu_offload_connector.py``, ``v1/core/block_pool.py``.
 
-The CPU tier is a second vLLM ``BlockPool`` of ``capacity`` CPU blocks (same block size, same free-queue LRU,
-same hash map), mirrored by :class:`~kvhit.sim.block_reference.ReferenceBlockPool`:
+The CPU tier is a second vLLM ``BlockPool`` of ``capacity`` CPU blocks (vLLM's ``num_cpu_blocks``; the pool's
+``null_block`` takes one, so ``capacity - 1`` are usable; same block size, same free-queue LRU, same hash map),
+mirrored by :class:`~kvhit.sim.block_reference.ReferenceBlockPool`:
 
 * **Lookup** (``get_num_new_matched_tokens``) – from the GPU hit ``g`` (block-aligned), the CPU prefix hit over
   the prompt's remaining block hashes capped at ``max_hit_len = T - 1 - g`` (the CPU side keeps vLLM's
@@ -25,9 +26,7 @@ same hash map), mirrored by :class:`~kvhit.sim.block_reference.ReferenceBlockPoo
 Stores of the prompt blocks of a colocated request happen while it runs (the step after its prefill); a
 PD request (``colocated=False``) finishes at its prefill, so all its stores are finish-time flushes.
 
-Not modelled: **lazy mode** (``lazy_offload=True``: a cursor walks the GPU free queue and offloads blocks
-near eviction; the cursor's validity depends on when copies complete relative to the next step, which a
-sequential model cannot pin down — left out rather than guessed), copies in flight (``IN_FLIGHT``
+Lazy mode (``lazy_offload=True``) is :mod:`.simple_lazy`. Not modelled: copies in flight (``IN_FLIGHT``
 admission, pinned blocks racing with allocation), the disk backend, boundary-state hand-offs (hybrid
 models).
 """
@@ -41,7 +40,7 @@ __all__ = ["SimpleCpuTier"]
 
 
 class SimpleCpuTier:
-    """SimpleCPUOffloadConnector (eager) with ``capacity`` CPU blocks of ``block_size`` tokens."""
+    """SimpleCPUOffloadConnector (eager) with ``capacity`` CPU blocks (one the null block) of ``block_size`` tokens."""
 
     def __init__(self, capacity: int, *, block_size: int) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
@@ -50,7 +49,7 @@ class SimpleCpuTier:
         self.capacity = capacity
         self.block_size = int(block_size)
         self.chunk_tokens = self.block_size
-        self.cpu = ReferenceBlockPool(capacity, self.block_size, unhashed_to_head=True)
+        self.cpu = ReferenceBlockPool(capacity - 1, self.block_size, unhashed_to_head=True)
         self.gpu = None
         self._pending: dict[int, list[int]] = {}  # rid -> GPU blocks of the finish-time flush
         self.evictions_before = 0
