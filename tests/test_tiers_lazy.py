@@ -30,57 +30,55 @@ def _out(res):
 
 
 # ---- hand-worked cases ----------------------------------------------------------------------------------
-def test_cursor_skips_blocks_freed_behind_it_and_lazy_rotates_the_gpu():
-    """b=4, 4 GPU blocks b0..b3, 5 CPU blocks (4 usable), walk of 2·⌈8192/4⌉ (covers the whole queue).
+def test_lazy_stores_a_request_tail_first_so_the_cpu_keeps_its_head():
+    """b=4, GPU blocks b0..b3, 6 CPU blocks (5 usable c0..c4; one is the pool's null block), walk covering the queue.
 
-    r0 (A, 8 tokens) takes b0, b1; the walk after allocation sees only unhashed b2, b3 -> cursor b3; the free
-    gives [b2 b3 b1=A1 b0=A0]. r1 (B) pops b2, b3: the cursor's block is in use -> walk from the head, stores
-    A1, A0 (cursor = b0); r1 frees [b3=B1 b2=B0], then the store completes and frees b1, b0 to the GPU TAIL:
-    [b3 b2 b1 b0], the cursor on the tail. r2 (C) pops b3, b2 (evicts B, never stored: it lay before the
-    cursor), the walk after b0 finds nothing. r3 (B, 9 tokens): no GPU hit, no CPU hit, 9 computed. Eager
-    stores B at r1's finish and keeps it on the GPU (r2 evicts A): r3 is a GPU hit of 8 tokens there.
+    r0 (A, 8 tokens) takes b0, b1; its step's walk sees only unhashed b2, b3 (cursor b3). r0 frees tail first:
+    GPU [b2 b3 b1=A1 b0=A0]. The step that reports r0 walks after b3: stores A1, A0 (c0, c1) in that order, so
+    the CPU LRU is [c2 c3 c4 c0=A1 c1=A0]: A's TAIL is older. r1 (B, 4 tokens) takes b2; its finish step stores
+    B0 (c2). r2 (D, 12 tokens) pops b3, b1, b0 (A leaves the GPU); its finish step stores D2, D1, D0 into c3,
+    c4 and c0 — evicting A1, keeping A0. r3 (A, 9 tokens): no GPU hit, CPU hit A0: 4 tokens loaded, 5 computed.
+    Eager writes A through in prefix order (A0 older), loses A0 to D and r3 loads nothing.
     """
-    reqs = [_req(0, 8, 0), _req(1, 8, 1), _req(2, 8, 2), _req(3, 9, 1)]
-    lazy = make_tiered("simple-lazy", gpu_blocks=4, host_capacity=5, block_size=4)
-    assert _out(replay(lazy, reqs)) == [(0, 0, 8), (0, 0, 8), (0, 0, 8), (0, 0, 9)]
-    # r3 (B0 b1, B1 b0, partial b2) frees b2 to the head, then b0, b1; its walk (cursor reset: b0 reused) stored
-    # C0 (b3) from the head; the store completion puts b3 on the tail
-    assert lazy.eviction_order() == [1001, 1000, 2000]
-    assert lazy.host_eviction_order() == [1, 0, 2000]  # CPU: A1, A0 (r1's walk order), then C0
-    eager = make_tiered("simple", gpu_blocks=4, host_capacity=4, block_size=4)
-    assert _out(replay(eager, reqs))[3] == (8, 0, 1)
+    reqs = [_req(0, 8, 0), _req(1, 4, 1), _req(2, 12, 3), _req(3, 9, 0)]
+    lazy = make_tiered("simple-lazy", gpu_blocks=4, host_capacity=6, block_size=4)
+    assert _out(replay(lazy, reqs)) == [(0, 0, 8), (0, 0, 4), (0, 0, 12), (0, 4, 5)]
+    # r3: the load step pops b2 (B0) for the loaded block; the compute step pops b0, b1 (D2, D1); r3 frees its
+    # partial block to the head, A1, A0 to the tail; its finish step stores A1 (A0 is on the CPU, loaded)
+    assert lazy.eviction_order() == [3000, 0, 1]
+    assert lazy.host_eviction_order() == [3002, 3001, 3000, 0, 1]
+    eager = make_tiered("simple", gpu_blocks=4, host_capacity=6, block_size=4)
+    assert _out(replay(eager, reqs)) == [(0, 0, 8), (0, 0, 4), (0, 0, 12), (0, 0, 9)]
 
 
-def test_load_step_walk_and_pinned_cpu_hit():
-    """Short walk (max_num_batched_tokens=4: 2 blocks), 4 GPU and 4 usable CPU blocks, b=4.
+def test_walk_length_bounds_what_is_written_back():
+    """max_num_batched_tokens=4, b=4: the walk covers 2·⌈4/4⌉ = 2 free blocks per step.
 
-    r0-r2 as above leave GPU [b1=A1 b0=A0 b2=C1 b3=C0] (cursor b0) and CPU [c2 c3 c0=A1 c1=A0]. r3 (D, 16 tokens)
-    evicts all four; the walk has nothing to visit. r4 (A, 9 tokens): no GPU hit, CPU hit A0 A1 (cap 9-1 = 8):
-    the LOAD step pins c1, c0, allocates only the 2 loaded blocks (pops b3=D3, b2=D2), walks [b0=D1 b1=D0] with
-    2 free CPU blocks: stores both (c2, c3). The load completes first (CPU [c1=A0 c0=A1]), then the store
-    (CPU [.. c2=D1 c3=D0]; GPU [b0 b1] again). The compute step pops b0 (evicts D1 although it was just
-    stored), walks after the cursor b1: nothing. r4 frees its partial block to the head, then A1, A0.
+    r0 (A, 12 tokens: b0..b2) frees [b3 b2=A2 b1=A1 b0=A0]; the finish step walks after the cursor b3 and stops
+    after two blocks: A2, A1 stored, A0 not (cursor b1). r1 (B, 8 tokens) pops b3 and b0 (A0 evicted from the
+    GPU, never written back); its finish step stores B1, B0. r2 (A, 13 tokens): no GPU hit, and the CPU lacks
+    A's head: nothing loaded. Eager stored all of A at r0's finish: r2 loads 12 tokens.
     """
-    reqs = [_req(0, 8, 0), _req(1, 8, 1), _req(2, 8, 2), _req(3, 16, 3), _req(4, 9, 0)]
-    e = make_tiered("simple-lazy", gpu_blocks=4, host_capacity=5, block_size=4, max_num_batched_tokens=4)
-    assert e.target_free == 2
-    assert _out(replay(e, reqs)) == [(0, 0, 8), (0, 0, 8), (0, 0, 8), (0, 0, 16), (0, 8, 1)]
-    assert e.eviction_order() == [3000, 1, 0]
-    assert e.host_eviction_order() == [0, 1, 3001, 3000]
+    reqs = [_req(0, 12, 0), _req(1, 8, 1), _req(2, 13, 0)]
+    lazy = make_tiered("simple-lazy", gpu_blocks=4, host_capacity=6, block_size=4, max_num_batched_tokens=4)
+    assert lazy.target_free == 2
+    assert _out(replay(lazy, reqs)) == [(0, 0, 12), (0, 0, 8), (0, 0, 13)]
+    # r2 pops all four blocks (cursor reset); its finish step walks from the head: its partial block, then A2
+    # (already on the CPU): two blocks covered, A0 again not written back
+    assert lazy.host_eviction_order() == [2, 1, 1001, 1000]
+    assert lazy.eviction_order() == [2, 1, 0]
+    eager = make_tiered("simple", gpu_blocks=4, host_capacity=6, block_size=4)
+    assert _out(replay(eager, reqs))[2] == (0, 12, 1)
 
 
-def test_write_back_stores_only_what_reaches_the_free_queue():
-    """Eager writes a request's blocks through at its finish; lazy writes back only blocks it walks over in
-    the free queue. One request (3 full blocks) on an idle GPU: eager has 3 CPU blocks after it, lazy none
-    (its only walk ran while the request held its blocks); a second, unrelated request's walk stores them."""
-    reqs = [_req(0, 12, 0), _req(1, 4, 1)]
+def test_write_back_happens_in_the_step_after_the_finish():
+    """On an idle GPU a request's own step walks only free (here unhashed) blocks; its blocks are written back
+    by the step that reports it finished, in free-queue order (tail first), not in prefix order as eager."""
     lazy = make_tiered("simple-lazy", gpu_blocks=8, host_capacity=9, block_size=4)
-    eager = make_tiered("simple", gpu_blocks=8, host_capacity=8, block_size=4)
-    replay(lazy, reqs[:1])
-    replay(eager, reqs[:1])
-    assert lazy.host.resident() == 0 and eager.host.resident() == 3
-    replay(lazy, reqs[1:])
-    assert lazy.host_eviction_order() == [2, 1, 0]  # walked head to tail: r0 freed tail-first (2, 1, 0)
+    eager = make_tiered("simple", gpu_blocks=8, host_capacity=9, block_size=4)
+    replay(lazy, [_req(0, 12, 0)])
+    replay(eager, [_req(0, 12, 0)])
+    assert lazy.host_eviction_order() == [2, 1, 0] and eager.host_eviction_order() == [0, 1, 2]
 
 
 def test_null_block_and_validation():
@@ -250,6 +248,8 @@ class RefLazy:
         if self.last != rid:
             self._complete()
         self._free(self.G, list(reversed(self.running.pop(rid))))
+        self._complete()
+        self._walk()  # the step that reports the finished request
         self._complete()
 
     def eviction_order(self):

@@ -37,11 +37,17 @@ What lazy mode does (one full-attention group, ``hash_block_size == block_size``
   timing is not modelled.
 
 Steps of a replay (:func:`kvhit.sim.engines.replay`): a submission is one scheduler step (two with a
-CPU load: the load step, then the compute step), each followed by a walk; the stores of the last step
-complete when the next event comes, and a finish that directly follows its own submission belongs to
-that step (a PD prefill finishes in the step that computes it), so it frees the request's blocks
-first. Exact for the sequential PD replay (no ``hold``); with ``hold`` it is this stated order, not a
-step-accurate schedule.
+CPU load: the load step, then the compute step), each with its walk after the step's allocation; the
+stores of the last step complete when the next event comes, and a finish that directly follows its own
+submission belongs to that step (a PD prefill finishes in the step that computes it), so it frees the
+request's blocks first. After a finish the engine takes one more step (``EngineCore.step`` runs while
+``scheduler.has_requests()``, which counts finished requests not yet reported): one more walk, its
+stores completing in it. Exact for the sequential PD replay (no ``hold``); with ``hold`` it is this
+stated order, not a step-accurate schedule.
+
+Checked request by request against vLLM 0.33.0's real ``Scheduler`` with this connector
+(``conformance/check_tiers_scheduler.py --tier simple-lazy``: GPU and CPU hits, CPU and GPU eviction orders),
+which is how the step that reports a finished request was found to walk too.
 
 Not modelled: colocated decode (decode steps interleave block allocations with walks: refused), eager
 mode (:mod:`.simple`), copies in flight (pinned blocks, cursor invalidation by in-flight stores),
@@ -214,6 +220,7 @@ class SimpleLazyEngine:
         self.running: dict[int, list[int]] = {}
         self._pending: list[tuple[list[int], list[int]]] = []  # stores of the last step (GPU, CPU blocks)
         self._last: int | None = None  # rid admitted by the last step (its finish belongs to that step)
+        self._walk_after_finish = True  # False only in the conformance suite's negative control
         self.stored_blocks = 0
         self.host = _CpuView(self)  # as a TieredEngine: e.host.resident(), e.host.eviction_order()
 
@@ -323,6 +330,10 @@ class SimpleLazyEngine:
         self.gpu.free(blocks)
         freed = len(self.gpu.free_queue) - before
         self._complete_stores()
+        # the engine takes one more step to report the finished request (``has_finished_requests``): a walk
+        if self._walk_after_finish:
+            self._walk()
+            self._complete_stores()
         return FinishOutcome(rid=rid, freed_units=freed)
 
     def eviction_order(self) -> list[int]:
