@@ -105,7 +105,7 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
                 "--x-mean": st.one_of(_nonfinite, st.sampled_from(["0.5", "-2", "0"])),
                 "--w-mean": bad_pos_float(),
                 "--w-dist": bad_choice(("exponential", "deterministic", "gamma", "lognormal")),
-                "--engine": bad_choice(("vllm", "vllm-0.23", "content")),
+                "--engine": bad_choice(("vllm", "vllm-0.23", "content", "sglang")),
                 "--sample": bad_int(100, 10**7),
                 "--seed": bad_int(0),
             },

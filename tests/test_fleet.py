@@ -25,6 +25,14 @@ ROUTERS = [
     ("llm-d", {}),
     ("sglang", {"mode": "precise", "balance_abs_threshold": 1, "balance_rel_threshold": 1.0}),
     ("sglang", {"mode": "precise"}),
+    # approximate (shadow) modes and Dynamo's overlap credit
+    ("dynamo", {"mode": "approx", "ttl": 2.0}),
+    ("dynamo", {"overlap_score_credit": 0.5, "overlap_score_weight": 2.0, "request_weight": 0.5}),
+    ("dynamo", {"mode": "approx", "temperature": 1.0}),
+    ("llm-d", {"mode": "approx"}),
+    ("llm-d", {"mode": "approx", "queue_weight": 0.0, "kv_weight": 0.0}),
+    ("sglang", {}),
+    ("sglang", {"balance_abs_threshold": 1, "balance_rel_threshold": 1.0, "cache_threshold": 0.1}),
 ]
 
 

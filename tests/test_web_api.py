@@ -315,3 +315,18 @@ def test_plan_compare_sglang_job_equals_service(client):
     c = job["result"]["compare"]
     assert c["engine"] == "sglang" and c["page_size"] == 4 and "difference" in c
     assert 'value="sglang"' in client.get("/").text  # the page offers it
+
+
+def test_uploaded_trace_fleet_plan_equals_service(client, trace_file):
+    fields = {"target": 0.3, "N": 300, "router": ["round-robin", "session"], "block_size": 16, "max_replicas": 4}
+    with open(trace_file, "rb") as f:
+        r = client.post("/api/fleet/plan", data={"request": json.dumps(fields)}, files={"trace": ("small.parquet", f)})
+    assert r.status_code == 202, r.text
+    job = wait(client, r.json())
+    assert job["status"] == "done", job["error"]
+    want = svc.fleet_plan(svc.build(svc.FleetPlanRequest, trace=trace_file, **fields)).to_jsonable()
+    assert job["result"]["answers"] == want["answers"] and job["result"]["rows"] == want["rows"]
+    with open(trace_file, "rb") as f:
+        bad = {"request": json.dumps({**fields, "target": 2})}
+        r = client.post("/api/fleet/plan", data=bad, files={"trace": ("small.parquet", f)})
+    assert r.status_code == 422 and r.json()["field"] == "target"

@@ -346,6 +346,9 @@ def estimate_trace(
     exclude: str | bool = "auto",
     mask: Any = None,
     work_budget: float = 6e7,
+    head_partial: bool = True,
+    cap_last: bool = True,
+    seg_shift: Any = None,
 ) -> AgenticEstimate:
     """Predicted vLLM hit ratio of a request trace at capacities ``Ns`` (blocks); see the module docstring.
 
@@ -364,6 +367,12 @@ def estimate_trace(
     requests (e.g. after a warm-up); every request still loads the cache. ``work_budget``: events of the
     Lévy sweep (time cells × age cells × requests of multi-request conversations) above which the number of
     time cells is lowered (reported in ``regime.notes``).
+
+    Host-tier accounting (:mod:`kvhit.estimate_tiers`, issue 16): ``head_partial=False`` drops the partial-block
+    term ``e`` of (A1) (a host tier stores full chunks only: nothing unhashed sits at its LRU head);
+    ``cap_last=False`` lifts the ``(T − 1)//b`` cap (vLLM 0.33.0 native offloading loads a fully resident
+    prompt's last chunk); ``seg_shift`` (one integer per segment of the :class:`RequestReuse`) is added to the
+    segment's threshold ``1 + e + i + D`` (LMCache's put-after-touch order, see :mod:`kvhit.estimate_tiers`).
     """
     t0 = _time.perf_counter()
     if engine not in ENGINES:
@@ -385,7 +394,7 @@ def estimate_trace(
     T = u.prompt_tokens
     R = u.prompt_blocks
     F = u.full_blocks
-    cap = u.hit_cap
+    cap = u.hit_cap if cap_last else u.full_blocks
     new23 = engine == "vllm-0.23"
     part = (T % b != 0).astype(np.int64)
     Fx = F + (part if new23 else 0)
@@ -408,6 +417,13 @@ def estimate_trace(
     # e: vLLM ≥ 0.24 keeps the previous request's partial block at the queue head
     prev_any = np.maximum(seg_req - 1, 0)
     e = np.where(seg_req > 0, part[prev_any], 0) if not new23 else np.zeros(seg_req.shape[0], np.int64)
+    if not head_partial:
+        e = np.zeros(seg_req.shape[0], np.int64)
+    if seg_shift is not None:
+        sh = np.asarray(seg_shift)
+        if sh.shape != seg_req.shape or sh.dtype.kind not in "iu" or (sh.size and sh.min() < 0):
+            raise AgenticError(f"seg_shift: expected non-negative integers, one per segment ({seg_req.shape[0]})")
+        e = e + sh.astype(np.int64)
     notes: list[str] = []
     h = np.zeros(Ns.shape[0])
     # rejected shares at every N; admission groups: all feasible N share one admitted set (everyone), the

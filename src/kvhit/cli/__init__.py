@@ -18,7 +18,7 @@ from ..service.errors import one_line
 # Each command module registers its commands on ``app`` when imported; the import order is the order of
 # ``kvhit --help`` (typer lists sub-command groups after the commands).
 # isort: off
-from . import estimate, simulate, stream, trace, demo, plan, reproduce, curve, tiers, serve, fleet  # noqa: F401
+from . import estimate, simulate, stream, trace, demo, plan, reproduce, curve, tiers, serve, fleet, sweep  # noqa: F401
 
 # isort: on
 from ._common import app, console, err_console

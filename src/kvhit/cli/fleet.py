@@ -32,69 +32,96 @@ app.add_typer(fleet_app, name="fleet")
 FR = svc.FleetRequest
 
 
-def _fopt(field: str, flag: str) -> Any:
-    return typer.Option(flag, help=_help(FR, field))
+def _fopt(field: str, *flags: str, model: type = FR) -> Any:
+    return typer.Option(*flags, help=_help(model, field))
+
+
+# router parameters and workload options shared by simulate / curve / plan (help from the request fields)
+RF = svc.FleetRequest
+TraceO = Annotated[Path | None, _fopt("trace", "--trace")]
+BlocksO = Annotated[Path | None, _fopt("blocks_trace", "--blocks-trace")]
+ArrivalO = Annotated[str, _fopt("arrival", "--arrival")]
+RateO = Annotated[float | None, _fopt("rate", "--rate")]
+SpanO = Annotated[float | None, _fopt("span", "--span")]
+EngineO = Annotated[str, _fopt("engine", "--engine")]
+BlockSizeO = Annotated[int | None, _fopt("block_size", "--block-size")]
+PrefillO = Annotated[float | None, _fopt("prefill_tokens_per_s", "--prefill-tokens-per-s")]
+LagO = Annotated[float, _fopt("lag", "--lag")]
+WarmupO = Annotated[int | None, _fopt("warmup", "--warmup")]
+OswO = Annotated[float | None, _fopt("overlap_score_weight", "--overlap-score-weight", "--prefill-load-scale")]
+OscO = Annotated[float | None, _fopt("overlap_score_credit", "--overlap-score-credit")]
+TempO = Annotated[float | None, _fopt("temperature", "--temperature")]
+ReqWO = Annotated[float | None, _fopt("request_weight", "--request-weight")]
+KvTtlO = Annotated[float | None, _fopt("kv_ttl", "--kv-ttl")]
+SessTtlO = Annotated[float | None, _fopt("session_ttl", "--session-ttl")]
+PrefWO = Annotated[float | None, _fopt("prefix_weight", "--prefix-weight")]
+QueueWO = Annotated[float | None, _fopt("queue_weight", "--queue-weight")]
+KvWO = Annotated[float | None, _fopt("kv_weight", "--kv-weight")]
+CacheThO = Annotated[float | None, _fopt("cache_threshold", "--cache-threshold")]
+BalAbsO = Annotated[float | None, _fopt("balance_abs_threshold", "--balance-abs-threshold")]
+BalRelO = Annotated[float | None, _fopt("balance_rel_threshold", "--balance-rel-threshold")]
+LoadMetricO = Annotated[str | None, _fopt("load_metric", "--load-metric")]
+KvModeO = Annotated[str | None, _fopt("kv_mode", "--kv-mode")]
+
+
+def _router_values(**kw: Any) -> dict[str, Any]:
+    """Map the CLI's shared option names onto the request fields."""
+    ren = {
+        "balance_abs": "balance_abs_threshold",
+        "balance_rel": "balance_rel_threshold",
+        "prefill": "prefill_tokens_per_s",
+        "blocks": "blocks_trace",
+    }
+    return {ren.get(k, k): v for k, v in kw.items()}
 
 
 @fleet_app.command("simulate")
 def fleet_simulate(
-    trace: Annotated[Path, _fopt("trace", "--trace")],
     replicas: Annotated[list[str], _fopt("replicas", "--replicas")],
+    trace: TraceO = None,
+    blocks: BlocksO = None,
+    arrival: ArrivalO = "sequential",
+    rate: RateO = None,
+    span: SpanO = None,
     N: NOpt = None,
     router: Annotated[list[str] | None, _fopt("router", "--router")] = None,
-    engine: Annotated[str, _fopt("engine", "--engine")] = "vllm",
-    block_size: Annotated[int | None, _fopt("block_size", "--block-size")] = None,
-    prefill: Annotated[float | None, _fopt("prefill_tokens_per_s", "--prefill-tokens-per-s")] = None,
-    lag: Annotated[float, _fopt("lag", "--lag")] = 0.0,
-    warmup: Annotated[int | None, _fopt("warmup", "--warmup")] = None,
+    engine: EngineO = "vllm",
+    block_size: BlockSizeO = None,
+    prefill: PrefillO = None,
+    lag: LagO = 0.0,
+    warmup: WarmupO = None,
     seed: SeedOpt = 0,
-    overlap_score_weight: Annotated[float | None, _fopt("overlap_score_weight", "--overlap-score-weight")] = None,
-    temperature: Annotated[float | None, _fopt("temperature", "--temperature")] = None,
-    request_weight: Annotated[float | None, _fopt("request_weight", "--request-weight")] = None,
-    kv_ttl: Annotated[float | None, _fopt("kv_ttl", "--kv-ttl")] = None,
-    session_ttl: Annotated[float | None, _fopt("session_ttl", "--session-ttl")] = None,
-    prefix_weight: Annotated[float | None, _fopt("prefix_weight", "--prefix-weight")] = None,
-    queue_weight: Annotated[float | None, _fopt("queue_weight", "--queue-weight")] = None,
-    kv_weight: Annotated[float | None, _fopt("kv_weight", "--kv-weight")] = None,
-    cache_threshold: Annotated[float | None, _fopt("cache_threshold", "--cache-threshold")] = None,
-    balance_abs: Annotated[float | None, _fopt("balance_abs_threshold", "--balance-abs-threshold")] = None,
-    balance_rel: Annotated[float | None, _fopt("balance_rel_threshold", "--balance-rel-threshold")] = None,
-    load_metric: Annotated[str | None, _fopt("load_metric", "--load-metric")] = None,
-    kv_mode: Annotated[str | None, _fopt("kv_mode", "--kv-mode")] = None,
+    overlap_score_weight: OswO = None,
+    overlap_score_credit: OscO = None,
+    temperature: TempO = None,
+    request_weight: ReqWO = None,
+    kv_ttl: KvTtlO = None,
+    session_ttl: SessTtlO = None,
+    prefix_weight: PrefWO = None,
+    queue_weight: QueueWO = None,
+    kv_weight: KvWO = None,
+    cache_threshold: CacheThO = None,
+    balance_abs: BalAbsO = None,
+    balance_rel: BalRelO = None,
+    load_metric: LoadMetricO = None,
+    kv_mode: KvModeO = None,
     no_estimates: Annotated[bool, typer.Option("--no-estimates", help="Skip the fleet estimator.")] = False,
     plot: Annotated[Path | None, _fopt("plot", "--plot")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fleet token hit ratio, per-replica load and prefill, for each router and replica count."""
+    kw = dict(locals())
+    for k in ("replicas", "N", "router", "no_estimates", "as_json"):
+        kw.pop(k)
     res = _call(
         svc.fleet_simulate,
         FR,
         _progress_label="fleet",
-        trace=trace,
         replicas=_split(replicas),
         N=_split(N),
         router=_split(router) or ["round-robin"],
-        engine=engine,
-        block_size=block_size,
-        prefill_tokens_per_s=prefill,
-        lag=lag,
-        warmup=warmup,
-        seed=seed,
-        overlap_score_weight=overlap_score_weight,
-        temperature=temperature,
-        request_weight=request_weight,
-        kv_ttl=kv_ttl,
-        session_ttl=session_ttl,
-        prefix_weight=prefix_weight,
-        queue_weight=queue_weight,
-        kv_weight=kv_weight,
-        cache_threshold=cache_threshold,
-        balance_abs_threshold=balance_abs,
-        balance_rel_threshold=balance_rel,
-        load_metric=load_metric,
-        kv_mode=kv_mode,
         estimates=not no_estimates,
-        plot=plot,
+        **_router_values(**kw),
     )
     if as_json:
         _print_json(res)
@@ -118,5 +145,202 @@ def fleet_simulate(
     _table(f"fleet on {res.trace} — engine {res.engine}, block size {res.block_size}", cols, rows)
     for n in res.notes:
         console.print(Text("note: " + n, style="italic"))
+    if res.figure:
+        console.print("wrote " + ", ".join(res.figure))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# kvhit fleet plan / curve
+# ---------------------------------------------------------------------------------------------------------------
+
+PR = svc.FleetPlanRequest
+CR = svc.FleetCurveRequest
+ModelO = Annotated[str, _fopt("model", "--model", model=PR)]
+GpuO = Annotated[str | None, _fopt("accelerator", "--gpu", "--accelerator", model=PR)]
+KvDtypeO = Annotated[str, _fopt("kv_dtype", "--kv-dtype", model=PR)]
+TpO = Annotated[int, _fopt("tp", "--tp", model=PR)]
+UtilO = Annotated[float | None, _fopt("gpu_memory_utilization", "--gpu-memory-utilization", model=PR)]
+MfuO = Annotated[float, _fopt("mfu", "--mfu", model=PR)]
+PeakO = Annotated[float | None, _fopt("peak_tflops", "--peak-tflops", model=PR)]
+ActiveO = Annotated[int | None, _fopt("active_params", "--active-params", model=PR)]
+
+
+def _gpus(x: Any) -> str:
+    return _fmt(x, 3)
+
+
+@fleet_app.command("plan")
+def fleet_plan(
+    target: Annotated[float, _fopt("target", "--target", model=PR)],
+    trace: TraceO = None,
+    blocks: BlocksO = None,
+    arrival: ArrivalO = "sequential",
+    rate: RateO = None,
+    span: SpanO = None,
+    router: Annotated[list[str] | None, _fopt("router", "--router", model=PR)] = None,
+    vary: Annotated[str, _fopt("vary", "--vary", model=PR)] = "replicas",
+    N: Annotated[int | None, _fopt("N", "--N", model=PR)] = None,
+    kv_gb: Annotated[float | None, _fopt("kv_gb", "--kv-gb", model=PR)] = None,
+    replicas: Annotated[int | None, _fopt("replicas", "--replicas", model=PR)] = None,
+    max_replicas: Annotated[int, _fopt("max_replicas", "--max-replicas", model=PR)] = 64,
+    rtol: Annotated[float, _fopt("rtol", "--rtol", model=PR)] = 0.02,
+    lam0: Annotated[float | None, _fopt("lam0", "--lam0", model=PR)] = None,
+    replications: Annotated[int | None, _fopt("replications", "--replications", "-r", model=PR)] = None,
+    conversations: Annotated[int | None, _fopt("conversations", "--conversations", model=PR)] = None,
+    model: ModelO = "qwen3-8b",
+    accelerator: GpuO = None,
+    kv_dtype: KvDtypeO = "bf16",
+    tp: TpO = 1,
+    gpu_memory_utilization: UtilO = None,
+    mfu: MfuO = 0.5,
+    peak_tflops: PeakO = None,
+    active_params: ActiveO = None,
+    engine: EngineO = "vllm",
+    block_size: BlockSizeO = None,
+    prefill: PrefillO = None,
+    lag: LagO = 0.0,
+    warmup: WarmupO = None,
+    seed: SeedOpt = 0,
+    overlap_score_weight: OswO = None,
+    overlap_score_credit: OscO = None,
+    temperature: TempO = None,
+    request_weight: ReqWO = None,
+    kv_ttl: KvTtlO = None,
+    session_ttl: SessTtlO = None,
+    prefix_weight: PrefWO = None,
+    queue_weight: QueueWO = None,
+    kv_weight: KvWO = None,
+    cache_threshold: CacheThO = None,
+    balance_abs: BalAbsO = None,
+    balance_rel: BalRelO = None,
+    load_metric: LoadMetricO = None,
+    kv_mode: KvModeO = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replicas (or HBM per replica) to reach a target fleet hit ratio, per router, with the prefill saved."""
+    kw = dict(locals())
+    for k in ("router", "as_json"):
+        kw.pop(k)
+    res = _call(
+        svc.fleet_plan, PR, _progress_label="fleet plan", router=_split(router) or PR.model_fields["router"].default,
+        **_router_values(**kw),
+    )  # fmt: skip
+    if as_json:
+        _print_json(res)
+        return
+    hbm = res.vary == "hbm"
+    cols = ["router", "R", "N / replica", *(["GiB / replica"] if hbm else []), "token h", "saved tok/s",
+            "saved GPUs", "prefill GPUs", "imbalance req"]  # fmt: skip
+    rows = []
+    for a in res.answers:
+        rows.append(
+            [
+                a["router"],
+                _fmt(a["replicas"]) if a["found"] or hbm else "not reached",
+                _fmt(a["N"]) if a["found"] or not hbm else "not reached",
+                *([_fmt(a.get("gib_per_replica"), 2)] if hbm else []),
+                _fmt(a.get("token_hit_ratio")),
+                _fmt(a.get("saved_tokens_per_s"), 1),
+                _gpus(a.get("saved_gpus")),
+                _gpus(a.get("prefill_gpus")),
+                _fmt(a.get("imbalance_requests"), 3),
+            ]
+        )
+    what = "HBM per replica" if hbm else "replicas"
+    load = f"λ0 = {res.lam0:g}/s (resampled)" if res.lam0 is not None else "the trace's own load"
+    _table(f"fleet plan — {what} for token hit ratio ≥ {res.target:g} on {res.workload}, {load}", cols, rows)
+    c = res.compute
+    peak = c["peak_tflops_per_gpu"]
+    console.print(
+        Text(
+            f"compute: {c['model']}, {c['flops_per_token_linear'] / 1e9:.2f} GFLOP/token (2 × "
+            f"{c['linear_params_per_token']:,} params) + attention {c['attention']}; "
+            + (f"GPUs = FLOP/s ÷ ({peak:g} TFLOP/s × mfu {c['mfu']:g}, assumed)" if peak else
+               "no --gpu/--peak-tflops: GPU columns empty"),
+            style="italic",
+        ),
+        soft_wrap=True,
+    )  # fmt: skip
+    cols = ["router", "R", "N", "token h", "±95%", "imbalance req", "imbalance prefill", "saved GPUs", "rejected"]
+    rows = [
+        [r["router"], _fmt(r["replicas"]), _fmt(r["N"]), _fmt(r["token_hit_ratio"]), _fmt(r["ci95"]),
+         _fmt(r["imbalance_requests"], 3), _fmt(r["imbalance_prefill_tokens"], 3), _gpus(r["saved_gpus"]),
+         _fmt(r["rejected"])]
+        for r in res.rows
+    ]  # fmt: skip
+    _table("every point simulated", cols, rows)
+    for n in res.notes:
+        console.print(Text("note: " + n, style="italic"), soft_wrap=True)
+
+
+@fleet_app.command("curve")
+def fleet_curve(
+    replicas: Annotated[int, _fopt("replicas", "--replicas", model=CR)],
+    N: Annotated[int, _fopt("N", "--N", model=CR)],
+    trace: TraceO = None,
+    blocks: BlocksO = None,
+    arrival: ArrivalO = "sequential",
+    rate: RateO = None,
+    span: SpanO = None,
+    router: Annotated[str, _fopt("router", "--router", model=CR)] = "dynamo",
+    param: Annotated[str | None, _fopt("param", "--param", model=CR)] = None,
+    values: Annotated[list[str] | None, _fopt("values", "--values", model=CR)] = None,
+    no_baselines: Annotated[bool, typer.Option("--no-baselines", help="Skip the baseline routers.")] = False,
+    model: ModelO = "qwen3-8b",
+    accelerator: GpuO = None,
+    kv_dtype: KvDtypeO = "bf16",
+    tp: TpO = 1,
+    mfu: MfuO = 0.5,
+    peak_tflops: PeakO = None,
+    active_params: ActiveO = None,
+    engine: EngineO = "vllm",
+    block_size: BlockSizeO = None,
+    prefill: PrefillO = None,
+    lag: LagO = 0.0,
+    warmup: WarmupO = None,
+    seed: SeedOpt = 0,
+    overlap_score_weight: OswO = None,
+    overlap_score_credit: OscO = None,
+    temperature: TempO = None,
+    request_weight: ReqWO = None,
+    kv_ttl: KvTtlO = None,
+    prefix_weight: PrefWO = None,
+    queue_weight: QueueWO = None,
+    kv_weight: KvWO = None,
+    cache_threshold: CacheThO = None,
+    balance_abs: BalAbsO = None,
+    balance_rel: BalRelO = None,
+    kv_mode: KvModeO = None,
+    plot: Annotated[Path | None, _fopt("plot", "--plot", model=CR)] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hit ratio vs load imbalance as a KV-aware router's load weight varies (the cost of load balancing)."""
+    kw = dict(locals())
+    for k in ("values", "no_baselines", "as_json"):
+        kw.pop(k)
+    res = _call(
+        svc.fleet_curve, CR, _progress_label="fleet curve", values=_split(values) or None,
+        baselines=not no_baselines, **_router_values(**kw),
+    )  # fmt: skip
+    if as_json:
+        _print_json(res)
+        return
+    cols = [res.param, "token h", "imbalance req", "imbalance prefill", "mean wait s", "saved GPUs"]
+    rows = [
+        [_fmt(r["value"]), _fmt(r["token_hit_ratio"]), _fmt(r["imbalance_requests"], 3),
+         _fmt(r["imbalance_prefill_tokens"], 3), _fmt(r["mean_wait"], 3), _gpus(r["saved_gpus"])]
+        for r in res.rows
+    ] + [
+        [b["router"], _fmt(b["token_hit_ratio"]), _fmt(b["imbalance_requests"], 3),
+         _fmt(b["imbalance_prefill_tokens"], 3), _fmt(b["mean_wait"], 3), _gpus(b["saved_gpus"])]
+        for b in res.baselines
+    ]  # fmt: skip
+    _table(
+        f"fleet curve — {res.router} {res.param} on {res.workload}, R = {res.replicas}, N = {res.N:,} blocks",
+        cols,
+        rows,
+    )
+    for n in res.notes:
+        console.print(Text("note: " + n, style="italic"), soft_wrap=True)
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))

@@ -72,6 +72,7 @@ def tiers(
         float | None, typer.Option("--price-dram-per-gib", help=_help(svc.TiersRequest, "price_dram_per_gib"))
     ] = None,
     workers: Annotated[int, typer.Option("--workers", help=_help(svc.TiersRequest, "workers"))] = 1,
+    estimate: Annotated[str, typer.Option("--estimate", help=_help(svc.TiersRequest, "estimate"))] = "none",
     plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
 ) -> None:
@@ -104,6 +105,7 @@ def tiers(
         price_hbm_per_gib=price_hbm,
         price_dram_per_gib=price_dram,
         workers=workers,
+        estimate=estimate,
         plot=plot,
     )
     if as_json:
@@ -115,11 +117,16 @@ def tiers(
         cols, unit = res.dram_gib, "GiB"
     else:
         cols, unit = res.host_units, "tokens" if res.host_tokens is not None else "units"
-    console.print(f"{res.tier}: {res.requests:,} requests, block size {res.block_size}; h (GPU + host)")
+    src = " (estimated)" if res.h_source == "estimate" else ""
+    console.print(f"{res.tier}: {res.requests:,} requests, block size {res.block_size}; h (GPU + host){src}")
     gpu = "without HiCache" if res.host_tokens is not None else "GPU only"
     console.print(f"HBM blocks | {gpu} | " + " | ".join(f"{c:g} {unit}" for c in cols))
     for N, hg, row in zip(res.hbm_blocks, res.h_gpu, res.h, strict=True):
         console.print(f"{N:,} | {_fmt(hg)} | " + " | ".join(_fmt(v) for v in row))
+    if res.h_estimate is not None and res.h_source != "estimate":
+        console.print("estimated h (two-tier estimator)")
+        for N, hg, row in zip(res.hbm_blocks, res.h_gpu_estimate, res.h_estimate, strict=True):
+            console.print(f"{N:,} | {_fmt(hg)} | " + " | ".join(_fmt(v) for v in row))
     if res.ttft_saved_s is not None:
         console.print("mean TTFT saved per request vs recompute (s)")
         for N, row in zip(res.hbm_blocks, res.ttft_saved_s, strict=True):

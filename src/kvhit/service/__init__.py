@@ -25,6 +25,14 @@ from .curve import CurveRequest, CurveResponse, curve
 from .errors import InputError, translating
 from .estimate import EstimateRequest, EstimateResponse, estimate
 from .fleet import FleetRequest, FleetResponse, fleet_simulate
+from .fleet_plan import (
+    FleetCurveRequest,
+    FleetCurveResponse,
+    FleetPlanRequest,
+    FleetPlanResponse,
+    fleet_curve,
+    fleet_plan,
+)
 from .kv import HardwareFields, KvRequest, KvResponse, kv, list_presets
 from .plan import PlanRequest, PlanResponse, plan
 from .runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
@@ -101,6 +109,12 @@ __all__ = [
     "FleetRequest",
     "FleetResponse",
     "fleet_simulate",
+    "FleetPlanRequest",
+    "FleetPlanResponse",
+    "fleet_plan",
+    "FleetCurveRequest",
+    "FleetCurveResponse",
+    "fleet_curve",
     "TiersRequest",
     "TiersResponse",
     "tiers",

@@ -9,13 +9,13 @@ before computing. NOT modelled here: the default range rule and the plot's layou
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import Field
 
 from .base import Response, check_capacity_memory
-from .common import MAX_N, Seed
+from .common import MAX_N, Capacity, Seed
 from .errors import InputError, translating
 from .inputs import read_blocks_trace, read_trace, window_for
 from .io import check_output_file
@@ -44,6 +44,11 @@ class CurveRequest(BlocksTraceFields):
         "reaches 99% of its infinite-capacity value, at least 1.25 × the largest request (kvhit.experiments.curve).",
     )
     points: int = Field(1000, ge=2, le=100_000, description="Capacities on a log grid; 2–100,000.")
+    capacities: Annotated[list[Capacity], Field(min_length=1, max_length=100_000)] | None = Field(
+        None,
+        description="Exact capacities in blocks instead of the log grid (used by `kvhit sweep`); integers in "
+        "[1, 2^40]; default: none.",
+    )
     policies: list[str] = Field(
         ["content", "vllm", "vllm-0.23"],
         min_length=1,
@@ -75,7 +80,7 @@ class CurveResponse(Response):
     feasible: list[bool] | None = Field(None, description="N ≥ the largest request (vLLM can serve it).")
     N_min: int | None = Field(None, description="Largest request in blocks (vLLM refuses it below).")
     budget_N: int | None = Field(None, description="The --kv-gb budget in blocks of --model.")
-    grid: str = Field("log", description="Capacities are log-spaced.")
+    grid: str = Field("log", description="log: capacities log-spaced; list: the request's own capacities.")
     model: str = Field(description="Model behind the GiB axis.")
     refused_request_share: list[float] | None = Field(None, description="Share of requests vLLM refuses at N.")
     refused_token_share: list[float] | None = Field(None, description="Share of prompt tokens refused at N.")
@@ -97,6 +102,13 @@ def _grid(n_min: int, hi: int, points: int, flag: str) -> np.ndarray:
     if hi <= n_min:
         raise InputError(f"{flag}: {hi:,} must be larger than --n-min {n_min:,}")
     return np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
+
+
+def _explicit(req: CurveRequest) -> np.ndarray:
+    """The request's own capacities (sorted, distinct); the log-grid fields must then be left at their defaults."""
+    if req.n_max is not None or "n_min" in req.model_fields_set or "points" in req.model_fields_set:
+        raise InputError("capacities: give exact capacities or a log grid (--n-min/--n-max/--points), not both")
+    return np.unique(np.asarray(req.capacities, dtype=np.int64))
 
 
 def _curve_keys(data: dict) -> list[str]:
@@ -173,13 +185,14 @@ def _lines(data: dict, Ns: np.ndarray) -> dict:
     return lines
 
 
-def _split_curves(data: dict, model: str) -> CurveResponse:
+def _split_curves(data: dict, model: str, grid: str = "log") -> CurveResponse:
     Ns = data.pop("N")
     feasible = data.pop("feasible", None)
     refused_r = data.pop("refused_request_share", None)
     refused_t = data.pop("refused_token_share", None)
     curves = {k: v for k, v in data.items() if isinstance(v, np.ndarray)}
     return CurveResponse(
+        grid=grid,
         model=model,
         describe=data.get("describe"),
         refused_request_share=None if refused_r is None else [float(x) for x in refused_r],
@@ -225,7 +238,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
         d = pt.describe()
         hi = req.n_max or int(4 * d.get("distinct_blocks", d["min_N"] * 10))
-        Ns = _grid(req.n_min, hi, req.points, "--n-max")
+        Ns = _explicit(req) if req.capacities else _grid(req.n_min, hi, req.points, "--n-max")
         check_capacity_memory(int(Ns.max()), "--n-max")
         from ..sim.tracerun import ENGINE_LABELS, production_curve
 
@@ -277,7 +290,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
                 "ratio vs capacity "
                 f"(b = {pt.block_size}, {model.name} KV)",
             )
-        return _split_curves(data, model.name)
+        return _split_curves(data, model.name, "list" if req.capacities else "log")
 
     if source == "trace":
         tr = read_trace(req.trace)
@@ -307,12 +320,15 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
     bpb = model.bytes_per_block(b)
     with translating("ShareGPT" if req.sharegpt else str(req.trace or req.spec or "spec")):
         inp = curve_inputs(tr, window, block_policies, progress=cb)
-        if req.n_max:
-            hi = req.n_max
-        else:  # the saturation rule needs a block curve: with sglang alone, vLLM's thresholds set the range
-            rng = inp if block_policies else curve_inputs(tr, window, ("vllm",))
-            hi = default_capacity_range(rng, req.n_min)[1]
-        Ns = _grid(req.n_min, hi, req.points, "--n-max" if req.n_max else "--n-min")
+        if req.capacities:
+            Ns = _explicit(req)
+        else:
+            if req.n_max:
+                hi = req.n_max
+            else:  # the saturation rule needs a block curve: with sglang alone, vLLM's thresholds set the range
+                rng = inp if block_policies else curve_inputs(tr, window, ("vllm",))
+                hi = default_capacity_range(rng, req.n_min)[1]
+            Ns = _grid(req.n_min, hi, req.points, "--n-max" if req.n_max else "--n-min")
         if req.estimates or any(p != "content" for p in req.policies):
             check_capacity_memory(int(Ns.max()), "--n-max")
         data = curve_data(tr, Ns, window, policies=block_policies, estimates=req.estimates, inputs=inp, progress=cb)
@@ -352,4 +368,4 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             title=f"{'token ' if sglang else ''}hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, "
             f"{model.name} KV)",
         )
-    return _split_curves(data, model.name)
+    return _split_curves(data, model.name, "list" if req.capacities else "log")

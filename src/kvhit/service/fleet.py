@@ -1,5 +1,7 @@
-"""``fleet simulate``: R replicas behind a router on a kvhit trace — fleet and per-replica hit ratio, load imbalance,
-prefill tokens, queueing delay, rejections (:func:`kvhit.sim.fleet.simulate_fleet`), for every (router, R) asked.
+"""``fleet simulate``: R replicas behind a router on a kvhit trace (``--trace``) or a production block-id trace
+(``--blocks-trace``: WEKA, or Mooncake with sessions derived from prefix sharing) — fleet and per-replica hit
+ratio, load imbalance, prefill tokens, queueing delay, rejections (:func:`kvhit.sim.fleet.simulate_fleet`), for
+every (router, R) asked.
 
 Invariant: every router parameter given applies to the routers named (one given for a router that does not read it
 is refused, never ignored); R ≥ 1; weights ≥ 0; ``--N`` is one capacity for all replicas or one per replica (then a
@@ -10,24 +12,37 @@ prompt's prefill time — cache savings do not shorten it). NOT modelled: see :m
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .base import Request, Response, check_capacity_memory
 from .common import BlockEngine, Capacity, Seed
 from .errors import InputError, translating
 from .inputs import read_trace, window_for
 
-__all__ = ["FleetRequest", "FleetResponse", "fleet_simulate", "ROUTER_PARAMS"]
+__all__ = [
+    "FleetRouterFields",
+    "FleetWorkloadFields",
+    "FleetRequest",
+    "FleetResponse",
+    "fleet_simulate",
+    "ROUTER_PARAMS",
+    "load_fleet_workload",
+    "router_params",
+]
+
+Arrival = Literal["sequential", "poisson", "uniform"]
 
 RouterName = Literal["round-robin", "random", "session", "sticky", "least-loaded", "dynamo", "llm-d", "sglang"]
 
 #: request field -> (router parameter, routers that read it)
 ROUTER_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "overlap_score_weight": ("overlap_score_weight", ("dynamo",)),
+    "overlap_score_credit": ("overlap_score_credit", ("dynamo",)),
     "temperature": ("temperature", ("dynamo",)),
     "request_weight": ("request_weight", ("dynamo",)),
     "kv_ttl": ("ttl", ("dynamo",)),
@@ -45,31 +60,15 @@ ROUTER_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
 NonNeg = Annotated[float, Field(ge=0, le=1e9)]
 
 
-class FleetRequest(Request):
-    trace: Path = Field(description="kvhit trace (Parquet; e.g. from `kvhit trace sharegpt`); required.")
-    replicas: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=1, max_length=64)] = Field(
-        description="Replica counts R, each in [1, 4096]; repeat or comma-separate; required."
+class FleetRouterFields(Request):
+    """Router parameters shared by ``fleet simulate|curve|plan``; each applies only to the routers that read it."""
+
+    overlap_score_weight: NonNeg | None = Field(
+        None, description="dynamo: prefill_load_scale (older name overlap_score_weight), ≥ 0; default 1."
     )
-    router: Annotated[list[RouterName], Field(min_length=1, max_length=16)] = Field(
-        ["round-robin"],
-        description="Routers (one or more): round-robin | random | session | sticky | least-loaded | dynamo | "
-        "llm-d | sglang; "
-        "repeat or comma-separate; default: round-robin.",
+    overlap_score_credit: NonNeg | None = Field(
+        None, description="dynamo: credit per cached block subtracted from the prefill blocks, ≥ 0; default 1."
     )
-    N: Annotated[list[Capacity], Field(min_length=1, max_length=4096)] = Field(
-        description="Blocks per replica: one value for all, or one per replica (with a single R); required."
-    )
-    engine: BlockEngine = Field("vllm", description="Engine model of every replica: vllm (≥ 0.24) | vllm-0.23.")
-    block_size: int | None = Field(
-        None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's."
-    )
-    prefill_tokens_per_s: float | None = Field(
-        None, gt=0, le=1e12, description="Prefill speed (tokens/s), > 0, giving holds T/speed; default: none."
-    )
-    lag: float = Field(0.0, ge=0, le=1e9, description="Load-snapshot interval seen by the router, s; ≥ 0; default 0.")
-    warmup: int | None = Field(None, ge=0, description="Warm-up conversations; ≥ 0; default: the trace's n_warm.")
-    seed: Seed = 0
-    overlap_score_weight: NonNeg | None = Field(None, description="dynamo: prefill-blocks weight, ≥ 0; default 1.")
     temperature: NonNeg | None = Field(None, description="dynamo: softmax temperature, ≥ 0 (0 = argmin); default 0.")
     request_weight: NonNeg | None = Field(None, description="dynamo: weight of in-flight requests, ≥ 0; default 0.")
     kv_ttl: float | None = Field(None, gt=0, le=1e9, description="dynamo approx: shadow TTL, s, > 0; default 120.")
@@ -86,12 +85,69 @@ class FleetRequest(Request):
     kv_mode: Literal["precise", "approx"] | None = Field(
         None, description="dynamo/llm-d/sglang cache view: precise | approx; default precise (sglang: approx)."
     )
+
+
+class FleetWorkloadFields(FleetRouterFields):
+    """The workload (a kvhit trace or a production block-id trace) and the replicas' engine and timing."""
+
+    blocks_trace: Path | None = Field(
+        None,
+        description="Production block-id trace: Mooncake .jsonl (sessions derived from prefix sharing), or WEKA "
+        ".json file/directory; instead of --trace.",
+    )
+    trace: Path | None = Field(
+        None, description="kvhit trace (Parquet; e.g. from `kvhit trace sharegpt`); or give --blocks-trace."
+    )
+    arrival: Arrival = Field(
+        "sequential", description="WEKA conversation starts: sequential | poisson (--rate) | uniform (--span)."
+    )
+    rate: float | None = Field(None, gt=0, le=1e9, description="WEKA poisson arrivals: conversations/s; > 0.")
+    span: float | None = Field(None, ge=0, le=1e9, description="WEKA uniform arrivals over [0, span] s; ≥ 0.")
+    engine: BlockEngine = Field("vllm", description="Engine model of every replica: vllm (≥ 0.24) | vllm-0.23.")
+    block_size: int | None = Field(
+        None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's (--trace only)."
+    )
+    prefill_tokens_per_s: float | None = Field(
+        None, gt=0, le=1e12, description="Prefill speed (tokens/s), > 0, giving holds T/speed; default: none."
+    )
+    lag: float = Field(0.0, ge=0, le=1e9, description="Load-snapshot interval seen by the router, s; ≥ 0; default 0.")
+    warmup: int | None = Field(
+        None, ge=0, description="--trace: warm-up conversations; ≥ 0; default: the trace's n_warm."
+    )
+    seed: Seed = 0
+
+    FLAGS = {"blocks_trace": "--blocks-trace"}
+
+    @field_validator("trace")
+    @classmethod
+    def _one_source(cls, v, info):
+        other = info.data.get("blocks_trace")
+        if v is None and other is None:
+            raise ValueError("required (or give --blocks-trace)")
+        if v is not None and other is not None:
+            raise ValueError("give one workload source, --trace or --blocks-trace, not both")
+        return v
+
+
+class FleetRequest(FleetWorkloadFields):
+    replicas: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=1, max_length=64)] = Field(
+        description="Replica counts R, each in [1, 4096]; repeat or comma-separate; required."
+    )
+    router: Annotated[list[RouterName], Field(min_length=1, max_length=16)] = Field(
+        ["round-robin"],
+        description="Routers (one or more): round-robin | random | session | sticky | least-loaded | dynamo | "
+        "llm-d | sglang; "
+        "repeat or comma-separate; default: round-robin.",
+    )
+    N: Annotated[list[Capacity], Field(min_length=1, max_length=4096)] = Field(
+        description="Blocks per replica: one value for all, or one per replica (with a single R); required."
+    )
     estimates: bool = Field(
         True, description="Beside round-robin/random/session rows, the fleet estimator (docs/estimators.md)."
     )
     plot: Path | None = Field(None, description="Write hit ratio vs R per router to PLOT.png/.svg; default: none.")
 
-    FLAGS = {"N": "--N", "replicas": "--replicas", "router": "--router"}
+    FLAGS = {"N": "--N", "replicas": "--replicas", "router": "--router", "blocks_trace": "--blocks-trace"}
 
 
 class FleetResponse(Response):
@@ -104,16 +160,17 @@ class FleetResponse(Response):
     figure: list[str] | None = Field(None, description="Figure files written.")
 
 
-def _params(req: FleetRequest) -> dict[str, dict]:
-    out: dict[str, dict] = {r: {} for r in req.router}
-    for field, (name, routers) in ROUTER_PARAMS.items():
-        v = getattr(req, field)
+def router_params(req: FleetRouterFields, routers: list[str]) -> dict[str, dict]:
+    """Per router, the parameters given; one given for none of ``routers`` is refused (it would be ignored)."""
+    out: dict[str, dict] = {r: {} for r in routers}
+    for fld, (name, readers) in ROUTER_PARAMS.items():
+        v = getattr(req, fld)
         if v is None:
             continue
-        used = [r for r in req.router if r in routers]
+        used = [r for r in routers if r in readers]
         if not used:
             raise InputError(
-                f"{req.flag(field)}: applies to {' / '.join(routers)}, not to --router {','.join(req.router)} "
+                f"{req.flag(fld)}: applies to {' / '.join(readers)}, not to --router {','.join(routers)} "
                 "(it would be ignored)"
             )
         for r in used:
@@ -121,9 +178,76 @@ def _params(req: FleetRequest) -> dict[str, dict]:
     return out
 
 
+@dataclass
+class FleetWorkload:
+    """A fleet command's workload: the replayed stream (measured requests marked) and what it came from."""
+
+    label: str
+    stream: Any  #: kvhit.plan_fleet.FleetStream
+    source: Any  #: the Trace or ProductionTrace (for resampling)
+    tr: Any = None  #: the kvhit Trace (the estimator needs it), else None
+    conv_rows: Any = None
+    lam0: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
+    """Read ``--trace`` or ``--blocks-trace`` into a replay stream; sources and their flags checked here."""
+    from ..plan_fleet import FleetStream
+
+    if req.blocks_trace is not None:
+        from .inputs import production_notes, read_blocks_trace
+
+        for name in ("block_size", "warmup"):
+            if getattr(req, name) is not None:
+                raise InputError(f"{req.flag(name)}: applies to --trace, not to --blocks-trace (it would be ignored)")
+        pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
+        n = pt.n_requests
+        conv = np.arange(n, dtype=np.int64) if pt.session is None else np.asarray(pt.session, np.int64)
+        times = np.asarray(pt.time, np.float64)
+        measured = np.ones(n, bool)
+        notes = production_notes(pt)
+        if pt.format == "mooncake":
+            notes.append(
+                "Mooncake has no session ids: conversations are derived from prefix sharing "
+                f"({pt.session_source}); session routers key on them"
+            )
+        notes.append("a block-id trace is measured from an empty cache (no warm-up)")
+        span = float(times.max() - times.min()) if n else 0.0
+        st = FleetStream(
+            np.asarray(pt.prompt_tokens, np.int64), np.asarray(pt.hash_offsets, np.int64),
+            np.asarray(pt.hashes, np.int64), conv, times, measured, int(pt.block_size), span,
+        )  # fmt: skip
+        label = Path(pt.files[0]).parent.name if pt.format == "weka" else Path(pt.files[0]).name
+        return FleetWorkload(f"{label} ({pt.format})", st, pt, notes=notes)
+    if req.arrival != "sequential" or req.rate is not None or req.span is not None:
+        raise InputError("--arrival/--rate/--span: apply to --blocks-trace (WEKA), not to --trace")
+    from ..sim.runner import block_requests
+
+    tr = read_trace(req.trace)
+    window = window_for(tr, req.warmup, None, str(req.trace))
+    mask = window.mask(tr)
+    ca = np.asarray(tr["conv_arrival"], float)
+    conv_rows = (ca >= window.start) & (ca <= window.end)  # the estimator's measured conversations
+    with translating(f"--trace {req.trace}"):
+        rq = block_requests(tr, block_size=req.block_size)
+    times = np.asarray(tr["time"], np.float64)
+    order = np.argsort(times, kind="stable")
+    if not np.array_equal(order, np.arange(times.size)):
+        raise InputError(f"--trace {req.trace}: rows are not in arrival-time order")
+    tm = times[mask]
+    span = float(tm.max() - tm.min()) if tm.size else 0.0
+    st = FleetStream(
+        np.asarray(rq.prompt_tokens, np.int64), np.asarray(rq.hash_offsets, np.int64),
+        np.asarray(rq.hashes, np.int64), tr.dense_conv().astype(np.int64), times, np.asarray(mask, bool),
+        int(rq.block_size), span,
+    )  # fmt: skip
+    lam0 = float(tr.meta["lam0"]) if "lam0" in tr.meta else None
+    return FleetWorkload(Path(req.trace).name, st, tr, tr=tr, conv_rows=conv_rows, lam0=lam0)
+
+
 def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     from ..sim.fleet import simulate_fleet
-    from ..sim.runner import block_requests
 
     if len(req.N) > 1 and (len(req.replicas) != 1 or req.replicas[0] != len(req.N)):
         raise InputError(
@@ -132,24 +256,15 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
         )
     for N in req.N:
         check_capacity_memory(N * (req.replicas[0] if len(req.N) == 1 else 1), "--N")
-    params = _params(req)
+    params = router_params(req, list(req.router))
     if req.plot is not None:
         from .io import check_output_file
 
         check_output_file(str(req.plot) + ".png", "--plot")
-    tr = read_trace(req.trace)
-    window = window_for(tr, req.warmup, None, str(req.trace))
-    mask = window.mask(tr)
-    ca = np.asarray(tr["conv_arrival"], float)
-    conv_rows = (ca >= window.start) & (ca <= window.end)  # the estimator's measured conversations
-    with translating(f"--trace {req.trace}"):
-        rq = block_requests(tr, block_size=req.block_size)
-    conv = tr.dense_conv()
-    times = np.asarray(tr["time"], np.float64)
-    order = np.argsort(times, kind="stable")
-    if not np.array_equal(order, np.arange(times.size)):
-        raise InputError(f"--trace {req.trace}: rows are not in arrival-time order")
-    hold = None if req.prefill_tokens_per_s is None else rq.prompt_tokens / req.prefill_tokens_per_s
+    wl = load_fleet_workload(req)
+    st = wl.stream
+    tr, mask, conv, times = wl.tr, st.measured, st.conv, st.times
+    hold = None if req.prefill_tokens_per_s is None else st.prompt_tokens / req.prefill_tokens_per_s
     rows, per = [], []
     total = len(req.router) * len(req.replicas)
     done = 0
@@ -160,12 +275,12 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
             Ns = list(req.N) if len(req.N) > 1 else [req.N[0]] * R
             with translating("router"):
                 res = simulate_fleet(
-                    rq.prompt_tokens,
-                    rq.hash_offsets,
-                    rq.hashes,
+                    st.prompt_tokens,
+                    st.hash_offsets,
+                    st.hashes,
                     conv,
                     Ns=Ns,
-                    block_size=rq.block_size,
+                    block_size=st.block_size,
                     router=name,
                     router_params=params[name],
                     engine=req.engine,
@@ -176,13 +291,12 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                 )
             s = res.summary(mask)
             est = None
-            if req.estimates and name in ("round-robin", "random", "session") and hold is None:
-                from ..estimate_fleet import estimate_fleet_oblivious
+            if req.estimates and tr is not None and name in ("round-robin", "random", "session") and hold is None:
+                from ..estimate_fleet import estimate_fleet
 
-                lam0 = float(tr.meta["lam0"]) if "lam0" in tr.meta else None
-                with translating("estimate"):
-                    est = estimate_fleet_oblivious(
-                        tr, res.replica, Ns, engine=req.engine, rows=conv_rows, lam0=lam0, block_size=rq.block_size
+                with translating("estimate"):  # the rows the simulated ratio counts (docs/estimators.md §6)
+                    est = estimate_fleet(
+                        tr, res.replica, Ns, engine=req.engine, window=mask, lam0=wl.lam0, block_size=st.block_size
                     )
             rows.append({**s, "estimate": est, "N_total": int(sum(Ns)), "params": params[name]})
             per += [{"router": name, "replicas": R, **p} for p in res.per_replica(mask)]
@@ -191,13 +305,13 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     if req.plot is not None:
         from ..fleet_plot import plot_fleet
 
-        figure = [str(p) for p in plot_fleet(rows, req.plot, title=f"{Path(req.trace).name}, N = {req.N[0]:,} blocks")]
-    notes = []
+        figure = [str(p) for p in plot_fleet(rows, req.plot, title=f"{wl.label}, N = {req.N[0]:,} blocks")]
+    notes = list(wl.notes)
     if hold is None:
         notes.append("no --prefill-tokens-per-s: requests are instantaneous, so load-based routers see no load")
     return FleetResponse(
-        trace=str(req.trace),
-        block_size=rq.block_size,
+        trace=str(req.trace if req.trace is not None else req.blocks_trace),
+        block_size=st.block_size,
         engine=req.engine,
         rows=rows,
         per_replica=per,

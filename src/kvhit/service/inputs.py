@@ -7,26 +7,47 @@ production trace) is refused here with the reason, never turned into a table of 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from .errors import InputError, translating
 
-__all__ = ["read_trace", "window_for", "measured_moments", "read_blocks_trace"]
+__all__ = ["read_trace", "load_trace_file", "preload_trace", "window_for", "measured_moments", "read_blocks_trace"]
+
+#: Traces already in memory, by path: a sweep worker (:mod:`kvhit.sweep`) installs the workloads shipped to it
+#: once, so that the requests of its points, which name a trace file, do not read the file again per point.
+_PRELOADED: dict[str, object] = {}
+
+
+def preload_trace(path: Path, trace) -> None:
+    """Serve ``trace`` for ``path`` from memory in :func:`read_trace` / :func:`load_trace_file` (this process)."""
+    _PRELOADED[str(path)] = trace
+
+
+def load_trace_file(path: Path):
+    """``Trace.read(path)``, or a preloaded trace (each call gets its own ``cols``/``meta``/``lists`` dicts, so a
+    caller's changes do not reach the preloaded one; the column arrays are shared and never written)."""
+    from ..workload import Trace
+
+    tr = _PRELOADED.get(str(path))
+    if tr is None:
+        return Trace.read(path)
+    return dataclasses.replace(tr, cols=dict(tr.cols), meta=dict(tr.meta), lists=dict(tr.lists))
 
 
 def read_trace(path: Path, flag: str = "--trace"):
     """A validated :class:`~kvhit.workload.Trace`; zero-row traces refused."""
-    from ..workload import Trace
-
+    if str(path) in _PRELOADED:
+        return load_trace_file(path)
     if path.is_dir() or path.suffix in (".json", ".jsonl"):
         raise InputError(
             f"{flag} {path}: reads kvhit Parquet traces; this looks like a production block-id trace (Mooncake "
             ".jsonl, WEKA .json file or directory): use --blocks-trace"
         )
     with translating(f"{flag} {path}"):
-        tr = Trace.read(path)
+        tr = load_trace_file(path)
     if tr.n_turns == 0:
         raise InputError(f"{flag} {path}: the trace has no rows (no turns to simulate or measure)")
     return tr

@@ -18,6 +18,7 @@ from .block_stats import BlockStatsRequest, block_stats
 from .curve import CurveRequest, curve
 from .estimate import EstimateRequest, estimate
 from .fleet import FleetRequest, fleet_simulate
+from .fleet_plan import FleetCurveRequest, FleetPlanRequest, fleet_curve, fleet_plan
 from .kv import KvRequest, kv
 from .plan import PlanRequest, plan
 from .simulate import SimulateRequest, simulate
@@ -41,6 +42,8 @@ COMMANDS: dict[str, tuple[type[Request], Callable[..., Response]]] = {
     "block-stats": (BlockStatsRequest, block_stats),
     "trace-estimate": (TraceEstimateRequest, trace_estimate),
     "fleet": (FleetRequest, fleet_simulate),
+    "fleet-plan": (FleetPlanRequest, fleet_plan),
+    "fleet-curve": (FleetCurveRequest, fleet_curve),
 }
 
 

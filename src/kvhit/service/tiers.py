@@ -3,7 +3,11 @@
 Invariant: numbers are :func:`kvhit.sim.tiers.surface.hit_surface`'s (sequential replay of the trace through the
 vLLM GPU model and the chosen tier model: vLLM 0.33.0 native offloading, SimpleCPUOffloadConnector eager or lazy,
 or LMCache 0.5.6); DRAM sizes are converted to tier units as each engine does (:mod:`kvhit.sim.tiers.sizing`).
-NOT modelled: what the tier models do not model (their docstrings), timing (``hold``), the estimator.
+With ``--estimate also`` the two-tier estimator (:func:`kvhit.estimate_tiers.estimate_tiers`: the engine-aware
+single-tier estimator per tier, combined block by block) is reported beside the simulated h (``h_estimate``);
+with ``--estimate only`` nothing is simulated and ``h`` is the estimate (``h_source: "estimate"``): a fast surface.
+NOT modelled: what the tier models do not model (their docstrings), timing (``hold``); the estimator's own
+omissions are in :mod:`kvhit.estimate_tiers`.
 """
 
 from __future__ import annotations
@@ -107,6 +111,11 @@ class TiersRequest(Request):
         description="Price of 1 GiB of DRAM (same currency), ≥ 0, for the cheapest split; default: none.",
     )
     workers: int = Field(1, ge=1, le=64, description="Processes for the per-pair simulations; 1–64.")
+    estimate: Literal["none", "also", "only"] = Field(
+        "none",
+        description="Two-tier estimator (native LRU without --store-threshold, simple, lmcache): none | also "
+        "(h_estimate beside the simulated h) | only (no simulation: h is the estimate, fast); default none.",
+    )
     plot: Path | None = Field(
         None, description="Write a heatmap with iso-hit contours to PLOT.png/.svg; default: none."
     )
@@ -142,6 +151,13 @@ class TiersResponse(Response):
     )
     dram_gib: list[float] | None = Field(None, description="DRAM sizes (GiB) the columns come from.")
     h: list[list[float | None]] = Field(description="Total token hit ratio (GPU + host) per (HBM, DRAM).")
+    h_source: str = Field("simulated", description="Where h comes from: simulated | estimate (--estimate only).")
+    h_estimate: list[list[float | None]] | None = Field(
+        None, description="The two-tier estimator's h per (HBM, DRAM) (with --estimate also/only)."
+    )
+    h_gpu_estimate: list[float | None] | None = Field(
+        None, description="The single-tier estimator's GPU-only h per HBM (with --estimate also/only)."
+    )
     h_gpu: list[float | None] = Field(
         description="Token hit ratio of the GPU alone per HBM (hicache: SGLang without HiCache)."
     )
@@ -170,22 +186,31 @@ def _load(req: TiersRequest):
     if req.trace is not None:
         with translating("--trace"):
             tr = Trace.read(req.trace)
-            return block_requests(tr, block_size=req.block_size)
+            if req.estimate != "none":
+                # the estimator sees the trace as its block counts (no token-level sharing): so does the simulator
+                if req.block_size is not None and req.block_size != tr.block_size:
+                    raise InputError(
+                        f"--block-size: --estimate uses the trace's block size {tr.block_size}, got {req.block_size}"
+                    )
+                return block_requests(tr, source="counts"), tr
+            return block_requests(tr, block_size=req.block_size), tr
     with translating("--blocks-trace"):
         pt = read_production(req.blocks_trace)
     if req.block_size is not None and req.block_size != pt.block_size:
         raise InputError(f"--block-size: the blocks trace has block size {pt.block_size}, got {req.block_size}")
-    return pt.to_block_requests()
+    return pt.to_block_requests(), pt
 
 
 def tiers(req: TiersRequest) -> TiersResponse:
     from ..sim.tiers.sizing import host_units
-    from ..sim.tiers.surface import hit_surface
 
     if req.tier == "hicache":
         return _hicache(req)
     if req.hicache_ratio is not None:
         raise InputError("--hicache-ratio: applies to --tier hicache only")
+    if req.estimate != "none" and req.tier == "native" and (req.policy != "lru" or req.store_threshold >= 2):
+        flag = "--policy" if req.policy != "lru" else "--store-threshold"
+        raise InputError(f"{flag}: --estimate models the native tier with LRU and no store threshold")
     if req.write_policy != "write_through" or req.page_size != 1:
         flag = "--hicache-write-policy" if req.write_policy != "write_through" else "--page-size"
         raise InputError(f"{flag}: applies to --tier hicache only")
@@ -200,7 +225,7 @@ def tiers(req: TiersRequest) -> TiersResponse:
         raise InputError("--price-hbm-per-gib: the cheapest split needs --target and --dram-gb")
     if req.plot is not None:
         check_output_file(str(req.plot) + ".png", "--plot")
-    br = _load(req)
+    br, src = _load(req)
     b = int(br.block_size)
     kw: dict = {}
     if req.tier == "native":
@@ -239,18 +264,25 @@ def tiers(req: TiersRequest) -> TiersResponse:
         units = list(req.host_units)
     if req.tier in ("simple", "simple-lazy") and min(units) < 1:
         raise InputError(f"--dram-gb/--host-units: the {req.tier} tier needs at least one CPU block")
-    with translating("--hbm-blocks"):
-        s = hit_surface(
-            br.prompt_tokens,
-            br.hash_offsets,
-            br.hashes,
-            tier=req.tier,
-            gpu_blocks=req.hbm_blocks,
-            host=units,
-            block_size=b,
-            workers=req.workers,
-            **kw,
-        )
+    est = None
+    if req.estimate != "none" and req.tier == "simple-lazy":
+        raise InputError("--estimate: no estimator models --tier simple-lazy (write-back); simulate it")
+    if req.estimate != "none":
+        from ..estimate_tiers import estimate_tiers
+
+        with translating("--estimate"):
+            est = estimate_tiers(
+                src,
+                req.hbm_blocks,
+                units,
+                tier=req.tier,
+                blocks_per_chunk=req.blocks_per_chunk,
+                chunk_tokens=req.chunk_tokens,
+            )
+    if req.estimate == "only":
+        s = _estimated_surface(est, br)
+    else:
+        s = _simulate(req, br, b, units, kw)
     figure = None
     if req.plot is not None:
         from ..tiers_plot import plot_surface
@@ -297,12 +329,46 @@ def tiers(req: TiersRequest) -> TiersResponse:
         dram_gib=list(req.dram_gb) if req.dram_gb is not None else None,
         h=[[None if np.isnan(v) else float(v) for v in row] for row in s.hit],
         h_gpu=[None if np.isnan(v) else float(v) for v in s.gpu_hit],
+        h_source="estimate" if req.estimate == "only" else "simulated",
+        h_estimate=None if est is None else [[None if np.isnan(v) else float(v) for v in row] for row in est.hit],
+        h_gpu_estimate=None if est is None else [None if np.isnan(v) else float(v) for v in est.gpu_hit],
         ttft_saved_s=ttft,
         dram_for_target=need,
         hbm_gib=hbm_gib,
         cheapest=cheapest,
         figure=figure,
     )
+
+
+def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict):
+    from ..sim.tiers.surface import hit_surface
+
+    with translating("--hbm-blocks"):
+        s = hit_surface(
+            br.prompt_tokens,
+            br.hash_offsets,
+            br.hashes,
+            tier=req.tier,
+            gpu_blocks=req.hbm_blocks,
+            host=units,
+            block_size=b,
+            workers=req.workers,
+            **kw,
+        )
+    return s
+
+
+def _estimated_surface(est, br):
+    """A :class:`~kvhit.sim.tiers.surface.Surface` of the estimate (``--estimate only``): h and h_GPU estimated;
+    loaded tokens = (h − h_GPU) · admitted prompt tokens."""
+    from ..sim.tiers.surface import Surface
+
+    T = np.asarray(br.prompt_tokens, np.int64)
+    R = -(-T // int(br.block_size))
+    adm = np.array([int((R <= N).sum()) for N in est.hbm_blocks])
+    den = np.array([float(T[R <= N].sum()) for N in est.hbm_blocks])
+    load = np.rint((est.hit - est.gpu_hit[:, None]) * den[:, None]).astype(np.int64)
+    return Surface(est.tier, est.hbm_blocks, est.host_units, est.hit, est.gpu_hit, load, int(T.sum()), adm)
 
 
 def _hicache_requests(req: TiersRequest, br):
@@ -325,6 +391,8 @@ def _hicache(req: TiersRequest) -> TiersResponse:
     from ..sim.tiers.hicache import VERSION, host_tokens
     from ..sim.tiers.hicache_curve import hicache_surface
 
+    if req.estimate != "none":
+        raise InputError("--estimate: the two-tier estimator covers native, simple and lmcache, not hicache")
     given = [x is not None for x in (req.hicache_ratio, req.dram_gb, req.host_units)]
     if sum(given) != 1:
         raise InputError("--hicache-ratio, --dram-gb and --host-units: give exactly one")
@@ -338,7 +406,7 @@ def _hicache(req: TiersRequest) -> TiersResponse:
             raise InputError(f"{req.flag(name)}: applies to the vLLM/LMCache tiers, not to --tier hicache")
     if req.plot is not None:
         check_output_file(str(req.plot) + ".png", "--plot")
-    br = _load(req)
+    br, _ = _load(req)
     b = int(br.block_size)
     p = req.page_size
     if b % p:

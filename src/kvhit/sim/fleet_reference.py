@@ -5,7 +5,9 @@ requests for the next event (earliest finish by (time, index), else the next arr
 from the statuses by scanning; each replica is a bare :class:`~kvhit.sim.block_reference.ReferenceBlockPool`
 (not the :class:`~kvhit.sim.engines.Engine` wrapper); the routers are re-implemented below from the definitions
 in :mod:`kvhit.sim.routers` (sharing only the tie-break and draw order, so results match bit for bit). The
-approximate (shadow) modes of the KV-aware routers are not covered here.
+approximate modes of the KV-aware routers keep their own shadow here: per replica a dict ``hash -> (expiry,
+last-use tick)`` — Dynamo's TTL (an entry counts while ``t < expiry``), llm-d's LRU sized to the replica's ``N``
+(evict the smallest tick while over size), SGLang's tree without eviction (its size is the fallback's key).
 """
 
 from __future__ import annotations
@@ -72,7 +74,40 @@ def reference_fleet(
             n_hit += 1
         return n_hit
 
+    mode_default = "approx" if router == "sglang" else "precise"
+    approx = p.get("mode", mode_default) == "approx"
+    shadow: list[dict[int, list]] = [{} for _ in range(R)]
+    clock = [0]
+    ttl = p.get("ttl", 120.0) if router == "dynamo" else math.inf
+
+    def sh_overlap(k, r, t):
+        n_hit = 0
+        for h in H[r]:
+            e = shadow[k].get(h)
+            if e is None or e[0] <= t:
+                break
+            n_hit += 1
+        return n_hit
+
+    def sh_add(k, r, t):
+        for h in H[r]:
+            clock[0] += 1
+            shadow[k][h] = [t + ttl, clock[0]]
+        if router == "llm-d":
+            while len(shadow[k]) > Ns[k]:
+                old = min(shadow[k], key=lambda x: shadow[k][x][1])
+                del shadow[k][old]
+
+    def ovl(k, r, t):
+        return sh_overlap(k, r, t) if approx else overlap(k, r)
+
     def route(r, ld):
+        k = route0(r, ld)
+        if approx and router in ("dynamo", "llm-d", "sglang"):
+            sh_add(k, r, tm[r])
+        return k
+
+    def route0(r, ld):
         inf, pre, act, use = ld
         t = tm[r]
         if router == "round-robin":
@@ -97,8 +132,9 @@ def reference_fleet(
             return _tie(rng, x, min(x))
         if router == "dynamo":
             w, wr, temp = p.get("overlap_score_weight", 1.0), p.get("request_weight", 0.0), p.get("temperature", 0.0)
+            cr = p.get("overlap_score_credit", 1.0)
             lg = [
-                w * (pre[k] + max(T[r] - overlap(k, r) * b, 0)) / b + act[k] + -(-T[r] // b) + wr * inf[k]
+                w * max(pre[k] + T[r] - cr * ovl(k, r, t) * b, 0.0) / b + act[k] + -(-T[r] // b) + wr * inf[k]
                 for k in range(R)
             ]
             if temp == 0:
@@ -115,7 +151,7 @@ def reference_fleet(
             nb = len(H[r])
             qmin, qmax = min(inf), max(inf)
             sc = [
-                p.get("prefix_weight", 3.0) * (overlap(k, r) / nb if nb else 0.0)
+                p.get("prefix_weight", 3.0) * (ovl(k, r, t) / nb if nb else 0.0)
                 + p.get("queue_weight", 2.0) * ((qmax - inf[k]) / (qmax - qmin) if qmax > qmin else 1.0)
                 + p.get("kv_weight", 2.0) * (1.0 - use[k])
                 for k in range(R)
@@ -126,10 +162,13 @@ def reference_fleet(
                 "balance_rel_threshold", 1.5
             ) * min(inf):
                 return _tie(rng, inf, min(inf))
-            ov = [overlap(k, r) for k in range(R)]
+            ov = [ovl(k, r, t) for k in range(R)]
             nb = len(H[r])
             if nb and max(ov) / nb > p.get("cache_threshold", 0.3):
                 return _tie(rng, ov, max(ov))
+            if approx:
+                sizes = [len(shadow[k]) for k in range(R)]
+                return _tie(rng, sizes, min(sizes))
             return _tie(rng, inf, min(inf))
         raise ValueError(router)
 

@@ -22,14 +22,20 @@ default could not be read it is marked *assumed*):
   refreshes the binding to ``t + ttl``; ``ttl`` = 300 s (*assumed*; the Dynamo default was not read).
 * ``least-loaded`` – argmin of in-flight requests (``metric="requests"``) or of outstanding prefill tokens
   (``metric="prefill_tokens"``), random ties.
-* ``dynamo`` – Dynamo KV router (``lib/kv-router`` ``DefaultWorkerSelector::select_worker``, read in
-  ``lib/llm/src/kv_router/scheduler.rs`` and the KV-router docs): ``logit_k = overlap_score_weight ·
-  potential_prefill_blocks_k + potential_decode_blocks_k`` with ``potential_prefill_blocks_k = (queued
-  prefill tokens_k + T − overlap_k·b) / b`` and ``potential_decode_blocks_k = active blocks_k + ⌈L/b⌉``;
-  ``overlap_score_weight`` = 1.0 and ``temperature`` = 0.0 by default (docs). kvhit adds
-  ``request_weight · in-flight requests_k`` (default 0, i.e. Dynamo's formula). Temperature 0: argmin,
-  random ties; temperature > 0: softmax sampling of ``−logit`` normalised by the logit range (``(l −
-  min)/(max − min)``; the normalisation is *assumed*), one ``rng.random()`` draw. ``mode="precise"`` reads
+* ``dynamo`` – Dynamo KV router (``lib/kv-router`` ``DefaultWorkerScorer::worker_logit``, read in
+  ``lib/kv-router/src/scheduling/selector/default.rs`` on Dynamo ``main`` as stored 2026-12; the older
+  ``lib/llm/src/kv_router/scheduler.rs`` two-term form is the special case credit = 1):
+  ``logit_k = prefill_load_scale · max(0, raw_prefill_blocks_k − overlap_score_credit · overlap_k) +
+  decode_blocks_k + decode_active_request_weight · active_requests_k`` with ``raw_prefill_blocks_k = (queued
+  prefill tokens_k + T) / b`` and ``decode_blocks_k = active blocks_k + ⌈L/b⌉``; kvhit computes the first term
+  as ``max(0, queued_k + T − credit·overlap_k·b) / b`` (the same number; exact integers when credit = 1).
+  Parameters (kvhit name = Dynamo name): ``overlap_score_weight`` = ``prefill_load_scale`` (renamed; default
+  1.0), ``overlap_score_credit`` (default 1.0), ``request_weight`` = ``decode_active_request_weight`` (default
+  0), ``temperature`` = ``router_temperature`` (default 0.0). Temperature 0: argmin, random ties (Dynamo:
+  reservoir sampling over ties, uniform); temperature > 0: softmax sampling of ``−logit`` normalised by the
+  logit range (Dynamo's ``softmax_sample``: ``−(l/range)/T``, shift-invariant, so kvhit uses ``(l −
+  min)/range``), one ``rng.random()`` draw. Not modelled: the credit decay (``overlap_score_credit_decay``,
+  default 0 = off), host/disk tier credits, SITA bands (off by default). ``mode="precise"`` reads
   the true cache (KV events); ``mode="approx"`` (``--no-kv-events``, ``ApproxKvIndexer``) keeps a per-replica
   shadow of the block hashes it routed, each expiring ``ttl`` = 120 s after it was last routed (docs).
 * ``llm-d`` – llm-d inference scheduler scorer sum: ``Σ w_i·score_i`` with the prefix-cache scorer
@@ -235,10 +241,15 @@ class DynamoKV(Router):
         request_weight: float = 0.0,
         mode: str = "precise",
         ttl: float = 120.0,
+        overlap_score_credit: float = 1.0,
     ):
         super().__init__(R, seed)
         _check_mode(mode)
-        for nm, x in (("overlap_score_weight", overlap_score_weight), ("temperature", temperature)):
+        for nm, x in (
+            ("overlap_score_weight", overlap_score_weight),
+            ("temperature", temperature),
+            ("overlap_score_credit", overlap_score_credit),
+        ):
             if not (math.isfinite(x) and x >= 0):
                 raise ValueError(f"{nm}: expected a finite number >= 0, got {x!r}")
         if not (math.isfinite(request_weight) and request_weight >= 0):
@@ -246,6 +257,7 @@ class DynamoKV(Router):
         if not (math.isfinite(ttl) and ttl > 0):
             raise ValueError(f"ttl: expected a finite number > 0, got {ttl!r}")
         self.w, self.temp, self.wr, self.mode = overlap_score_weight, temperature, request_weight, mode
+        self.credit = overlap_score_credit
         self.shadow = _Shadow(R, ttl=ttl) if mode == "approx" else None
 
     def logits(self, v) -> list[float]:
@@ -254,7 +266,7 @@ class DynamoKV(Router):
         out = []
         for k in range(self.R):
             ov = v.overlap(k) if self.shadow is None else self.shadow.overlap(k, v.block_hashes, v.t)
-            pre = (float(v.prefill_tokens[k]) + max(v.prompt_tokens - ov * b, 0)) / b
+            pre = max(float(v.prefill_tokens[k]) + v.prompt_tokens - self.credit * ov * b, 0.0) / b
             out.append(self.w * pre + float(v.active_blocks[k] + nb) + self.wr * float(v.inflight[k]))
         return out
 

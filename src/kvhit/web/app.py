@@ -42,7 +42,8 @@ MAX_BODY_BYTES = 1 << 20
 MAX_UPLOAD_BYTES = 512 << 20
 
 #: Commands always run as jobs (long); ``plan`` is one unless it uses the paper's closed form (see ``handle``).
-JOB = ("simulate", "stream", "curve", "stats", "tiers", "block-stats", "trace-estimate", "fleet")
+JOB = ("simulate", "stream", "curve", "stats", "tiers", "block-stats", "trace-estimate", "fleet", "fleet-plan",
+       "fleet-curve")  # fmt: skip
 #: Input-file fields a client may upload, per command; ``model_config`` is a config.json for ``model``.
 UPLOADS = {
     "estimate": (),
@@ -55,12 +56,16 @@ UPLOADS = {
     "tiers": ("trace", "blocks_trace", "model_config"),
     "block-stats": ("path",),
     "trace-estimate": ("trace", "blocks_trace"),
-    "fleet": ("trace",),
+    "fleet": ("trace", "blocks_trace"),
+    "fleet-plan": ("trace", "blocks_trace", "model_config"),
+    "fleet-curve": ("trace", "blocks_trace", "model_config"),
 }
 ROUTES = {c: f"/api/{c}" for c in COMMANDS} | {
     "stats": "/api/trace/stats",
     "block-stats": "/api/trace/block-stats",
     "trace-estimate": "/api/trace/estimate",
+    "fleet-plan": "/api/fleet/plan",
+    "fleet-curve": "/api/fleet/curve",
 }
 
 STATIC = resources.files("kvhit.web") / "static"

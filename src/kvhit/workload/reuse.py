@@ -166,9 +166,29 @@ def _leading(flag: np.ndarray, off: np.ndarray) -> np.ndarray:
     return out
 
 
-def request_reuse(source) -> RequestReuse:
-    """The :class:`RequestReuse` of a ProductionTrace or a kvhit Trace (see the module docstring)."""
+def _chunked(T: np.ndarray, off: np.ndarray, ids: np.ndarray, b: int, k: int):
+    """Full chunks of ``k`` blocks: chunk ``c`` of a request is named by the id of its last block (chained ids
+    name the whole prefix), ``⌊F/k⌋`` chunks per request (a host tier's unit; issue 16)."""
+    F = np.diff(off)
+    Fc = F // k
+    offc = np.zeros(T.shape[0] + 1, np.int64)
+    np.cumsum(Fc, out=offc[1:])
+    within = np.arange(int(offc[-1]), dtype=np.int64) - np.repeat(offc[:-1], Fc)
+    pos = np.repeat(off[:-1], Fc) + (within + 1) * k - 1
+    return offc, ids[pos], b * k
+
+
+def request_reuse(source, chunk_blocks: int = 1) -> RequestReuse:
+    """The :class:`RequestReuse` of a ProductionTrace or a kvhit Trace (see the module docstring).
+
+    ``chunk_blocks`` > 1: the same stream seen in chunks of that many blocks (block size ``b·chunk_blocks``,
+    only full chunks, each named by the id of its last block) — the unit of a host tier (vLLM native offloading
+    with ``blocks_per_chunk``, LMCache's 256-token chunks)."""
     time, T, off, ids, sess, stream, b, kind = _table(source)
+    if isinstance(chunk_blocks, bool) or not isinstance(chunk_blocks, int | np.integer) or chunk_blocks < 1:
+        raise ReuseError(f"chunk_blocks: expected a positive integer, got {chunk_blocks!r}")
+    if chunk_blocks > 1:
+        off, ids, b = _chunked(T, off, ids, b, int(chunk_blocks))
     n = T.shape[0]
     F = np.diff(off)
     m = ids.shape[0]

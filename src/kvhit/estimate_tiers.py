@@ -1,0 +1,195 @@
+"""Two-tier (HBM + DRAM) hit-ratio estimator: the engine-aware estimator of each tier, combined block by block.
+
+Derivation: ``docs/estimators.md`` §5. Setting: a vLLM GPU prefix cache of ``N`` blocks (``b`` tokens) with a host
+tier of ``C`` units behind it (:mod:`kvhit.sim.tiers`: vLLM 0.33.0 native offloading, chunks of ``bpc`` blocks;
+SimpleCPUOffloadConnector eager, CPU blocks; LMCache 0.5.6, chunks of ``chunk_tokens``). The quantity is the
+surface's (:func:`kvhit.sim.tiers.surface.hit_surface`): Σ (GPU + host hit tokens) / Σ prompt tokens over the
+requests the GPU admits (sequential replay, token metric).
+
+Facts used (from the tier modules' docstrings, i.e. the engines' code):
+
+* a host load allocates what a recompute would, so the GPU's state and its hit ``g_r(N)`` are the single-tier
+  ones (``tests/test_tiers.py::test_gpu_hits_equal_single_tier``): ``h_G(N)`` is the single-tier engine-aware
+  estimator (:func:`kvhit.estimate_agentic.estimate_trace`, hit condition (A1): block ``i`` of an age segment
+  is found iff ``N ≥ 1 + e + i + D(a)``);
+* every tier writes every full prompt chunk of every request through (native: offered at the prefill, GPU-hit
+  chunks included when nothing is loaded; LMCache: from its own hit on; simple eager: every confirmed full
+  block), so the host sees the same stream of chunks as the GPU sees blocks: its displacement over an age ``a``
+  is the same background ``D(a)`` counted in its own unit (full chunks only: no partial-block term ``e``);
+* eviction order inside a request: vLLM native commits a finished request's chunks tail to head (head most
+  recent, ``cpu/policies/lru.py``), as the GPU frees them, so host chunk ``k`` of a segment survives iff
+  ``C ≥ 1 + k + D(a)`` (A1 with ``e = 0``), and there is no ``T − 1`` cap on the host side;
+  LMCache touches the found prefix head-most-recent at lookup and *then* puts the new chunks (``OrderedDict``
+  insertion: the newest put is most recent), so the ``F_src − l_src`` chunks its source request put sit above
+  the found prefix: the threshold is shifted by that number (``seg_shift``; ``l_src`` taken as the source's
+  reusable run); SimpleCPUOffload eager keeps vLLM's ``T − 1`` cap on the CPU side.
+
+**Union.** A prompt block is served if the GPU holds it or the host's consecutive run (from the GPU hit on for
+native/simple, from token 0 for LMCache: the total is ``max(g, l)``) covers it. With one ``D(a)`` for both
+tiers, block ``i``'s two conditions are thresholds on the same variable, ``D ≤ N − 1 − e − i`` and (chunk
+``k ∋ i``) ``D ≤ C − 1 − k`` (in chunks), so the union is the weaker one. With ``bpc = 1`` the host's threshold
+is the weaker for every block iff ``C ≥ N − e``, the GPU's iff ``C ≤ N − 1 − e`` (the eq. (21)
+characteristic-time ordering of the two caches, block by block: a tier smaller than the GPU adds nothing — but
+for the last block of a fully reused prompt that is a multiple of ``b``, which the GPU's ``T − 1`` cap leaves to
+the native host). Summed over a request the dominant tier's count wins, so ``h = max(h_G(N), h_H(C))``. With
+``bpc > 1`` the host serves whole chunks only, so beyond the last full chunk of the reusable run (the *tail*:
+``[bpc·L_c, cap)``, ``L_c`` the reusable run in chunks) only the GPU can serve:
+
+    h(N, C) = max(h_G(N), h_H(C) + h_G^tail(N))    (C ≥ 1),        h(N, 0) = h_G(N),
+
+``h_G^tail`` = the GPU estimator restricted to the tail blocks (the same segments, started at ``bpc·L_c``;
+0 when ``bpc = 1``). Both terms are non-decreasing in ``N`` (above ``N_min``) and ``h_H`` in ``C``, so the
+estimate is monotone in both sizes (the simulated native surface is not in ``C``: all-or-nothing stores).
+
+Admission: a request with ``⌈T/b⌉ > N`` is refused by the GPU and never reaches the host; as in the surface, the
+ratio is over admitted requests (``mask`` of the estimator, per distinct admitted set below ``N_min``).
+
+NOT modelled (biases, measured in ``benchmarks/tiers_accuracy.py``): native — GPU-hit chunks below a load are
+not refreshed on the host (their recency is older than assumed), all-or-nothing stores (matter only when one
+request's new chunks approach ``C``), ARC, ``store_threshold``, decode chunks; simple eager — the CPU's
+store-time recency (a GPU hit does not refresh the CPU copy) and its head-first eviction inside a request (CPU
+blocks are freed in prefix order), the GPU free-order change of the finish-time flush; LMCache — resident chunks
+beyond a lookup miss are not touched, the one token not loaded when the whole prompt is found; timing (holds).
+"""
+
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from kvhit.estimate_agentic import estimate_trace
+from kvhit.workload.reuse import RequestReuse, request_reuse
+
+__all__ = ["TierEstimate", "TierEstimateError", "estimate_tiers"]
+
+TIERS = ("native", "lmcache", "simple")
+
+
+class TierEstimateError(ValueError):
+    """Bad argument to the two-tier estimator (the message names the argument)."""
+
+
+@dataclass(frozen=True)
+class TierEstimate:
+    """``hit[i, j]`` = estimated h(``hbm_blocks[i]``, ``host_units[j]``); ``gpu_hit[i]`` = h_G (no host tier);
+    ``host_hit[i, j]`` = h_H(``host_units[j]``) over the requests admitted at ``hbm_blocks[i]``;
+    ``infeasible[i]``: some request is larger than the GPU (refused; the ratio is over the admitted ones)."""
+
+    tier: str
+    hbm_blocks: np.ndarray
+    host_units: np.ndarray
+    blocks_per_chunk: int
+    hit: np.ndarray
+    gpu_hit: np.ndarray
+    host_hit: np.ndarray
+    infeasible: np.ndarray
+    N_min: int
+    elapsed_s: float
+
+
+def _grid(x, name: str, lo: int) -> np.ndarray:
+    a = np.atleast_1d(np.asarray(x))
+    if a.ndim != 1 or a.size == 0 or a.dtype.kind not in "iu" or (a < lo).any():
+        raise TierEstimateError(f"{name}: expected a non-empty 1-D sequence of integers >= {lo}")
+    return a.astype(np.int64)
+
+
+def estimate_tiers(
+    source: Any,
+    hbm_blocks: Any,
+    host_units: Any,
+    *,
+    tier: str = "native",
+    blocks_per_chunk: int = 1,
+    chunk_tokens: int = 256,
+    engine: str = "vllm",
+    lam0: float | None = None,
+    **kw: Any,
+) -> TierEstimate:
+    """Estimated h(HBM, DRAM) over ``hbm_blocks`` (GPU blocks) × ``host_units`` (native/LMCache: chunks; simple:
+    CPU blocks); see the module docstring. ``source``: a ProductionTrace or a kvhit Trace (as
+    :func:`~kvhit.estimate_agentic.estimate_trace`); ``lam0`` and ``kw`` go to that estimator."""
+    t0 = _time.perf_counter()
+    if tier not in TIERS:
+        raise TierEstimateError(f"tier: expected one of {list(TIERS)}, got {tier!r}")
+    Ns = _grid(hbm_blocks, "hbm_blocks", 1)
+    Cs = _grid(host_units, "host_units", 0)
+    u = source if isinstance(source, RequestReuse) else request_reuse(source)
+    b = u.block_size
+    if tier == "native":
+        bpc = int(blocks_per_chunk)
+        if bpc < 1:
+            raise TierEstimateError(f"blocks_per_chunk: expected >= 1, got {blocks_per_chunk!r}")
+    elif tier == "lmcache":
+        if chunk_tokens < 1 or chunk_tokens % b:
+            raise TierEstimateError(f"chunk_tokens: expected a positive multiple of the block size {b}")
+        bpc = chunk_tokens // b
+    else:
+        bpc = 1
+    uc = u if bpc == 1 else request_reuse(source, chunk_blocks=bpc)
+    # the host tier's accounting: no partial block at its head; native has no T − 1 cap, simple keeps it
+    cap_host = tier == "simple"
+    shift = None
+    if tier == "lmcache":
+        # chunks the source request put after touching its found prefix (F_src − l_src, l_src ≈ its reusable run)
+        src = uc.seg_src
+        shift = np.maximum(uc.full_blocks[src] - uc.L_any[src], 0).astype(np.int64)
+        shift = np.where(src >= 0, shift, 0)
+    # GPU tail: blocks beyond the host's reachable run (bpc·L_c), capped like the GPU
+    run_c = uc.L_any  # the host's reusable run in chunks (leading chunks seen before)
+    seg_req_b = np.repeat(np.arange(u.n, dtype=np.int64), np.diff(u.seg_off))
+    u_tail = replace(u, seg_start=np.maximum(u.seg_start, bpc * run_c[seg_req_b])) if bpc > 1 else None
+    R = u.prompt_blocks
+    N_min = int(R.max()) if u.n else 0
+    # one estimator call per distinct admitted set (every N ≥ N_min admits everyone)
+    adm_key = np.minimum(Ns, N_min)
+    hit = np.zeros((Ns.shape[0], Cs.shape[0]))
+    gpu = np.zeros(Ns.shape[0])
+    host = np.zeros((Ns.shape[0], Cs.shape[0]))
+    for k in np.unique(adm_key):
+        sel = adm_key == k
+        mask = None if k >= N_min else (R <= k)
+        if mask is not None and not mask.any():
+            gpu[sel] = np.nan
+            hit[sel] = np.nan
+            host[sel] = np.nan
+            continue
+        g = estimate_trace(u, Ns[sel], engine=engine, lam0=lam0, mask=mask, **kw).h
+        gpu[sel] = g
+        pos = Cs > 0
+        hH = np.zeros(Cs.shape[0])
+        if pos.any():
+            hH[pos] = estimate_trace(
+                uc,
+                Cs[pos],
+                engine="vllm",
+                lam0=lam0,
+                mask=mask,
+                head_partial=False,
+                cap_last=cap_host,
+                seg_shift=shift,
+                **kw,
+            ).h
+        host[sel] = hH
+        tail = (
+            estimate_trace(u_tail, Ns[sel], engine=engine, lam0=lam0, mask=mask, **kw).h
+            if u_tail is not None
+            else np.zeros(int(sel.sum()))
+        )
+        for ii, i in enumerate(np.flatnonzero(sel)):
+            hit[i] = np.where(pos, np.maximum(g[ii], hH + tail[ii]), g[ii])
+    return TierEstimate(
+        tier=tier,
+        hbm_blocks=Ns,
+        host_units=Cs,
+        blocks_per_chunk=bpc,
+        hit=hit,
+        gpu_hit=gpu,
+        host_hit=host,
+        infeasible=Ns < N_min,
+        N_min=N_min,
+        elapsed_s=_time.perf_counter() - t0,
+    )

@@ -1,0 +1,314 @@
+"""One sweep task → result rows, by building each point's service request and calling the service function.
+
+Invariant: every number in a row comes from a service response (:mod:`kvhit.service`); this module only maps grid
+coordinates to request fields and response fields to columns. A task's rows depend only on the task (its points,
+replication and seed) and the shipped workloads — not on the process that runs it.
+
+Workloads are *shipped*: the driver builds a payload once (:func:`build_payload`: ShareGPT traces per (λ0,
+replication) through :func:`kvhit.service.traces.build_sharegpt`, trace files read once, spec files as text) and
+every worker installs it once (:func:`install`): traces are written to a worker-local file and preloaded
+(:func:`kvhit.service.inputs.preload_trace`), so the per-point requests that name them read memory, not disk.
+
+NOT done here: retries, batching, storage (:mod:`.backends`, :mod:`.store`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .grid import Grid, Task
+
+__all__ = ["build_payload", "install", "run_task", "execute", "execute_batch", "OUTPUTS"]
+
+#: output columns every row has (None where a compute mode does not produce it)
+OUTPUTS = (
+    "h",
+    "h_ci95",
+    "metric",
+    "token_hit_ratio",
+    "request_hit_rate",
+    "h_estimate",
+    "feasible",
+    "n_measured",
+    "extra",
+)
+
+_STATE: dict[str, Any] = {"id": None, "paths": {}, "grid": None, "tmp": None}
+
+
+def build_payload(grid: Grid, tasks: list[Task], progress=None) -> dict:
+    """Everything the tasks read, built once in the driver: ``{"grid": Grid, "workloads": {key: item}}`` with
+    ``item`` = ``("trace", Trace)`` or ``("spec", text, filename)``."""
+    from ..service import ShareGPTRequest, build
+    from ..service.inputs import read_trace
+    from ..service.traces import build_sharegpt
+
+    need: dict[str, Task] = {}
+    for t in tasks:
+        need.setdefault(t.shipped, t)
+    items: dict[str, tuple] = {}
+    for k, (key, t) in enumerate(sorted(need.items())):
+        if progress:
+            progress(k, len(need), f"workload {key}")
+        wl = grid.workloads[t.workload]
+        if wl.kind == "sharegpt":
+            o = wl.options
+            req = build(
+                ShareGPTRequest,
+                out=None,
+                seed=t.seed,
+                lam0=t.lam0 if t.lam0 is not None else 1.0,
+                block_size=wl.block_size,
+                **({"n_warm": o["warmup"]} if "warmup" in o else {}),
+                **({"n_meas": o["measured"]} if "measured" in o else {}),
+                **({"w_mean": o["w_mean"]} if "w_mean" in o else {}),
+            )
+            items[key] = ("trace", build_sharegpt(req)[0])
+        elif wl.kind == "trace":
+            items[key] = ("trace", read_trace(wl.path, f"workloads.{wl.name}.trace"))
+        else:
+            items[key] = ("spec", wl.path.read_text(encoding="utf-8"), wl.path.name)
+    return {"grid": grid, "workloads": items}
+
+
+def install(payload_id: str, payload: dict) -> None:
+    """Make a shipped payload available in this process (once per process and payload)."""
+    from ..service.inputs import preload_trace
+
+    if _STATE["id"] == payload_id:
+        return
+    if _STATE["tmp"] is None:
+        _STATE["tmp"] = tempfile.mkdtemp(prefix="kvhit-sweep-")
+        atexit.register(shutil.rmtree, _STATE["tmp"], True)
+    tmp = Path(_STATE["tmp"]) / payload_id
+    tmp.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for i, (key, item) in enumerate(sorted(payload["workloads"].items())):
+        if item[0] == "trace":
+            p = tmp / f"w{i}.parquet"
+            item[1].write(p)
+            preload_trace(p, item[1])
+        else:
+            p = tmp / f"w{i}" / item[2]  # keep the spec's file name: its messages name it
+            p.parent.mkdir(exist_ok=True)
+            p.write_text(item[1], encoding="utf-8")
+        paths[key] = p
+    _STATE.update(id=payload_id, paths=paths, grid=payload["grid"])
+
+
+def _source(task: Task) -> dict:
+    """The request fields naming the task's workload."""
+    grid: Grid = _STATE["grid"]
+    wl = grid.workloads[task.workload]
+    p = _STATE["paths"][task.shipped]
+    if wl.kind == "spec":
+        d = {"spec": p, **wl.options}
+        if task.lam0 is not None:
+            d["lam0"] = task.lam0
+        return d
+    return {"trace": p}
+
+
+def _f(x) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
+
+
+def _row(**kw) -> dict:
+    out = dict.fromkeys(OUTPUTS)
+    out.update(kw)
+    if isinstance(out.get("extra"), dict):
+        out["extra"] = json.dumps(out["extra"], sort_keys=True, default=str, allow_nan=False)
+    return out
+
+
+def _clean(d: dict, drop=()) -> dict:
+    from ..service.base import jsonable
+
+    return {k: v for k, v in jsonable(d).items() if k not in drop}
+
+
+def run_task(task: Task) -> list[dict]:
+    """The output columns of each of the task's points (same order as ``task.points``)."""
+    from .. import service as svc
+
+    grid: Grid = _STATE["grid"]
+    wl = grid.workloads[task.workload]
+    src = _source(task)
+    Ns = [int(p["N"]) for p in task.points]
+    if task.compute == "estimate":
+        engine = task.points[0].get("engine")
+        if wl.kind == "spec":
+            r = svc.estimate(svc.build(svc.EstimateRequest, **src, N=Ns, engine=engine, seed=task.seed))
+            by_n = {e.N: e for e in r.estimates}
+            out = []
+            for n in Ns:
+                e = by_n[n]
+                h = e.h_engine_blocks if engine else e.h
+                out.append(
+                    _row(
+                        h=_f(h),
+                        metric="blocks" if engine else "practical",
+                        token_hit_ratio=_f(e.h_engine_tokens),
+                        h_estimate=_f(e.h),
+                        feasible=True,
+                        extra=_clean(e, ("N",)),
+                    )
+                )
+            return out
+        r = svc.trace_estimate(
+            svc.build(svc.TraceEstimateRequest, trace=src["trace"], N=Ns, engine=engine, metric="blocks")
+        )
+        by_n = {e.N: e for e in r.rows}
+        return [
+            _row(
+                h=_f(by_n[n].h.get(engine)),
+                metric="blocks",
+                feasible=by_n[n].feasible,
+                extra={"refused_request_share": by_n[n].refused_request_share, "lam0": r.lam0},
+            )
+            for n in Ns
+        ]
+    if task.compute == "curve":
+        return _curve(task, wl, src, Ns)
+    p = task.points[0]
+    if "replicas" in p or "router" in p:
+        r = svc.fleet_simulate(
+            svc.build(
+                svc.FleetRequest,
+                trace=src["trace"],
+                replicas=[p.get("replicas", 1)],
+                router=[p.get("router", "round-robin")],
+                N=[p["N"]],
+                engine=p["engine"],
+                seed=task.seed,
+                estimates=grid.estimates,
+            )
+        )
+        row = r.rows[0]
+        est = row.get("estimate") or {}
+        return [
+            _row(
+                h=_f(row["token_hit_ratio"]),
+                metric="tokens",
+                token_hit_ratio=_f(row["token_hit_ratio"]),
+                h_estimate=_f(est.get("token_hit_ratio")) if isinstance(est, dict) else None,
+                feasible=row.get("rejected", 0) == 0,
+                n_measured=row.get("requests"),
+                extra=_clean(row, ("router", "replicas", "token_hit_ratio", "estimate", "params")),
+            )
+        ]
+    return [_simulate(task, wl, src, p)]
+
+
+def _simulate(task: Task, wl, src: dict, p: dict) -> dict:
+    from .. import service as svc
+
+    grid: Grid = _STATE["grid"]
+    engine = p["engine"]
+    kw: dict[str, Any] = dict(src, seed=task.seed, estimates=grid.estimates)
+    if wl.kind == "spec":
+        kw.update(replications=1, conversations=grid.conversations, block_size=grid.block_size)
+    if engine == "content":
+        kw.update(policy="content", N=[p["N"]])
+    elif engine == "sglang":  # SGLang's pool in tokens: the memory of N blocks of b tokens
+        kw.update(engine="sglang", N=[p["N"] * wl.block_size])
+    else:
+        kw.update(policy="block", engine=engine, N=[p["N"]])
+    r = svc.simulate(svc.build(svc.SimulateRequest, **kw))
+    row = r.rows[0]
+    est = r.estimate[0] if r.estimate else {}
+    h_est = est.get("h_engine", est.get("h")) if est else None
+    return _row(
+        h=_f(row.get("h")),
+        h_ci95=_f(row.get("h_ci95")),
+        metric="tokens" if engine == "sglang" else ("practical" if engine == "content" else "blocks"),
+        token_hit_ratio=_f(row.get("token_hit_ratio")),
+        request_hit_rate=_f(row.get("request_hit_rate")),
+        h_estimate=_f(h_est),
+        feasible=bool(row.get("feasible", True)),
+        n_measured=row.get("n_measured"),
+        extra=_clean(row, ("N", "h", "h_ci95", "token_hit_ratio", "request_hit_rate", "feasible", "n_measured")),
+    )
+
+
+def _curve(task: Task, wl, src: dict, Ns: list[int]) -> list[dict]:
+    from .. import service as svc
+    from ..experiments.curve import _EST_LABEL, POLICIES
+    from ..service.curve import SGLANG_LABEL
+
+    grid: Grid = _STATE["grid"]
+    engines = sorted({p["engine"] for p in task.points})
+    caps = sorted(set(Ns))
+    kw: dict[str, Any] = dict(src, seed=task.seed, estimates=grid.estimates, capacities=caps, policies=engines)
+    if wl.kind == "spec":
+        kw.update(conversations=grid.conversations, block_size=grid.block_size)
+    if "sglang" in engines:
+        kw["sglang_points"] = max(2, len(caps))
+    r = svc.curve(svc.build(svc.CurveRequest, **kw))
+    idx = {n: i for i, n in enumerate(r.N)}
+    out = []
+    for p in task.points:
+        e, i = p["engine"], idx[int(p["N"])]
+        label = SGLANG_LABEL if e == "sglang" else POLICIES[e]
+        tok = r.curves.get(label + " token ratio")
+        est = r.curves.get(f"estimate: {_EST_LABEL[e]} (engine-aware)") if e in _EST_LABEL else None
+        feas = True if e == "content" or r.feasible is None else r.feasible[i]
+        out.append(
+            _row(
+                h=_f(r.curves[label][i]),
+                metric="tokens" if e == "sglang" else ("practical" if e == "content" else "blocks"),
+                token_hit_ratio=_f(tok[i]) if tok else None,
+                h_estimate=_f(est[i]) if est else None,
+                feasible=bool(feas),
+                extra={"h_max": r.h_max, "lam0": r.lam0},
+            )
+        )
+    return out
+
+
+def _one_line(e: BaseException) -> str:
+    from ..service.errors import one_line
+
+    return one_line(f"{type(e).__name__}: {e}")[:2000]
+
+
+def execute(task: Task) -> tuple[Task, list[dict], str, str | None, float, str]:
+    """Run a task in this process: ``(task, rows, status, error, seconds, worker)``; ``status`` is ``ok``,
+    ``refused`` (the service refused the request: an :class:`~kvhit.service.InputError`, not retried) or
+    ``error``."""
+    from ..service import InputError
+
+    t0 = time.perf_counter()
+    try:
+        rows = run_task(task)
+        status, err = "ok", None
+    except InputError as e:
+        rows, status, err = [_row() for _ in task.points], "refused", str(e)
+    except Exception as e:  # a failed point is recorded, never kills the sweep
+        rows, status, err = [_row() for _ in task.points], "error", _one_line(e)
+    return task, rows, status, err, time.perf_counter() - t0, worker_name()
+
+
+def execute_batch(payload_id: str, payload: dict | None, tasks: list[Task]) -> list[tuple]:
+    """Install the payload if this process has not yet (``payload`` may be a one-element list holding a Ray object
+    reference, fetched only then), and run the tasks."""
+    if _STATE["id"] != payload_id:
+        if isinstance(payload, list):
+            import ray
+
+            payload = ray.get(payload[0])
+        install(payload_id, payload)
+    return [execute(t) for t in tasks]
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
