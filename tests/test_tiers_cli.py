@@ -80,24 +80,13 @@ def test_tiers_dram_gb_conversion_and_plot(mooncake, tmp_path, capsys):
             ["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "1", "--max-num-batched-tokens", "8"],
             "--max-num-batched-tokens",
         ),
-        (
-            [
-                "--blocks-trace",
-                "{t}",
-                "--hbm-blocks",
-                "4",
-                "--host-units",
-                "2",
-                "--tier",
-                "simple-lazy",
-                "--max-num-batched-tokens",
-                "0",
-            ],
-            "--max-num-batched-tokens",
-        ),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "2", "--tier", "simple-lazy",
+          "--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "2", "--tier", "simple-lazy",
+          "--estimate", "only"], "--estimate"),
         (["--blocks-trace", "/nonexistent.jsonl", "--hbm-blocks", "4", "--host-units", "1"], "--blocks-trace"),
     ],
-)
+)  # fmt: skip
 def test_tiers_bad_input_one_line_exit_2(mooncake, capsys, args, flag):
     rc = main(["tiers", *[a.replace("{t}", str(mooncake)) for a in args]])
     err = capsys.readouterr().err.strip()
