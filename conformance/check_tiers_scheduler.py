@@ -293,7 +293,9 @@ def main() -> int:
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     t0 = time.time()
-    stats = {"requests": 0, "cpu_hits": 0, "stores": 0, "refused_stores": 0}
+    stats = {"requests": 0, "cpu_hits": 0}
+    if a.tier == "native":
+        stats.update(stores=0, refused_stores=0)
     found = None
     n_bad = 0
     for i in range(a.cases):
@@ -303,8 +305,9 @@ def main() -> int:
         stats["requests"] += len(case.prompts)
         for _, c, st, _, _ in log:
             stats["cpu_hits"] += c > 0
-            stats["stores"] += sum(1 for s in st if s)
-            stats["refused_stores"] += sum(1 for s in st if s is None)
+            if a.tier == "native":
+                stats["stores"] += sum(1 for s in st if s)
+                stats["refused_stores"] += sum(1 for s in st if s is None)
         if diff is not None:
             n_bad += 1
             if found is None:
