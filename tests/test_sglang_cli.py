@@ -81,8 +81,24 @@ def test_estimate_trace_sglang_prints_the_library(trace_file):
 def test_estimate_sglang_refusals_one_line(trace_file):
     r = kvhit("estimate", "--trace", trace_file, "--engine", "sglang", "--N", "30000", "--metric", "blocks")
     assert r.code == 2 and len(r.err_lines) == 1 and "--metric blocks" in r.err
-    r = kvhit("estimate", "--blocks-trace", MOONCAKE, "--engine", "sglang", "--N", "30000")
-    assert r.code == 2 and len(r.err_lines) == 1 and "--engine sglang" in r.err
+    r = kvhit("estimate", "--trace", trace_file, "--engine", "sglang", "--N", "0")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--N" in r.err
+
+
+def test_estimate_blocks_trace_sglang_prints_the_library():
+    import numpy as np
+
+    from kvhit.estimate_sglang_agentic import estimate_trace_sglang
+    from kvhit.workload.production import read_mooncake
+
+    args = ["estimate", "--blocks-trace", MOONCAKE, "--engine", "sglang", "--N", "2000000,4000000,1000"]
+    r = kvhit(*args)
+    assert r.code == 0, r.err
+    assert "N (tokens)" in r.out and "SGLang token hit ratio" in r.out
+    j = json.loads(kvhit(*args, "--json").out)
+    assert j["unit"] == "tokens" and j["rows"][2]["h"]["sglang"] is None and not j["rows"][2]["feasible"]
+    want = estimate_trace_sglang(read_mooncake(MOONCAKE), [2000000, 4000000]).h
+    np.testing.assert_allclose([row["h"]["sglang"] for row in j["rows"][:2]], want, rtol=1e-12)
 
 
 def test_estimate_spec_sglang_at_the_same_memory():

@@ -32,8 +32,9 @@ as a miss of its whole prompt (as :meth:`kvhit.sim.radix.RadixResult.token_hit_r
 nor do the later turns of its conversation (their prompts are longer).
 
 Invariant: h ≤ h_max, h → h_max as C → ∞ (every node survives), nondecreasing in C.
-NOT modelled: in-flight holds (locked nodes, FIFO waits), splits left by partial hits after an eviction (a
-re-inserted suffix starts a node at the hit point), divergent continuations (a prompt that does not extend the
+NOT modelled: in-flight holds (locked nodes, FIFO waits), the boundaries a partial hit erases (the rest of the
+history is re-inserted as one node; :mod:`kvhit.estimate_sglang_agentic` models it, chat revisits rarely hit
+partially), divergent continuations (a prompt that does not extend the
 previous turn's tokens), HiCache, eviction policies other than LRU, and the warm-up transient in the
 stationary form (:func:`estimate_sglang_window` has it).
 """
@@ -172,12 +173,6 @@ def _chain_nodes(conv_ptr, prompt_pg, cached, cap, S, out_ptr, out_end, out_len,
                     out_len[nn] = ln
                     nn += 1
                 prev = e
-            if top > prev:  # (not reached: top is a boundary)
-                ln = min(top, lim) - min(prev, lim)
-                if ln > 0:
-                    out_end[nn] = top
-                    out_len[nn] = ln
-                    nn += 1
             out_row[nrev] = r + 1
             nrev += 1
             out_ptr[nrev] = nn

@@ -105,7 +105,7 @@ def estimate(
 
     From a trace: --trace (kvhit Parquet: the engine-aware estimator) or --blocks-trace (Mooncake/WEKA block ids:
     the agentic estimator, at the trace's own load or a stationary --lam0), both vLLM orders unless --engine;
-    --trace with --engine sglang: SGLang's estimator, --N in tokens (docs/estimators.md §7);
+    --engine sglang: SGLang's estimators (both sources), --N in tokens (docs/estimators.md §7);
     capacities below the largest request are infeasible (refused shares, no ratio).
     """
     if trace is not None or blocks_trace is not None:

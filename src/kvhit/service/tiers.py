@@ -179,13 +179,14 @@ class TiersResponse(Response):
 def _load(req: TiersRequest):
     from ..sim.runner import block_requests
     from ..workload.production import read_production
-    from ..workload.trace import Trace
 
     if (req.trace is None) == (req.blocks_trace is None):
         raise InputError("--trace and --blocks-trace: give exactly one")
     if req.trace is not None:
+        from .inputs import load_trace_file
+
         with translating("--trace"):
-            tr = Trace.read(req.trace)
+            tr = load_trace_file(req.trace)
             if req.estimate != "none":
                 # the estimator sees the trace as its block counts (no token-level sharing): so does the simulator
                 if req.block_size is not None and req.block_size != tr.block_size:
@@ -376,10 +377,10 @@ def _hicache_requests(req: TiersRequest, br):
     from ..sim.tiers.hicache_curve import token_requests, trace_token_requests
 
     if req.trace is not None:
-        from ..workload.trace import Trace
+        from .inputs import load_trace_file
 
         with translating("--trace"):
-            reqs = trace_token_requests(Trace.read(req.trace))
+            reqs = trace_token_requests(load_trace_file(req.trace))
         if reqs is not None:
             return reqs, "token ids"
     return token_requests(br.prompt_tokens, br.hash_offsets, br.hashes, int(br.block_size)), "block hashes"

@@ -7,8 +7,9 @@ capacities that cannot serve it marked.
   conversations at that rate; the estimator's own regime flag (``validated`` and why not) is passed on.
 * ``--trace`` (kvhit Parquet): the engine-aware estimator (:func:`kvhit.plan.make_workload`, eq. (38)–(39) with
   the engine's block accounting, docs/estimators.md) at the trace's λ0 (or ``--lam0``).
-* ``--engine sglang``: SGLang 0.5.23's radix cache (:mod:`kvhit.estimate_sglang`, docs/estimators.md §7); ``--N``
-  is then its KV pool in **tokens** (as ``simulate --engine sglang``), feasibility is SGLang's (a request needing
+* ``--engine sglang``: SGLang 0.5.23's radix cache (:mod:`kvhit.estimate_sglang` on a kvhit trace,
+  :mod:`kvhit.estimate_sglang_agentic` on a block-id trace; docs/estimators.md §7); ``--N`` is then its KV pool in
+  **tokens** (as ``simulate --engine sglang``), feasibility is SGLang's (a request needing
   ``T + n − 1`` tokens more than the pool is refused), the ratio is SGLang's token hit ratio.
 
 Invariant: a capacity below the largest request (``N_min``) is infeasible: its ``h`` is ``None`` for every engine
@@ -154,28 +155,38 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
 
 
 def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
-    """``--engine sglang``: the SGLang estimator at pools of ``--N`` tokens (page size 1, LRU)."""
+    """``--engine sglang``: the SGLang estimators at pools of ``--N`` tokens (page size 1, LRU)."""
     if "metric" in req.model_fields_set and req.metric != "tokens":
         raise InputError("--metric blocks: SGLang's hit ratio is in tokens (cached prompt tokens / prompt tokens)")
-    if req.blocks_trace is not None:
-        raise InputError(
-            "--engine sglang: the SGLang estimator reads kvhit traces (--trace); on --blocks-trace use "
-            "simulate --engine sglang"
-        )
     from ..estimate_sglang import estimate_sglang, sglang_accounting
     from ..sim.radixrun import radix_feasibility
     from ..sim.streams import streams_from_trace
     from ..workload import Trace
 
     Ns = np.asarray(req.N, dtype=np.int64)
-    with translating(str(req.trace)):
-        tr = Trace.read(req.trace)
-        ids = tr.conv_index()[0]
-        measured = ids >= int(tr.meta.get("n_warm", 0))
-        sa = sglang_accounting(tr, block_size=tr.block_size or 128, mask=measured)
-        lam = float(req.lam0 if req.lam0 is not None else tr.meta.get("lam0", sa.acc.lam0_hat))
-        est = estimate_sglang(sa, Ns, lam)
-        feas = radix_feasibility(streams_from_trace(tr, block_size=tr.block_size or 128), Ns, 1)
+    regime: dict[str, Any] = {}
+    if req.blocks_trace is not None:
+        from ..estimate_sglang_agentic import estimate_trace_sglang
+        from ..sim.streams import streams_from_production
+
+        pt = _read_blocks(req)
+        with translating(str(req.blocks_trace)):
+            est = estimate_trace_sglang(pt, Ns, lam0=req.lam0)
+            feas = radix_feasibility(streams_from_production(pt), Ns, 1)
+        regime["sglang"] = est.regime
+        src, fmt, lam, h_max = str(req.blocks_trace), pt.format, req.lam0, float(est.h_max)
+        what = "SGLang agentic (kvhit.estimate_sglang_agentic: compound Poisson displacement, whole-node recursion)"
+    else:
+        with translating(str(req.trace)):
+            tr = Trace.read(req.trace)
+            ids = tr.conv_index()[0]
+            measured = ids >= int(tr.meta.get("n_warm", 0))
+            sa = sglang_accounting(tr, block_size=tr.block_size or 128, mask=measured)
+            lam = float(req.lam0 if req.lam0 is not None else tr.meta.get("lam0", sa.acc.lam0_hat))
+            est = estimate_sglang(sa, Ns, lam)
+            feas = radix_feasibility(streams_from_trace(tr, block_size=tr.block_size or 128), Ns, 1)
+        src, fmt, h_max = str(req.trace), "kvhit", float(sa.h_max)
+        what = "SGLang engine-aware (kvhit.estimate_sglang, eq. (38)-(39) with SGLang's accounting)"
     h = np.atleast_1d(est.h)
     rows = []
     for k, N in enumerate(req.N):
@@ -190,14 +201,15 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
             )
         )
     return TraceEstimateResponse(
-        source=str(req.trace),
-        format="kvhit",
-        estimator="SGLang engine-aware (kvhit.estimate_sglang, eq. (38)-(39) with SGLang's accounting)",
+        source=src,
+        format=fmt,
+        estimator=what,
         metric="tokens",
         lam0=lam,
-        h_max=float(sa.h_max),
+        h_max=h_max if np.isfinite(h_max) else None,
         N_min=feas.C_min,
         unit="tokens",
+        regime=regime,
         rows=rows,
     )
 
