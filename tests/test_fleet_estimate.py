@@ -80,7 +80,7 @@ def test_no_eviction_limit_equals_the_simulator_exactly(setting, router, R):
 def test_close_to_the_simulator_under_eviction(setting, router, R):
     """N = 600 blocks evicts (the simulated ratio is far below the no-eviction ceiling). The tolerance is the
     single-replica window estimator's own error on this small workload (+0.006 at R = 1) plus margin; on
-    ShareGPT the fleet errors are within 0.002 (benchmarks/fleet_accuracy.py)."""
+    ShareGPT the fleet errors are within 0.003 (benchmarks/fleet_accuracy.py)."""
     _, tr, mask, rq = setting
     N = 600
     res = _simulate(rq, tr, [N] * R, router)
