@@ -17,14 +17,15 @@ Workloads and what is held out (never looked at while designing the estimator or
 * Production grids: HBM = N_min, U/8, U/4 (U = distinct blocks, deduplicated, ≥ N_min) × host 0, U/8, U/4, U/2,
   U, 2U blocks (in tier units).
 
-    nice -n 10 python benchmarks/tiers_accuracy.py [--only sharegpt mooncake weka] [--tiers native lmcache simple]
-        [--json out.json]
+    [KVHIT_TRACES=/work/shared/data/traces] nice -n 10 python benchmarks/tiers_accuracy.py \\
+        [--only sharegpt mooncake weka] [--tiers native lmcache simple] [--held-out design|held-out] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from kvhit.sim.tiers.surface import hit_surface
 from kvhit.workload.production import read_mooncake, read_weka
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "data" / "traces"
+TRACES = Path(os.environ.get("KVHIT_TRACES", ROOT.parent / "shared" / "data" / "traces"))
 WEKA = TRACES / "weka_kv_cache_tester" / "traces"
 MOON = TRACES / "mooncake_fast25" / "conversation_trace.jsonl"
 

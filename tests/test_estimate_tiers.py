@@ -148,3 +148,24 @@ def test_cli_estimate_refusals(capsys, extra, flag):
     rc = main(["tiers", "--blocks-trace", str(MOON), "--hbm-blocks", "200", "--host-units", "0,10", *extra])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and flag in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_lmcache_split_keeps_the_segments_and_shifts_the_put_part(weka):
+    """Each age segment is cut at the source's found prefix: same blocks, same sources; a found chunk is shifted by
+    the source's put chunks F − l, a put chunk by the ramp with the step's mean threshold F − (a + e + 1)/2."""
+    from kvhit.estimate_tiers import _lmcache_segments
+
+    uc = request_reuse(weka, chunk_blocks=4)
+    sp, sh = _lmcache_segments(uc)
+    n_blocks = lambda u: np.bincount(  # noqa: E731
+        np.repeat(np.arange(u.n), np.diff(u.seg_off)), weights=u.seg_end - u.seg_start, minlength=u.n
+    )
+    assert np.array_equal(n_blocks(sp), n_blocks(uc))
+    assert sh.shape == sp.seg_start.shape and (sh >= 0).all()
+    src = sp.seg_src
+    F, lf = uc.full_blocks[src], uc.L_any[src]
+    found = sp.seg_end <= lf
+    assert np.array_equal(sh[found], (F - lf)[found])
+    put = sp.seg_start >= lf
+    assert np.array_equal(sh[put], np.maximum(F - (sp.seg_start + sp.seg_end + 1) // 2, 0)[put])
+    assert (found | put).all()  # no piece straddles the cut

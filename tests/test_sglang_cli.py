@@ -53,3 +53,57 @@ def test_curve_and_plan_compare(trace_file):
     c = json.loads(r.out)["compare"]
     t = kvhit("plan", "--trace", trace_file, "--kv-gb", "4", "--compare", "sglang")
     assert f"{c['difference']:+.4f}" in t.out and "SGLang − vLLM" in " ".join(t.out.split())
+
+
+def test_estimate_trace_sglang_prints_the_library(trace_file):
+    """estimate --trace --engine sglang: --N in tokens, numbers = kvhit.estimate_sglang on the measured
+    conversations at the trace's λ0; a pool below the largest request is infeasible."""
+    import numpy as np
+
+    from kvhit.estimate_sglang import estimate_sglang, sglang_accounting
+    from kvhit.workload import Trace
+
+    args = ["estimate", "--trace", trace_file, "--engine", "sglang", "--N", "30000,60000,50"]
+    r = kvhit(*args)
+    assert r.code == 0, r.err
+    assert "N (tokens)" in r.out and "SGLang token hit ratio" in r.out
+    j = json.loads(kvhit(*args, "--json").out)
+    assert j["unit"] == "tokens" and not j["rows"][2]["feasible"] and j["rows"][2]["h"]["sglang"] is None
+    tr = Trace.read(trace_file)
+    sa = sglang_accounting(tr, block_size=128, mask=tr.conv_index()[0] >= int(tr.meta.get("n_warm", 0)))
+    want = estimate_sglang(sa, [30000, 60000], float(tr.meta["lam0"])).h
+    got = np.array([row["h"]["sglang"] for row in j["rows"][:2]])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    for row in j["rows"][:2]:
+        assert f"{row['h']['sglang']:.4f}" in r.out
+
+
+def test_estimate_sglang_refusals_one_line(trace_file):
+    r = kvhit("estimate", "--trace", trace_file, "--engine", "sglang", "--N", "30000", "--metric", "blocks")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--metric blocks" in r.err
+    r = kvhit("estimate", "--trace", trace_file, "--engine", "sglang", "--N", "0")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--N" in r.err
+
+
+def test_estimate_blocks_trace_sglang_prints_the_library():
+    import numpy as np
+
+    from kvhit.estimate_sglang_agentic import estimate_trace_sglang
+    from kvhit.workload.production import read_mooncake
+
+    args = ["estimate", "--blocks-trace", MOONCAKE, "--engine", "sglang", "--N", "2000000,4000000,1000"]
+    r = kvhit(*args)
+    assert r.code == 0, r.err
+    assert "N (tokens)" in r.out and "SGLang token hit ratio" in r.out
+    j = json.loads(kvhit(*args, "--json").out)
+    assert j["unit"] == "tokens" and j["rows"][2]["h"]["sglang"] is None and not j["rows"][2]["feasible"]
+    want = estimate_trace_sglang(read_mooncake(MOONCAKE), [2000000, 4000000]).h
+    np.testing.assert_allclose([row["h"]["sglang"] for row in j["rows"][:2]], want, rtol=1e-12)
+
+
+def test_estimate_spec_sglang_at_the_same_memory():
+    r = kvhit("estimate", *SCM, "--engine", "sglang", "--N", "200,800", "--sample", "500", "--json")
+    assert r.code == 0, r.err
+    rows = json.loads(r.out)["estimates"]
+    assert all(e["h_engine_blocks"] is None for e in rows)
+    assert 0 < rows[0]["h_engine_tokens"] < rows[1]["h_engine_tokens"] < 1

@@ -144,11 +144,14 @@ def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _window_D(tag_req, tag_src, seg_src, seg_off, seg_end, Fx, session, adm, out_same, out_other):  # pragma: no cover
+def _window_D(
+    tag_req, tag_src, seg_src, seg_off, seg_end, Fx, session, adm, out_same, out_other, bunit=1
+):  # pragma: no cover
     """Replay displacement of the tagged segments (request ``tag_req``, last toucher ``tag_src``): Σ over
     requests q strictly between src and r (admitted) of F_q + x_q − k_q, k_q = leading blocks of q whose last
     toucher is after src (from *all* segments: ``seg_src``/``seg_off``/``seg_end``); split into the tagged
-    request's own session and the others."""
+    request's own session and the others. ``bunit``: units of ``Fx`` per block (b when Fx counts tokens:
+    SGLang)."""
     for s in range(tag_req.shape[0]):
         r = tag_req[s]
         x = tag_src[s]
@@ -164,7 +167,7 @@ def _window_D(tag_req, tag_src, seg_src, seg_off, seg_end, Fx, session, adm, out
                     k = seg_end[j]
                 else:
                     break
-            c = Fx[q] - k
+            c = Fx[q] - bunit * k
             if session[q] == sr:
                 same += c
             else:
@@ -538,8 +541,9 @@ def _split_hist(f: np.ndarray, delta: float, G: int) -> np.ndarray:
     return out
 
 
-def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray):
-    """Per session (admitted requests only): relative times, first-request footprint, cumulative new blocks."""
+def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray, bunit: int = 1):
+    """Per session (admitted requests only): relative times, first-request footprint, cumulative new blocks
+    (``bunit``: units of ``Fx`` per block)."""
     idx = np.flatnonzero(adm)
     sess = u.session[idx]
     o = np.lexsort((idx, sess))
@@ -551,7 +555,7 @@ def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray):
     t = u.time[idx]
     t_first = t[starts]
     tau = t - np.repeat(t_first, ends - starts)
-    new = (Fx[idx] - np.minimum(u.L_own[idx], u.full_blocks[idx])).astype(np.float64)
+    new = (Fx[idx] - bunit * np.minimum(u.L_own[idx], u.full_blocks[idx])).astype(np.float64)
     # cumnew per template with a leading 0 at each template's first slot: cumnew[i] = Σ_{templ. reqs < i} new
     cumnew = np.zeros(idx.size + 1)
     np.cumsum(new, out=cumnew[1:])
@@ -566,23 +570,24 @@ def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray):
     )
 
 
-def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes, work_budget=6e7):
+def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes, work_budget=6e7, bunit=1):
     """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same.
 
     Returns ``(Hb, delta, row, D_same)``: ``Hb[row]`` = δ·cumulative CDF on the value grid of the segment's
     cell. Cells: ``n_times`` uniform time bins × log-age bins of ratio ``1 + 1/n_ages`` (× the tagged
     conversation when its own template is excluded); the law is computed exactly at each occupied cell's
-    centre (nearest cell: no interpolation across a lumpy law)."""
+    centre (nearest cell: no interpolation across a lumpy law). ``bunit``: units of ``Fx`` (and of ``Ns``)
+    per block (1: blocks, vLLM; b: tokens, :mod:`kvhit.estimate_sglang_agentic`)."""
     n = u.n
     adm = np.ones(n, bool)
     same = np.zeros(sr.shape[0], np.int64)
     other = np.zeros(sr.shape[0], np.int64)
     if sr.shape[0]:
-        _window_D(sr, src, u.seg_src, u.seg_off, u.seg_end, Fx, u.session, adm, same, other)
+        _window_D(sr, src, u.seg_src, u.seg_off, u.seg_end, Fx, u.session, adm, same, other, bunit)
     t_r = u.time[sr]
     age = t_r - u.time[src]
     other_sess = u.session[src] != u.session[sr]
-    ts, te, tau, fx_first, cumnew, t_first, t_sess = _templates(u, adm, Fx)
+    ts, te, tau, fx_first, cumnew, t_first, t_sess = _templates(u, adm, Fx, bunit)
     C = ts.shape[0]
     span_starts = float(t_first.max() - t_first.min()) if C else 0.0
     if lam0 is not None:
@@ -702,7 +707,12 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
     d_hi = float(
         np.max(mom[:, 1] + 12.0 * sd + 12.0 * np.sqrt(np.maximum(mom[:, 2] / np.maximum(mom[:, 0], 1e-300), 0.0)))
     )
-    fit = float(np.max(same) if same.size else 0.0) + float(u.prompt_blocks.max()) + 2.0
+    big = (
+        float(u.prompt_blocks.max()) * bunit
+        if bunit == 1
+        else max(float(u.prompt_blocks.max()) * bunit, float(Fx.max()))
+    )
+    fit = float(np.max(same) if same.size else 0.0) + big + 2.0
     Vmax = int(min(int(Ns.max()) + 1, math.ceil(fit + d_hi)))
     Vmax = max(Vmax, 2)
     G = int(min(n_values, Vmax))

@@ -21,8 +21,10 @@ Facts used (from the tier modules' docstrings, i.e. the engines' code):
   ``C ≥ 1 + k + D(a)`` (A1 with ``e = 0``), and there is no ``T − 1`` cap on the host side;
   LMCache touches the found prefix head-most-recent at lookup and *then* puts the new chunks (``OrderedDict``
   insertion: the newest put is most recent), so the ``F_src − l_src`` chunks its source request put sit above
-  the found prefix: the threshold is shifted by that number (``seg_shift``; ``l_src`` taken as the source's
-  reusable run); SimpleCPUOffload eager keeps vLLM's ``T − 1`` cap on the CPU side.
+  the found prefix: a found chunk's threshold is shifted by that number, and the put chunks are found iff the
+  whole found prefix is (a step at ``D ≤ C − F_src``, entered as the ramp with the same mean threshold;
+  :func:`_lmcache_segments`, ``l_src`` taken as the source's reusable run); SimpleCPUOffload eager keeps vLLM's
+  ``T − 1`` cap on the CPU side.
 
 **Union.** A prompt block is served if the GPU holds it or the host's consecutive run (from the GPU hit on for
 native/simple, from token 0 for LMCache: the total is ``max(g, l)``) covers it. With one ``D(a)`` for both
@@ -97,6 +99,37 @@ def _grid(x, name: str, lo: int) -> np.ndarray:
     return a.astype(np.int64)
 
 
+def _lmcache_segments(uc: RequestReuse) -> tuple[RequestReuse, np.ndarray]:
+    """LMCache's put-after-touch order as threshold shifts (module docstring): each age segment is split at the
+    source request's found prefix ``l`` (≈ its reusable run ``L_any``). A found chunk ``i < l`` sits below the
+    ``F − l`` chunks the source put: shift ``F − l``. The put chunks ``[l, F)`` are found iff the whole found
+    prefix is, i.e. iff ``D ≤ C − F`` for every one of them (a step); (A1) is a ramp, so the put part gets the
+    shift whose ramp has the step's mean threshold over the part ``[a, e)``: ``F − (a + e + 1)/2``."""
+    n = uc.n
+    seg_req = np.repeat(np.arange(n, dtype=np.int64), np.diff(uc.seg_off))
+    src = uc.seg_src
+    s0, s1 = uc.seg_start, uc.seg_end
+    has = src >= 0
+    F = np.where(has, uc.full_blocks[np.maximum(src, 0)], 0)
+    lf = np.where(has, uc.L_any[np.maximum(src, 0)], 0)
+    cut = np.clip(lf, s0, s1)  # found part [s0, cut), put part [cut, s1)
+    a_req = np.concatenate([seg_req, seg_req])
+    a_s0 = np.concatenate([s0, cut])
+    a_s1 = np.concatenate([cut, s1])
+    a_src = np.concatenate([src, src])
+    found_shift = np.maximum(F - lf, 0)
+    put_shift = np.maximum(F - (cut + s1 + 1) // 2, 0)
+    a_sh = np.concatenate([found_shift, put_shift])
+    first = np.concatenate([np.ones(s0.shape[0], bool), np.zeros(s0.shape[0], bool)])
+    keep = (a_s1 > a_s0) | (first & np.concatenate([s1 == s0, s1 == s0]))
+    o = np.lexsort((a_s0, a_req))
+    o = o[keep[o]]
+    off = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(a_req[o], minlength=n), out=off[1:])
+    split = replace(uc, seg_off=off, seg_start=a_s0[o], seg_end=a_s1[o], seg_src=a_src[o])
+    return split, np.where(a_src[o] >= 0, a_sh[o], 0).astype(np.int64)
+
+
 def estimate_tiers(
     source: Any,
     hbm_blocks: Any,
@@ -134,10 +167,7 @@ def estimate_tiers(
     cap_host = tier == "simple"
     shift = None
     if tier == "lmcache":
-        # chunks the source request put after touching its found prefix (F_src − l_src, l_src ≈ its reusable run)
-        src = uc.seg_src
-        shift = np.maximum(uc.full_blocks[src] - uc.L_any[src], 0).astype(np.int64)
-        shift = np.where(src >= 0, shift, 0)
+        uc, shift = _lmcache_segments(uc)
     # GPU tail: blocks beyond the host's reachable run (bpc·L_c), capped like the GPU
     run_c = uc.L_any  # the host's reusable run in chunks (leading chunks seen before)
     seg_req_b = np.repeat(np.arange(u.n, dtype=np.int64), np.diff(u.seg_off))

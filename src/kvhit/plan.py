@@ -30,7 +30,7 @@ class PlanError(ValueError):
 Predictor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-ENGINES = ("vllm", "vllm-0.23", "content", "paper")
+ENGINES = ("vllm", "vllm-0.23", "content", "paper", "sglang")
 
 
 @dataclass
@@ -67,7 +67,9 @@ def make_workload(
     the engine's own block accounting, finite capacity, tail-first partial hits and fluctuations):
     ``"vllm"`` (≥ 0.24 free-queue order), ``"vllm-0.23"``, ``"content"`` (Algorithm 1); or ``"paper"``, the
     paper's estimator eq. (38)–(39) with its block rule. ``metric`` is vLLM's token hit ratio (``"tokens"``) or
-    the block-weighted h (``"blocks"``); the paper's and Algorithm 1's h are block-weighted.
+    the block-weighted h (``"blocks"``); the paper's and Algorithm 1's h are block-weighted. ``"sglang"``:
+    SGLang 0.5.23's radix cache (:func:`kvhit.estimate_sglang.estimate_sglang`, page size 1) at the same KV
+    memory, i.e. a pool of N·b tokens for N blocks; its h is SGLang's token hit ratio (``metric`` is ignored).
 
     A spec is evaluated in closed form with ``engine="paper"``; the engine-aware predictors need per-turn token
     counts, so a spec is first sampled into a trace of ``sample_conversations`` conversations (``seed``), read
@@ -119,6 +121,20 @@ def make_workload(
             return np.asarray(est.estimate(mom, N, lam_, F, practical=True).h, dtype=float)
 
         h_max, metric = mom.h_max_hash, "blocks"
+    elif engine == "sglang":
+        from .estimate_sglang import estimate_sglang, sglang_accounting
+
+        sa = sglang_accounting(tr, block_size=b, mask=measured)
+
+        def predict(N, lam_):
+            N_, l_ = np.broadcast_arrays(np.asarray(N, float), np.asarray(lam_, float))
+            out = np.empty(N_.shape)
+            for lv in np.unique(l_):
+                s = l_ == lv
+                out[s] = estimate_sglang(sa, np.round(N_[s]) * b, float(lv), F).h
+            return out
+
+        h_max, metric = sa.h_max, "tokens"
     else:
         acc = est.engine_accounting(tr, engine=engine, metric=metric, block_size=b, mask=measured)
 

@@ -47,11 +47,14 @@ def _print_trace_estimate(res) -> None:
     lam = "the trace's own load" if res.lam0 is None else f"a stationary stream at λ0 = {res.lam0:.4g}/s"
     console.print(
         f"{res.source} ({res.format}): {res.estimator}; {lam}; ceiling {_fmt(res.h_max)}; largest request "
-        f"{res.N_min:,} blocks"
+        f"{res.N_min:,} {res.unit}"
     )
     engines = list(res.rows[0].h) if res.rows else []
-    t = Table(title=f"predicted hit ratio ({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})")
-    t.add_column("N (blocks)", justify="right")
+    what = "vLLM token hit ratio" if res.metric == "tokens" else "block-weighted h"
+    if res.unit == "tokens":
+        what = "SGLang token hit ratio"
+    t = Table(title=f"predicted hit ratio ({what})")
+    t.add_column(f"N ({res.unit})", justify="right")
     for e in engines:
         t.add_column(e, justify="right")
     t.add_column("refused (requests / tokens)", justify="right")
@@ -97,10 +100,12 @@ def estimate(
 
     λ0 is the physical (unscaled) arrival rate and N the capacity in blocks (threshold form, eq. (38)). With
     --engine, the engine-aware estimate (the engine's block accounting, finite capacity, tail-first partial hits,
-    fluctuations; docs/estimators.md) of a sample of the spec is shown too, in both of vLLM's metrics.
+    fluctuations; docs/estimators.md) of a sample of the spec is shown too, in both of vLLM's metrics; --engine sglang
+    gives SGLang's radix cache at the same KV memory (N·128 tokens; its token hit ratio).
 
     From a trace: --trace (kvhit Parquet: the engine-aware estimator) or --blocks-trace (Mooncake/WEKA block ids:
     the agentic estimator, at the trace's own load or a stationary --lam0), both vLLM orders unless --engine;
+    --engine sglang: SGLang's estimators (both sources), --N in tokens (docs/estimators.md §7);
     capacities below the largest request are infeasible (refused shares, no ratio).
     """
     if trace is not None or blocks_trace is not None:

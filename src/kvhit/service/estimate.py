@@ -1,5 +1,6 @@
 """``estimate``: the paper's mean-field estimate from a workload spec (moments, T_C, h base eq. (25) and practical
-eq. (32)/(39)), optionally beside the engine-aware estimate of a sample of the spec.
+eq. (32)/(39)), optionally beside the engine-aware estimate of a sample of the spec (``--engine sglang``:
+SGLang's radix cache at the same KV memory, N·128 tokens, :mod:`kvhit.estimate_sglang`; token hit ratio only).
 
 Invariant: numbers are the library's (``kvhit.theory``, ``kvhit.plan.make_workload``); nothing is recomputed
 here. NOT modelled: anything not in the spec (use ``simulate`` or a trace for engine effects beyond the
@@ -8,7 +9,7 @@ estimator).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -23,8 +24,10 @@ __all__ = ["EstimateRequest", "EstimateResponse", "estimate", "spec_estimates"]
 
 class EstimateRequest(SpecFields):
     N: Capacities
-    engine: Engine | None = Field(
-        None, description="Also predict this engine: vllm (≥ 0.24) | vllm-0.23 | content; default: none."
+    engine: Engine | Literal["sglang"] | None = Field(
+        None,
+        description="Also predict this engine: vllm (≥ 0.24) | vllm-0.23 | content | sglang (SGLang 0.5.23 at the "
+        "same KV memory: N·128 tokens); default: none.",
     )
     sample: int = Field(
         20_000, ge=100, le=10_000_000, description="With --engine: conversations sampled from the spec; 100–10^7."
@@ -42,7 +45,9 @@ class EstimateRow(Response):
     T_C: float | None = Field(description="Characteristic time T_C (s), base (eq. 21).")
     T_C_prac: float | None = Field(description="T_C (s), practical (eq. 30).")
     h_engine_blocks: float | None = Field(None, description="Engine-aware h, block-weighted (with --engine).")
-    h_engine_tokens: float | None = Field(None, description="Engine-aware h, vLLM token hit ratio (with --engine).")
+    h_engine_tokens: float | None = Field(
+        None, description="Engine-aware h, the engine's token hit ratio (with --engine; sglang: at N·128 tokens)."
+    )
 
 
 class EstimateResponse(Response):
@@ -87,7 +92,7 @@ def estimate(req: EstimateRequest) -> EstimateResponse:
             check_capacity_memory(n, "--N")
 
         with translating("--engine"):
-            for metric in ("blocks", "tokens"):
+            for metric in ("tokens",) if req.engine == "sglang" else ("blocks", "tokens"):
                 wl = make_workload(sp, engine=req.engine, metric=metric, sample_conversations=req.sample, seed=req.seed)
                 h = wl.predict(np.asarray(req.N, float), np.full(len(req.N), sp.lam0))
                 for e, v in zip(est, h, strict=True):

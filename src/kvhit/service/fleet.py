@@ -263,7 +263,7 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
         check_output_file(str(req.plot) + ".png", "--plot")
     wl = load_fleet_workload(req)
     st = wl.stream
-    tr, mask, conv_rows, conv, times = wl.tr, st.measured, wl.conv_rows, st.conv, st.times
+    tr, mask, conv, times = wl.tr, st.measured, st.conv, st.times
     hold = None if req.prefill_tokens_per_s is None else st.prompt_tokens / req.prefill_tokens_per_s
     rows, per = [], []
     total = len(req.router) * len(req.replicas)
@@ -292,11 +292,11 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
             s = res.summary(mask)
             est = None
             if req.estimates and tr is not None and name in ("round-robin", "random", "session") and hold is None:
-                from ..estimate_fleet import estimate_fleet_oblivious
+                from ..estimate_fleet import estimate_fleet
 
-                with translating("estimate"):
-                    est = estimate_fleet_oblivious(
-                        tr, res.replica, Ns, engine=req.engine, rows=conv_rows, lam0=wl.lam0, block_size=st.block_size
+                with translating("estimate"):  # the rows the simulated ratio counts (docs/estimators.md §6)
+                    est = estimate_fleet(
+                        tr, res.replica, Ns, engine=req.engine, window=mask, lam0=wl.lam0, block_size=st.block_size
                     )
             rows.append({**s, "estimate": est, "N_total": int(sum(Ns)), "params": params[name]})
             per += [{"router": name, "replicas": R, **p} for p in res.per_replica(mask)]

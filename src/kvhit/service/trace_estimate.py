@@ -7,6 +7,10 @@ capacities that cannot serve it marked.
   conversations at that rate; the estimator's own regime flag (``validated`` and why not) is passed on.
 * ``--trace`` (kvhit Parquet): the engine-aware estimator (:func:`kvhit.plan.make_workload`, eq. (38)–(39) with
   the engine's block accounting, docs/estimators.md) at the trace's λ0 (or ``--lam0``).
+* ``--engine sglang``: SGLang 0.5.23's radix cache (:mod:`kvhit.estimate_sglang` on a kvhit trace,
+  :mod:`kvhit.estimate_sglang_agentic` on a block-id trace; docs/estimators.md §7); ``--N`` is then its KV pool in
+  **tokens** (as ``simulate --engine sglang``), feasibility is SGLang's (a request needing
+  ``T + n − 1`` tokens more than the pool is refused), the ratio is SGLang's token hit ratio.
 
 Invariant: a capacity below the largest request (``N_min``) is infeasible: its ``h`` is ``None`` for every engine
 and the row carries the shares of requests and prompt tokens vLLM would refuse (:mod:`kvhit.sim.feasibility`).
@@ -41,7 +45,9 @@ class TraceEstimateRequest(Request):
     rate: float | None = Field(None, gt=0, description="WEKA poisson arrivals: conversations/s; > 0.")
     span: float | None = Field(None, ge=0, description="WEKA uniform arrivals over [0, span] seconds; ≥ 0.")
     seed: Seed = 0
-    engine: BlockEngine | None = Field(None, description="vllm (≥ 0.24) | vllm-0.23; default: both.")
+    engine: BlockEngine | Literal["sglang"] | None = Field(
+        None, description="vllm (≥ 0.24) | vllm-0.23 | sglang (--N in tokens); default: both vLLM orders."
+    )
     metric: Literal["tokens", "blocks"] = Field(
         "tokens", description="tokens (vLLM's prefix_cache_hits/queries) | blocks (block-weighted h)."
     )
@@ -53,7 +59,7 @@ class TraceEstimateRequest(Request):
 
 
 class TraceEstimateRow(Response):
-    N: int = Field(description="Capacity in blocks.")
+    N: int = Field(description="Capacity in blocks (SGLang: tokens).")
     feasible: bool = Field(description="N ≥ the largest request: vLLM can serve every request.")
     refused_request_share: float = Field(description="Share of requests vLLM would refuse at N.")
     refused_token_share: float = Field(description="Share of prompt tokens in refused requests.")
@@ -67,7 +73,8 @@ class TraceEstimateResponse(Response):
     metric: str
     lam0: float | None
     h_max: float | None = Field(description="Infinite-cache ceiling of the metric.")
-    N_min: int = Field(description="Largest request (blocks): smaller capacities are infeasible.")
+    N_min: int = Field(description="Largest request (blocks; SGLang: tokens): smaller capacities are infeasible.")
+    unit: Literal["blocks", "tokens"] = Field("blocks", description="Unit of N and N_min.")
     regime: dict[str, Any] = Field(default_factory=dict, description="The estimator's own validity flag and notes.")
     rows: list[TraceEstimateRow]
 
@@ -88,6 +95,8 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
 
     if (req.trace is None) == (req.blocks_trace is None):
         raise InputError("--trace / --blocks-trace: give exactly one")
+    if req.engine == "sglang":
+        return _sglang(req)
     engines = [req.engine] if req.engine else ["vllm", "vllm-0.23"]
     Ns = np.asarray(req.N, dtype=np.int64)
     h: dict[str, np.ndarray] = {}
@@ -140,6 +149,66 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
         lam0=lam,
         h_max=h_max if np.isfinite(h_max) else None,
         N_min=feas.N_min,
+        regime=regime,
+        rows=rows,
+    )
+
+
+def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
+    """``--engine sglang``: the SGLang estimators at pools of ``--N`` tokens (page size 1, LRU)."""
+    if "metric" in req.model_fields_set and req.metric != "tokens":
+        raise InputError("--metric blocks: SGLang's hit ratio is in tokens (cached prompt tokens / prompt tokens)")
+    from ..estimate_sglang import estimate_sglang, sglang_accounting
+    from ..sim.radixrun import radix_feasibility
+    from ..sim.streams import streams_from_trace
+    from ..workload import Trace
+
+    Ns = np.asarray(req.N, dtype=np.int64)
+    regime: dict[str, Any] = {}
+    if req.blocks_trace is not None:
+        from ..estimate_sglang_agentic import estimate_trace_sglang
+        from ..sim.streams import streams_from_production
+
+        pt = _read_blocks(req)
+        with translating(str(req.blocks_trace)):
+            est = estimate_trace_sglang(pt, Ns, lam0=req.lam0)
+            feas = radix_feasibility(streams_from_production(pt), Ns, 1)
+        regime["sglang"] = est.regime
+        src, fmt, lam, h_max = str(req.blocks_trace), pt.format, req.lam0, float(est.h_max)
+        what = "SGLang agentic (kvhit.estimate_sglang_agentic: compound Poisson displacement, whole-node recursion)"
+    else:
+        with translating(str(req.trace)):
+            tr = Trace.read(req.trace)
+            ids = tr.conv_index()[0]
+            measured = ids >= int(tr.meta.get("n_warm", 0))
+            sa = sglang_accounting(tr, block_size=tr.block_size or 128, mask=measured)
+            lam = float(req.lam0 if req.lam0 is not None else tr.meta.get("lam0", sa.acc.lam0_hat))
+            est = estimate_sglang(sa, Ns, lam)
+            feas = radix_feasibility(streams_from_trace(tr, block_size=tr.block_size or 128), Ns, 1)
+        src, fmt, h_max = str(req.trace), "kvhit", float(sa.h_max)
+        what = "SGLang engine-aware (kvhit.estimate_sglang, eq. (38)-(39) with SGLang's accounting)"
+    h = np.atleast_1d(est.h)
+    rows = []
+    for k, N in enumerate(req.N):
+        r = feas.row(k)
+        rows.append(
+            TraceEstimateRow(
+                N=N,
+                feasible=r["feasible"],
+                refused_request_share=r["refused_request_share"],
+                refused_token_share=r["refused_token_share"],
+                h={"sglang": float(h[k]) if r["feasible"] else None},
+            )
+        )
+    return TraceEstimateResponse(
+        source=src,
+        format=fmt,
+        estimator=what,
+        metric="tokens",
+        lam0=lam,
+        h_max=h_max if np.isfinite(h_max) else None,
+        N_min=feas.C_min,
+        unit="tokens",
         regime=regime,
         rows=rows,
     )
