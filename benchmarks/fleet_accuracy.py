@@ -21,6 +21,8 @@ Parts:
   (TTL) indexer, a request weight, llm-d (precise and approximate), SGLang cache-aware and sticky sessions — the
   simulated ratio and stay fraction (turns on the replica of the previous turn), the model's stay probability
   and :func:`kvhit.estimate_fleet.estimate_fleet_kv` (docs/estimators.md §6, "KV-aware routers").
+* ``credit`` (design seeds only): the README's ``kvhit fleet curve`` setting — R = 8, holds T/500 s, Dynamo's
+  ``overlap_score_credit`` 0, 1, 2, 4, 16 (the clamp max(0, ·) saturates the hit ratio).
 
 Run (≈ 2 min per seed for ``oblivious``, ≈ 6 min per seed for ``kv``)::
 
@@ -100,14 +102,14 @@ def oblivious(seed: int, replicas, role: str) -> list[dict]:
     return out
 
 
-def kv(seed: int, role: str) -> list[dict]:
+def kv(seed: int, role: str, points=None, part: str = "kv") -> list[dict]:
     tr, mask, _, rq = setting(seed)
     times = np.asarray(tr["time"], float)
     rate = float(mask.sum() / (times[mask].max() - times[mask].min()))  # measured requests per second
     prev = _prev_rows(tr)
     rev = (prev >= 0) & mask
     out = []
-    for router, speed, R, params in KV_POINTS:
+    for router, speed, R, params in KV_POINTS if points is None else points:
         Ns = [N] * R
         hold = rq.prompt_tokens / speed
         res = simulate_fleet(
@@ -122,7 +124,7 @@ def kv(seed: int, role: str) -> list[dict]:
         stay_sim = float((res.replica[rev] == res.replica[prev[rev]]).mean())
         stay_mod = float(np.nanmean(q[rev]))
         out.append(
-            {"part": "kv", "role": role, "seed": seed, "router": router, "speed": speed, "R": R, "params": params,
+            {"part": part, "role": role, "seed": seed, "router": router, "speed": speed, "R": R, "params": params,
              "simulated": sim, "estimate": est, "error": est - sim, "stay_simulated": stay_sim, "stay_model": stay_mod}
         )  # fmt: skip
         print(
@@ -131,6 +133,10 @@ def kv(seed: int, role: str) -> list[dict]:
             flush=True,
         )
     return out
+
+
+#: the README's ``kvhit fleet curve`` setting: R = 8, holds T/500 s, Dynamo's overlap_score_credit swept
+CREDIT_POINTS = [("dynamo", 500.0, 8, {"overlap_score_credit": c}) for c in (0.0, 1.0, 2.0, 4.0, 16.0)]
 
 
 def table_kv(rows: list[dict]) -> str:
@@ -180,13 +186,13 @@ def main(argv=None) -> None:
     ap.add_argument("--design", type=int, nargs="*", default=[0])
     ap.add_argument("--report", type=int, nargs="*", default=[3, 4])
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16])
-    ap.add_argument("--only", nargs="+", default=["oblivious", "kv"], choices=["oblivious", "kv"])
+    ap.add_argument("--only", nargs="+", default=["oblivious", "kv"], choices=["oblivious", "kv", "credit"])
     ap.add_argument("--json", default=None)
     ap.add_argument("--from-json", nargs="+", default=None, help="print the tables of saved runs (no simulation)")
     a = ap.parse_args(argv)
     if a.from_json:
         rows = [r for f in a.from_json for r in json.load(open(f))]
-        for part, table in (("oblivious", table_oblivious), ("kv", table_kv)):
+        for part, table in (("oblivious", table_oblivious), ("kv", table_kv), ("credit", table_kv)):
             sel = sorted((r for r in rows if r["part"] == part), key=lambda r: (r["role"] != "design", r["seed"]))
             if sel:
                 print(table(sel) + "\n")
@@ -207,6 +213,11 @@ def main(argv=None) -> None:
                 rows += kv(s, role)
         print()
         print(table_kv([r for r in rows if r["part"] == "kv"]))
+    if "credit" in a.only:  # the README's fleet curve setting, design seed(s) only
+        for s in a.design:
+            rows += kv(s, "design", CREDIT_POINTS, "credit")
+        print()
+        print(table_kv([r for r in rows if r["part"] == "credit"]))
     print(f"\n({time.time() - t0:.0f} s)")
     if a.json:
         with open(a.json, "w") as f:

@@ -79,6 +79,20 @@ def test_dynamo_stay_grows_with_the_overlap_and_falls_with_the_load(setting):
     assert abs(np.nanmean(q0[rev]) - 0.25) < 0.03
 
 
+def test_dynamo_overlap_credit_only_helps_home_and_is_clamped(setting):
+    """cost_h = w·max(0, (P_h + T)/b − c·x) + …: a larger credit c never lowers the stay probability (same load
+    samples), and with the clamp the home advantage is bounded by the whole prefill, so q stays below 1."""
+    tr, _, rq, rate = setting
+    _, rev, _, _ = _H_W(tr)
+    kw = dict(hold=rq.prompt_tokens / SPEED, Ns=[N] * 4, rate=rate, block_size=B)
+    q = {
+        c: stay_probabilities(tr, "dynamo", 4, params={"overlap_score_credit": c}, **kw)[rev] for c in (1.0, 4.0, 64.0)
+    }
+    assert (q[4.0] >= q[1.0] - 1e-12).all() and (q[64.0] >= q[4.0] - 1e-12).all()
+    assert q[4.0].mean() > q[1.0].mean() + 0.01
+    assert q[64.0].mean() < 0.99
+
+
 def test_between_the_two_limits(setting):
     """q ≡ 1 is affinity (every conversation on one replica), q ≡ 1/R random routing; the KV estimate lies
     between the two oblivious estimates."""

@@ -41,8 +41,8 @@ goes to one of the other replicas uniformly) and :func:`estimate_fleet_kv` runs 
 q ≡ 1 is affinity, q ≡ 1/R random routing: the KV routers lie between, as a function of their weights and load.
 
 NOT modelled: in-flight holds in the cache (blocks of running requests are not evictable), shared prefixes across
-conversations (as the engine-aware estimator); for the KV routers: a second chance on another replica (a precise
-router that finds the home history evicted can find an older prefix of it elsewhere), correlation between the
+conversations (as the engine-aware estimator); for the KV routers: the destination's overlap (a turn moved off its
+replica, or whose history was evicted there, goes preferably where an older prefix of it survives; modelled as uniform), correlation between the
 replicas' loads (the router itself balances them), queueing, load-snapshot lag, Dynamo's softmax (temperature > 0).
 """
 
@@ -229,7 +229,7 @@ def estimate_fleet_oblivious(
 
 #: routers :func:`kv_routes` models, with the parameters it reads (the rest of :mod:`kvhit.sim.routers`' defaults)
 KV_ROUTERS = {
-    "dynamo": ("overlap_score_weight", "request_weight", "temperature", "mode", "ttl"),
+    "dynamo": ("overlap_score_weight", "overlap_score_credit", "request_weight", "temperature", "mode", "ttl"),
     "llm-d": ("prefix_weight", "queue_weight", "kv_weight", "mode"),
     "sglang": ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold", "mode"),
     "sticky": ("ttl",),
@@ -300,9 +300,10 @@ def stay_probabilities(
     """Per row, the probability that a KV-aware (or sticky) router sends the turn to the replica of the previous
     turn of its conversation (NaN for first turns). docs/estimators.md §6 "KV-aware routers" derives each rule:
 
-    * ``dynamo`` (temperature 0): stay iff ℓ_h − w·x < min_{k≠h} ℓ_k, ℓ_k = w·P_k/b + A_k + w_r·I_k (the cost of
-      :class:`kvhit.sim.routers.DynamoKV` with the request's own terms cancelled), x = the overlap it sees on the
-      home replica: H = ⌊T_{j−1}/b⌋ (precise), H·1{W < ttl} (approx: the shadow entry expired);
+    * ``dynamo`` (temperature 0): stay iff ℓ_h − w·c·x < min_{k≠h} ℓ_k, ℓ_k = w·P_k/b + A_k + w_r·I_k (the cost
+      of :class:`kvhit.sim.routers.DynamoKV` with the request's own terms cancelled; c = ``overlap_score_credit``,
+      and when c·x·b can exceed T the home prefill is clamped at 0 as the router does), x = the overlap it sees on
+      the home replica: H = ⌊T_{j−1}/b⌋ (precise), H·1{W < ttl} (approx: the shadow entry expired);
     * ``llm-d``: stay iff w_p·x/n + w_q·qs_h + w_k·(1 − u_h) beats every other replica's w_q·qs_k + w_k·(1 − u_k)
       (n = the prompt's full blocks, qs the min–max queue score, u = KV usage);
     * ``sglang``: the imbalance rule on in-flight counts → least loaded; else stay iff x/n > cache_threshold; else
@@ -355,10 +356,23 @@ def stay_probabilities(
         x = np.where(W < float(p.get("ttl", 120.0)), x, 0.0)
     if router == "dynamo":
         w, wr = float(p.get("overlap_score_weight", 1.0)), float(p.get("request_weight", 0.0))
+        c = float(p.get("overlap_score_credit", 1.0))
         ell = w * P / b + A + wr * I
-        xs, inv = np.unique(x[rev], return_inverse=True)
-        qx = _stay_prob(ell[:, :1] - w * xs[None, :], ell[:, 1:], "min")
-        q[rev] = qx[inv]
+        if (c * x[rev] * b <= T[rev]).all() or w == 0.0:  # the clamp max(0, ·) never binds
+            xs, inv = np.unique(c * x[rev], return_inverse=True)
+            qx = _stay_prob(ell[:, :1] - w * xs[None, :], ell[:, 1:], "min")
+            q[rev] = qx[inv]
+            return q
+        # credit > 1: home prefill w·max(0, (P_h + T)/b − c·x); the other replicas pay w·(P_k + T)/b
+        keys, inv = np.unique(np.stack([c * x[rev], T[rev] / b], axis=1), axis=0, return_inverse=True)
+        qk = np.empty(keys.shape[0])
+        other = ell[:, 1:]
+        for a in range(0, keys.shape[0], 256):
+            cx, tb = keys[a : a + 256, 0][None, :], keys[a : a + 256, 1][None, :]
+            # both sides minus the common w·T/b: home w·max(0, P_h/b + T/b − c·x) − w·T/b + A_h + w_r·I_h
+            home = w * np.maximum(P[:, :1] / b + tb - cx, 0.0) - w * tb + A[:, :1] + wr * I[:, :1]
+            qk[a : a + 256] = _stay_prob(home, other, "min")
+        q[rev] = qk[inv.ravel()]
         return q
     frac = np.round(x / nb, 4)
     fs, inv = np.unique(frac[rev], return_inverse=True)
