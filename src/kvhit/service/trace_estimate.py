@@ -80,14 +80,14 @@ class TraceEstimateResponse(Response):
 
 
 def _read_blocks(req: TraceEstimateRequest):
-    from ..workload.production import read_production
+    from .inputs import load_production_file
 
     p = req.blocks_trace
     kw: dict[str, Any] = {}
     if p.is_dir() or p.suffix == ".json":
         kw = {"arrival": req.arrival, "rate": req.rate, "span": req.span, "seed": req.seed}
     with translating(str(p)):
-        return read_production(p, **kw)
+        return load_production_file(p, **kw)
 
 
 def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
