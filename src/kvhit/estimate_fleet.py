@@ -42,8 +42,9 @@ q ≡ 1 is affinity, q ≡ 1/R random routing: the KV routers lie between, as a 
 
 NOT modelled: in-flight holds in the cache (blocks of running requests are not evictable), shared prefixes across
 conversations (as the engine-aware estimator); for the KV routers: the destination's overlap (a turn moved off its
-replica, or whose history was evicted there, goes preferably where an older prefix of it survives; modelled as uniform), correlation between the
-replicas' loads (the router itself balances them), queueing, load-snapshot lag, Dynamo's softmax (temperature > 0).
+replica, or whose history was evicted there, goes preferably where an older prefix of it survives; modelled as
+uniform), correlation between the replicas' loads (the router itself balances them), queueing, load-snapshot lag,
+Dynamo's softmax (temperature > 0).
 """
 
 from __future__ import annotations
