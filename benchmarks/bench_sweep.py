@@ -3,8 +3,10 @@ workers, and the same simulation grid on Ray (a local Ray instance with 2 CPUs s
 
 Every configuration runs ``kvhit sweep GRID --json`` in a fresh subprocess into a fresh directory; ``seconds`` is
 the command's own sweep time (building the shipped workloads — the ShareGPT trace, ~2 s — and running every point;
-for Ray also starting the local Ray instance), ``wall_s`` the whole child including Python and imports. Ratios are
-within this run (the machine is shared: 2 cores, other jobs running — a speed-up below 2 is partly that).
+for Ray also starting the local Ray instance), ``wall_s`` the whole child including Python and imports, ``cpu_s``
+the CPU time of the child and its pool workers (local backend only). Ratios are within this run (the machine is
+shared: 2 cores, other jobs running — a speed-up below 2 is partly that; equal ``cpu_s`` for 1 and 2 workers
+means the parallel run did no extra work).
 
 Grids (written to a temporary directory):
 
@@ -63,17 +65,28 @@ N = {_capacities(n_caps, 200, 20_000)}
 
 
 def _run(grid: Path, out: Path, *args: str) -> dict:
+    """``kvhit sweep GRID --json`` in a child: its answer, wall seconds, and the CPU seconds of the child and the
+    workers it reaped (``os.wait4``: the local pool's workers count; Ray's do not — they are the raylet's)."""
     t0 = time.perf_counter()
-    p = subprocess.run(
-        [KVHIT, "sweep", str(grid), "--out", str(out), "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1], "wall_s": wall}
-    d = json.loads(p.stdout)
+    with tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se:
+        p = subprocess.Popen([KVHIT, "sweep", str(grid), "--out", str(out), "--json", *args], stdout=so, stderr=se)
+        deadline = t0 + TIMEOUT_S
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                p.kill()
+                pid, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+        so.seek(0)
+        se.seek(0)
+        out_text, err_text = so.read().decode(), se.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+        return {"error": (err_text.strip().splitlines() or ["?"])[-1], "wall_s": wall}
+    d = json.loads(out_text)
     return {
         "rows": d["rows"],
         "ok": d["ok"],
@@ -81,6 +94,7 @@ def _run(grid: Path, out: Path, *args: str) -> dict:
         "seconds": d["seconds"],
         "rows_per_s": d["rows"] / d["seconds"],
         "wall_s": wall,
+        "cpu_s": ru.ru_utime + ru.ru_stime,
     }
 
 
@@ -122,9 +136,10 @@ def render(res: dict) -> str:
         if "error" in r:
             lines.append(f"  {k:<26} error: {r['error']}")
             continue
+        cpu = "" if "ray" in k else f", CPU {r['cpu_s']:.1f} s"
         lines.append(
             f"  {k:<26} {r['rows']:>6,} points  {r['seconds']:8.2f} s  {r['rows_per_s']:9.1f} points/s  "
-            f"(child wall {r['wall_s']:.1f} s, failed {r['failed']})"
+            f"(child wall {r['wall_s']:.1f} s{cpu}, failed {r['failed']})"
         )
     for k in ("speedup_local_2_vs_1_workers", "ray_2cpus_vs_local_j2_time_ratio"):
         if k in res:

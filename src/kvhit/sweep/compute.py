@@ -6,21 +6,19 @@ replication and seed) and the shipped workloads — not on the process that runs
 
 Workloads are *shipped*: the driver builds a payload once (:func:`build_payload`: ShareGPT traces per (λ0,
 replication) through :func:`kvhit.service.traces.build_sharegpt`, trace files read once, spec files as text) and
-every worker installs it once (:func:`install`): traces are written to a worker-local file and preloaded
-(:func:`kvhit.service.inputs.preload_trace`), so the per-point requests that name them read memory, not disk.
+every worker installs it once (:func:`install`): traces are preloaded under a path of their own
+(:func:`kvhit.service.inputs.preload_trace`), so the per-point requests that name them read memory, not disk;
+spec texts are written once per worker process.
 
 NOT done here: retries, batching, storage (:mod:`.backends`, :mod:`.store`).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import math
 import os
-import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,12 +40,13 @@ OUTPUTS = (
     "extra",
 )
 
-_STATE: dict[str, Any] = {"id": None, "paths": {}, "grid": None, "tmp": None}
+_STATE: dict[str, Any] = {"id": None, "pid": None, "paths": {}, "grid": None, "block_sizes": {}}
 
 
-def build_payload(grid: Grid, tasks: list[Task], progress=None) -> dict:
-    """Everything the tasks read, built once in the driver: ``{"grid": Grid, "workloads": {key: item}}`` with
-    ``item`` = ``("trace", Trace)`` or ``("spec", text, filename)``."""
+def build_payload(grid: Grid, tasks: list[Task], tmp: str, progress=None) -> dict:
+    """Everything the tasks read, built once in the driver: ``{"grid": Grid, "workloads": {key: item}, "tmp":
+    tmp}`` with ``item`` = ``("trace", Trace)`` or ``("spec", text, filename)``; ``tmp`` is the driver's
+    scratch directory (see :func:`install`)."""
     from ..service import ShareGPTRequest, build
     from ..service.inputs import read_trace
     from ..service.traces import build_sharegpt
@@ -77,33 +76,35 @@ def build_payload(grid: Grid, tasks: list[Task], progress=None) -> dict:
             items[key] = ("trace", read_trace(wl.path, f"workloads.{wl.name}.trace"))
         else:
             items[key] = ("spec", wl.path.read_text(encoding="utf-8"), wl.path.name)
-    return {"grid": grid, "workloads": items}
+    return {"grid": grid, "workloads": items, "tmp": tmp}
 
 
 def install(payload_id: str, payload: dict) -> None:
-    """Make a shipped payload available in this process (once per process and payload)."""
+    """Make a shipped payload available in this process (once per process and payload): traces are preloaded
+    under a path of their own (no file is written: the services read preloaded traces from memory), spec texts
+    are written to a directory of this process under the driver's ``payload["tmp"]`` (removed by the driver at
+    the end; a forked worker must not share the files of its parent)."""
     from ..service.inputs import preload_trace
 
-    if _STATE["id"] == payload_id:
+    if _STATE["id"] == payload_id and _STATE.get("pid") == os.getpid():
         return
-    if _STATE["tmp"] is None:
-        _STATE["tmp"] = tempfile.mkdtemp(prefix="kvhit-sweep-")
-        atexit.register(shutil.rmtree, _STATE["tmp"], True)
-    tmp = Path(_STATE["tmp"]) / payload_id
-    tmp.mkdir(parents=True, exist_ok=True)
+    for p in _STATE["paths"].values():  # the previous payload's traces
+        preload_trace(p, None)
+    d = Path(payload["tmp"]) / f"{os.getpid()}-{payload_id[:12]}"
     paths, block_sizes = {}, {}
     for i, (key, item) in enumerate(sorted(payload["workloads"].items())):
         if item[0] == "trace":
-            p = tmp / f"w{i}.parquet"
-            item[1].write(p)
+            p = d / f"w{i}.parquet"
             preload_trace(p, item[1])
             block_sizes[key] = item[1].block_size
         else:
-            p = tmp / f"w{i}" / item[2]  # keep the spec's file name: its messages name it
-            p.parent.mkdir(exist_ok=True)
-            p.write_text(item[1], encoding="utf-8")
+            p = d / f"w{i}" / item[2]  # keep the spec's file name: its messages name it
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(f".{p.name}.tmp")
+            tmp.write_text(item[1], encoding="utf-8")
+            os.replace(tmp, p)
         paths[key] = p
-    _STATE.update(id=payload_id, paths=paths, grid=payload["grid"], block_sizes=block_sizes)
+    _STATE.update(id=payload_id, pid=os.getpid(), paths=paths, grid=payload["grid"], block_sizes=block_sizes)
 
 
 def _source(task: Task) -> dict:
@@ -348,7 +349,7 @@ def execute(task: Task) -> tuple[Task, list[dict], str, str | None, float, str]:
 def execute_batch(payload_id: str, payload: dict | None, tasks: list[Task]) -> list[tuple]:
     """Install the payload if this process has not yet (``payload`` may be a one-element list holding a Ray object
     reference, fetched only then), and run the tasks."""
-    if _STATE["id"] != payload_id:
+    if _STATE["id"] != payload_id or _STATE["pid"] != os.getpid():
         if isinstance(payload, list):
             import ray
 
