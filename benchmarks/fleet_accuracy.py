@@ -16,13 +16,19 @@ Parts:
   ratio, :func:`kvhit.estimate_fleet.estimate_fleet` (window form: own gap per fragment revisit) and, for
   comparison, the stationary pooled-F̂ form :func:`kvhit.estimate_fleet.estimate_fleet_oblivious` that the README
   quoted before.
-* ``kv``: the Dynamo KV router (precise, temperature 0) with holds ``T/speed`` at several overlap weights, and the
-  KV-aware estimator :func:`kvhit.estimate_fleet.estimate_fleet_kv` (docs/estimators.md §6, "KV-aware routers").
+* ``kv``: KV-aware routers with holds ``T/speed`` (``KV_POINTS``): the Dynamo KV router (precise, temperature 0)
+  with its overlap weight swept (0, 0.25, 1, 4) at R = 2, 4, 8, and at R = 4 a heavier load, the approximate
+  (TTL) indexer, a request weight, llm-d (precise and approximate), SGLang cache-aware and sticky sessions — the
+  simulated ratio and stay fraction (turns on the replica of the previous turn), the model's stay probability
+  and :func:`kvhit.estimate_fleet.estimate_fleet_kv` (docs/estimators.md §6, "KV-aware routers").
 
-Run (≈ 2 min per seed for ``oblivious`` on 2 shared cores)::
+Run (≈ 2 min per seed for ``oblivious``, ≈ 6 min per seed for ``kv``)::
 
     NUMBA_CACHE_DIR=.numba_cache python benchmarks/fleet_accuracy.py --design 0 --report 3 4 [--only oblivious kv] \
         [--json out.json]
+
+(the seeds can run as separate processes, ``--design --report 3 --json a.json`` …, and ``--from-json a.json
+b.json …`` prints the combined tables; ``kv`` takes ≈ 20 s per point on one free core, 19 points per seed).
 """
 
 from __future__ import annotations
@@ -33,7 +39,13 @@ import time
 
 import numpy as np
 
-from kvhit.estimate_fleet import estimate_fleet, estimate_fleet_oblivious
+from kvhit.estimate_fleet import (
+    _prev_rows,
+    estimate_fleet,
+    estimate_fleet_kv,
+    estimate_fleet_oblivious,
+    stay_probabilities,
+)
 from kvhit.sim.fleet import simulate_fleet
 from kvhit.sim.runner import block_requests
 from kvhit.workload.sharegpt import build_sharegpt_trace
@@ -41,6 +53,16 @@ from kvhit.workload.trace import Window
 
 N = 2275
 OBLIVIOUS = ["round-robin", "random", "session"]
+#: (router, prefill tokens/s (holds T/speed), R, router parameters): Dynamo's overlap weight w swept at three R
+KV_POINTS = [("dynamo", 10_000.0, R, {"overlap_score_weight": w}) for R in (2, 4, 8) for w in (0.0, 0.25, 1.0, 4.0)] + [
+    ("dynamo", 3_000.0, 4, {}),
+    ("dynamo", 10_000.0, 4, {"mode": "approx"}),
+    ("dynamo", 10_000.0, 4, {"request_weight": 8.0}),
+    ("llm-d", 10_000.0, 4, {}),
+    ("llm-d", 10_000.0, 4, {"mode": "approx"}),
+    ("sglang", 10_000.0, 4, {}),
+    ("sticky", 10_000.0, 4, {}),
+]
 
 
 def setting(seed: int):
@@ -78,6 +100,60 @@ def oblivious(seed: int, replicas, role: str) -> list[dict]:
     return out
 
 
+def kv(seed: int, role: str) -> list[dict]:
+    tr, mask, _, rq = setting(seed)
+    times = np.asarray(tr["time"], float)
+    rate = float(mask.sum() / (times[mask].max() - times[mask].min()))  # measured requests per second
+    prev = _prev_rows(tr)
+    rev = (prev >= 0) & mask
+    out = []
+    for router, speed, R, params in KV_POINTS:
+        Ns = [N] * R
+        hold = rq.prompt_tokens / speed
+        res = simulate_fleet(
+            rq.prompt_tokens, rq.hash_offsets, rq.hashes, tr.dense_conv(), Ns=Ns, block_size=rq.block_size,
+            router=router, router_params=params, times=times, hold=hold, seed=0,
+        )  # fmt: skip
+        sim = res.token_hit_ratio(mask)
+        q = stay_probabilities(tr, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=rq.block_size)
+        est = estimate_fleet_kv(
+            tr, router, Ns, hold=hold, params=params, window=mask, rate=rate, block_size=rq.block_size
+        )
+        stay_sim = float((res.replica[rev] == res.replica[prev[rev]]).mean())
+        stay_mod = float(np.nanmean(q[rev]))
+        out.append(
+            {"part": "kv", "role": role, "seed": seed, "router": router, "speed": speed, "R": R, "params": params,
+             "simulated": sim, "estimate": est, "error": est - sim, "stay_simulated": stay_sim, "stay_model": stay_mod}
+        )  # fmt: skip
+        print(
+            f"{role:6s} seed {seed} {router} {params} {speed:g} tok/s R={R}: simulated {sim:.4f} estimate {est:.4f} "
+            f"({est - sim:+.4f}); stay {stay_sim:.3f} simulated, {stay_mod:.3f} model",
+            flush=True,
+        )
+    return out
+
+
+def table_kv(rows: list[dict]) -> str:
+    lines = [
+        "| seed (role) | router | parameters | prefill tok/s | R | stay: simulated | stay: model | simulated | "
+        "estimate | error |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ps = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "defaults"
+        lines.append(
+            f"| {r['seed']} ({r['role']}) | {r['router']} | {ps} | {r['speed']:,.0f} | {r['R']} | "
+            f"{r['stay_simulated']:.3f} | {r['stay_model']:.3f} | {r['simulated']:.4f} | {r['estimate']:.4f} | "
+            f"{r['error']:+.4f} |"
+        )
+    lines += ["", "| role | points | max abs error | mean abs error |", "|---|---:|---:|---:|"]
+    for role in ("design", "report"):
+        e = [abs(r["error"]) for r in rows if r["role"] == role]
+        if e:
+            lines.append(f"| {role} | {len(e)} | {max(e):.4f} | {np.mean(e):.4f} |")
+    return "\n".join(lines)
+
+
 def table_oblivious(rows: list[dict]) -> str:
     lines = [
         "| seed (role) | router | R | simulated | estimate | error | stationary form | its error |",
@@ -104,9 +180,17 @@ def main(argv=None) -> None:
     ap.add_argument("--design", type=int, nargs="*", default=[0])
     ap.add_argument("--report", type=int, nargs="*", default=[3, 4])
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16])
-    ap.add_argument("--only", nargs="+", default=["oblivious"], choices=["oblivious"])
+    ap.add_argument("--only", nargs="+", default=["oblivious", "kv"], choices=["oblivious", "kv"])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--from-json", nargs="+", default=None, help="print the tables of saved runs (no simulation)")
     a = ap.parse_args(argv)
+    if a.from_json:
+        rows = [r for f in a.from_json for r in json.load(open(f))]
+        for part, table in (("oblivious", table_oblivious), ("kv", table_kv)):
+            sel = sorted((r for r in rows if r["part"] == part), key=lambda r: (r["role"] != "design", r["seed"]))
+            if sel:
+                print(table(sel) + "\n")
+        return
     if set(a.design) & set(a.report):
         ap.error("--design and --report seeds must differ (the report seeds are held out)")
     t0 = time.time()
@@ -117,6 +201,12 @@ def main(argv=None) -> None:
                 rows += oblivious(s, a.replicas, role)
         print()
         print(table_oblivious([r for r in rows if r["part"] == "oblivious"]))
+    if "kv" in a.only:
+        for role, seeds in (("design", a.design), ("report", a.report)):
+            for s in seeds:
+                rows += kv(s, role)
+        print()
+        print(table_kv([r for r in rows if r["part"] == "kv"]))
     print(f"\n({time.time() - t0:.0f} s)")
     if a.json:
         with open(a.json, "w") as f:

@@ -30,6 +30,13 @@ check "$py_new" --model no-hit-cap:vllm --cases 300 --seed 1 --expect-mismatch
 tiers() { "$py_new" conformance/check_tiers_native.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v " INFO \|^INFO" || status=1; }
 tiers --cases "$CASES" --seed 0
 tiers --cases 300 --seed 1 --expect-mismatch
+# host tiers through vLLM's real Scheduler + connector (scheduler side), PD requests one at a time
+SCHED_CASES=${KVHIT_SCHED_CASES:-300}
+sched() { "$py_new" conformance/check_tiers_scheduler.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v " INFO \|^INFO\|Initializing KVConnectorBase\|vllm._C" || status=1; }
+for t in native simple simple-lazy; do sched --tier "$t" --cases "$SCHED_CASES" --seed 0; done
+sched --tier native --model reoffer-after-load --cases 100 --seed 1 --expect-mismatch
+sched --tier simple-lazy --model no-finish-walk --cases 100 --seed 1 --expect-mismatch
+sched --tier simple --model no-null-block --cases 100 --seed 1 --expect-mismatch
 # SGLang (issue 12): engine="sglang" against SGLang's own RadixCache + TokenToKVPoolAllocator (page_size 1)
 SGLANG=${SGLANG:-0.5.23}
 py_sgl=$(conformance/make_env.sh sglang "$SGLANG")

@@ -231,12 +231,16 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
             ["tiers", "--blocks-trace", MOONCAKE, "--hbm-blocks", "4", "--host-units", "0,6"],
             {
                 "--hbm-blocks": st.one_of(bad_capacities(), st.just(str(2**31 + 1))),
-                "--tier": bad_choice(("native", "lmcache", "simple", "hicache")),
+                "--tier": bad_choice(("native", "lmcache", "simple", "simple-lazy", "hicache")),
                 "--tp": bad_int(1, 4096),
                 "--blocks-per-chunk": bad_int(1, 4096),
                 "--policy": bad_choice(("lru", "arc")),
                 "--store-threshold": bad_int(0, 1000),
             },
+        ),
+        "tiers --tier simple-lazy": (
+            ["tiers", "--blocks-trace", MOONCAKE, "--tier", "simple-lazy", "--hbm-blocks", "4", "--host-units", "1,6"],
+            {"--max-num-batched-tokens": bad_int(1, 2**24), "--host-units": bad_int(1, 2**31)},
         ),
         "simulate --engine sglang": (
             ["simulate", "--trace", str(trace), "--engine", "sglang", "--N", "20000", "--prefill-tokens-per-s", "1e6"],

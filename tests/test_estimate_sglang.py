@@ -239,3 +239,17 @@ def test_agentic_replay_form_equals_the_simulator_on_overlapping_conversations()
     assert np.abs(estimate_trace_sglang(pt, Cs, form="replay").h - _radix(pt, Cs)).max() < 2e-3
     with pytest.raises(AgenticError, match="lam0"):
         estimate_trace_sglang(pt, Cs, form="replay", lam0=1.0)
+
+
+def test_agentic_joint_background_leaves_the_own_conversation_out():
+    """A pool of one conversation: the joint background (every *other* conversation once) is empty, so the
+    default estimate is the recursion on the own conversation's displacement — the simulator (within 2e-3). If
+    the tagged conversation's own template were drawn as background, hits would drop."""
+    pt = read_weka(WEKA3[:1], arrival="uniform", span=600, seed=3)
+    assert int(np.unique(pt.session).size) == 1
+    Cs = _grid(pt)
+    est = estimate_trace_sglang(pt, Cs, samples=4)
+    assert np.abs(est.h - _radix(pt, Cs)).max() < 2e-3
+    assert estimate_trace_sglang(pt, Cs, samples=4, background="marginal").h.min() >= 0.0
+    with pytest.raises(AgenticError, match="background"):
+        estimate_trace_sglang(pt, Cs, background="poisson")

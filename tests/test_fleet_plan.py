@@ -123,7 +123,7 @@ def test_plan_rows_equal_the_library_and_compute_is_the_flops_model(trace):
 def test_curve_rows_equal_the_library(trace):
     r = runner.invoke(
         app, ["fleet", "curve", "--trace", str(trace), "--block-size", str(B), "--replicas", "3", "--N", "150",
-              "--prefill-tokens-per-s", "50", "--values", "0,4", "--json"],
+              "--prefill-tokens-per-s", "50", "--param", "request_weight", "--values", "0,4", "--json"],
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -170,8 +170,8 @@ def test_curve_rows_equal_the_library(trace):
         ("curve", ["--replicas", "2", "--N", "150", "--prefill-tokens-per-s", "5", "--values", "-1"], "--values"),
         (
             "curve",
-            ["--replicas", "2", "--N", "150", "--prefill-tokens-per-s", "5", "--request-weight", "1"],
-            "--request-weight",
+            ["--replicas", "2", "--N", "150", "--prefill-tokens-per-s", "5", "--overlap-score-credit", "1"],
+            "--overlap-score-credit",
         ),
     ],
 )
@@ -204,3 +204,83 @@ def test_flops_model_identities():
             g.full_layers * (i + 1) + g.sliding_layers * min(i + 1, 128) for i in range(lo, hi)
         )
         assert float(g.flops([lo], [hi])[0]) == pytest.approx(brute, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def mooncake(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    rows, t = [], 0
+    for c in range(30):  # 30 chains sharing a 2-block system prompt; each grows turn by turn
+        base = [0, 1] + [1000 * c + k for k in range(int(rng.integers(1, 4)))]
+        for _ in range(int(rng.integers(1, 5))):
+            t += int(rng.integers(100, 3000))
+            rows.append((t, 512 * len(base), list(base)))
+            base = base + [1000 * c + len(base) + k for k in range(int(rng.integers(1, 3)))]
+    rows.sort()
+    p = tmp_path_factory.mktemp("mc") / "t.jsonl"
+    p.write_text(
+        "".join(
+            json.dumps({"timestamp": a, "input_length": n, "output_length": 5, "hash_ids": h}) + "\n"
+            for a, n, h in rows
+        )
+    )
+    return p
+
+
+def test_blocks_trace_fleet_equals_the_library(mooncake):
+    from kvhit.workload.production import read_production
+
+    r = runner.invoke(app, ["fleet", "simulate", "--blocks-trace", str(mooncake), "--replicas", "3", "--N", "12",
+                            "--router", "session,dynamo", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert any("derived from prefix sharing" in n for n in out["notes"])
+    pt = read_production(mooncake)
+    assert pt.session is not None
+    for row in out["rows"]:
+        res = simulate_fleet(pt.prompt_tokens, pt.hash_offsets, pt.hashes, pt.session, Ns=[12] * 3,
+                             block_size=pt.block_size, router=row["router"], times=pt.time)  # fmt: skip
+        assert row["token_hit_ratio"] == res.token_hit_ratio()
+    r = runner.invoke(app, ["fleet", "simulate", "--blocks-trace", str(mooncake), "--replicas", "2", "--N", "12",
+                            "--block-size", "16"])  # fmt: skip
+    assert r.exit_code == 2 and "--block-size" in (r.stderr or r.output)
+
+
+def test_plan_at_lam0_uses_the_resampled_streams(mooncake):
+    from kvhit.plan_fleet import stream_from_resample
+    from kvhit.sim.resample import conversation_pool, resample
+    from kvhit.workload.production import read_production
+
+    out = _plan_blocks(mooncake, "--target", "0.3", "--N", "12", "--router", "session", "--lam0", "0.01",
+                       "--replications", "2", "--conversations", "20", "--max-replicas", "2")  # fmt: skip
+    assert out["lam0"] == 0.01
+    pool = conversation_pool(read_production(mooncake))
+    streams = [stream_from_resample(resample(pool, lam0=0.01, n_conversations=20, seed=s)) for s in (0, 1)]
+    for row in out["rows"]:
+        p = evaluate(streams, replicas=row["replicas"], N=12, router="session")
+        assert row["token_hit_ratio"] == p.token_hit_ratio and row["per_replication"] == p.per_replication
+
+
+def _plan_blocks(path, *args):
+    r = runner.invoke(app, ["fleet", "plan", "--blocks-trace", str(path), "--json", *args])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_inflight_imbalance_against_a_time_grid():
+    from kvhit.plan_fleet import inflight_imbalance
+
+    no = np.zeros(2, bool)
+    assert inflight_imbalance([0, 0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], no, 2) == 2.0
+    assert inflight_imbalance([0, 1], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], no, 2) == 1.0
+    rng = np.random.default_rng(4)
+    R, n = 3, 40
+    rep = rng.integers(0, R, n)
+    t = np.sort(rng.integers(0, 50, n)).astype(float)
+    wait = rng.integers(0, 3, n).astype(float)
+    hold = rng.integers(1, 6, n).astype(float)
+    rej = rng.random(n) < 0.1
+    grid = np.arange(0, 70, 0.5) + 0.25  # integer event times: the load is constant on each half-unit cell
+    q = np.array([[((rep == k) & ~rej & (t <= g) & (g < t + wait + hold)).sum() for k in range(R)] for g in grid])
+    want = q.max(axis=1).sum() / q.mean(axis=1).sum()
+    assert inflight_imbalance(rep, t, wait, hold, rej, R) == pytest.approx(want, rel=1e-12)

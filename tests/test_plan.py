@@ -61,4 +61,20 @@ def test_engine_plan_on_trace_inverse_and_verify(spec, engine):
 
 def test_unknown_engine_refused(spec):
     with pytest.raises(PlanError, match="engine"):
-        make_workload(spec, engine="sglang")
+        make_workload(spec, engine="tensorrt-llm")
+
+
+def test_sglang_workload_is_the_sglang_estimator_at_the_same_memory(spec):
+    """engine="sglang": N blocks of b tokens = an SGLang pool of N·b tokens (kvhit.estimate_sglang)."""
+    from kvhit.estimate_sglang import estimate_sglang, sglang_accounting
+    from kvhit.workload.dists import EmpiricalW
+
+    wl = make_workload(spec, engine="sglang", sample_conversations=400, seed=2)
+    tr = wl.trace
+    measured = tr.conv_index()[0] >= int(tr.meta["n_warm"])
+    sa = sglang_accounting(tr, block_size=128, mask=measured)
+    F = EmpiricalW(sa.acc.W)
+    N = np.array([200.0, 800.0])
+    want = estimate_sglang(sa, N * 128, spec.lam0, F).h
+    np.testing.assert_allclose(wl.predict(N, np.full(2, spec.lam0)), want, rtol=1e-12)
+    assert wl.metric == "tokens" and wl.h_max == sa.h_max

@@ -45,8 +45,21 @@ lam0 = [0.5, 1.5]
 
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory) -> Path:
+    from kvhit.workload import Trace
+
     out = tmp_path_factory.mktemp("sweep") / "t.parquet"
     svc.generate_trace(svc.build(svc.GenerateRequest, spec=SCM, out=out, conversations=400, seed=3))
+    tr = Trace.read(out)
+    tr.meta["block_size"] = 128  # as a ShareGPT trace records it (the tiers estimator needs it)
+    tr.write(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sharegpt_small(tmp_path_factory) -> Path:
+    """300 ShareGPT conversations (token counts: what the host-tier estimator reads)."""
+    out = tmp_path_factory.mktemp("sweep") / "sg.parquet"
+    svc.sharegpt_trace(svc.build(svc.ShareGPTRequest, out=out, n_warm=50, n_meas=250, seed=2))
     return out
 
 
@@ -84,6 +97,11 @@ def _results(out: Path) -> list[dict]:
         ("[sweep]\ncompute = 'curve'\n[axes]\nN = [10]\nrouter = ['random']", "axes.replicas/router"),
         ("[sweep]\nmodel = 'no-such-model'\n[axes]\nhbm_gb = [10]", "sweep.model"),
         ("[axes\nN = [10]", "invalid TOML"),
+        ("[sweep]\ntier = 'native'\n[axes]\nN = [10]", "sweep.tier"),
+        ("[sweep]\ntier = 'nvme'\n[axes]\nN = [10]\ndram_gb = [1]", "sweep.tier"),
+        ("[axes]\nN = [10]\ndram_gb = [1]\nengine = ['vllm']", "axes.engine"),
+        ("[axes]\nN = [10]\ndram_gb = [-1]", "axes.dram_gb"),
+        ("[sweep]\ncompute = 'curve'\n[axes]\nN = [10]\ndram_gb = [1]", "axes.dram_gb"),
     ],
 )
 def test_bad_grids_are_refused_in_one_line_naming_the_file_and_field(tmp_path, body, field):
@@ -95,6 +113,12 @@ def test_bad_grids_are_refused_in_one_line_naming_the_file_and_field(tmp_path, b
     r = kvhit("sweep", p, "--out", tmp_path / "out")
     assert r.code == 2 and len(r.err_lines) == 1 and field in r.err and not r.exc, (r.err, r.exc)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_readme_grid_is_valid():
+    g = load_grid(ROOT / "examples" / "sweep_sharegpt.toml")
+    assert (len(g.points()), len(g.tasks()), g.compute) == (45, 9, "curve")
+    assert {p["N"] for p in g.points()} == {284, 568, 1137, 2275, 4551}  # 5…80 GiB of Qwen3-8B KV, b = 128
 
 
 def test_seeds_depend_on_coordinates_not_on_order():
@@ -188,6 +212,70 @@ N = [300, 600, 1200, 4000]
     assert a.keys() == b.keys() and sum(v is not None for v in a.values()) >= 9
     for k in a:  # None: a capacity below the largest request (vLLM refuses it), in both
         assert (a[k] is None and b[k] is None) or b[k] == pytest.approx(a[k], abs=1e-12), (k, a[k], b[k])
+
+
+def test_fleet_points_are_the_fleet_service_answers(tmp_path, small_trace):
+    body = f"""
+[sweep]
+estimates = true
+[workloads.t]
+trace = "{small_trace}"
+[axes]
+N = [800]
+replicas = [1, 4]
+router = ["round-robin", "session"]
+"""
+    g = load_grid(_grid(tmp_path, body))
+    s = run_sweep(g, tmp_path / "o")
+    assert s.ok == 4
+    rows = {(r["replicas"], r["router"]): r for r in _results(tmp_path / "o")}
+    want = svc.fleet_simulate(
+        svc.build(
+            svc.FleetRequest,
+            trace=small_trace,
+            replicas=[1, 4],
+            router=["round-robin", "session"],
+            N=[800],
+            seed=rows[(4, "session")]["seed"],
+        )
+    )
+    for w in want.rows:
+        r = rows[(w["replicas"], w["router"])]
+        assert r["h"] == w["token_hit_ratio"] and r["metric"] == "tokens" and r["h_estimate"] == w["estimate"]
+    assert rows[(4, "round-robin")]["h"] < rows[(4, "session")]["h"]  # scattering turns loses their prefixes
+
+
+@pytest.mark.parametrize("compute", ["simulate", "estimate"])
+def test_dram_points_are_the_tiers_service_answers(tmp_path, sharegpt_small, compute):
+    body = f"""
+[sweep]
+compute = "{compute}"
+[workloads.t]
+trace = "{sharegpt_small}"
+[axes]
+N = [100, 400]
+dram_gb = [0, 4]
+"""
+    g = load_grid(_grid(tmp_path, body))
+    assert run_sweep(g, tmp_path / "o").ok == 4
+    rows = {(r["N"], r["dram_gb"]): r for r in _results(tmp_path / "o")}
+    want = svc.tiers(
+        svc.build(
+            svc.TiersRequest,
+            trace=sharegpt_small,
+            hbm_blocks=[100, 400],
+            dram_gb=[0, 4],
+            estimate="only" if compute == "estimate" else "none",
+        )
+    )
+    for i, n in enumerate(want.hbm_blocks):
+        for j, d in enumerate(want.dram_gib):
+            # simulated: exactly; the estimator solves per call, to ~1e-10, so one pair alone may differ there
+            tol = 0 if compute == "simulate" else 1e-8
+            assert (
+                rows[(n, d)]["h"] == pytest.approx(want.h[i][j], rel=tol, abs=tol) and rows[(n, d)]["engine"] == "vllm"
+            )
+    assert rows[(100, 4.0)]["h"] > rows[(100, 0.0)]["h"]  # the host tier adds hits
 
 
 def test_estimate_grid_groups_capacities_into_one_service_call(tmp_path):

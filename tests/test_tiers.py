@@ -68,12 +68,27 @@ def test_lmcache_chunk_alignment():
 
 
 def test_simple_hand_case():
-    # CPU pool of 10 blocks. r0 (PD) is stored by the finish-time flush: its GPU blocks are freed AFTER the
+    # CPU pool of 11 blocks (10 usable: one is vLLM's null block).
+    # r0 (PD) is stored by the finish-time flush: its GPU blocks are freed AFTER the
     # request's own free, in prefix order. r3: T=16, the CPU side keeps the T-1 cap: 3 blocks (12) loaded.
     # r4: g=4, cap 16-1-4=11 -> 2 blocks (8). The CPU pool frees stored and loaded blocks in prefix order.
-    e, out = _run("simple", HAND, gpu_blocks=5, host_capacity=10, block_size=4)
+    e, out = _run("simple", HAND, gpu_blocks=5, host_capacity=11, block_size=4)
     assert out == [(0, 0, 16), (0, 0, 20), (0, 16, 1), (0, 12, 4), (4, 8, 4)]
     assert e.host_eviction_order() == [1003, 1004, 0, 3, 1000, 1001, 1002, 1, 2]
+
+
+def test_simple_prefill_step_store_before_the_flush():
+    """b=1, CPU pool of 4 blocks (3 usable). The found-by-conformance case: r0 [A B] is flushed to the CPU. r1
+    [A B C X D]: GPU hit A, AB (g=2), already on the CPU; the flush stores ABC, ABCX, ABCXD, evicting A, AB. r2
+    [A B C]: GPU hit A, AB (cap T-1); its prefill step stores the GPU-hit blocks A, AB (confirmed before the
+    step), evicting ABC and ABCX; the flush, selected while those copies are in flight, finds ABC gone from the
+    CPU and stores it again (evicting ABCXD). A flush of all three at once would skip ABC (on the CPU then)."""
+    reqs = [Request(0, 2, (1, 2)), Request(1, 5, (1, 2, 3, 4, 5)), Request(2, 3, (1, 2, 3))]
+    e, out = _run("simple", reqs, gpu_blocks=5, host_capacity=4, block_size=1)
+    assert out == [(0, 0, 2), (2, 0, 3), (2, 0, 1)]
+    assert e.host_eviction_order() == [1, 2, 3]
+    # GPU: r2's blocks are all pinned at its free; the prefill-step copies complete first (A, AB), then the flush
+    assert e.eviction_order() == [4, 5, 1, 2, 3]
 
 
 def test_native_all_or_nothing_and_protection():
@@ -221,8 +236,30 @@ def ref_lmcache(reqs, *, N, b, C, ct):
     return out
 
 
+def _ref_select(hashes, stamp, start, end, free):
+    """Blocks of [start, end) not on the CPU, at most ``free``; the cursor stops at the first one left out."""
+    idx, i = [], start
+    while i < end:
+        if hashes[i] not in stamp:
+            if len(idx) >= free:
+                break
+            idx.append(i)
+        i += 1
+    return idx, i
+
+
+def _ref_take(stamp, k, C, taken):
+    """Take k CPU blocks from the free-queue head: unhashed blocks first, then the oldest stamps."""
+    for _ in range(max(0, k - (C - len(stamp) - taken))):
+        del stamp[min(stamp, key=stamp.get)]
+
+
 def ref_simple(reqs, *, N, b, C):
-    """SimpleCPUOffloadConnector eager, PD, sequential: CPU recency as timestamps; GPU via the reference pool."""
+    """SimpleCPUOffloadConnector eager, PD, sequential: CPU recency as timestamps; GPU via the reference pool.
+
+    Per request: the prefill step stores the blocks confirmed before it (the GPU hit and the loaded blocks) that
+    are not on the CPU; the finish-time flush, selected while those copies are in flight (their CPU blocks taken,
+    not yet hashed), stores the rest from the step's cursor; both complete after the request's GPU free."""
     gpu = ReferenceBlockPool(N, b, True)
     t = 0
     stamp: dict[int, int] = {}
@@ -240,20 +277,15 @@ def ref_simple(reqs, *, N, b, C):
             t += 1
             stamp[k] = t
         blocks = gpu.allocate(hit, hashes, T)
-        free = C  # every CPU block is free (ref 0) between requests
-        stored = []
-        for i, h in enumerate(hashes):
-            if h in stamp:
-                continue
-            if len(stored) >= free:
-                break
-            stored.append(i)
-        for i in stored:  # every stamp given here is newer than all others: one-at-a-time = batch eviction
-            if len(stamp) >= C:
-                del stamp[min(stamp, key=stamp.get)]
+        # CPU blocks of copies in flight are taken (out of the free queue) but not yet hashed
+        first, cursor = _ref_select(hashes, stamp, 0, g // b + n, C)
+        _ref_take(stamp, len(first), C, 0)
+        flush, _ = _ref_select(hashes, stamp, cursor, T // b, C - len(first))
+        _ref_take(stamp, len(flush), C, len(first))
+        for i in first + flush:
             t += 1
             stamp[hashes[i]] = t
-        pinned = [blocks[i] for i in stored]
+        pinned = [blocks[i] for i in first + flush]
         gpu.touch(pinned)
         gpu.free(blocks)
         gpu.free_blocks(pinned)
@@ -307,7 +339,7 @@ def test_lmcache_equals_reference(tr, C, k):
 @given(traces(), st.integers(1, 20))
 def test_simple_equals_reference(tr, C):
     b, N, reqs = tr
-    e = make_tiered("simple", gpu_blocks=N, host_capacity=C, block_size=b)
+    e = make_tiered("simple", gpu_blocks=N, host_capacity=C + 1, block_size=b)  # + vLLM's null block
     res = replay(e, reqs)
     got = [(o.gpu_hit_tokens, o.cpu_hit_tokens) for o in res.outcomes]
     assert got == ref_simple(reqs, N=N, b=b, C=C)

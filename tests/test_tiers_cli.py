@@ -75,15 +75,50 @@ def test_tiers_dram_gb_conversion_and_plot(mooncake, tmp_path, capsys):
         (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "1", "--tier", "lmcache"], "--chunk-tokens"),
         (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "0", "--tier", "simple"], "simple tier"),
         (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "1", "--tier", "lru"], "--tier"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "0", "--tier", "simple-lazy"], "simple-lazy"),
+        (
+            ["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "1", "--max-num-batched-tokens", "8"],
+            "--max-num-batched-tokens",
+        ),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "2", "--tier", "simple-lazy",
+          "--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+        (["--blocks-trace", "{t}", "--hbm-blocks", "4", "--host-units", "2", "--tier", "simple-lazy",
+          "--estimate", "only"], "--estimate"),
         (["--blocks-trace", "/nonexistent.jsonl", "--hbm-blocks", "4", "--host-units", "1"], "--blocks-trace"),
     ],
-)
+)  # fmt: skip
 def test_tiers_bad_input_one_line_exit_2(mooncake, capsys, args, flag):
     rc = main(["tiers", *[a.replace("{t}", str(mooncake)) for a in args]])
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1 and flag in err, err
     assert "Traceback" not in err
+
+
+def test_tiers_simple_lazy_equals_library(mooncake, capsys):
+    """--tier simple-lazy: the JSON is the library's replay; 0 GiB is vLLM's one-block (null-only) CPU pool, the
+    GPU alone; --max-num-batched-tokens reaches the model."""
+    from kvhit.sim.engines import replay, requests_from_stream
+    from kvhit.sim.tiers import make_tiered
+
+    args = ["tiers", "--blocks-trace", str(mooncake), "--tier", "simple-lazy", "--hbm-blocks", "4,8", "--json"]
+    rc = main([*args, "--host-units", "1,3,6", "--max-num-batched-tokens", "512"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rq = read_production(mooncake).to_block_requests()
+    reqs = requests_from_stream(rq.prompt_tokens, rq.hash_offsets, rq.hashes)
+    for i, N in enumerate((4, 8)):
+        for j, C in enumerate((1, 3, 6)):
+            e = make_tiered("simple-lazy", gpu_blocks=N, host_capacity=C, block_size=512, max_num_batched_tokens=512)
+            res = replay(e, reqs)
+            adm = [q.prompt_tokens for q, o in zip(reqs, res.outcomes, strict=True) if o is not None]
+            assert out["h"][i][j] == pytest.approx(sum(o.hit_tokens for o in res.outcomes if o) / sum(adm))
+    assert [row[0] for row in out["h"]] == out["h_gpu"]  # one CPU block = the null block: no host tier
+    assert out["tier"].startswith("simple-lazy")
+    rc = main([*args, "--dram-gb", "0,1"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["host_units"][0] == 1 and [row[0] for row in out["h"]] == out["h_gpu"]
 
 
 def test_tiers_ttft_saved(mooncake, capsys):

@@ -33,8 +33,17 @@ Two forms (docs/estimators.md §6 derives and measures both):
 * :func:`estimate_fleet_oblivious`: the stationary estimator :func:`kvhit.estimate.estimate_engine` (pooled F̂) on
   the fragments of the conversations selected by ``rows`` — kept for comparison; exact for affinity only.
 
-NOT modelled: load-dependent routing (KV-aware routers lie between round-robin and affinity; no estimator here),
-in-flight holds, shared prefixes across conversations (as the engine-aware estimator).
+KV-aware routers (Dynamo, llm-d, SGLang cache-aware) and sticky sessions: :func:`stay_probabilities` gives, per
+turn, the probability that the router keeps it on the replica of the previous turn (where its history is): the
+router's own decision rule (:mod:`kvhit.sim.routers`) evaluated on the overlap it sees there and on modelled load
+snapshots (independent M/G/∞ per replica, holds as given); :func:`kv_routes` draws a routing from it (a move
+goes to one of the other replicas uniformly) and :func:`estimate_fleet_kv` runs :func:`estimate_fleet` on it.
+q ≡ 1 is affinity, q ≡ 1/R random routing: the KV routers lie between, as a function of their weights and load.
+
+NOT modelled: in-flight holds in the cache (blocks of running requests are not evictable), shared prefixes across
+conversations (as the engine-aware estimator); for the KV routers: a second chance on another replica (a precise
+router that finds the home history evicted can find an older prefix of it elsewhere), correlation between the
+replicas' loads (the router itself balances them), queueing, load-snapshot lag, Dynamo's softmax (temperature > 0).
 """
 
 from __future__ import annotations
@@ -212,3 +221,218 @@ def estimate_fleet_oblivious(
         hits += float(e.h) * d
         dem += d
     return hits / dem if dem else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# KV-aware routers: a conversation stays on the replica holding its history unless the load outweighs the overlap
+# ----------------------------------------------------------------------------------------------------------
+
+#: routers :func:`kv_routes` models, with the parameters it reads (the rest of :mod:`kvhit.sim.routers`' defaults)
+KV_ROUTERS = {
+    "dynamo": ("overlap_score_weight", "request_weight", "temperature", "mode", "ttl"),
+    "llm-d": ("prefix_weight", "queue_weight", "kv_weight", "mode"),
+    "sglang": ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold", "mode"),
+    "sticky": ("ttl",),
+}
+
+
+def _prev_rows(trace: Trace) -> np.ndarray:
+    """Row of the previous turn of the same conversation (−1 for a first turn)."""
+    order = trace.conv_index()[2]
+    conv = trace["conv"][order]
+    prev = np.full(trace.n_turns, -1, np.int64)
+    same = np.flatnonzero(conv[1:] == conv[:-1]) + 1
+    prev[order[same]] = order[same - 1]
+    return prev
+
+
+def _load_samples(T, Hprev, hold, rate, R, Ns, b, samples, rng):
+    """S × R snapshots of what each replica has in flight at an arrival: an M/G/∞ count ~ Poisson(rate·E[hold]/R)
+    per replica (independent), each in-flight request a row drawn with probability ∝ its hold; returns in-flight
+    requests, outstanding prefill tokens (T − b·H_prev: the in-flight request's history taken as hit), active
+    blocks (⌈T/b⌉) and KV usage (active/N)."""
+    I = np.zeros((samples, R))
+    P = np.zeros((samples, R))
+    A = np.zeros((samples, R))
+    if hold is None or rate <= 0:
+        return I, P, A, A.copy()
+    hold = np.asarray(hold, float)
+    rho = rate * float(hold.mean()) / R
+    I = rng.poisson(rho, size=(samples, R)).astype(float)
+    n = int(I.sum())
+    if n:
+        p = hold / hold.sum()
+        rows = rng.choice(hold.size, size=n, p=p)
+        slot = np.repeat(np.arange(samples * R), I.ravel().astype(np.int64))
+        P = np.bincount(slot, weights=(T[rows] - b * Hprev[rows]).astype(float), minlength=samples * R)
+        A = np.bincount(slot, weights=(-(-T[rows] // b)).astype(float), minlength=samples * R)
+        P, A = P.reshape(samples, R), A.reshape(samples, R)
+    U = A / np.asarray(Ns, float)[None, :]
+    return I, P, A, U
+
+
+def _stay_prob(score_home, score_other, better):
+    """P(the home replica (column 0) wins): ``score_home`` (S, K) for K candidate overlaps, ``score_other`` (S,
+    R−1); ``better="min"`` (costs) or ``"max"`` (scores); ties broken uniformly (as the routers do)."""
+    if score_other.shape[1] == 0:
+        return np.ones(score_home.shape[1])
+    best = score_other.min(axis=1) if better == "min" else score_other.max(axis=1)
+    ties = (score_other == best[:, None]).sum(axis=1)
+    h, o = score_home, best[:, None]
+    win = (h < o) if better == "min" else (h > o)
+    tie = np.isclose(h, o, rtol=0, atol=1e-9)
+    return (win & ~tie).mean(axis=0) + (tie / (ties[:, None] + 1.0)).mean(axis=0)
+
+
+def stay_probabilities(
+    trace: Trace,
+    router: str,
+    R: int,
+    *,
+    hold=None,
+    Ns=None,
+    params: dict | None = None,
+    rate: float | None = None,
+    block_size: int | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+) -> np.ndarray:
+    """Per row, the probability that a KV-aware (or sticky) router sends the turn to the replica of the previous
+    turn of its conversation (NaN for first turns). docs/estimators.md §6 "KV-aware routers" derives each rule:
+
+    * ``dynamo`` (temperature 0): stay iff ℓ_h − w·x < min_{k≠h} ℓ_k, ℓ_k = w·P_k/b + A_k + w_r·I_k (the cost of
+      :class:`kvhit.sim.routers.DynamoKV` with the request's own terms cancelled), x = the overlap it sees on the
+      home replica: H = ⌊T_{j−1}/b⌋ (precise), H·1{W < ttl} (approx: the shadow entry expired);
+    * ``llm-d``: stay iff w_p·x/n + w_q·qs_h + w_k·(1 − u_h) beats every other replica's w_q·qs_k + w_k·(1 − u_k)
+      (n = the prompt's full blocks, qs the min–max queue score, u = KV usage);
+    * ``sglang``: the imbalance rule on in-flight counts → least loaded; else stay iff x/n > cache_threshold; else
+      the smallest tree (approx: taken as uniform over the R replicas) or the least loaded (precise);
+    * ``sticky``: stay iff W < ttl (the binding slides), else least loaded over all R.
+
+    Loads (P outstanding prefill tokens, A active blocks, I in-flight requests, u) are independent M/G/∞
+    snapshots per replica (:func:`_load_samples`) at the measured request rate ``rate`` (default: rows per second
+    over the trace) with holds ``hold``; ``hold=None`` = instantaneous requests (no load: the KV routers stay
+    whenever x > 0). Precise modes take the history as present (if it was evicted the turn misses wherever it
+    goes, and the next turn follows it either way).
+    """
+    if router not in KV_ROUTERS:
+        raise ValueError(f"router: the KV-aware model covers {sorted(KV_ROUTERS)}, got {router!r}")
+    p = dict(params or {})
+    bad = sorted(set(p) - set(KV_ROUTERS[router]))
+    if bad:
+        raise ValueError(f"router {router}: unknown parameter(s) {bad}")
+    if router == "dynamo" and float(p.get("temperature", 0.0)) != 0.0:
+        raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
+    b = int(block_size or trace.block_size or 0)
+    if b < 1:
+        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
+    Ns = [1] * R if Ns is None else [int(x) for x in Ns]
+    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
+    prev = _prev_rows(trace)
+    first = prev < 0
+    H = np.where(first, 0, T[np.maximum(prev, 0)] // b)
+    t = np.asarray(trace["time"], float)
+    W = np.where(first, np.inf, t - t[np.maximum(prev, 0)])
+    nb = np.maximum(T // b, 1)
+    if rate is None:
+        span = float(t.max() - t.min())
+        rate = trace.n_turns / span if span > 0 else 0.0
+    rng = np.random.default_rng(seed)
+    I, P, A, U = _load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
+    q = np.full(trace.n_turns, np.nan)
+    rev = ~first
+    if R == 1:
+        q[rev] = 1.0
+        return q
+    if router == "sticky":
+        ttl = float(p.get("ttl", 300.0))
+        q_exp = _stay_prob(I[:, :1], I[:, 1:], "min")[0]
+        q[rev] = np.where(W[rev] < ttl, 1.0, q_exp)
+        return q
+    mode = p.get("mode", "approx" if router == "sglang" else "precise")
+    x = H.astype(float)
+    if router == "dynamo" and mode == "approx":
+        x = np.where(W < float(p.get("ttl", 120.0)), x, 0.0)
+    if router == "dynamo":
+        w, wr = float(p.get("overlap_score_weight", 1.0)), float(p.get("request_weight", 0.0))
+        ell = w * P / b + A + wr * I
+        xs, inv = np.unique(x[rev], return_inverse=True)
+        qx = _stay_prob(ell[:, :1] - w * xs[None, :], ell[:, 1:], "min")
+        q[rev] = qx[inv]
+        return q
+    frac = np.round(x / nb, 4)
+    fs, inv = np.unique(frac[rev], return_inverse=True)
+    if router == "llm-d":
+        wp, wq, wk = (
+            float(p.get(k, d)) for k, d in (("prefix_weight", 3.0), ("queue_weight", 2.0), ("kv_weight", 2.0))
+        )
+        lo, hi = I.min(axis=1, keepdims=True), I.max(axis=1, keepdims=True)
+        qs = np.where(hi > lo, (hi - I) / np.where(hi > lo, hi - lo, 1.0), 1.0)
+        base = wq * qs + wk * (1.0 - U)
+        qf = _stay_prob(base[:, :1] + wp * fs[None, :], base[:, 1:], "max")
+        q[rev] = qf[inv]
+        return q
+    # sglang
+    th = float(p.get("cache_threshold", 0.3))
+    ab, rel = float(p.get("balance_abs_threshold", 64)), float(p.get("balance_rel_threshold", 1.5))
+    lo, hi = I.min(axis=1), I.max(axis=1)
+    imb = (hi - lo > ab) & (hi > rel * lo)
+    q_ll = _stay_prob(I[:, :1], I[:, 1:], "min")[0]  # home is the least loaded
+    q_imb = float(_stay_prob(I[imb, :1], I[imb, 1:], "min")[0]) if imb.any() else 0.0
+    q_low = 1.0 / R if mode == "approx" else q_ll
+    pi = float(imb.mean())
+    qf = pi * q_imb + (1 - pi) * np.where(fs > th, 1.0, q_low)
+    q[rev] = qf[inv]
+    return q
+
+
+def kv_routes(trace: Trace, q: np.ndarray, R: int, seed: int = 0) -> np.ndarray:
+    """A routing drawn from the stay model: a first turn goes to a uniform replica (the least loaded of symmetric
+    replicas); turn j stays on turn j−1's replica with probability ``q[j]``, else goes to one of the R − 1
+    others uniformly. Seeded (one uniform per row for the stay, one for the destination)."""
+    rng = np.random.default_rng(seed)
+    order = trace.conv_index()[2]
+    conv = trace["conv"][order]
+    first = np.concatenate([[True], conv[1:] != conv[:-1]])
+    u = rng.random(order.size)
+    d = rng.integers(0, R, size=order.size)
+    jump = rng.integers(1, max(R, 2), size=order.size)
+    qo = np.asarray(q, float)[order]
+    out = np.empty(order.size, np.int64)
+    cur = 0
+    for i in range(order.size):
+        if first[i]:
+            cur = int(d[i])
+        elif not u[i] < qo[i]:
+            cur = (cur + int(jump[i])) % R
+        out[i] = cur
+    rep = np.empty(trace.n_turns, np.int64)
+    rep[order] = out
+    return rep
+
+
+def estimate_fleet_kv(
+    trace: Trace,
+    router: str,
+    Ns,
+    *,
+    hold=None,
+    params: dict | None = None,
+    window=None,
+    rate: float | None = None,
+    engine: str = "vllm",
+    lam0: float | None = None,
+    block_size: int | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+) -> float:
+    """Fleet hit ratio under a KV-aware (or sticky) router: :func:`stay_probabilities` → a routing drawn by
+    :func:`kv_routes` → :func:`estimate_fleet` on its fragments. Between the two oblivious limits: every
+    q = 1 is affinity, q = 1/R (no overlap weight, symmetric loads) is random routing."""
+    R = len(Ns)
+    q = stay_probabilities(
+        trace, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=block_size, samples=samples,
+        seed=seed,
+    )  # fmt: skip
+    rep = kv_routes(trace, q, R, seed=seed + 1)
+    return estimate_fleet(trace, rep, Ns, window=window, engine=engine, lam0=lam0, block_size=block_size)

@@ -18,15 +18,17 @@ prompt tail and outputs are its own tokens (never reused). Changes against the v
   diverged there, and at every age-segment end. Which of them exist is decided by a recursion in arrival order
   (:func:`_replay_nodes`): a request's path keeps its source's boundaries up to its own hit, then its hit point
   and its prompt end — a miss re-inserts the rest of the history as *one* node, so the next revisit keeps or
-  loses it whole (misses compound). The recursion runs on ``samples`` stratified draws of every request's D from
-  its cell's law (one uniform per request: its segments' windows are nested) and the hits are averaged;
+  loses it whole (misses compound). The recursion runs on ``samples`` draws of the displacements and the hits
+  are averaged: joint realizations of the background (each of the trace's other conversations once, started at
+  a time drawn from the start-time density: a pool holds each conversation once, and consecutive windows must
+  see the same background, or runs of misses are spread out), or with ``lam0`` independent draws from each
+  request's compound Poisson law (one uniform per request: its segments' windows are nested);
 * a request needing T + max(n, 1) − 1 tokens > C never runs: a miss (``infeasible`` below the largest).
 
 Invariant: h ≤ h_max = Σ min(b·L_any, T − 1) / Σ T (every node survives); without background (λ0 → 0) and with
-``form="replay"`` the recursion reproduces the simulator (tests: within 2e-3). NOT modelled: correlation
-between the displacements of different requests (the Poisson background is drawn independently per request, so
-runs of misses are spread out: the estimate is high at the smallest pools of WEKA, docs/estimators.md §7), the
-cap's split of a last block, holds, page sizes > 1, and what :mod:`kvhit.estimate_agentic` does not model.
+``form="replay"`` the recursion reproduces the simulator (tests: within 2e-3). NOT modelled: the cap's split of
+a last block, holds, page sizes > 1, and what :mod:`kvhit.estimate_agentic` does not model; the stationary
+form's independent draws lose the dependence between consecutive windows (docs/estimators.md §7).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from kvhit.estimate_agentic import AgenticError, AgenticEstimate, _poisson_table, _regime, _window_D
+from kvhit.estimate_agentic import AgenticError, AgenticEstimate, _poisson_table, _regime, _templates, _window_D
 from kvhit.workload.reuse import request_reuse
 
 __all__ = ["sglang_node_pieces", "estimate_trace_sglang"]
@@ -175,6 +177,70 @@ def sglang_node_pieces(pt, u=None) -> dict:
     return {"req": req, "src": src, "start": start, "end": end, "len": ln, "last": last}
 
 
+@njit(cache=True)
+def _joint_other(
+    seg_r, seg_s, time, tmpl_of_req, bg_start, bg_tmpl, max_dur, ts, te, tau, fx_first, cumnew, out
+):  # pragma: no cover
+    """D_other of each window (time[seg_s], time[seg_r]) from one realization of the background: conversation j
+    of template ``bg_tmpl[j]`` started at ``bg_start[j]`` (sorted) contributes its footprint in the window (first
+    request in it whole, later ones their new part: Lemma D.1's Φ); the tagged request's own template is left
+    out (``tmpl_of_req``; −1: none)."""
+    for i in range(seg_r.shape[0]):
+        t1 = time[seg_s[i]]
+        t2 = time[seg_r[i]]
+        ex = tmpl_of_req[seg_r[i]]
+        tot = 0.0
+        j0 = np.searchsorted(bg_start, t1 - max_dur, side="left")
+        j1 = np.searchsorted(bg_start, t2, side="left")
+        for j in range(j0, j1):
+            k = bg_tmpl[j]
+            if k == ex:
+                continue
+            s0 = bg_start[j]
+            a = ts[k]
+            z = te[k]
+            lo = a + np.searchsorted(tau[a:z], t1 - s0, side="right")
+            hi = a + np.searchsorted(tau[a:z], t2 - s0, side="left")
+            if hi > lo:
+                tot += fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
+        out[i] = tot
+
+
+def _joint_draws(u, sr, src, Fx, b, bins, samples, seed):
+    """Displacements of every piece for ``samples`` joint realizations of the time-varying background: each of
+    the trace's conversations once (the tagged one's own left out), its start drawn from the start-time
+    histogram (``bins``, as :func:`kvhit.estimate_agentic._poisson_table`) — a pool holds each conversation
+    once, and consecutive windows see the same realization (the dependence independent draws lose)."""
+    n = u.n
+    adm = np.ones(n, bool)
+    same = np.zeros(sr.shape[0], np.int64)
+    oth = np.zeros(sr.shape[0], np.int64)
+    _window_D(sr, src, u.seg_src, u.seg_off, u.seg_end, Fx, u.session, adm, same, oth, b)
+    ts, te, tau, fx_first, cumnew, t_first, t_sess = _templates(u, adm, Fx, b)
+    C = ts.shape[0]
+    tmpl_of = np.full(int(u.session.max()) + 1, -1, np.int64)
+    tmpl_of[t_sess] = np.arange(C)
+    tmpl_of_req = tmpl_of[u.session]
+    nb = int(bins) if bins else int(np.clip(round(math.sqrt(C)), 1, 24))
+    lo, hi = float(t_first.min()), float(t_first.max())
+    cnt, edges = np.histogram(t_first, bins=nb, range=(lo, hi if hi > lo else lo + 1.0))
+    max_dur = float(tau[te - 1].max()) if C else 0.0
+    # windows are per (request, source): compute once per distinct pair
+    key = sr * (n + 1) + src
+    uk, first_i, inv = np.unique(key, return_index=True, return_inverse=True)
+    seg_r, seg_s = sr[first_i], src[first_i]
+    rng = np.random.default_rng(seed)
+    out = np.zeros(uk.shape[0])
+    for _ in range(samples):
+        bins_ = rng.choice(nb, size=C, p=cnt / cnt.sum())
+        st = rng.uniform(edges[bins_], edges[bins_ + 1])
+        o = np.argsort(st, kind="stable")
+        _joint_other(
+            seg_r, seg_s, u.time, tmpl_of_req, st[o], o.astype(np.int64), max_dur, ts, te, tau, fx_first, cumnew, out
+        )
+        yield same + out[inv.reshape(-1)]
+
+
 def _quantile(cdf: np.ndarray, rows: np.ndarray, U: np.ndarray, delta: float) -> np.ndarray:
     """D at probability U from the tabulated CDF of each piece's cell (linear between grid points; beyond the
     grid: +∞, i.e. no node survives)."""
@@ -209,6 +275,7 @@ def estimate_trace_sglang(
     samples: int = 32,
     seed: int = 0,
     form: str = "poisson",
+    background: str = "joint",
 ) -> AgenticEstimate:
     """Predicted SGLang token hit ratio of a production trace ``pt`` at pools ``Cs`` (tokens, page size 1, LRU);
     the law of D as :func:`kvhit.estimate_agentic.estimate_trace` (``form="poisson"``: the trace's own
@@ -216,12 +283,19 @@ def estimate_trace_sglang(
     ``AgenticEstimate.N`` holds the pools in tokens and ``N_min`` the largest request (tokens). ``samples``
     displacement draws (stratified, ``seed``) feed the node recursion. ``form="replay"``: the displacement of
     every window read from the trace's own requests (:func:`kvhit.estimate_agentic._window_D`, the working-set
-    identity; a check of the hit rule and the recursion, not a model: it needs the trace it predicts)."""
+    identity; a check of the hit rule and the recursion, not a model: it needs the trace it predicts).
+    ``background`` (time-varying form): ``"joint"`` (default) draws whole realizations of the background — each
+    of the trace's other conversations once, its start from the start-time histogram — so that the windows of
+    consecutive requests see the same realization; ``"marginal"`` draws each request's D independently from its
+    cell's compound Poisson law (as the vLLM estimator's law tables). With ``lam0`` (stationary) the marginal
+    laws are used."""
     t0 = _time.perf_counter()
     if form not in ("poisson", "replay"):
         raise AgenticError(f"form: expected 'poisson' or 'replay', got {form!r}")
     if form == "replay" and lam0 is not None:
         raise AgenticError("lam0: the replay form predicts the trace's own load; use form='poisson'")
+    if background not in ("joint", "marginal"):
+        raise AgenticError(f"background: expected 'joint' or 'marginal', got {background!r}")
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise AgenticError(f"samples: expected a positive integer, got {samples!r}")
     a = np.atleast_1d(np.asarray(Cs))
@@ -270,6 +344,8 @@ def estimate_trace_sglang(
             other = np.zeros(sr.size, np.int64)
             _window_D(sr, src, u.seg_src, u.seg_off, u.seg_end, Fx, u.session, np.ones(n, bool), same, other, b)
             draws = [(same + other).astype(np.float64)]
+        elif background == "joint" and lam0 is None:
+            draws = _joint_draws(u, sr, src, Fx, b, bins, samples, seed)
         else:
             Hb, delta, rows, d_same = _poisson_table(
                 u, sr, src, Fx, Cs, lam0, bins, n_values, n_ages, n_times, exclude, notes, work_budget, bunit=b

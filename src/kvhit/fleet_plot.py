@@ -33,7 +33,8 @@ def plot_fleet(rows: list[dict], out_prefix: str | Path, *, title: str = "") -> 
     ax.set_xscale("log", base=2)
     ax.set_xlabel("replicas R (each with the same N)")
     ax.set_ylabel("fleet token hit ratio")
-    ax.set_title(title + " — dashed: estimator", fontsize=9)
+    est = any(r.get("estimate") is not None for r in rows)
+    ax.set_title(title + (" — dashed: estimator" if est else ""), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -44,8 +45,8 @@ def plot_fleet(rows: list[dict], out_prefix: str | Path, *, title: str = "") -> 
 
 
 def plot_fleet_curve(rows: list[dict], baselines: list[dict], out_prefix: str | Path, *, label: str, title: str = ""):
-    """Fleet token hit ratio against load imbalance (max/mean prefill tokens computed per replica), one point per
-    value of the swept parameter (annotated), and the baselines' points (``fleet curve``)."""
+    """Fleet token hit ratio against load imbalance over time (∫ max / ∫ mean requests in flight per replica), one
+    point per value of the swept parameter (annotated), and the baselines' points (``fleet curve``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -54,15 +55,15 @@ def plot_fleet_curve(rows: list[dict], baselines: list[dict], out_prefix: str | 
     from .plots import save_figure
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    x = [r["imbalance_prefill_tokens"] for r in rows]
+    x = [r["imbalance_inflight"] for r in rows]
     y = [r["token_hit_ratio"] for r in rows]
     ax.plot(x, y, marker="o", ms=4, color="C0", label=label)
     for r, xi, yi in zip(rows, x, y, strict=True):
         ax.annotate(f"{r['value']:g}", (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
     for i, b in enumerate(baselines):
-        ax.plot([b["imbalance_prefill_tokens"]], [b["token_hit_ratio"]], marker="s", ls="", color=f"C{i + 1}",
+        ax.plot([b["imbalance_inflight"]], [b["token_hit_ratio"]], marker="s", ls="", color=f"C{i + 1}",
                 label=b["router"])  # fmt: skip
-    ax.set_xlabel("load imbalance: max / mean prefill tokens computed per replica")
+    ax.set_xlabel("load imbalance over time: ∫ max / ∫ mean requests in flight per replica")
     ax.set_ylabel("fleet token hit ratio")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)

@@ -18,8 +18,9 @@ N blocks, simulates them and measures the requests of the measurement window.
   workload) reaching the target at R replicas: doubling from that minimum, then bisection to a relative
   resolution ``rtol``; the same monotonicity assumption in N, same check.
 * :func:`curve` — one KV-aware router with one of its numeric parameters swept (e.g. Dynamo's
-  ``request_weight``, llm-d's ``queue_weight``): hit ratio against load imbalance (max/mean of requests, and of
-  prefill tokens computed, over replicas).
+  ``overlap_score_credit`` or ``request_weight``, llm-d's ``queue_weight``): hit ratio against load imbalance —
+  over the run (max/mean of requests, and of prefill tokens computed, per replica) and over time
+  (:func:`inflight_imbalance`: ∫ max_k in-flight / ∫ mean_k in-flight, with holds).
 
 Prefill compute (:mod:`kvhit.compute`): per measured request, the FLOPs skipped (positions ``0 … hit·b − 1``)
 and computed (``hit·b … T − 1``); divided by the measured span they are FLOP/s, and by ``peak × mfu`` they are
@@ -97,6 +98,7 @@ class FleetPoint:
     per_replication: list[float]
     imbalance_requests: float
     imbalance_prefill_tokens: float
+    imbalance_inflight: float | None  #: time-averaged max/mean requests in flight (with holds only)
     prefill_tokens: int  #: computed (T − hit tokens), summed over the measured requests of all streams
     hit_tokens: int
     saved_tokens_per_s: float
@@ -114,6 +116,32 @@ class FleetPoint:
 
 def _hold(st: FleetStream, speed: float | None):
     return None if speed is None else st.prompt_tokens / float(speed)
+
+
+def inflight_imbalance(replica, times, wait, hold, rejected, R: int) -> float:
+    """Time-averaged load imbalance ``∫ max_k q_k(t) dt / ∫ mean_k q_k(t) dt`` with ``q_k(t)`` the requests in flight
+    on replica k (routed at ``t_r``, finished at ``t_r + wait_r + hold_r``; finishes before arrivals at equal
+    times, as in :mod:`kvhit.sim.fleet`); ``nan`` when nothing is ever in flight for a positive time."""
+    ok = ~np.asarray(rejected, bool)
+    rep = np.asarray(replica, np.int64)[ok]
+    t0 = np.asarray(times, np.float64)[ok]
+    t1 = t0 + np.asarray(wait, np.float64)[ok] + np.asarray(hold, np.float64)[ok]
+    ev_t = np.concatenate([t1, t0])
+    ev_k = np.concatenate([rep, rep])
+    ev_d = np.concatenate([-np.ones(t1.size, np.int64), np.ones(t0.size, np.int64)])
+    order = np.lexsort((ev_d, ev_t))  # at equal times -1 (finish) sorts before +1 (arrival)
+    q = np.zeros(R, np.int64)
+    num = den = 0.0
+    last = None
+    for i in order:
+        t = ev_t[i]
+        if last is not None and t > last:
+            dt = t - last
+            num += dt * q.max()
+            den += dt * q.mean()
+        q[ev_k[i]] += ev_d[i]
+        last = t
+    return num / den if den > 0 else float("nan")
 
 
 def evaluate(
@@ -139,16 +167,19 @@ def evaluate(
         raise FleetPlanError("streams: none given")
     if isinstance(replicas, bool) or not isinstance(replicas, int | np.integer) or replicas < 1:
         raise FleetPlanError(f"replicas: expected a positive integer, got {replicas!r}")
-    hs, imb_r, imb_p, waits = [], [], [], []
+    hs, imb_r, imb_p, imb_q, waits = [], [], [], [], []
     pre = hit = rej = 0
     span = 0.0
     f_saved = f_comp = 0.0
     for i, st in enumerate(streams):
+        hold = _hold(st, prefill_tokens_per_s)
         res = simulate_fleet(
             st.prompt_tokens, st.hash_offsets, st.hashes, st.conv, Ns=[int(N)] * int(replicas),
             block_size=st.block_size, router=router, router_params=params, engine=engine, times=st.times,
-            hold=_hold(st, prefill_tokens_per_s), seed=seed + i, lag=lag,
+            hold=hold, seed=seed + i, lag=lag,
         )  # fmt: skip
+        if hold is not None:
+            imb_q.append(inflight_imbalance(res.replica, st.times, res.wait, hold, res.rejected, int(replicas)))
         s = res.summary(st.measured)
         hs.append(s["token_hit_ratio"])
         imb_r.append(s["imbalance_requests"])
@@ -179,6 +210,7 @@ def evaluate(
         per_replication=[float(x) for x in hs],
         imbalance_requests=float(np.mean(imb_r)),
         imbalance_prefill_tokens=float(np.mean(imb_p)),
+        imbalance_inflight=float(np.mean(imb_q)) if imb_q else None,
         prefill_tokens=pre,
         hit_tokens=hit,
         saved_tokens_per_s=hit / span if span > 0 else float("nan"),

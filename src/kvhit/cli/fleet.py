@@ -325,15 +325,13 @@ def fleet_curve(
     if as_json:
         _print_json(res)
         return
-    cols = [res.param, "token h", "imbalance req", "imbalance prefill", "mean wait s", "saved GPUs"]
+    cols = [res.param, "token h", "imbalance in flight", "imbalance req", "imbalance prefill", "mean wait s",
+            "saved GPUs"]  # fmt: skip
     rows = [
-        [_fmt(r["value"]), _fmt(r["token_hit_ratio"]), _fmt(r["imbalance_requests"], 3),
-         _fmt(r["imbalance_prefill_tokens"], 3), _fmt(r["mean_wait"], 3), _gpus(r["saved_gpus"])]
-        for r in res.rows
-    ] + [
-        [b["router"], _fmt(b["token_hit_ratio"]), _fmt(b["imbalance_requests"], 3),
-         _fmt(b["imbalance_prefill_tokens"], 3), _fmt(b["mean_wait"], 3), _gpus(b["saved_gpus"])]
-        for b in res.baselines
+        [_fmt(r["value"]) if "value" in r else r["router"], _fmt(r["token_hit_ratio"]),
+         _fmt(r["imbalance_inflight"], 3), _fmt(r["imbalance_requests"], 3), _fmt(r["imbalance_prefill_tokens"], 3),
+         _fmt(r["mean_wait"], 3), _gpus(r["saved_gpus"])]
+        for r in [*res.rows, *res.baselines]
     ]  # fmt: skip
     _table(
         f"fleet curve — {res.router} {res.param} on {res.workload}, R = {res.replicas}, N = {res.N:,} blocks",

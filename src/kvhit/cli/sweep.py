@@ -43,10 +43,17 @@ def sweep(
         typer.Option("--out", "-o", help="Result directory (Parquet dataset); default: GRID's name + `_sweep`."),
     ] = None,
     jobs: Annotated[
-        int, typer.Option("--jobs", "-j", min=1, max=4096, help="Local workers (or Ray CPUs); integer in [1, 4096].")
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=1,
+            max=4096,
+            help="Local workers (or the CPUs of a local Ray instance); integer in [1, 4096].",
+        ),
     ] = 1,
     backend: Annotated[
-        str, typer.Option("--backend", help="local (process pool) | ray (Ray tasks; pip install 'kvhit[ray]').")
+        str, typer.Option("--backend", help="local (process pool) | ray (Ray tasks; pip install 'kvhit\\[ray]').")
     ] = "local",
     address: Annotated[
         str | None,

@@ -56,6 +56,10 @@ def tiers(
         int, typer.Option("--store-threshold", help=_help(svc.TiersRequest, "store_threshold"))
     ] = 0,
     chunk_tokens: Annotated[int, typer.Option("--chunk-tokens", help=_help(svc.TiersRequest, "chunk_tokens"))] = 256,
+    max_num_batched_tokens: Annotated[
+        int | None,
+        typer.Option("--max-num-batched-tokens", help=_help(svc.TiersRequest, "max_num_batched_tokens")),
+    ] = None,
     prefill: Annotated[
         float | None, typer.Option("--prefill-tokens-per-s", help=_help(svc.TiersRequest, "prefill_tokens_per_s"))
     ] = None,
@@ -72,8 +76,8 @@ def tiers(
     plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
 ) -> None:
-    """Total hit ratio h(HBM, DRAM) of a trace behind a host-memory KV tier (vLLM native, simple, LMCache, SGLang
-    HiCache)."""
+    """Total hit ratio h(HBM, DRAM) of a trace behind a host-memory KV tier (vLLM native, simple eager/lazy, LMCache,
+    SGLang HiCache)."""
     res = _call(
         svc.tiers,
         svc.TiersRequest,
@@ -94,6 +98,7 @@ def tiers(
         blocks_per_chunk=blocks_per_chunk,
         store_threshold=store_threshold,
         chunk_tokens=chunk_tokens,
+        max_num_batched_tokens=max_num_batched_tokens,
         prefill_tokens_per_s=prefill,
         pcie_gb_per_s=pcie,
         target=target,

@@ -218,8 +218,8 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
             np.asarray(pt.prompt_tokens, np.int64), np.asarray(pt.hash_offsets, np.int64),
             np.asarray(pt.hashes, np.int64), conv, times, measured, int(pt.block_size), span,
         )  # fmt: skip
-        label = Path(pt.files[0]).parent.name if pt.format == "weka" else Path(pt.files[0]).name
-        return FleetWorkload(f"{label} ({pt.format})", st, pt, notes=notes)
+        label = "WEKA" if pt.format == "weka" else Path(pt.files[0]).name
+        return FleetWorkload(f"{label} ({len(pt.files)} file(s), {n:,} requests)", st, pt, notes=notes)
     if req.arrival != "sequential" or req.rate is not None or req.span is not None:
         raise InputError("--arrival/--rate/--span: apply to --blocks-trace (WEKA), not to --trace")
     from ..sim.runner import block_requests

@@ -34,7 +34,7 @@ __all__ = [
 
 #: router -> (default swept parameter (request field), its default values)
 CURVE_DEFAULTS: dict[str, tuple[str, list[float]]] = {
-    "dynamo": ("request_weight", [0, 1, 2, 4, 8, 16, 32, 64, 128]),
+    "dynamo": ("overlap_score_credit", [0, 0.25, 0.5, 1, 2, 4, 8, 16]),
     "llm-d": ("queue_weight", [0, 0.5, 1, 2, 4, 8, 16, 32]),
     "sglang": ("balance_abs_threshold", [0, 1, 2, 4, 8, 16, 32, 64]),
 }
@@ -317,8 +317,9 @@ class FleetCurveRequest(_ComputeFields):
     )
     param: str | None = Field(
         None,
-        description="Parameter swept (a request field of that router, e.g. request_weight, queue_weight); default: "
-        "dynamo request_weight, llm-d queue_weight, sglang balance_abs_threshold.",
+        description="Parameter swept (a request field of that router, e.g. overlap_score_credit, request_weight, "
+        "queue_weight); default: dynamo overlap_score_credit (0 = pure load balancing), llm-d queue_weight, sglang "
+        "balance_abs_threshold.",
     )
     values: Annotated[list[Annotated[float, Field(ge=0, le=1e9)]], Field(min_length=1, max_length=64)] | None = Field(
         None, description="Values of the swept parameter, each ≥ 0; default: a geometric grid from 0."

@@ -22,8 +22,12 @@ _PRELOADED: dict[str, object] = {}
 
 
 def preload_trace(path: Path, trace) -> None:
-    """Serve ``trace`` for ``path`` from memory in :func:`read_trace` / :func:`load_trace_file` (this process)."""
-    _PRELOADED[str(path)] = trace
+    """Serve ``trace`` for ``path`` from memory in :func:`read_trace` / :func:`load_trace_file` (this process);
+    ``trace=None`` forgets it."""
+    if trace is None:
+        _PRELOADED.pop(str(path), None)
+    else:
+        _PRELOADED[str(path)] = trace
 
 
 def load_trace_file(path: Path):

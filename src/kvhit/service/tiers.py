@@ -1,8 +1,8 @@
 """``tiers``: the total hit ratio h(HBM, DRAM) of a trace behind a host-memory tier (issue 16), over a grid.
 
 Invariant: numbers are :func:`kvhit.sim.tiers.surface.hit_surface`'s (sequential replay of the trace through the
-vLLM GPU model and the chosen tier model: vLLM 0.33.0 native offloading, SimpleCPUOffloadConnector eager, or
-LMCache 0.5.6); DRAM sizes are converted to tier units as each engine does (:mod:`kvhit.sim.tiers.sizing`).
+vLLM GPU model and the chosen tier model: vLLM 0.33.0 native offloading, SimpleCPUOffloadConnector eager or lazy,
+or LMCache 0.5.6); DRAM sizes are converted to tier units as each engine does (:mod:`kvhit.sim.tiers.sizing`).
 With ``--estimate also`` the two-tier estimator (:func:`kvhit.estimate_tiers.estimate_tiers`: the engine-aware
 single-tier estimator per tier, combined block by block) is reported beside the simulated h (``h_estimate``);
 with ``--estimate only`` nothing is simulated and ``h`` is the estimate (``h_source: "estimate"``): a fast surface.
@@ -24,7 +24,7 @@ from .io import check_output_file
 
 __all__ = ["TiersRequest", "TiersResponse", "tiers"]
 
-Tier = Literal["native", "lmcache", "simple", "hicache"]
+Tier = Literal["native", "lmcache", "simple", "simple-lazy", "hicache"]
 
 
 class TiersRequest(Request):
@@ -34,8 +34,9 @@ class TiersRequest(Request):
     )
     tier: Tier = Field(
         "native",
-        description="Host tier: native (vLLM OffloadingConnector) | simple | lmcache | hicache (SGLang HiCache, "
-        "device pool = HBM blocks × block size tokens).",
+        description="Host tier: native (vLLM OffloadingConnector) | simple (SimpleCPUOffload eager) | simple-lazy "
+        "(lazy_offload: write-back) | lmcache | hicache (SGLang HiCache, device pool = HBM blocks × block size "
+        "tokens).",
     )
     hbm_blocks: Annotated[list[Annotated[int, Field(ge=1, le=2**31)]], Field(min_length=1, max_length=64)] = Field(
         description="GPU capacities N in blocks; 1–64 values in [1, 2^31]; required."
@@ -49,8 +50,8 @@ class TiersRequest(Request):
     host_units: list[Annotated[int, Field(ge=0, le=2**31)]] | None = Field(
         None,
         max_length=64,
-        description="Host capacities in tier units (chunks; CPU blocks for simple), integers in [0, 2^31]; "
-        "or --dram-gb; default: none.",
+        description="Host capacities in tier units (chunks; CPU blocks for simple; vLLM's num_cpu_blocks, one of them "
+        "the null block, for simple-lazy), integers in [0, 2^31]; or --dram-gb; default: none.",
     )
     hicache_ratio: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(
         None,
@@ -77,6 +78,13 @@ class TiersRequest(Request):
     )
     chunk_tokens: int = Field(
         256, ge=1, le=2**20, description="lmcache: tokens per chunk, 1–2^20, a multiple of the block size."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=2**24,
+        description="simple-lazy: vLLM --max-num-batched-tokens (the lazy walk covers 2·⌈it / block size⌉ free "
+        "blocks per step), 1–2^24; default 8192.",
     )
     prefill_tokens_per_s: float | None = Field(
         None, gt=0, le=1e12, description="Prefill speed (tokens/s, > 0) for the TTFT saved vs recompute; default: none."
@@ -118,6 +126,7 @@ class TiersRequest(Request):
         "dram_gb": "--dram-gb",
         "hicache_ratio": "--hicache-ratio",
         "write_policy": "--hicache-write-policy",
+        "max_num_batched_tokens": "--max-num-batched-tokens",
     }
 
 
@@ -170,13 +179,14 @@ class TiersResponse(Response):
 def _load(req: TiersRequest):
     from ..sim.runner import block_requests
     from ..workload.production import read_production
-    from ..workload.trace import Trace
 
     if (req.trace is None) == (req.blocks_trace is None):
         raise InputError("--trace and --blocks-trace: give exactly one")
     if req.trace is not None:
+        from .inputs import load_trace_file
+
         with translating("--trace"):
-            tr = Trace.read(req.trace)
+            tr = load_trace_file(req.trace)
             if req.estimate != "none":
                 # the estimator sees the trace as its block counts (no token-level sharing): so does the simulator
                 if req.block_size is not None and req.block_size != tr.block_size:
@@ -207,6 +217,8 @@ def tiers(req: TiersRequest) -> TiersResponse:
         raise InputError(f"{flag}: applies to --tier hicache only")
     if (req.dram_gb is None) == (req.host_units is None):
         raise InputError("--dram-gb and --host-units: give exactly one")
+    if req.max_num_batched_tokens is not None and req.tier != "simple-lazy":
+        raise InputError("--max-num-batched-tokens: applies to --tier simple-lazy only")
     priced = (req.price_hbm_per_gib is not None, req.price_dram_per_gib is not None)
     if any(priced) and not all(priced):
         raise InputError("--price-hbm-per-gib and --price-dram-per-gib: give both or neither")
@@ -223,6 +235,8 @@ def tiers(req: TiersRequest) -> TiersResponse:
         if req.chunk_tokens % b:
             raise InputError(f"--chunk-tokens: expected a multiple of the block size {b}, got {req.chunk_tokens}")
         kw = {"chunk_tokens": req.chunk_tokens}
+    elif req.tier == "simple-lazy":
+        kw = {"max_num_batched_tokens": req.max_num_batched_tokens or 8192}
     bpb = bpt = None
     if req.dram_gb is not None or req.prefill_tokens_per_s is not None or all(priced):
         from .. import hardware
@@ -245,11 +259,15 @@ def tiers(req: TiersRequest) -> TiersResponse:
             )
             for g in req.dram_gb
         ]
+        if req.tier == "simple-lazy":
+            units = [max(1, u) for u in units]  # _derive_cpu_config: max(1, local capacity)
     else:
         units = list(req.host_units)
-    if req.tier == "simple" and min(units) < 1:
-        raise InputError("--dram-gb/--host-units: the simple tier needs at least one CPU block")
+    if req.tier in ("simple", "simple-lazy") and min(units) < 1:
+        raise InputError(f"--dram-gb/--host-units: the {req.tier} tier needs at least one CPU block")
     est = None
+    if req.estimate != "none" and req.tier == "simple-lazy":
+        raise InputError("--estimate: no estimator models --tier simple-lazy (write-back); simulate it")
     if req.estimate != "none":
         from ..estimate_tiers import estimate_tiers
 
@@ -297,7 +315,12 @@ def tiers(req: TiersRequest) -> TiersResponse:
                 "cost": sp.cost,
                 "h": sp.h,
             }
-    name = {"native": "vLLM 0.33.0 native", "simple": "vLLM 0.33.0 SimpleCPUOffload", "lmcache": "LMCache 0.5.6"}
+    name = {
+        "native": "vLLM 0.33.0 native",
+        "simple": "vLLM 0.33.0 SimpleCPUOffload",
+        "simple-lazy": "vLLM 0.33.0 SimpleCPUOffload lazy_offload",
+        "lmcache": "LMCache 0.5.6",
+    }
     return TiersResponse(
         tier=f"{req.tier} ({name[req.tier]})",
         requests=int(len(br.prompt_tokens)),
@@ -354,10 +377,10 @@ def _hicache_requests(req: TiersRequest, br):
     from ..sim.tiers.hicache_curve import token_requests, trace_token_requests
 
     if req.trace is not None:
-        from ..workload.trace import Trace
+        from .inputs import load_trace_file
 
         with translating("--trace"):
-            reqs = trace_token_requests(Trace.read(req.trace))
+            reqs = trace_token_requests(load_trace_file(req.trace))
         if reqs is not None:
             return reqs, "token ids"
     return token_requests(br.prompt_tokens, br.hash_offsets, br.hashes, int(br.block_size)), "block hashes"
@@ -379,7 +402,7 @@ def _hicache(req: TiersRequest) -> TiersResponse:
         raise InputError("--price-hbm-per-gib and --price-dram-per-gib: give both or neither")
     if all(priced) and (req.target is None or req.dram_gb is None):
         raise InputError("--price-hbm-per-gib: the cheapest split needs --target and --dram-gb")
-    for name in ("policy", "blocks_per_chunk", "store_threshold", "chunk_tokens"):
+    for name in ("policy", "blocks_per_chunk", "store_threshold", "chunk_tokens", "max_num_batched_tokens"):
         if getattr(req, name) != TiersRequest.model_fields[name].default:
             raise InputError(f"{req.flag(name)}: applies to the vLLM/LMCache tiers, not to --tier hicache")
     if req.plot is not None:

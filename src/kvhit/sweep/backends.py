@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -215,9 +217,14 @@ def run_sweep(
     if not pending:
         return summary
     cb(skipped, total, 0, "building workloads")
-    payload = build_payload(grid, pending, progress=lambda k, n, what: cb(skipped, total, 0, what))
-    pid = uuid.uuid4().hex
-    be = _Ray(jobs, address, pid, payload) if backend == "ray" else _Local(jobs, pid, payload)
+    scratch = tempfile.mkdtemp(prefix="kvhit-sweep-")
+    try:
+        payload = build_payload(grid, pending, scratch, progress=lambda k, n, what: cb(skipped, total, 0, what))
+        pid = uuid.uuid4().hex
+        be = _Ray(jobs, address, pid, payload) if backend == "ray" else _Local(jobs, pid, payload)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     attempts: dict[str, int] = {}
     handles: dict = {}
     buffer: list[dict] = []
@@ -265,5 +272,6 @@ def run_sweep(
     finally:
         flush()
         be.close()
+        shutil.rmtree(scratch, ignore_errors=True)
         summary.seconds = time.perf_counter() - t0
     return summary

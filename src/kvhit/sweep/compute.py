@@ -6,21 +6,19 @@ replication and seed) and the shipped workloads — not on the process that runs
 
 Workloads are *shipped*: the driver builds a payload once (:func:`build_payload`: ShareGPT traces per (λ0,
 replication) through :func:`kvhit.service.traces.build_sharegpt`, trace files read once, spec files as text) and
-every worker installs it once (:func:`install`): traces are written to a worker-local file and preloaded
-(:func:`kvhit.service.inputs.preload_trace`), so the per-point requests that name them read memory, not disk.
+every worker installs it once (:func:`install`): traces are preloaded under a path of their own
+(:func:`kvhit.service.inputs.preload_trace`), so the per-point requests that name them read memory, not disk;
+spec texts are written once per worker process.
 
 NOT done here: retries, batching, storage (:mod:`.backends`, :mod:`.store`).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import math
 import os
-import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,12 +40,13 @@ OUTPUTS = (
     "extra",
 )
 
-_STATE: dict[str, Any] = {"id": None, "paths": {}, "grid": None, "tmp": None}
+_STATE: dict[str, Any] = {"id": None, "pid": None, "paths": {}, "grid": None, "block_sizes": {}}
 
 
-def build_payload(grid: Grid, tasks: list[Task], progress=None) -> dict:
-    """Everything the tasks read, built once in the driver: ``{"grid": Grid, "workloads": {key: item}}`` with
-    ``item`` = ``("trace", Trace)`` or ``("spec", text, filename)``."""
+def build_payload(grid: Grid, tasks: list[Task], tmp: str, progress=None) -> dict:
+    """Everything the tasks read, built once in the driver: ``{"grid": Grid, "workloads": {key: item}, "tmp":
+    tmp}`` with ``item`` = ``("trace", Trace)`` or ``("spec", text, filename)``; ``tmp`` is the driver's
+    scratch directory (see :func:`install`)."""
     from ..service import ShareGPTRequest, build
     from ..service.inputs import read_trace
     from ..service.traces import build_sharegpt
@@ -77,32 +76,35 @@ def build_payload(grid: Grid, tasks: list[Task], progress=None) -> dict:
             items[key] = ("trace", read_trace(wl.path, f"workloads.{wl.name}.trace"))
         else:
             items[key] = ("spec", wl.path.read_text(encoding="utf-8"), wl.path.name)
-    return {"grid": grid, "workloads": items}
+    return {"grid": grid, "workloads": items, "tmp": tmp}
 
 
 def install(payload_id: str, payload: dict) -> None:
-    """Make a shipped payload available in this process (once per process and payload)."""
+    """Make a shipped payload available in this process (once per process and payload): traces are preloaded
+    under a path of their own (no file is written: the services read preloaded traces from memory), spec texts
+    are written to a directory of this process under the driver's ``payload["tmp"]`` (removed by the driver at
+    the end; a forked worker must not share the files of its parent)."""
     from ..service.inputs import preload_trace
 
-    if _STATE["id"] == payload_id:
+    if _STATE["id"] == payload_id and _STATE.get("pid") == os.getpid():
         return
-    if _STATE["tmp"] is None:
-        _STATE["tmp"] = tempfile.mkdtemp(prefix="kvhit-sweep-")
-        atexit.register(shutil.rmtree, _STATE["tmp"], True)
-    tmp = Path(_STATE["tmp"]) / payload_id
-    tmp.mkdir(parents=True, exist_ok=True)
-    paths = {}
+    for p in _STATE["paths"].values():  # the previous payload's traces
+        preload_trace(p, None)
+    d = Path(payload["tmp"]) / f"{os.getpid()}-{payload_id[:12]}"
+    paths, block_sizes = {}, {}
     for i, (key, item) in enumerate(sorted(payload["workloads"].items())):
         if item[0] == "trace":
-            p = tmp / f"w{i}.parquet"
-            item[1].write(p)
+            p = d / f"w{i}.parquet"
             preload_trace(p, item[1])
+            block_sizes[key] = item[1].block_size
         else:
-            p = tmp / f"w{i}" / item[2]  # keep the spec's file name: its messages name it
-            p.parent.mkdir(exist_ok=True)
-            p.write_text(item[1], encoding="utf-8")
+            p = d / f"w{i}" / item[2]  # keep the spec's file name: its messages name it
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(f".{p.name}.tmp")
+            tmp.write_text(item[1], encoding="utf-8")
+            os.replace(tmp, p)
         paths[key] = p
-    _STATE.update(id=payload_id, paths=paths, grid=payload["grid"])
+    _STATE.update(id=payload_id, pid=os.getpid(), paths=paths, grid=payload["grid"], block_sizes=block_sizes)
 
 
 def _source(task: Task) -> dict:
@@ -144,6 +146,8 @@ def run_task(task: Task) -> list[dict]:
     wl = grid.workloads[task.workload]
     src = _source(task)
     Ns = [int(p["N"]) for p in task.points]
+    if "dram_gb" in task.points[0]:
+        return [_tiers(task, wl, src, task.points[0])]
     if task.compute == "estimate":
         engine = task.points[0].get("engine")
         if wl.kind == "spec":
@@ -191,22 +195,54 @@ def run_task(task: Task) -> list[dict]:
                 engine=p["engine"],
                 seed=task.seed,
                 estimates=grid.estimates,
+                # a trace without a block size (e.g. generated from a spec): the grid's, as simulate assumes
+                block_size=None if _STATE["block_sizes"].get(task.shipped) else wl.block_size,
             )
         )
         row = r.rows[0]
-        est = row.get("estimate") or {}
+        est = row.get("estimate")
         return [
             _row(
                 h=_f(row["token_hit_ratio"]),
                 metric="tokens",
                 token_hit_ratio=_f(row["token_hit_ratio"]),
-                h_estimate=_f(est.get("token_hit_ratio")) if isinstance(est, dict) else None,
+                h_estimate=_f(est) if isinstance(est, int | float) else None,
                 feasible=row.get("rejected", 0) == 0,
                 n_measured=row.get("requests"),
                 extra=_clean(row, ("router", "replicas", "token_hit_ratio", "estimate", "params")),
             )
         ]
     return [_simulate(task, wl, src, p)]
+
+
+def _tiers(task: Task, wl, src: dict, p: dict) -> dict:
+    """A host tier (``sweep.tier``) of ``dram_gb`` GiB behind ``N`` GPU blocks: :func:`kvhit.service.tiers`."""
+    from .. import service as svc
+
+    grid: Grid = _STATE["grid"]
+    estimate = "only" if task.compute == "estimate" else ("also" if grid.estimates else "none")
+    r = svc.tiers(
+        svc.build(
+            svc.TiersRequest,
+            trace=src["trace"],
+            tier=grid.tier,
+            hbm_blocks=[p["N"]],
+            dram_gb=[p["dram_gb"]],
+            model=grid.model,
+            estimate=estimate,
+            block_size=None if _STATE["block_sizes"].get(task.shipped) else wl.block_size,
+        )
+    )
+    h = r.h[0][0]
+    est = r.h_estimate[0][0] if r.h_estimate else None
+    return _row(
+        h=_f(h),
+        metric="tokens",
+        token_hit_ratio=_f(h),
+        h_estimate=_f(est),
+        feasible=h is not None,
+        extra={"tier": r.tier, "h_gpu": r.h_gpu[0], "h_source": r.h_source, "host_units": r.host_units},
+    )
 
 
 def _simulate(task: Task, wl, src: dict, p: dict) -> dict:
@@ -281,6 +317,18 @@ def _one_line(e: BaseException) -> str:
     return one_line(f"{type(e).__name__}: {e}")[:2000]
 
 
+def _named(task: Task, err: str) -> str:
+    """An error names the grid's workload, not the worker's private copy of it."""
+    p = _STATE["paths"].get(task.shipped)
+    if p is None:
+        return err
+    wl = _STATE["grid"].workloads[task.workload]
+    what = f"workloads.{wl.name}" + (
+        f" ({wl.path})" if wl.path else f" (ShareGPT, λ0 {task.lam0}, r {task.replication})"
+    )
+    return err.replace(str(p), what)
+
+
 def execute(task: Task) -> tuple[Task, list[dict], str, str | None, float, str]:
     """Run a task in this process: ``(task, rows, status, error, seconds, worker)``; ``status`` is ``ok``,
     ``refused`` (the service refused the request: an :class:`~kvhit.service.InputError`, not retried) or
@@ -292,16 +340,16 @@ def execute(task: Task) -> tuple[Task, list[dict], str, str | None, float, str]:
         rows = run_task(task)
         status, err = "ok", None
     except InputError as e:
-        rows, status, err = [_row() for _ in task.points], "refused", str(e)
+        rows, status, err = [_row() for _ in task.points], "refused", _named(task, str(e))
     except Exception as e:  # a failed point is recorded, never kills the sweep
-        rows, status, err = [_row() for _ in task.points], "error", _one_line(e)
+        rows, status, err = [_row() for _ in task.points], "error", _named(task, _one_line(e))
     return task, rows, status, err, time.perf_counter() - t0, worker_name()
 
 
 def execute_batch(payload_id: str, payload: dict | None, tasks: list[Task]) -> list[tuple]:
     """Install the payload if this process has not yet (``payload`` may be a one-element list holding a Ray object
     reference, fetched only then), and run the tasks."""
-    if _STATE["id"] != payload_id:
+    if _STATE["id"] != payload_id or _STATE["pid"] != os.getpid():
         if isinstance(payload, list):
             import ray
 

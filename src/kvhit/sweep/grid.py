@@ -11,6 +11,7 @@ A grid file is TOML with three tables (all keys optional except one capacity axi
     block_size = 128          # tokens per block of spec workloads and of the hbm_gb conversion (default 128)
     conversations = 20000     # spec workloads: conversations per replication (default 20,000)
     estimates = false         # simulate/curve: also the estimator's h beside the simulated one (default false)
+    tier = "native"           # with a dram_gb axis: native | simple | lmcache | hicache (default native)
 
     [workloads.chat]          # any number; default: one workload "sharegpt" (the bundled ShareGPT trace)
     sharegpt = true           # or: spec = "scm.toml" (plus spec flags: lam0, p, x_mean, …), or trace = "t.parquet"
@@ -21,9 +22,13 @@ A grid file is TOML with three tables (all keys optional except one capacity axi
     lam0 = [0.5, 1.0, 2.0]    # conversations/s (spec and ShareGPT workloads)
     replicas = [1, 2, 4]      # fleet: R replicas behind `router` (simulate, trace/ShareGPT workloads)
     router = ["round-robin", "session"]
+    dram_gb = [0, 64, 256]    # host tier behind the GPU (sweep.tier: native | simple | lmcache | hicache)
 
-What each point computes: ``estimate`` → :func:`kvhit.service.estimate` (spec: mean-field eq. (32), and the
-engine-aware estimate when an engine axis is given) or :func:`kvhit.service.trace_estimate` (ShareGPT/trace:
+With a ``dram_gb`` axis a point is :func:`kvhit.service.tiers` (``sweep.tier``, default native; vLLM for
+native/simple/lmcache, SGLang for hicache — the engine axis is then left out; ``estimate`` uses the two-tier
+estimator, ``estimate = "only"``). What each point computes otherwise: ``estimate`` →
+:func:`kvhit.service.estimate` (spec: mean-field eq. (32), and the engine-aware estimate when an engine axis is
+given) or :func:`kvhit.service.trace_estimate` (ShareGPT/trace:
 the engine-aware estimator); ``simulate`` → :func:`kvhit.service.simulate` (or
 :func:`kvhit.service.fleet_simulate` with replicas/router axes); ``curve`` → :func:`kvhit.service.curve` at the
 capacities of the grid, one pass per (workload, λ0, replication) for every engine and capacity at once.
@@ -65,7 +70,8 @@ COMPUTES = ("estimate", "simulate", "curve")
 ENGINES = ("content", "vllm", "vllm-0.23", "sglang")
 ROUTERS = ("round-robin", "random", "session", "sticky", "least-loaded", "dynamo", "llm-d", "sglang")
 #: axes in the order of the result columns
-AXES = ("engine", "N", "hbm_gb", "lam0", "replicas", "router")
+AXES = ("engine", "N", "hbm_gb", "dram_gb", "lam0", "replicas", "router")
+TIERS = ("native", "simple", "lmcache", "hicache")
 SPEC_KEYS = ("lam0", "p", "mean_turns", "x_mean", "y_mean", "w_mean", "w_dist", "w_cv")
 SHAREGPT_KEYS = ("seed", "warmup", "measured", "w_mean")
 MAX_POINTS = 10_000_000
@@ -114,6 +120,7 @@ class Grid:
     axes: dict[str, list]
     bytes_per_block: int = 0
     estimates: bool = False
+    tier: str = "native"
 
     def points(self) -> list[dict]:
         """Every point (combination of axis values, per workload), in a fixed order, with its ``point_id``."""
@@ -122,7 +129,9 @@ class Grid:
         for wname, wl in self.workloads.items():
             for combo in itertools.product(*(self.axes[a] for a in names)):
                 c: dict[str, Any] = {"workload": wname, **dict(zip(names, combo, strict=True))}
-                if self.compute != "estimate" or wl.kind != "spec":
+                if "dram_gb" in c:  # the tier's engine
+                    c["engine"] = "sglang" if self.tier == "hicache" else "vllm"
+                elif self.compute != "estimate" or wl.kind != "spec":
                     c.setdefault("engine", "vllm")  # a spec's estimate without engines: the mean-field h
                 if "hbm_gb" in c:
                     c["N"] = self.blocks(c["hbm_gb"], wl.block_size)
@@ -141,7 +150,7 @@ class Grid:
         """The points grouped into service calls, times the replications (see :class:`Task`)."""
         groups: dict[tuple, list[dict]] = {}
         for p in self.points():
-            if self.compute == "simulate":
+            if self.compute == "simulate" or "dram_gb" in p:
                 key = (p["point_id"],)
             else:  # all capacities (curve: and engines) of one combination of the other axes: one service call
                 drop = {"N", "hbm_gb", "point_id"} | ({"engine"} if self.compute == "curve" else set())
@@ -170,6 +179,7 @@ class Grid:
             "block_size": self.block_size,
             "conversations": self.conversations,
             "estimates": self.estimates,
+            "tier": self.tier,
             "workloads": {
                 n: {"kind": w.kind, "options": w.options, "digest": w.digest, "block_size": w.block_size}
                 for n, w in sorted(self.workloads.items())
@@ -229,7 +239,7 @@ def load_grid(path: str | Path) -> Grid:
     sw = _table(data.get("sweep", {}), "sweep", fail)
     _unknown(
         sw,
-        ("compute", "seed", "replications", "retries", "model", "block_size", "conversations", "estimates"),
+        ("compute", "seed", "replications", "retries", "model", "block_size", "conversations", "estimates", "tier"),
         "sweep.",
         fail,
     )
@@ -252,8 +262,14 @@ def load_grid(path: str | Path) -> Grid:
     axes = _axes(_table(data.get("axes", {}), "axes", fail), fail)
     grid = Grid(path, compute, seed, reps, retries, model, block_size, conversations, workloads, axes)
     grid.estimates = estimates
+    grid.tier = sw.get("tier", "native")
+    if grid.tier not in TIERS:
+        fail(f"sweep.tier: must be one of {', '.join(TIERS)} (got {grid.tier!r})")
+    if "tier" in sw and "dram_gb" not in axes:
+        fail("sweep.tier: applies to a dram_gb axis (none given)")
     _check_combinations(grid, fail)
-    if "hbm_gb" in axes:
+    _check_combinations(grid, fail)
+    if "hbm_gb" in axes or "dram_gb" in axes:
         from .. import hardware
 
         try:
@@ -396,6 +412,8 @@ def _axes(ax: dict, fail) -> dict[str, list]:
             v = [_int(x, name, 1, 4096, fail) for x in v]
         elif k == "hbm_gb":
             v = [_num(x, name, fail, hi=2**20) for x in v]
+        elif k == "dram_gb":
+            v = [_num(x, name, fail, hi=2**20, open_lo=False) for x in v]
         elif k == "lam0":
             v = [_num(x, name, fail, hi=1e9) for x in v]
         out[k] = list(v)
@@ -416,6 +434,17 @@ def _check_combinations(g: Grid, fail) -> None:
             fail(f"axes.engine: a fleet's replicas are vllm or vllm-0.23 (got {bad[0]!r})")
         if "spec" in kinds:
             fail("axes.replicas/router: fleets replay a trace; spec workloads are not supported (use a trace)")
+    if "dram_gb" in g.axes:
+        if "engine" in g.axes:
+            fail(f"axes.engine: with dram_gb the engine is the tier's (sweep.tier = {g.tier!r}); leave engine out")
+        if fleet:
+            fail("axes.dram_gb: host tiers behind a fleet are not modelled; drop replicas/router or dram_gb")
+        if "spec" in kinds:
+            fail("axes.dram_gb: host tiers replay a trace; spec workloads are not supported (use a trace)")
+        if g.compute == "curve":
+            fail("axes.dram_gb: no one-pass curve over host tiers; set sweep.compute = 'simulate' or 'estimate'")
+        if g.compute == "estimate" and g.tier == "hicache":
+            fail("sweep.tier: hicache has no two-tier estimator; set sweep.compute = 'simulate'")
     if "lam0" in g.axes and "trace" in kinds:
         name = next(n for n, w in g.workloads.items() if w.kind == "trace")
         fail(f"axes.lam0: a trace file has fixed arrival times; workload {name!r} cannot vary λ0")
@@ -428,5 +457,3 @@ def _check_combinations(g: Grid, fail) -> None:
             fail("axes.engine: sglang has no estimator; use sweep.compute = 'simulate' or 'curve'")
         if "content" in engines and kinds & {"sharegpt", "trace"}:
             fail("axes.engine: the trace estimator covers vllm and vllm-0.23; content needs a spec workload")
-    if g.compute == "curve" and "spec" in kinds and "sglang" in engines:
-        pass  # the curve service handles it

@@ -56,6 +56,7 @@ def point_table(directory: Path) -> tuple[list[dict], dict]:
         by_point.setdefault(r["point_id"], []).append(r)
     points = []
     for pid, rs in by_point.items():
+        rs.sort(key=lambda r: r["replication"])  # the mean's last digit must not depend on the order rows were written
         ok = [r for r in rs if r["status"] == "ok" and r["h"] is not None]
         hs = [r["h"] for r in ok]
         p: dict[str, Any] = {"point_id": pid, "workload": rs[0]["workload"], **{a: rs[0][a] for a in AXES}}
@@ -112,7 +113,7 @@ def _write_csv(points: list[dict], path: Path) -> None:
 
 
 def _fmt_val(a: str, v) -> str:
-    unit = {"hbm_gb": " GiB", "lam0": "/s", "N": " blocks"}.get(a, "")
+    unit = {"hbm_gb": " GiB", "dram_gb": " GiB DRAM", "lam0": "/s", "N": " blocks"}.get(a, "")
     return f"{a} = {v:g}{unit}" if isinstance(v, float) else f"{a} = {v}{unit}"
 
 
@@ -147,8 +148,16 @@ def _figure(points: list[dict], x: str, varying: list[str], out_prefix: Path, ti
             ys = [p["h"] for p in pts]
             err = [p["ci95"] or 0.0 for p in pts]
             ax.errorbar(xs, ys, yerr=err, marker="o", ms=3.5, lw=1.2, capsize=2, color=f"C{j}", label=str(hv))
-        if x in ("N", "hbm_gb", "replicas") and len({p[x] for p in sel}) > 2:
-            ax.set_xscale("log", base=2)
+        vals = sorted({p[x] for p in sel})
+        if (
+            x in ("N", "hbm_gb", "dram_gb", "replicas", "lam0")
+            and len(vals) > 2
+            and vals[0] > 0
+            and vals[-1] / vals[0] >= 8
+        ):
+            ax.set_xscale("log")
+            ax.set_xticks(vals, [f"{v:g}" for v in vals])
+            ax.minorticks_off()
         ax.set_title(", ".join(_fmt_val(a, v) for a, v in zip(facet_axes, combo, strict=True)) or " ", fontsize=8)
         ax.set_xlabel(
             {"hbm_gb": "KV memory (GiB)", "N": "capacity N (blocks)", "lam0": "λ0 (conversations/s)"}.get(x, x)
@@ -192,9 +201,10 @@ def report(directory: Path) -> dict:
             )
         by_axis[a] = rows
     figures: list[str] = []
-    xs = [a for a in ("hbm_gb", "N", "lam0", "replicas") if a in varying]
-    metric = {p["metric"] for p in points if p["metric"]}
-    what = "h" if len(metric) != 1 else f"h ({metric.pop()})"
+    xs = [a for a in ("hbm_gb", "N", "dram_gb", "lam0", "replicas") if a in varying]
+    metric = {f"{p['engine']}: {p['metric']}" if p["engine"] else p["metric"] for p in points if p["metric"]}
+    reps = counts["replications"]
+    what = f"hit ratio ({'; '.join(sorted(metric))})" + (f", mean of {reps} replications ± 95% CI" if reps > 1 else "")
     for x in xs:
         figures += [str(f) for f in _figure(points, x, varying, rdir / f"h_vs_{x}", f"{d.name}: {what} vs {x}")]
     errors = [

@@ -33,6 +33,7 @@ SCHEMA = pa.schema(
         ("engine", pa.string()),
         ("N", pa.int64()),
         ("hbm_gb", pa.float64()),
+        ("dram_gb", pa.float64()),
         ("lam0", pa.float64()),
         ("replicas", pa.int32()),
         ("router", pa.string()),

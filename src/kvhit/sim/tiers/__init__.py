@@ -13,15 +13,17 @@ A host tier is not a second simulator: :class:`TieredEngine` wraps the ONE step-
 
 Engine versions read (wheels from ``pip download --no-deps``): **vLLM 0.33.0** and **LMCache 0.5.6**. The
 tier models live one per file: :mod:`.native` (``OffloadingConnector`` + ``CPUOffloadingManager``, LRU and
-ARC), :mod:`.simple` (``SimpleCPUOffloadConnector``, eager), :mod:`.lmcache` (LMCache in-process, local CPU
-backend). Each module docstring lists what it mirrors, where the code differs from issue 16's statements,
-and what is not modelled.
+ARC), :mod:`.simple` (``SimpleCPUOffloadConnector``, eager), :mod:`.simple_lazy` (the same connector with
+``lazy_offload``: write-back from the GPU free queue; its own engine class, since its stores and its async load
+step reorder the GPU pool between allocations), :mod:`.lmcache` (LMCache in-process, local CPU backend). Each
+module docstring lists what it mirrors, where the code differs from issue 16's statements, and what is not
+modelled.
 
 Invariant shared by every tier (checked in ``tests/test_tiers.py``): the GPU engine's state is driven by
 the request stream only. A KV load from the host allocates exactly the blocks a recompute would allocate
 and the loaded blocks become ordinary GPU prefix-cache blocks (vLLM ``update_state_after_alloc`` then
 ``cache_blocks`` after the load), so ``g`` per request is the single-tier simulator's hit — *except* for
-:mod:`.simple`, whose store path pins GPU blocks and frees them in prefix order when the copy completes
+:mod:`.simple` and :mod:`.simple_lazy`, whose store paths pin GPU blocks and free them when the copy completes
 (modelled there; it changes the GPU free-queue order).
 
 Timing model: transfers complete at once (the conformance harness's worker completes every job in the
@@ -162,10 +164,26 @@ def make_tiered(
 ) -> TieredEngine:
     """A tiered engine by name: ``"native"`` (vLLM OffloadingConnector, ``host_capacity`` in chunks;
     ``policy="lru"|"arc"``, ``blocks_per_chunk``, ``store_threshold``, ``prompt_only``), ``"simple"``
-    (SimpleCPUOffloadConnector eager, ``host_capacity`` in CPU blocks), ``"lmcache"`` (``host_capacity``
+    (SimpleCPUOffloadConnector eager, ``host_capacity`` in CPU blocks), ``"simple-lazy"`` (lazy mode: a
+    :class:`~kvhit.sim.tiers.simple_lazy.SimpleLazyEngine`, not a ``TieredEngine``; ``host_capacity`` = vLLM's
+    ``num_cpu_blocks``; ``max_num_batched_tokens``), ``"lmcache"`` (``host_capacity``
     in 256-token chunks; ``chunk_tokens``)."""
     from kvhit.sim.engines.vllm import VllmEngine
 
+    if tier == "simple-lazy":
+        from kvhit.sim.tiers.simple_lazy import SimpleLazyEngine
+
+        if engine != "vllm":
+            raise ValueError(f"engine: the simple-lazy tier models vLLM 0.33.0 ('vllm'), got {engine!r}")
+        return SimpleLazyEngine(  # type: ignore[return-value]
+            gpu_blocks,
+            block_size=block_size,
+            num_cpu_blocks=host_capacity,
+            colocated=colocated,
+            bytes_per_token=bytes_per_token,
+            pcie_bytes_per_s=pcie_bytes_per_s,
+            **kw,
+        )
     gpu = VllmEngine(gpu_blocks, block_size=block_size, engine=engine, colocated=colocated)
     if tier == "native":
         from kvhit.sim.tiers.native import NativeCpuTier
@@ -180,5 +198,5 @@ def make_tiered(
 
         host = LMCacheTier(host_capacity, block_size=block_size, **kw)
     else:
-        raise ValueError(f"tier: expected one of ['lmcache', 'native', 'simple'], got {tier!r}")
+        raise ValueError(f"tier: expected one of ['lmcache', 'native', 'simple', 'simple-lazy'], got {tier!r}")
     return TieredEngine(gpu, host, bytes_per_token=bytes_per_token, pcie_bytes_per_s=pcie_bytes_per_s)

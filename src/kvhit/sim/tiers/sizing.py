@@ -40,10 +40,10 @@ def host_units(
             int(dram_bytes), bytes_per_block_rank, world_size=tp, blocks_per_chunk=blocks_per_chunk, alignment=alignment
         )
     per_rank = int(dram_bytes) // tp
-    if tier == "simple":
+    if tier in ("simple", "simple-lazy"):
         return per_rank // bytes_per_block_rank
     if tier == "lmcache":
         if chunk_tokens % block_size:
             raise ValueError(f"chunk_tokens: expected a multiple of block_size={block_size}, got {chunk_tokens}")
         return per_rank // (bytes_per_block_rank * (chunk_tokens // block_size))
-    raise ValueError(f"tier: expected one of ['lmcache', 'native', 'simple'], got {tier!r}")
+    raise ValueError(f"tier: expected one of ['lmcache', 'native', 'simple', 'simple-lazy'], got {tier!r}")

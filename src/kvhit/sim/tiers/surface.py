@@ -10,8 +10,9 @@ What is computed once, and why it is exact:
    blocks become ordinary prefix-cache blocks, so the GPU engine's state, and ``g_r(N)``, depend on the request
    stream only (``tests/test_tiers.py::test_gpu_hits_equal_single_tier``). ``g_r(N)`` is therefore taken from
    the compiled :func:`kvhit.sim.block.simulate_block`, once per ``N``, and only the host tier is stepped per
-   pair (:func:`host_pass`). Not for ``simple``: its store path changes the GPU free-queue order, so every pair
-   is a full :class:`~kvhit.sim.tiers.TieredEngine` replay.
+   pair (:func:`host_pass`). Not for ``simple`` / ``simple-lazy``: their store paths change the GPU free-queue
+   order, so every pair is a full replay (:class:`~kvhit.sim.tiers.TieredEngine`,
+   :class:`~kvhit.sim.tiers.simple_lazy.SimpleLazyEngine`).
 2. **LMCache separation**. LMCache's lookup (prefix from token 0), touch and store (from its own hit ``l``) never
    read ``g``, so ``l_r(C)`` does not depend on ``N`` and ``g_r + c_r = max(g_r, l_r - [l_r = T_r])``. The
    surface costs ``|N grid|`` GPU runs plus ``|C grid|`` host runs, combined per pair in O(n).
@@ -147,8 +148,8 @@ def hit_surface(
         raise ValueError("gpu_blocks and host: expected non-empty 1-D grids")
     if (Ns < 1).any() or (Cs < 0).any():
         raise ValueError("gpu_blocks: expected >= 1 blocks; host: expected >= 0")
-    if tier not in ("native", "lmcache", "simple"):
-        raise ValueError(f"tier: expected one of ['lmcache', 'native', 'simple'], got {tier!r}")
+    if tier not in ("native", "lmcache", "simple", "simple-lazy"):
+        raise ValueError(f"tier: expected one of ['lmcache', 'native', 'simple', 'simple-lazy'], got {tier!r}")
     b = int(block_size)
     gs, adms = zip(*(_gpu(T, off, h, N, b, engine) for N in Ns), strict=True)
     total = np.zeros((len(Ns), len(Cs)), np.int64)
