@@ -284,3 +284,16 @@ def test_inflight_imbalance_against_a_time_grid():
     q = np.array([[((rep == k) & ~rej & (t <= g) & (g < t + wait + hold)).sum() for k in range(R)] for g in grid])
     want = q.max(axis=1).sum() / q.mean(axis=1).sum()
     assert inflight_imbalance(rep, t, wait, hold, rej, R) == pytest.approx(want, rel=1e-12)
+
+
+def test_plan_capacity_from_kv_gb_and_gpu(trace):
+    from kvhit import hardware
+
+    out = _plan(trace, "--target", "0.3", "--kv-gb", "0.4", "--router", "session", "--max-replicas", "2")
+    bpb = hardware.get_model("qwen3-8b").bytes_per_block(B)
+    assert out["capacity"]["N"] == int(hardware.gb_to_bytes(0.4) // bpb) and out["capacity"]["source"] == "--kv-gb"
+    out = _plan(trace, "--target", "0.3", "--vary", "hbm", "--replicas", "2", "--router", "session", "--gpu", "H100")
+    budget = hardware.kv_budget_bytes("H100", "qwen3-8b")
+    a = out["answers"][0]
+    assert a["found"] and a["fits_on_gpu"] == (a["N"] * bpb <= budget)
+    assert out["capacity"]["kv_gib_available"] == pytest.approx(budget / 2**30)

@@ -107,3 +107,28 @@ def test_estimate_spec_sglang_at_the_same_memory():
     rows = json.loads(r.out)["estimates"]
     assert all(e["h_engine_blocks"] is None for e in rows)
     assert 0 < rows[0]["h_engine_tokens"] < rows[1]["h_engine_tokens"] < 1
+
+
+def test_estimate_trace_sglang_page_size(trace_file):
+    import numpy as np
+
+    from kvhit.estimate_sglang import estimate_sglang, sglang_accounting
+    from kvhit.workload import Trace
+
+    args = ["estimate", "--trace", trace_file, "--engine", "sglang", "--N", "30000,60000", "--page-size", "16"]
+    j = json.loads(kvhit(*args, "--json").out)
+    tr = Trace.read(trace_file)
+    sa = sglang_accounting(tr, page_size=16, block_size=128, mask=tr.conv_index()[0] >= int(tr.meta.get("n_warm", 0)))
+    want = estimate_sglang(sa, [30000, 60000], float(tr.meta["lam0"])).h
+    np.testing.assert_allclose([row["h"]["sglang"] for row in j["rows"]], want, rtol=1e-12)
+    for bad, what in (
+        (["--N", "30001", "--page-size", "16"], "--N 30001"),
+        (["--N", "30000", "--page-size", "16", "--engine", "vllm"], "--page-size"),
+    ):
+        base = ["estimate", "--trace", trace_file, "--engine", "sglang", *bad]
+        r = kvhit(*base)
+        assert r.code == 2 and len(r.err_lines) == 1 and what in r.err, r.err
+    r = kvhit("estimate", "--blocks-trace", MOONCAKE, "--engine", "sglang", "--N", "160000", "--page-size", "16")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--page-size" in r.err
+    r = kvhit("estimate", *SCM, "--N", "100", "--page-size", "16")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--page-size" in r.err

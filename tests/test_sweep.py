@@ -278,6 +278,35 @@ dram_gb = [0, 4]
     assert rows[(100, 4.0)]["h"] > rows[(100, 0.0)]["h"]  # the host tier adds hits
 
 
+def test_production_traces_sweep_like_the_commands(tmp_path):
+    prod = ROOT / "tests" / "data" / "production"
+    body = f"""
+[sweep]
+compute = "{{mode}}"
+[workloads.mc]
+blocks_trace = "{prod / "mooncake_small.jsonl"}"
+[workloads.weka]
+blocks_trace = "{prod / "weka_0022.json"}"
+[axes]
+engine = ["vllm", "vllm-0.23"]
+N = [20, 60, 200, 1000]
+"""
+    got = {}
+    for mode in ("simulate", "curve"):
+        g = load_grid(_grid(tmp_path, body.format(mode=mode), f"{mode}.toml"))
+        assert run_sweep(g, tmp_path / mode).ok == 16
+        got[mode] = {(r["workload"], r["engine"], r["N"]): r["h"] for r in _results(tmp_path / mode)}
+    assert got["simulate"] == got["curve"] and sum(v is not None for v in got["simulate"].values()) >= 6
+    want = svc.simulate(svc.build(svc.SimulateRequest, blocks_trace=prod / "mooncake_small.jsonl", N=[200, 1000]))
+    for w in want.rows:
+        assert got["simulate"][("mc", w["engine"], w["N"])] == w["token_hit_ratio"]
+    # fixed arrival times: no λ0 axis; conversations are needed for Algorithm 1
+    for extra, field in [("lam0 = [1.0]", "axes.lam0"), ('engine = ["content"]', "axes.engine")]:
+        bad = body.format(mode="simulate").replace('engine = ["vllm", "vllm-0.23"]', extra)
+        with pytest.raises(GridError, match=field):
+            load_grid(_grid(tmp_path, bad, "bad.toml"))
+
+
 def test_estimate_grid_groups_capacities_into_one_service_call(tmp_path):
     body = f"""
 [sweep]

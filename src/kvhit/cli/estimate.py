@@ -94,6 +94,7 @@ def estimate(
     rate: RateOpt = None,
     span: SpanOpt = None,
     metric: Annotated[str, _opt(svc.TraceEstimateRequest, "metric", "--metric")] = "tokens",
+    page_size: Annotated[int | None, _opt(svc.TraceEstimateRequest, "page_size", "--page-size")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Mean-field estimate from a workload spec: moments, T_C, h_max and h (base eq. (25), practical eq. (32)).
@@ -108,6 +109,8 @@ def estimate(
     --engine sglang: SGLang's estimators (both sources), --N in tokens (docs/estimators.md §7);
     capacities below the largest request are infeasible (refused shares, no ratio).
     """
+    if trace is None and blocks_trace is None and page_size is not None:
+        _fail("--page-size: applies to --trace/--blocks-trace with --engine sglang")
     if trace is not None or blocks_trace is not None:
         if spec is not None or any(v is not None for v in (p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)):
             _fail("--trace/--blocks-trace: not with --spec or spec flags (the trace is the workload)")
@@ -124,6 +127,7 @@ def estimate(
             engine=engine,
             metric=metric,
             lam0=lam0,
+            page_size=page_size,
         )
         if as_json:
             _print_json(res)

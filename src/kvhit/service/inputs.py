@@ -14,7 +14,15 @@ import numpy as np
 
 from .errors import InputError, translating
 
-__all__ = ["read_trace", "load_trace_file", "preload_trace", "window_for", "measured_moments", "read_blocks_trace"]
+__all__ = [
+    "read_trace",
+    "load_trace_file",
+    "load_production_file",
+    "preload_trace",
+    "window_for",
+    "measured_moments",
+    "read_blocks_trace",
+]
 
 #: Traces already in memory, by path: a sweep worker (:mod:`kvhit.sweep`) installs the workloads shipped to it
 #: once, so that the requests of its points, which name a trace file, do not read the file again per point.
@@ -39,6 +47,18 @@ def load_trace_file(path: Path):
     if tr is None:
         return Trace.read(path)
     return dataclasses.replace(tr, cols=dict(tr.cols), meta=dict(tr.meta), lists=dict(tr.lists))
+
+
+def load_production_file(path: Path, **kw):
+    """``read_production(path, **kw)``, or the preloaded production trace of ``path`` when the read asks for its
+    own arrival times (sequential, no rate/span: what was preloaded)."""
+    from ..workload.production import read_production
+
+    pt = _PRELOADED.get(str(path))
+    own = kw.get("arrival", "sequential") == "sequential" and kw.get("rate") is None and kw.get("span") is None
+    if pt is not None and own:
+        return pt
+    return read_production(path, **kw)
 
 
 def read_trace(path: Path, flag: str = "--trace"):
@@ -96,15 +116,13 @@ def measured_moments(tr, window):
 
 def read_blocks_trace(path: Path, arrival: str, rate: float | None, span: float | None, seed: int):
     """A production block-id trace (Mooncake .jsonl, WEKA .json file or directory); empty traces refused."""
-    from ..workload.production import read_production
-
     kw: dict = {}
     if path.is_dir() or path.suffix == ".json":
         kw = {"arrival": arrival, "rate": rate, "span": span, "seed": seed}
     elif arrival != "sequential" or rate is not None or span is not None:
         raise InputError(f"--arrival/--rate/--span: apply to WEKA .json traces, not to {path.name}")
     with translating(f"--blocks-trace {path}"):
-        pt = read_production(path, **kw)
+        pt = load_production_file(path, **kw)
     if pt.n_requests == 0:
         raise InputError(f"--blocks-trace {path}: no requests in the trace (nothing to simulate)")
     return pt

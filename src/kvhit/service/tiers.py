@@ -178,7 +178,7 @@ class TiersResponse(Response):
 
 def _load(req: TiersRequest):
     from ..sim.runner import block_requests
-    from ..workload.production import read_production
+    from .inputs import load_production_file
 
     if (req.trace is None) == (req.blocks_trace is None):
         raise InputError("--trace and --blocks-trace: give exactly one")
@@ -196,7 +196,7 @@ def _load(req: TiersRequest):
                 return block_requests(tr, source="counts"), tr
             return block_requests(tr, block_size=req.block_size), tr
     with translating("--blocks-trace"):
-        pt = read_production(req.blocks_trace)
+        pt = load_production_file(req.blocks_trace)
     if req.block_size is not None and req.block_size != pt.block_size:
         raise InputError(f"--block-size: the blocks trace has block size {pt.block_size}, got {req.block_size}")
     return pt.to_block_requests(), pt

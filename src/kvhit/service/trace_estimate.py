@@ -48,6 +48,9 @@ class TraceEstimateRequest(Request):
     engine: BlockEngine | Literal["sglang"] | None = Field(
         None, description="vllm (≥ 0.24) | vllm-0.23 | sglang (--N in tokens); default: both vLLM orders."
     )
+    page_size: int | None = Field(
+        None, ge=1, le=2**16, description="--engine sglang on --trace: tokens per page, 1–65,536; default 1."
+    )
     metric: Literal["tokens", "blocks"] = Field(
         "tokens", description="tokens (vLLM's prefix_cache_hits/queries) | blocks (block-weighted h)."
     )
@@ -55,7 +58,7 @@ class TraceEstimateRequest(Request):
         None, gt=0, description="Predict a stationary stream of the trace's conversations at λ0 (conversations/s)."
     )
 
-    FLAGS = {"N": "--N", "blocks_trace": "--blocks-trace", "lam0": "--lam0"}
+    FLAGS = {"N": "--N", "blocks_trace": "--blocks-trace", "lam0": "--lam0", "page_size": "--page-size"}
 
 
 class TraceEstimateRow(Response):
@@ -80,14 +83,14 @@ class TraceEstimateResponse(Response):
 
 
 def _read_blocks(req: TraceEstimateRequest):
-    from ..workload.production import read_production
+    from .inputs import load_production_file
 
     p = req.blocks_trace
     kw: dict[str, Any] = {}
     if p.is_dir() or p.suffix == ".json":
         kw = {"arrival": req.arrival, "rate": req.rate, "span": req.span, "seed": req.seed}
     with translating(str(p)):
-        return read_production(p, **kw)
+        return load_production_file(p, **kw)
 
 
 def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
@@ -97,6 +100,8 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
         raise InputError("--trace / --blocks-trace: give exactly one")
     if req.engine == "sglang":
         return _sglang(req)
+    if req.page_size is not None:
+        raise InputError("--page-size: applies to --engine sglang")
     engines = [req.engine] if req.engine else ["vllm", "vllm-0.23"]
     Ns = np.asarray(req.N, dtype=np.int64)
     h: dict[str, np.ndarray] = {}
@@ -155,7 +160,7 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
 
 
 def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
-    """``--engine sglang``: the SGLang estimators at pools of ``--N`` tokens (page size 1, LRU)."""
+    """``--engine sglang``: the SGLang estimators at pools of ``--N`` tokens (``--page-size``, LRU)."""
     if "metric" in req.model_fields_set and req.metric != "tokens":
         raise InputError("--metric blocks: SGLang's hit ratio is in tokens (cached prompt tokens / prompt tokens)")
     from ..estimate_sglang import estimate_sglang, sglang_accounting
@@ -164,7 +169,15 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
     from ..workload import Trace
 
     Ns = np.asarray(req.N, dtype=np.int64)
+    p = int(req.page_size or 1)
+    bad = [int(c) for c in req.N if c % p]
+    if bad:
+        raise InputError(
+            f"--N {bad[0]}: an SGLang pool is whole pages; {bad[0]:,} tokens is not a multiple of --page-size {p}"
+        )
     regime: dict[str, Any] = {}
+    if req.blocks_trace is not None and p > 1:
+        raise InputError("--page-size: the SGLang estimator for --blocks-trace models page size 1 only")
     if req.blocks_trace is not None:
         from ..estimate_sglang_agentic import estimate_trace_sglang
         from ..sim.streams import streams_from_production
@@ -181,10 +194,10 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
             tr = Trace.read(req.trace)
             ids = tr.conv_index()[0]
             measured = ids >= int(tr.meta.get("n_warm", 0))
-            sa = sglang_accounting(tr, block_size=tr.block_size or 128, mask=measured)
+            sa = sglang_accounting(tr, page_size=p, block_size=tr.block_size or 128, mask=measured)
             lam = float(req.lam0 if req.lam0 is not None else tr.meta.get("lam0", sa.acc.lam0_hat))
             est = estimate_sglang(sa, Ns, lam)
-            feas = radix_feasibility(streams_from_trace(tr, block_size=tr.block_size or 128), Ns, 1)
+            feas = radix_feasibility(streams_from_trace(tr, block_size=tr.block_size or 128), Ns, p)
         src, fmt, h_max = str(req.trace), "kvhit", float(sa.h_max)
         what = "SGLang engine-aware (kvhit.estimate_sglang, eq. (38)-(39) with SGLang's accounting)"
     h = np.atleast_1d(est.h)

@@ -52,7 +52,8 @@ default could not be read it is marked *assumed*):
   ``max_tree_size``). ``mode="precise"`` uses the true cache instead.
 
 NOT modelled: SGLang's character-level tree (kvhit matches whole blocks), router-side decode-token
-growth, Dynamo's busy-threshold rejection, llm-d filters other than the three scorers, and router replicas.
+growth, Dynamo's busy-threshold rejection and its approximate indexer's size pruning (only the TTL), llm-d
+filters other than the three scorers, and router replicas.
 """
 
 from __future__ import annotations

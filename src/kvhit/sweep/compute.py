@@ -74,6 +74,10 @@ def build_payload(grid: Grid, tasks: list[Task], tmp: str, progress=None) -> dic
             items[key] = ("trace", build_sharegpt(req)[0])
         elif wl.kind == "trace":
             items[key] = ("trace", read_trace(wl.path, f"workloads.{wl.name}.trace"))
+        elif wl.kind == "blocks_trace":
+            from ..service.inputs import read_blocks_trace
+
+            items[key] = ("blocks", read_blocks_trace(wl.path, "sequential", None, None, 0), wl.path.name)
         else:
             items[key] = ("spec", wl.path.read_text(encoding="utf-8"), wl.path.name)
     return {"grid": grid, "workloads": items, "tmp": tmp}
@@ -97,6 +101,10 @@ def install(payload_id: str, payload: dict) -> None:
             p = d / f"w{i}.parquet"
             preload_trace(p, item[1])
             block_sizes[key] = item[1].block_size
+        elif item[0] == "blocks":  # the file's own name: .json / .jsonl / a WEKA directory picks the reader
+            p = d / f"w{i}" / item[2]
+            preload_trace(p, item[1])
+            block_sizes[key] = item[1].block_size
         else:
             p = d / f"w{i}" / item[2]  # keep the spec's file name: its messages name it
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +125,8 @@ def _source(task: Task) -> dict:
         if task.lam0 is not None:
             d["lam0"] = task.lam0
         return d
+    if wl.kind == "blocks_trace":
+        return {"blocks_trace": p}
     return {"trace": p}
 
 
@@ -168,14 +178,13 @@ def run_task(task: Task) -> list[dict]:
                     )
                 )
             return out
-        r = svc.trace_estimate(
-            svc.build(svc.TraceEstimateRequest, trace=src["trace"], N=Ns, engine=engine, metric="blocks")
-        )
+        metric = "tokens" if wl.kind == "blocks_trace" else "blocks"  # a production trace: vLLM's own metric
+        r = svc.trace_estimate(svc.build(svc.TraceEstimateRequest, **src, N=Ns, engine=engine, metric=metric))
         by_n = {e.N: e for e in r.rows}
         return [
             _row(
                 h=_f(by_n[n].h.get(engine)),
-                metric="blocks",
+                metric=metric,
                 feasible=by_n[n].feasible,
                 extra={"refused_request_share": by_n[n].refused_request_share, "lam0": r.lam0},
             )
@@ -188,7 +197,7 @@ def run_task(task: Task) -> list[dict]:
         r = svc.fleet_simulate(
             svc.build(
                 svc.FleetRequest,
-                trace=src["trace"],
+                **src,
                 replicas=[p.get("replicas", 1)],
                 router=[p.get("router", "round-robin")],
                 N=[p["N"]],
@@ -224,7 +233,7 @@ def _tiers(task: Task, wl, src: dict, p: dict) -> dict:
     r = svc.tiers(
         svc.build(
             svc.TiersRequest,
-            trace=src["trace"],
+            **src,
             tier=grid.tier,
             hbm_blocks=[p["N"]],
             dram_gb=[p["dram_gb"]],
@@ -253,6 +262,17 @@ def _simulate(task: Task, wl, src: dict, p: dict) -> dict:
     kw: dict[str, Any] = dict(src, seed=task.seed, estimates=grid.estimates)
     if wl.kind == "spec":
         kw.update(replications=1, conversations=grid.conversations, block_size=grid.block_size)
+    if wl.kind == "blocks_trace" and engine != "sglang":  # both vLLM orders in one call; the engine's row
+        r = svc.simulate(svc.build(svc.SimulateRequest, **src, N=[p["N"]]))
+        row = next(x for x in r.rows if x["engine"] == engine)
+        return _row(
+            h=_f(row.get("token_hit_ratio")),
+            metric="tokens",
+            token_hit_ratio=_f(row.get("token_hit_ratio")),
+            request_hit_rate=_f(row.get("request_hit_rate")),
+            feasible=bool(row.get("feasible", True)),
+            extra=_clean(row, ("N", "engine", "token_hit_ratio", "request_hit_rate", "feasible")),
+        )
     if engine == "content":
         kw.update(policy="content", N=[p["N"]])
     elif engine == "sglang":  # SGLang's pool in tokens: the memory of N blocks of b tokens
@@ -267,7 +287,7 @@ def _simulate(task: Task, wl, src: dict, p: dict) -> dict:
         h=_f(row.get("h")),
         h_ci95=_f(row.get("h_ci95")),
         metric="tokens" if engine == "sglang" else ("practical" if engine == "content" else "blocks"),
-        token_hit_ratio=_f(row.get("token_hit_ratio")),
+        token_hit_ratio=_f(row.get("token_hit_ratio", row.get("h") if engine == "sglang" else None)),
         request_hit_rate=_f(row.get("request_hit_rate")),
         h_estimate=_f(h_est),
         feasible=bool(row.get("feasible", True)),
@@ -280,6 +300,7 @@ def _curve(task: Task, wl, src: dict, Ns: list[int]) -> list[dict]:
     from .. import service as svc
     from ..experiments.curve import _EST_LABEL, POLICIES
     from ..service.curve import SGLANG_LABEL
+    from ..sim.tracerun import ENGINE_LABELS
 
     grid: Grid = _STATE["grid"]
     engines = sorted({p["engine"] for p in task.points})
@@ -292,16 +313,25 @@ def _curve(task: Task, wl, src: dict, Ns: list[int]) -> list[dict]:
     r = svc.curve(svc.build(svc.CurveRequest, **kw))
     idx = {n: i for i, n in enumerate(r.N)}
     out = []
+    blocks = wl.kind == "blocks_trace"
     for p in task.points:
         e, i = p["engine"], idx[int(p["N"])]
-        label = SGLANG_LABEL if e == "sglang" else POLICIES[e]
-        tok = r.curves.get(label + " token ratio")
-        est = r.curves.get(f"estimate: {_EST_LABEL[e]} (engine-aware)") if e in _EST_LABEL else None
+        if e == "sglang":
+            label = SGLANG_LABEL
+        elif blocks:  # production traces: vLLM's token hit ratio, the agentic estimator beside it
+            label = f"{ENGINE_LABELS[e]} token hit ratio"
+        else:
+            label = POLICIES[e]
+        tok = r.curves.get(label if blocks else label + " token ratio")
+        est_label = (
+            f"estimate: {ENGINE_LABELS.get(e)} (agentic)" if blocks else f"estimate: {_EST_LABEL.get(e)} (engine-aware)"
+        )
+        est = r.curves.get(est_label)
         feas = True if e == "content" or r.feasible is None else r.feasible[i]
         out.append(
             _row(
                 h=_f(r.curves[label][i]),
-                metric="tokens" if e == "sglang" else ("practical" if e == "content" else "blocks"),
+                metric="tokens" if e == "sglang" or blocks else ("practical" if e == "content" else "blocks"),
                 token_hit_ratio=_f(tok[i]) if tok else None,
                 h_estimate=_f(est[i]) if est else None,
                 feasible=bool(feas),

@@ -14,12 +14,13 @@ A grid file is TOML with three tables (all keys optional except one capacity axi
     tier = "native"           # with a dram_gb axis: native | simple | lmcache | hicache (default native)
 
     [workloads.chat]          # any number; default: one workload "sharegpt" (the bundled ShareGPT trace)
-    sharegpt = true           # or: spec = "scm.toml" (plus spec flags: lam0, p, x_mean, …), or trace = "t.parquet"
+    sharegpt = true           # or: spec = "scm.toml" (plus spec flags: lam0, p, x_mean, …), trace = "t.parquet",
+                              # or blocks_trace = "mooncake.jsonl" (a production trace, WEKA .json file or dir)
 
     [axes]                    # every combination is a point
     engine = ["content", "vllm", "vllm-0.23"]   # default ["vllm"]; also sglang (simulate/curve, N·b tokens)
     hbm_gb = [10, 20, 40]     # KV GiB of `model` (or N = [...] blocks): exactly one capacity axis
-    lam0 = [0.5, 1.0, 2.0]    # conversations/s (spec and ShareGPT workloads)
+    lam0 = [0.5, 1.0, 2.0]    # conversations/s (spec and ShareGPT workloads; trace files keep their arrivals)
     replicas = [1, 2, 4]      # fleet: R replicas behind `router` (simulate, trace/ShareGPT workloads)
     router = ["round-robin", "session"]
     dram_gb = [0, 64, 256]    # host tier behind the GPU (sweep.tier: native | simple | lmcache | hicache)
@@ -312,12 +313,15 @@ def _num(v: Any, name: str, fail, *, lo: float = 0.0, hi: float = 2**40, open_lo
     return float(v)
 
 
-def _digest(p: Path, name: str, fail) -> str:
+def _digest(p: Path, name: str, fail, allow_dir: bool = False) -> str:
     try:
         h = hashlib.sha256()
-        with p.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if allow_dir and p.is_dir() else [p]
+        for f in files:
+            h.update(str(f.relative_to(p) if f != p else f.name).encode())
+            with f.open("rb") as fh:
+                for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                    h.update(chunk)
         return h.hexdigest()
     except FileNotFoundError:
         fail(f"{name}: {p}: no such file")
@@ -338,9 +342,12 @@ def _workloads(raw: Any, base: Path, block_size: int, fail) -> dict[str, Workloa
     for name, w in raw.items():
         where = f"workloads.{name}"
         _table(w, where, fail)
-        kinds = [k for k in ("sharegpt", "spec", "trace") if k in w]
+        kinds = [k for k in ("sharegpt", "spec", "trace", "blocks_trace") if k in w]
         if len(kinds) != 1:
-            fail(f"{where}: give exactly one of sharegpt = true, spec = FILE, trace = FILE (got {kinds or 'none'})")
+            fail(
+                f"{where}: give exactly one of sharegpt = true, spec = FILE, trace = FILE, blocks_trace = FILE|DIR "
+                f"(got {kinds or 'none'})"
+            )
         kind = kinds[0]
         opts = {k: v for k, v in w.items() if k != kind}
         if kind == "sharegpt":
@@ -361,7 +368,7 @@ def _workloads(raw: Any, base: Path, block_size: int, fail) -> dict[str, Workloa
             fail(f"{where}.{kind}: must be a file path (got {w[kind]!r})")
         p = Path(w[kind])
         p = p if p.is_absolute() else base / p
-        digest = _digest(p, f"{where}.{kind}", fail)
+        digest = _digest(p, f"{where}.{kind}", fail, allow_dir=kind == "blocks_trace")
         if kind == "spec":
             _unknown(opts, SPEC_KEYS, where + ".", fail)
             from ..service import InputError, SpecFields, build, load_spec
@@ -371,10 +378,20 @@ def _workloads(raw: Any, base: Path, block_size: int, fail) -> dict[str, Workloa
             except InputError as e:
                 fail(f"{where}: {e}")
             out[name] = Workload(name, kind, p, opts, block_size, digest)
-        else:
+        elif kind == "trace":
             _unknown(opts, (), where + ".", fail)
             bs = _trace_block_size(p, where, fail)
             out[name] = Workload(name, kind, p, {}, bs, digest)
+        else:  # a production block-id trace at its own arrival times (Mooncake .jsonl, WEKA .json file or dir)
+            _unknown(opts, (), where + ".", fail)
+            from ..service import InputError
+            from ..service.inputs import read_blocks_trace
+
+            try:
+                pt = read_blocks_trace(p, "sequential", None, None, 0)
+            except InputError as e:
+                fail(f"{where}.blocks_trace: {e}")
+            out[name] = Workload(name, kind, p, {}, int(pt.block_size), digest)
     return out
 
 
@@ -445,13 +462,15 @@ def _check_combinations(g: Grid, fail) -> None:
             fail("axes.dram_gb: no one-pass curve over host tiers; set sweep.compute = 'simulate' or 'estimate'")
         if g.compute == "estimate" and g.tier == "hicache":
             fail("sweep.tier: hicache has no two-tier estimator; set sweep.compute = 'simulate'")
-    if "lam0" in g.axes and "trace" in kinds:
-        name = next(n for n, w in g.workloads.items() if w.kind == "trace")
+    if "lam0" in g.axes and kinds & {"trace", "blocks_trace"}:
+        name = next(n for n, w in g.workloads.items() if w.kind in ("trace", "blocks_trace"))
         fail(f"axes.lam0: a trace file has fixed arrival times; workload {name!r} cannot vary λ0")
     if "lam0" in g.axes:
         for n, w in g.workloads.items():
             if "lam0" in w.options:
                 fail(f"workloads.{n}.lam0: also an axis; give λ0 in one place")
+    if "blocks_trace" in kinds and "content" in engines:
+        fail("axes.engine: content (Algorithm 1) needs conversations; a blocks_trace workload has requests only")
     if g.compute == "estimate":
         if "sglang" in engines:
             fail("axes.engine: sglang has no estimator; use sweep.compute = 'simulate' or 'curve'")
