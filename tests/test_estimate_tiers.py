@@ -169,3 +169,31 @@ def test_lmcache_split_keeps_the_segments_and_shifts_the_put_part(weka):
     put = sp.seg_start >= lf
     assert np.array_equal(sh[put], np.maximum(F - (sp.seg_start + sp.seg_end + 1) // 2, 0)[put])
     assert (found | put).all()  # no piece straddles the cut
+
+
+def test_per_request_hits_sum_to_h_and_rejection_off_only_adds(weka):
+    Ns = [300, 800, 1500]
+    e = estimate_trace(weka, Ns, per_request=True)
+    den = weka.prompt_tokens.sum()
+    assert np.allclose(e.per_request.sum(axis=0) / den, e.h, rtol=1e-12, atol=1e-12)
+    assert estimate_trace(weka, Ns).per_request is None
+    off = estimate_trace(weka, Ns, rejection=False, per_request=True)
+    assert np.all(off.per_request >= e.per_request - 1e-9)  # refused requests only lose their own hits
+    assert np.any(off.h > e.h + 1e-6)  # 300/800 blocks are below N_min = 1,192: some are refused there
+    with pytest.raises(ValueError, match="per_request"):
+        estimate_trace(weka, Ns, form="replay", per_request=True)
+
+
+def test_all_or_nothing_stream(weka):
+    from kvhit.estimate_tiers import _all_or_nothing
+
+    u = request_reuse(weka)
+    assert _all_or_nothing(u, int(u.full_blocks.max())) is u  # every request fits: the stream is unchanged
+    C = 600
+    a = _all_or_nothing(u, C)
+    big = u.full_blocks > C
+    assert np.array_equal(a.full_blocks[~big], u.full_blocks[~big])
+    assert np.all(a.full_blocks[big] == np.minimum(u.full_blocks, u.L_any)[big])  # found prefix only
+    src = a.seg_src
+    cut = big[src]
+    assert np.all(a.seg_end[cut] <= np.maximum(np.minimum(u.full_blocks, u.L_any)[src][cut], a.seg_start[cut]))

@@ -41,21 +41,21 @@ spec = "{SCM}"
 trace = "{tr}"
 [axes]
 engine = ["content", "vllm"]
-N = [600, 3000]
+N = [600, 3000, 1099511627776]
 """,
         encoding="utf-8",
     )
     g = load_grid(grid)
     local = run_sweep(g, tmp_path / "local", jobs=2)
-    assert local.ok == 16
+    assert (local.ok, local.refused) == (16, 8)  # 2^40 blocks do not fit in memory: refused by the service
     try:
         s = run_sweep(g, tmp_path / "ray", jobs=2, backend="ray")
-        assert (s.ok, s.failed, s.backend) == (16, 0, "ray")
+        assert (s.ok, s.refused, s.failed, s.backend) == (16, 8, 0, "ray")
         assert _rows(tmp_path / "ray") == _rows(tmp_path / "local")
         workers = set(read_results(tmp_path / "ray").column("worker").to_pylist())
         assert 1 <= len(workers) <= 2  # Ray worker processes (each installed the shipped workloads once)
         s = run_sweep(g, tmp_path / "ray", jobs=2, backend="ray", resume=True)
-        assert (s.skipped, s.ok) == (16, 0)
+        assert (s.skipped, s.ok) == (24, 0)
     finally:
         if ray.is_initialized():
             ray.shutdown()

@@ -91,6 +91,7 @@ class AgenticEstimate:
     lam0: float | None
     regime: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
+    per_request: np.ndarray | None = None  #: with ``per_request=True``: expected hits (metric units), (n, len(N))
 
     def to_dict(self) -> dict:
         def fl(x):
@@ -278,6 +279,20 @@ def _hits_kernel(Hb, delta, seg_row, c0, ln, wgt, Ns, out):  # pragma: no cover
 
 
 @njit(cache=True)
+def _hits_kernel_req(Hb, delta, seg_row, seg_req, c0, ln, unit, Ns, out):  # pragma: no cover
+    """:func:`_hits_kernel` per request: out[r, k] += unit·Σ_{i<ln} P(D_row ≤ N_k − c0 − i) over r's segments."""
+    G = Hb.shape[1] - 1
+    for s in range(seg_row.shape[0]):
+        row = seg_row[s]
+        r = seg_req[s]
+        for kk in range(Ns.shape[0]):
+            yhi = Ns[kk] - c0[s]
+            if yhi < 0:
+                continue
+            out[r, kk] += unit * (_H(Hb, row, yhi + 1.0, delta, G) - _H(Hb, row, yhi - ln[s] + 1.0, delta, G))
+
+
+@njit(cache=True)
 def _H(Hb, row, y, delta, G):  # pragma: no cover
     if y <= 0.0:
         return 0.0
@@ -352,6 +367,8 @@ def estimate_trace(
     head_partial: bool = True,
     cap_last: bool = True,
     seg_shift: Any = None,
+    rejection: bool = True,
+    per_request: bool = False,
 ) -> AgenticEstimate:
     """Predicted vLLM hit ratio of a request trace at capacities ``Ns`` (blocks); see the module docstring.
 
@@ -375,7 +392,10 @@ def estimate_trace(
     term ``e`` of (A1) (a host tier stores full chunks only: nothing unhashed sits at its LRU head);
     ``cap_last=False`` lifts the ``(T − 1)//b`` cap (vLLM 0.33.0 native offloading loads a fully resident
     prompt's last chunk); ``seg_shift`` (one integer per segment of the :class:`RequestReuse`) is added to the
-    segment's threshold ``1 + e + i + D`` (LMCache's put-after-touch order, see :mod:`kvhit.estimate_tiers`).
+    segment's threshold ``1 + e + i + D`` (LMCache's put-after-touch order, see :mod:`kvhit.estimate_tiers`);
+    ``rejection=False``: no request is refused for being larger than ``N`` (a host tier still looks up and loads
+    the stored prefix of a request larger than itself); ``per_request=True`` (poisson form) also returns each
+    request's expected hits (``per_request``; ``h`` = their sum over the measured requests / the denominator).
     """
     t0 = _time.perf_counter()
     if engine not in ENGINES:
@@ -384,6 +404,8 @@ def estimate_trace(
         raise AgenticError(f"metric: expected 'tokens' or 'blocks', got {metric!r}")
     if form not in FORMS:
         raise AgenticError(f"form: expected one of {FORMS}, got {form!r}")
+    if per_request and form != "poisson":
+        raise AgenticError("per_request: available for form='poisson' only")
     if lam0 is not None:
         lam0 = float(lam0)
         if not (math.isfinite(lam0) and lam0 > 0):
@@ -439,7 +461,7 @@ def estimate_trace(
     rej_req = 1.0 - kadm / nm if nm else np.zeros(Ns.shape[0])
     rej_tok = 1.0 - Tcum[kadm] / Tcum[-1] if nm and Tcum[-1] else np.zeros(Ns.shape[0])
     key = np.zeros(Ns.shape[0], np.int64)
-    inf_ = Ns < N_min
+    inf_ = Ns < N_min if rejection else np.zeros(Ns.shape[0], bool)
     if inf_.any():
         edges = np.geomspace(max(int(Ns[inf_].min()), 1), N_min, 9)
         key[inf_] = 1 + np.clip(np.searchsorted(edges, Ns[inf_], side="right") - 1, 0, 7)
@@ -447,10 +469,11 @@ def estimate_trace(
         notes.append("every capacity asked is below N_min (infeasible)")
     seg_src_all = u.seg_src
     table = None
+    pr = np.zeros((n, Ns.shape[0])) if per_request else None
     for kval in np.unique(key):
         sel = key == kval
         Nsel = Ns[sel]
-        adm = R <= Nsel.min()
+        adm = R <= Nsel.min() if rejection else np.ones(n, bool)
         ks = keep & adm[seg_req]
         if not ks.any():
             continue
@@ -484,6 +507,21 @@ def estimate_trace(
             sub = ks[keep]
             c0 = 1 + e[ks] + s0[ks] + d_same[sub]
             num = np.zeros(Nsel.shape[0])
+            if per_request:
+                out2 = np.zeros((n, Nsel.shape[0]))
+                _hits_kernel_req(
+                    Hb,
+                    delta,
+                    rows[sub],
+                    seg_req[ks],
+                    c0.astype(np.float64),
+                    ln.astype(np.float64),
+                    unit,
+                    Nsel.astype(np.float64),
+                    out2,
+                )
+                pr[:, sel] = out2
+            # h from the summing kernel either way (identical with and without per_request)
             _hits_kernel(
                 Hb,
                 delta,
@@ -511,6 +549,7 @@ def estimate_trace(
         lam0=lam0,
         regime=regime,
         elapsed_s=_time.perf_counter() - t0,
+        per_request=pr,
     )
 
 

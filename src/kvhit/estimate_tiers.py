@@ -40,18 +40,22 @@ the native host). Summed over a request the dominant tier's count wins, so ``h =
     h(N, C) = max(h_G(N), h_H(C) + h_G^tail(N))    (C ≥ 1),        h(N, 0) = h_G(N),
 
 ``h_G^tail`` = the GPU estimator restricted to the tail blocks (the same segments, started at ``bpc·L_c``;
-0 when ``bpc = 1``). Both terms are non-decreasing in ``N`` (above ``N_min``) and ``h_H`` in ``C``, so the
-estimate is monotone in both sizes (the simulated native surface is not in ``C``: all-or-nothing stores).
+0 when ``bpc = 1``). The max is taken request by request (expected hits per request, ``per_request=True``: exact
+under one ``D`` per request). The host calls refuse no request (``rejection=False``); native's all-or-nothing store
+is entered as a different host stream for ``C`` below the largest request (:func:`_all_or_nothing`). Every term is
+non-decreasing in ``N`` (above ``N_min``), and in ``C`` wherever every request fits the host (below, the
+all-or-nothing stream can break it, as it does in the simulator).
 
 Admission: a request with ``⌈T/b⌉ > N`` is refused by the GPU and never reaches the host; as in the surface, the
 ratio is over admitted requests (``mask`` of the estimator, per distinct admitted set below ``N_min``).
 
-NOT modelled (biases, measured in ``benchmarks/tiers_accuracy.py``): native — GPU-hit chunks below a load are
-not refreshed on the host (their recency is older than assumed), all-or-nothing stores (matter only when one
-request's new chunks approach ``C``), ARC, ``store_threshold``, decode chunks; simple eager — the CPU's
-store-time recency (a GPU hit does not refresh the CPU copy) and its head-first eviction inside a request (CPU
-blocks are freed in prefix order), the GPU free-order change of the finish-time flush; LMCache — resident chunks
-beyond a lookup miss are not touched, the one token not loaded when the whole prompt is found; timing (holds).
+NOT modelled (biases, measured in ``benchmarks/tiers_accuracy.py``): native — GPU-hit chunks below a load are not
+refreshed on the host (their recency is older than assumed), the joint law of the two displacements when they differ
+(a request that stores nothing displaces the GPU, not the host), ARC, ``store_threshold``, decode chunks; simple
+eager — the CPU's store-time recency (a GPU hit does not refresh the CPU copy) and its head-first eviction inside a
+request (CPU blocks are freed in prefix order), the GPU free-order change of the finish-time flush; LMCache —
+resident chunks beyond a lookup miss are not touched, the one token not loaded when the whole prompt is found;
+timing (holds).
 """
 
 from __future__ import annotations
@@ -130,6 +134,22 @@ def _lmcache_segments(uc: RequestReuse) -> tuple[RequestReuse, np.ndarray]:
     return split, np.where(a_src[o] >= 0, a_sh[o], 0).astype(np.int64)
 
 
+def _all_or_nothing(uc: RequestReuse, C: int) -> RequestReuse:
+    """vLLM native's store is all-or-nothing (``CPUOffloadingManager.prepare_store`` returns ``None`` when it
+    cannot free room for every offered chunk, the offered ones protected): a request offering more than ``C``
+    chunks stores none. Its host footprint is then its found prefix only (loads are recorded and refreshed at
+    finish), and the chunks it would have put are not on the host for later requests (their segments end at
+    the request's found prefix). Offered = all full chunks (no load; a load offers fewer — not modelled)."""
+    F = uc.full_blocks
+    big = F > C
+    if not big.any():
+        return uc
+    found = np.minimum(F, uc.L_any)
+    src = uc.seg_src
+    end = np.where((src >= 0) & big[np.maximum(src, 0)], np.minimum(uc.seg_end, found[np.maximum(src, 0)]), uc.seg_end)
+    return replace(uc, full_blocks=np.where(big, found, F), seg_end=np.maximum(end, uc.seg_start))
+
+
 def estimate_tiers(
     source: Any,
     hbm_blocks: Any,
@@ -187,30 +207,37 @@ def estimate_tiers(
             hit[sel] = np.nan
             host[sel] = np.nan
             continue
-        g = estimate_trace(u, Ns[sel], engine=engine, lam0=lam0, mask=mask, **kw).h
+        ge = estimate_trace(u, Ns[sel], engine=engine, lam0=lam0, mask=mask, per_request=True, **kw)
+        g, G = ge.h, ge.per_request  # G[r, k]: expected GPU hit tokens of request r at Ns[sel][k]
         gpu[sel] = g
+        den = float(u.prompt_tokens[mask].sum() if mask is not None else u.prompt_tokens.sum())
         pos = Cs > 0
-        hH = np.zeros(Cs.shape[0])
-        if pos.any():
-            hH[pos] = estimate_trace(
-                uc,
-                Cs[pos],
-                engine="vllm",
-                lam0=lam0,
-                mask=mask,
-                head_partial=False,
-                cap_last=cap_host,
-                seg_shift=shift,
-                **kw,
-            ).h
-        host[sel] = hH
+        H = np.zeros((u.n, Cs.shape[0]))
+        hkw = {
+            "engine": "vllm",
+            "lam0": lam0,
+            "mask": mask,
+            "head_partial": False,
+            "cap_last": cap_host,
+            "rejection": False,
+            "per_request": True,
+        }
+        # native: a host smaller than some request's chunks sees a different stream (all-or-nothing stores)
+        small = pos & (Cs < (int(uc.full_blocks.max()) if uc.n else 0)) if tier == "native" else np.zeros_like(pos)
+        if (pos & ~small).any():
+            H[:, pos & ~small] = estimate_trace(uc, Cs[pos & ~small], seg_shift=shift, **hkw, **kw).per_request
+        for j in np.flatnonzero(small):
+            H[:, j] = estimate_trace(_all_or_nothing(uc, int(Cs[j])), Cs[j : j + 1], **hkw, **kw).per_request[:, 0]
+        host[sel] = H.sum(axis=0) / den
         tail = (
-            estimate_trace(u_tail, Ns[sel], engine=engine, lam0=lam0, mask=mask, **kw).h
+            estimate_trace(u_tail, Ns[sel], engine=engine, lam0=lam0, mask=mask, per_request=True, **kw).per_request
             if u_tail is not None
-            else np.zeros(int(sel.sum()))
+            else np.zeros_like(G)
         )
+        # the union request by request: the dominant tier's count (tail blocks only from the GPU)
         for ii, i in enumerate(np.flatnonzero(sel)):
-            hit[i] = np.where(pos, np.maximum(g[ii], hH + tail[ii]), g[ii])
+            tot = np.maximum(G[:, ii : ii + 1], H + tail[:, ii : ii + 1]).sum(axis=0) / den
+            hit[i] = np.where(pos, tot, g[ii])
     return TierEstimate(
         tier=tier,
         hbm_blocks=Ns,

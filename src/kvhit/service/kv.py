@@ -99,7 +99,8 @@ class KvResponse(Response):
     host_tier: dict | None = Field(
         None,
         description="With --dram-gb: native_chunks (vLLM 0.33.0 CPUOffloadingSpec, all ranks in one chunk), "
-        "simple_cpu_blocks (per rank), lmcache_chunks_per_rank (max_local_cpu_size = DRAM/TP per rank).",
+        "simple_cpu_blocks (per rank: vLLM's num_cpu_blocks, one of them the CPU pool's null block), "
+        "lmcache_chunks_per_rank (max_local_cpu_size = DRAM/TP per rank).",
     )
 
 

@@ -162,7 +162,7 @@ def _chunks(tasks: list[Task], jobs: int) -> list[list[Task]]:
     return [tasks[i : i + size] for i in range(0, len(tasks), size)]
 
 
-def _rows(grid: Grid, task: Task, out: list[dict], status: str, err, secs: float, worker: str, attempts: int, be):
+def _rows(grid: Grid, task: Task, out: list[dict], status: str, err, secs: float, worker: str, attempts: int, be, fp):
     wl = grid.workloads[task.workload]
     now = time.time()
     rows = []
@@ -186,7 +186,7 @@ def _rows(grid: Grid, task: Task, out: list[dict], status: str, err, secs: float
             backend=be,
             finished_at=now,
             kvhit_version=__version__,
-            grid_fingerprint=grid.fingerprint(),
+            grid_fingerprint=fp,
         )
         rows.append(r)
     return rows
@@ -206,7 +206,8 @@ def run_sweep(
 ) -> SweepSummary:
     """Run every unfinished point of ``grid`` into the result directory ``out``."""
     cb = progress or (lambda done, total, failed, what: None)
-    store = ResultStore(out, grid.path, grid.fingerprint(), resume)
+    fingerprint = grid.fingerprint()
+    store = ResultStore(out, grid.path, fingerprint, resume)
     tasks = grid.tasks()
     total = sum(len(t.points) for t in tasks)
     finished = store.finished() if resume else set()
@@ -256,7 +257,7 @@ def run_sweep(
                         summary.retries += 1
                         handles[be.submit([task])] = [task]
                         continue
-                    buffer += _rows(grid, task, out_rows, status, err, secs, worker, n, backend)
+                    buffer += _rows(grid, task, out_rows, status, err, secs, worker, n, backend, fingerprint)
                     k = len(task.points)
                     done += k
                     if status == "ok":

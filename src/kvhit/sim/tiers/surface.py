@@ -10,7 +10,8 @@ What is computed once, and why it is exact:
    blocks become ordinary prefix-cache blocks, so the GPU engine's state, and ``g_r(N)``, depend on the request
    stream only (``tests/test_tiers.py::test_gpu_hits_equal_single_tier``). ``g_r(N)`` is therefore taken from
    the compiled :func:`kvhit.sim.block.simulate_block`, once per ``N``, and only the host tier is stepped per
-   pair (:func:`host_pass`). Not for ``simple`` / ``simple-lazy``: their store paths change the GPU free-queue
+   pair (:func:`host_pass`; compiled for LRU without a store threshold: :mod:`kvhit.sim.tiers.native_fast`, tested
+   equal). Not for ``simple`` / ``simple-lazy``: their store paths change the GPU free-queue
    order, so every pair is a full replay (:class:`~kvhit.sim.tiers.TieredEngine`,
    :class:`~kvhit.sim.tiers.simple_lazy.SimpleLazyEngine`).
 2. **LMCache separation**. LMCache's lookup (prefix from token 0), touch and store (from its own hit ``l``) never
@@ -111,8 +112,26 @@ def _gpu(T, off, h, N, b, engine):
     return res.hit_blocks.astype(np.int64) * b, ~res.rejected
 
 
+_FAST_KW = {"policy", "blocks_per_chunk", "store_threshold", "prompt_only", "max_tracker_size"}
+
+
+def _fast_native(tier: str, kw: dict) -> bool:
+    """Whether the compiled native host pass (:mod:`kvhit.sim.tiers.native_fast`, tested equal) covers ``kw``."""
+    return (
+        tier == "native"
+        and set(kw) <= _FAST_KW
+        and kw.get("policy", "lru") == "lru"
+        and int(kw.get("store_threshold", 0)) < 2
+        and kw.get("prompt_only", True)
+    )
+
+
 def _pair_task(args):
     kind, T, off, h, b, engine, N, C, tier, kw, g, adm = args
+    if kind == "host" and _fast_native(tier, kw):
+        from kvhit.sim.tiers.native_fast import native_lru_host_pass
+
+        return native_lru_host_pass(T, off, h, g, adm, C=C, block_size=b, bpc=kw.get("blocks_per_chunk", 1))
     reqs = requests_from_stream(T, off, h)
     if kind == "host":
         return host_pass(reqs, g, adm, tier=tier, C=C, b=b, **kw)
