@@ -84,3 +84,44 @@ def test_estimator_affinity_at_one_replica_is_the_engine_estimate(trace):
     rep4 = routes(tr, "round-robin", 4)
     cnt = np.bincount(rep4, minlength=4)
     assert cnt.max() - cnt.min() <= 1
+
+
+def test_kv_router_estimate_equals_the_library(trace):
+    """A KV-aware row's estimate is estimate_fleet_kv on the same workload: holds T/speed, the measured rows, the
+    measured request rate (as benchmarks/fleet_accuracy.py --only kv), the router's parameters and the seed."""
+    base = ["fleet", "simulate", "--trace", str(trace), "--replicas", "2", "--N", "200", "--block-size", "16",
+            "--prefill-tokens-per-s", "800", "--seed", "3", "--json"]  # fmt: skip
+    r = runner.invoke(app, [*base, "--router", "dynamo,round-robin,least-loaded", "--overlap-score-weight", "0.5"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    est = {x["router"]: x["estimate"] for x in out["rows"]}
+    assert est["round-robin"] is None and est["least-loaded"] is None  # not modelled: null, and said why
+    assert any("round-robin" in n and "--prefill-tokens-per-s" in n for n in out["notes"])
+    assert any("least-loaded" in n for n in out["notes"])
+    from kvhit.estimate_fleet import estimate_fleet_kv
+    from kvhit.service.inputs import window_for
+
+    tr = Trace.read(trace)
+    rq = block_requests(tr, block_size=16)
+    mask = window_for(tr, None, None).mask(tr)
+    t = np.asarray(tr["time"], float)[mask]
+    want = estimate_fleet_kv(
+        tr, "dynamo", [200, 200], hold=rq.prompt_tokens / 800.0, params={"overlap_score_weight": 0.5}, window=mask,
+        rate=mask.sum() / (t.max() - t.min()), block_size=16, seed=3,
+    )  # fmt: skip
+    assert 0 < want < 1
+    assert est["dynamo"] == pytest.approx(want, abs=0, rel=0)
+
+
+def test_kv_estimate_left_empty_where_the_model_does_not_apply(trace):
+    base = ["fleet", "simulate", "--trace", str(trace), "--replicas", "2", "--N", "200", "--block-size", "16", "--json"]
+    r = runner.invoke(app, [*base, "--router", "dynamo,sticky", "--temperature", "0.5"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    est = {x["router"]: x["estimate"] for x in out["rows"]}
+    assert est["dynamo"] is None and 0 < est["sticky"] < 1
+    assert any("dynamo" in n and "--temperature" in n for n in out["notes"])
+    r = runner.invoke(app, [*base, "--router", "llm-d", "--prefill-tokens-per-s", "800", "--lag", "5"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["rows"][0]["estimate"] is None and any("--lag" in n for n in out["notes"])

@@ -8,6 +8,13 @@ is refused, never ignored); R ≥ 1; weights ≥ 0; ``--N`` is one capacity for 
 single R). Without ``--prefill-tokens-per-s`` requests are instantaneous (no holds: load-based routers see zero
 load and fall back to their tie-breaks); with it request r holds its blocks for ``T_r / speed`` seconds (the whole
 prompt's prefill time — cache savings do not shorten it). NOT modelled: see :mod:`kvhit.sim.fleet`.
+
+Estimates (``--trace`` only, docs/estimators.md §6): round-robin/random/session rows without holds get
+:func:`kvhit.estimate_fleet.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
+:func:`kvhit.estimate_fleet.estimate_fleet_kv` (the stay model, with the run's holds, capacities, parameters and
+seed). A row the estimators do not model (least-loaded, Dynamo temperature > 0, a load lag under holds, oblivious
+routers under holds, a block-id trace) has ``estimate`` None and a note saying why — never an estimate of a
+different setting.
 """
 
 from __future__ import annotations
@@ -143,7 +150,9 @@ class FleetRequest(FleetWorkloadFields):
         description="Blocks per replica: one value for all, or one per replica (with a single R); required."
     )
     estimates: bool = Field(
-        True, description="Beside round-robin/random/session rows, the fleet estimator (docs/estimators.md)."
+        True,
+        description="Beside round-robin/random/session rows (no holds) and dynamo (temperature 0)/llm-d/sglang/"
+        "sticky rows, the fleet estimators (docs/estimators.md §6); others get none, with a note.",
     )
     plot: Path | None = Field(None, description="Write hit ratio vs R per router to PLOT.png/.svg; default: none.")
 
@@ -246,6 +255,62 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
     return FleetWorkload(Path(req.trace).name, st, tr, tr=tr, conv_rows=conv_rows, lam0=lam0)
 
 
+#: routers whose rows get :func:`kvhit.estimate_fleet.estimate_fleet` on the simulated routing (no holds)
+OBLIVIOUS_ESTIMATED = ("round-robin", "random", "session")
+#: routers whose rows get :func:`kvhit.estimate_fleet.estimate_fleet_kv` (its stay model; Dynamo at temperature 0)
+KV_ESTIMATED = ("dynamo", "llm-d", "sglang", "sticky")
+
+
+def measured_rate(times: np.ndarray, mask: np.ndarray) -> float | None:
+    """Measured requests per second (the rows ``mask`` counts over their time span): the load rate of the KV
+    estimator's M/G/∞ snapshots, as in ``benchmarks/fleet_accuracy.py --only kv``; None (the library's default)
+    when the span is empty."""
+    tm = np.asarray(times, float)[np.asarray(mask, bool)]
+    span = float(tm.max() - tm.min()) if tm.size else 0.0
+    return float(tm.size / span) if span > 0 else None
+
+
+def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict, res, Ns, hold):
+    """(estimate, None) for a row the fleet estimators cover, else (None, the reason, one line for the notes).
+
+    Oblivious routers: :func:`~kvhit.estimate_fleet.estimate_fleet` on the routing the simulator drew, without
+    holds only. KV-aware routers and sticky: :func:`~kvhit.estimate_fleet.estimate_fleet_kv` (its own routing
+    from the stay model; holds, capacities, router parameters and seed as given); not with a load-snapshot lag
+    under holds or Dynamo's softmax (temperature > 0), which the model does not have."""
+    st = wl.stream
+    if wl.tr is None:
+        return None, "no estimate: the fleet estimators need a kvhit trace (--trace), not --blocks-trace"
+    kw = dict(engine=req.engine, window=st.measured, lam0=wl.lam0, block_size=st.block_size)
+    if name in OBLIVIOUS_ESTIMATED:
+        if hold is not None:
+            return None, (
+                "no estimate for round-robin/random/session with --prefill-tokens-per-s: the oblivious fleet "
+                "estimator is measured without holds only (docs/estimators.md §6)"
+            )
+        from ..estimate_fleet import estimate_fleet
+
+        with translating("estimate"):  # the rows the simulated ratio counts (docs/estimators.md §6)
+            return estimate_fleet(wl.tr, res.replica, Ns, **kw), None
+    if name not in KV_ESTIMATED:
+        return None, f"no estimate for {name}: no fleet estimator models it"
+    if name == "dynamo" and float(params.get("temperature", 0.0)) != 0.0:
+        return None, (
+            "no estimate for dynamo with --temperature > 0: the KV-aware estimator models Dynamo's argmin "
+            "(temperature 0) only"
+        )
+    if req.lag > 0 and hold is not None:
+        return None, (
+            f"no estimate for {name} with --lag > 0: the KV-aware estimator does not model lagged load snapshots"
+        )
+    from ..estimate_fleet import estimate_fleet_kv
+
+    with translating("estimate"):
+        est = estimate_fleet_kv(
+            wl.tr, name, Ns, hold=hold, params=params, rate=measured_rate(st.times, st.measured), seed=req.seed, **kw
+        )
+    return est, None
+
+
 def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     from ..sim.fleet import simulate_fleet
 
@@ -263,9 +328,11 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
         check_output_file(str(req.plot) + ".png", "--plot")
     wl = load_fleet_workload(req)
     st = wl.stream
-    tr, mask, conv, times = wl.tr, st.measured, st.conv, st.times
+    mask, conv, times = st.measured, st.conv, st.times
     hold = None if req.prefill_tokens_per_s is None else st.prompt_tokens / req.prefill_tokens_per_s
     rows, per = [], []
+    est_notes: list[str] = []
+    queued: list[str] = []  # estimated rows whose run queued or rejected requests
     total = len(req.router) * len(req.replicas)
     done = 0
     for name in req.router:
@@ -291,13 +358,12 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                 )
             s = res.summary(mask)
             est = None
-            if req.estimates and tr is not None and name in ("round-robin", "random", "session") and hold is None:
-                from ..estimate_fleet import estimate_fleet
-
-                with translating("estimate"):  # the rows the simulated ratio counts (docs/estimators.md §6)
-                    est = estimate_fleet(
-                        tr, res.replica, Ns, engine=req.engine, window=mask, lam0=wl.lam0, block_size=st.block_size
-                    )
+            if req.estimates:
+                est, why = _row_estimate(req, wl, name, params[name], res, Ns, hold)
+                if why is not None and why not in est_notes:
+                    est_notes.append(why)
+                if est is not None and (s["rejected"] > 0 or s["mean_wait"] > 0):
+                    queued.append(f"{name} R = {R}")
             rows.append({**s, "estimate": est, "N_total": int(sum(Ns)), "params": params[name]})
             per += [{"router": name, "replicas": R, **p} for p in res.per_replica(mask)]
             done += 1
@@ -309,6 +375,11 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     notes = list(wl.notes)
     if hold is None:
         notes.append("no --prefill-tokens-per-s: requests are instantaneous, so load-based routers see no load")
+    notes += est_notes
+    if queued:
+        notes.append(
+            "the estimates do not model queueing or rejected requests, which these rows have: " + ", ".join(queued)
+        )
     return FleetResponse(
         trace=str(req.trace if req.trace is not None else req.blocks_trace),
         block_size=st.block_size,
