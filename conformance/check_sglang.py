@@ -1,12 +1,15 @@
 """Conformance: kvhit's ``engine="sglang"`` against SGLang's own RadixCache + token allocator (page_size 1).
 
-    python conformance/check_sglang.py --cases 300 --seed 0 [--model sglang|no-hit-cap] [--expect-mismatch]
+    python conformance/check_sglang.py --cases 300 --seed 0 [--model sglang|no-hit-cap|lru-always]
+        [--cache radix|unified-rust|unified-python] [--evict-policy lru|fifo|mru|filo] [--expect-mismatch]
 
 Random multi-turn workloads (prompts + outputs as token ids; exact retries, duplicated conversations, shared
 system prompts, pools of a few tokens, requests near and above capacity, in-flight holds with ties); both
 engines run through :func:`kvhit.sim.engines.replay`; after every event the outcome (hit tokens, evicted nodes
 as token paths, evicted tokens), the free/evictable/cached token counts and the eviction order are compared.
-The first mismatching case is shrunk and printed.
+The first mismatching case is shrunk and printed. ``--cache unified-*`` drives ``UnifiedRadixCache`` instead
+(``real_sglang.RealUnifiedEngine``); its evicted node paths and eviction order are not observable and not compared.
+Not checked here: ``page_size > 1``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from real_sglang import VERSION, RealSglangEngine  # noqa: E402
+from real_sglang import VERSION, RealSglangEngine, RealUnifiedEngine  # noqa: E402
 
 from kvhit.sim.engines import Request, replay  # noqa: E402
 from kvhit.sim.engines.sglang import SglangEngine  # noqa: E402
@@ -90,7 +93,14 @@ class _NoHitCap(SglangEngine):
             self._match = orig
 
 
-MODELS = {"sglang": SglangEngine, "no-hit-cap": _NoHitCap}
+class _LruAlways(SglangEngine):
+    """Mutant (negative control for ``--evict-policy``): the model always evicts LRU."""
+
+    def __init__(self, capacity, evict_policy="lru"):
+        super().__init__(capacity)
+
+
+MODELS = {"sglang": SglangEngine, "no-hit-cap": _NoHitCap, "lru-always": _LruAlways}
 
 
 def trace(engine, case: Case, state) -> list:
@@ -104,9 +114,30 @@ def trace(engine, case: Case, state) -> list:
     return log
 
 
+CACHES = {
+    "radix": lambda C, pol: RealSglangEngine(C, evict_policy=pol),
+    "unified-rust": lambda C, pol: RealUnifiedEngine(C, "rust", evict_policy=pol),
+    "unified-python": lambda C, pol: RealUnifiedEngine(C, "python", evict_policy=pol),
+}
+NAMES = {"radix": "RadixCache", "unified-rust": "UnifiedRadixCache (rust core)",
+         "unified-python": "UnifiedRadixCache (python core)"}  # fmt: skip
+CACHE = ["radix", "lru"]  # set from --cache, --evict-policy
+
+
+def _unobservable(log: list) -> list:
+    """UnifiedRadixCache: evicted node paths and the eviction order are internal to the tree core; drop them."""
+    return [(k, rid, None if o is None else (o[0], (), o[2]), st, ()) for k, rid, o, st, _ in log]
+
+
 def compare(case: Case, model: str):
-    a = trace(MODELS[model](case.C), case, lambda e: (e.available, e.evictable_size(), e.cached_tokens()))
-    r = trace(RealSglangEngine(case.C), case, lambda e: e.state())
+    a = trace(
+        MODELS[model](case.C, evict_policy=CACHE[1]),
+        case,
+        lambda e: (e.available, e.evictable_size(), e.cached_tokens()),
+    )
+    r = trace(CACHES[CACHE[0]](case.C, CACHE[1]), case, lambda e: e.state())
+    if CACHE[0] != "radix":
+        a, r = _unobservable(a), _unobservable(r)
     n = sum(1 for e in r if e[0] == "submit")
     names = [
         "event",
@@ -161,11 +192,14 @@ def shrink(case: Case, model: str) -> Case:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="sglang")
+    ap.add_argument("--cache", choices=sorted(CACHES), default="radix", help="SGLang cache class (tree core)")
+    ap.add_argument("--evict-policy", choices=["lru", "fifo", "mru", "filo"], default="lru")
     ap.add_argument("--cases", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--expect-mismatch", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
+    CACHE[:] = [a.cache, a.evict_policy]
     rng = np.random.default_rng(a.seed)
     t0 = time.perf_counter()
     compared = bad = 0
@@ -180,7 +214,7 @@ def main() -> int:
     secs = round(time.perf_counter() - t0, 1)
     label = "negative control " if a.expect_mismatch else ""
     print(
-        f"{label}kvhit engine={a.model} vs SGLang {VERSION} RadixCache: {a.cases} cases, "
+        f"{label}kvhit engine={a.model} vs SGLang {VERSION} {NAMES[a.cache]} ({a.evict_policy}): {a.cases} cases, "
         f"{compared} requests, {bad} mismatching cases ({secs} s)"
     )
     if first is not None:
@@ -194,6 +228,8 @@ def main() -> int:
                     {
                         "model": a.model,
                         "engine": f"sglang=={VERSION}",
+                        "cache": a.cache,
+                        "evict_policy": a.evict_policy,
                         "cases": a.cases,
                         "seed": a.seed,
                         "requests": compared,

@@ -1,4 +1,4 @@
-"""SGLang's own ``RadixCache`` and token allocator behind kvhit's step-wise Engine protocol (page_size 1).
+"""SGLang's own ``RadixCache`` (or ``UnifiedRadixCache``) and token allocator behind kvhit's Engine protocol (page 1).
 
 Runs only in the throwaway SGLang environment (``conformance/make_env.sh sglang 0.5.23``). The tree
 (``RadixCache``: match, insert, split, lock, evict) and the allocator (``TokenToKVPoolAllocator``: free slot
@@ -12,6 +12,8 @@ around them are transcribed from sglang 0.5.23 (``Req``/``ScheduleBatch`` object
   (insert, ``split_prompt`` insert at release, free the duplicates, match again, move the lock);
 * each decode step: ``evict_to_free_tokens`` + ``alloc`` of one token (``alloc_for_decode_default``);
 * release: ``release_kv_cache`` (free the row past the tree's part, ``dec_lock_ref``).
+
+``RealUnifiedEngine`` runs the same steps around ``UnifiedRadixCache`` (see its docstring).
 
 Stubbed import (not cache logic): ``sglang.srt.configs`` (model-architecture config classes that pull
 ``torchvision``/``gguf``; ``memory_pool`` imports one Mamba helper from it, unused by ``RadixCache``).
@@ -72,7 +74,7 @@ class _Run:
 class RealSglangEngine:
     unit = "token"
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, evict_policy: str = "lru") -> None:
         self.name = f"sglang=={VERSION}"
         self.capacity = capacity
         self.alloc = TokenToKVPoolAllocator(capacity, torch.float16, "cpu", None, False)
@@ -82,7 +84,7 @@ class RealSglangEngine:
                 req_to_token_pool=None,
                 token_to_kv_pool_allocator=self.alloc,
                 page_size=1,
-                eviction_policy="lru",
+                eviction_policy=evict_policy,
             )
         )
         self.running: dict[int, _Run] = {}
@@ -167,7 +169,8 @@ class RealSglangEngine:
         return FinishOutcome(rid=rid, freed_units=self.alloc.available_size() - before)
 
     def eviction_order(self) -> list[tuple]:
-        leaves = sorted(self.cache.evictable_leaves, key=lambda x: x.last_access_time)
+        prio = self.cache.eviction_strategy.get_priority  # the heap key of evict(); ties as TreeNode.__lt__
+        leaves = sorted(self.cache.evictable_leaves, key=lambda x: (prio(x), x.last_access_time))
         return [self._path(x) for x in leaves]
 
     def in_use(self) -> int:
@@ -175,3 +178,115 @@ class RealSglangEngine:
 
     def state(self) -> tuple:
         return (self.alloc.available_size(), self.cache.evictable_size(), self.cache.total_size())
+
+
+class RealUnifiedEngine(RealSglangEngine):
+    """The same scheduler steps around SGLang's ``UnifiedRadixCache`` (full attention: ``tree_components=(FULL,)``),
+    the cache the 0.5.23 scheduler builds for full-attention models, with the Rust tree core (default) or the Python
+    one (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``), no HiCache. Checkpoints follow
+    ``UnifiedRadixCache.checkpoint_into_tree``: ``insert`` with ``prev_prefix_len`` = protected length (the tree
+    frees the duplicate slots itself), the ``split_prompt`` insert when the prompt is shorter than the key, then
+    ``unlock``/``lock`` onto ``InsertResult.last_device_node``. Evicted node paths and the eviction order are not
+    observable from outside the tree core; the evicted token count is ``EvictResult.num_tokens_evicted``.
+    """
+
+    def __init__(self, capacity: int, core: str = "rust", evict_policy: str = "lru") -> None:
+        import os
+
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = core
+        self.name = f"sglang=={VERSION} UnifiedRadixCache[{core}]"
+        self.capacity = capacity
+        self.alloc = TokenToKVPoolAllocator(capacity, torch.float16, "cpu", None, False)
+        self.cache = UnifiedRadixCache(
+            CacheInitParams(
+                disable=False,
+                req_to_token_pool=None,
+                token_to_kv_pool_allocator=self.alloc,
+                page_size=1,
+                eviction_policy=evict_policy,
+                tree_components=(ComponentType.FULL,),
+            )
+        )
+        assert self.cache._tree_core_backend == core
+        self.running = {}
+        self._evicted = []
+        self._units = []
+        for name in ("evict", "evict_for_alloc"):
+            orig = getattr(self.cache, name)
+
+            def observed(*a, _orig=orig, **k):
+                res = _orig(*a, **k)
+                self._evicted.append(())
+                self._units.append(res.num_tokens_evicted)
+                return res
+
+            setattr(self.cache, name, observed)
+
+    def _checkpoint(self, run: _Run, up_to: int, prompt_len: int | None = None) -> None:
+        toks = list(run.req.token_ids[:up_to])
+        values = run.idx[:up_to].to(torch.int64).clone()
+        p = InsertParams(key=_key(toks), value=values, prev_prefix_len=run.protected, inserted_len=run.inserted)
+        res = self.cache.insert(p)
+        run.inserted = max(run.inserted, up_to)
+        if prompt_len is not None and 0 < prompt_len < up_to:
+            self.cache.insert(
+                InsertParams(
+                    key=_key(toks[:prompt_len]),
+                    value=values[:prompt_len],
+                    prev_prefix_len=prompt_len,
+                    inserted_len=prompt_len,
+                    priority=1,
+                )
+            )
+        new = self.cache.path_device_indices(res.last_device_node)
+        assert len(new) == up_to
+        run.idx[run.protected : len(new)] = new[run.protected :]
+        run.protected = len(new)
+        self.cache.unlock(run.node)
+        run.node = self.cache.lock(res.last_device_node)
+
+    def submit(self, req: Request) -> RequestOutcome | None:
+        T = req.prompt_tokens
+        n = max(req.output_tokens, 1)
+        m = self.cache.match_prefix(MatchPrefixParams(key=_key(list(req.token_ids[: T - 1]))))
+        hit, node = m.device_prefix_len, m.last_device_node
+        lock = self.cache.lock(node)
+        extend = T - hit
+        if extend + n - 1 > self.alloc.available_size() + self.cache.evictable_size():  # kvhit's admission rule
+            self.cache.unlock(lock)
+            return None
+        mark = len(self._evicted)
+        self.alloc.evict_to_free_tokens(self.cache, extend)
+        new = self.alloc.alloc(extend)
+        assert new is not None
+        prefix = self.cache.path_device_indices(node).to(torch.int64)
+        run = _Run(req, lock, torch.cat([prefix, new.to(torch.int64)]), hit)
+        self.running[req.rid] = run
+        if n > 1:
+            self._checkpoint(run, T)
+        for _ in range(n - 1):
+            self.alloc.evict_to_free_tokens(self.cache, 1)
+            one = self.alloc.alloc(1)
+            assert one is not None
+            run.idx = torch.cat([run.idx, one.to(torch.int64)])
+        return RequestOutcome(
+            rid=req.rid, hit_tokens=hit, hit_units=hit, new_blocks=(), evicted=(), evicted_units=sum(self._units[mark:])
+        )
+
+    def finish(self, rid: int) -> FinishOutcome:
+        run = self.running.pop(rid)
+        before = self.alloc.available_size()
+        owned = run.req.prompt_tokens + max(run.req.output_tokens, 1) - 1
+        self._checkpoint(run, owned, prompt_len=run.req.prompt_tokens)
+        self.alloc.free_segment(run.idx[run.protected : owned], start_pos=run.protected)
+        self.cache.unlock(run.node)
+        return FinishOutcome(rid=rid, freed_units=self.alloc.available_size() - before)
+
+    def eviction_order(self) -> list[tuple]:
+        return []
+
+    def state(self) -> tuple:
+        return (self.alloc.available_size(), self.cache.evictable_size(), self.cache.total_size()[0])

@@ -43,6 +43,11 @@ py_sgl=$(conformance/make_env.sh sglang "$SGLANG")
 sgl() { "$py_sgl" -W ignore conformance/check_sglang.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v "Warning\|warnings.warn" || status=1; }
 sgl --model sglang --cases "$CASES" --seed 0
 sgl --model no-hit-cap --cases 300 --seed 1 --expect-mismatch
+# the other eviction policies (RadixCache), and UnifiedRadixCache (full attention, no HiCache) with both tree cores
+sgl --evict-policy fifo --cases "$CASES" --seed 0  # mru, filo: 0 / 1,000 too, outside make conformance (README)
+sgl --model lru-always --evict-policy fifo --cases 300 --seed 1 --expect-mismatch
+for core in rust python; do sgl --cache "unified-$core" --cases "$CASES" --seed 0; done
+sgl --cache unified-rust --model no-hit-cap --cases 300 --seed 1 --expect-mismatch
 # SGLang HiCache (issue 12 §2): the HiCache tier model against SGLang's UnifiedRadixCache + HybridCacheController
 hic() { "$py_sgl" -W ignore conformance/check_hicache.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v "Warning\|warnings.warn" || status=1; }
 for pol in write_through write_through_selective write_back; do hic --policy "$pol" --cases "$CASES" --seed 0; done
