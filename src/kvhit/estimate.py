@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
@@ -185,6 +185,35 @@ def _conv_major_rows(trace: Trace, sel: np.ndarray) -> np.ndarray:
     pick = np.zeros(ids.size, bool)
     pick[np.searchsorted(ids, sel)] = True
     return order[pick[dense[order]]]
+
+
+class _ConvLayout(NamedTuple):
+    """Rows of selected conversations in conversation-major order, with each conversation's extent."""
+
+    order: np.ndarray  # trace rows, conversation-major
+    conv: np.ndarray  # conversation id per row (in ``order``)
+    starts: np.ndarray  # first row of each conversation
+    counts: np.ndarray  # rows (turns) per conversation
+    conv_ptr: np.ndarray  # int64 CSR pointer: conversation k is rows conv_ptr[k]:conv_ptr[k + 1]
+    first: np.ndarray  # row is a conversation's first turn
+    last: np.ndarray  # row is a conversation's last turn
+    offsets: np.ndarray  # arrival time minus the conversation's first arrival
+
+
+def _conv_layout(trace: Trace, sel: np.ndarray) -> _ConvLayout:
+    """:func:`_conv_major_rows` of ``sel`` with the per-conversation extents and time offsets the estimators use."""
+    order = _conv_major_rows(trace, sel)
+    conv = trace["conv"][order]
+    starts = np.flatnonzero(np.concatenate([[True], conv[1:] != conv[:-1]]))
+    counts = np.diff(np.append(starts, conv.size))
+    conv_ptr = np.append(starts, conv.size).astype(np.int64)
+    first = np.zeros(conv.size, bool)
+    first[starts] = True
+    last = np.zeros(conv.size, bool)
+    last[starts + counts - 1] = True
+    t = np.asarray(trace["time"], dtype=float)[order]
+    offsets = t - np.repeat(t[starts], counts)
+    return _ConvLayout(order, conv, starts, counts, conv_ptr, first, last, offsets)
 
 
 def _column(trace: Trace, name: str, block: str) -> np.ndarray:
@@ -593,17 +622,7 @@ def engine_accounting(
         raise EstimateError(f"accounting: expected one of {ACCOUNTINGS}, got {accounting!r}")
     mom = trace_moments(trace, mask, rows=rows, incomplete=incomplete)
     sel = mom.per_conversation["conv"]
-    order = _conv_major_rows(trace, sel)
-    conv = trace["conv"][order]
-    starts = np.flatnonzero(np.concatenate([[True], conv[1:] != conv[:-1]]))
-    counts = np.diff(np.append(starts, conv.size))
-    conv_ptr = np.append(starts, conv.size).astype(np.int64)
-    first = np.zeros(conv.size, bool)
-    first[starts] = True
-    last = np.zeros(conv.size, bool)
-    last[starts + counts - 1] = True
-    t = np.asarray(trace["time"], dtype=float)[order]
-    offsets = t - np.repeat(t[starts], counts)
+    order, conv, starts, counts, conv_ptr, first, last, offsets = _conv_layout(trace, sel)
     R = np.asarray(trace["R"], dtype=np.int64)[order]
     Z = np.where(first, R, R - np.concatenate([[0], R[:-1]]))
     b = int(block_size or trace.block_size or 0)

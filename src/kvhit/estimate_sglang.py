@@ -53,7 +53,7 @@ from kvhit.estimate import (
     EngineAccounting,
     EstimateError,
     _bilinear,
-    _conv_major_rows,
+    _conv_layout,
     _fluct_grid,
     _Occupancy,
     _phi_table_kernel,
@@ -296,17 +296,7 @@ def sglang_accounting(
     p = int(page_size)
     mom = trace_moments(trace, mask, rows=rows, incomplete=incomplete)
     sel = mom.per_conversation["conv"]
-    order = _conv_major_rows(trace, sel)
-    conv = trace["conv"][order]
-    starts = np.flatnonzero(np.concatenate([[True], conv[1:] != conv[:-1]]))
-    counts = np.diff(np.append(starts, conv.size))
-    conv_ptr = np.append(starts, conv.size).astype(np.int64)
-    first = np.zeros(conv.size, bool)
-    first[starts] = True
-    last = np.zeros(conv.size, bool)
-    last[starts + counts - 1] = True
-    t = np.asarray(trace["time"], dtype=float)[order]
-    offsets = t - np.repeat(t[starts], counts)
+    order, conv, starts, counts, conv_ptr, first, last, offsets = _conv_layout(trace, sel)
     if "cum_tokens" in trace.cols:
         T = np.asarray(trace["cum_tokens"], dtype=np.int64)[order]
     else:
