@@ -53,9 +53,11 @@ bench-large: $(STAMP) $(BENCH_DEPS)/.installed
 conformance: $(STAMP)
 	conformance/run.sh
 
+# ruff, and the layering contract of pyproject.toml's [tool.importlinter] (one-way layers, no circles)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) $(BENCH_DEPS) .numba_cache .pytest_cache build src/*.egg-info

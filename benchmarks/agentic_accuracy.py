@@ -1,6 +1,6 @@
-"""Accuracy of the agentic estimator (kvhit.estimate_agentic) against the exact block simulator (issue 11).
+"""Accuracy of the agentic estimator (kvhit.estimate.agentic) against the exact block simulator (issue 11).
 
-The "actual" is :func:`kvhit.sim.blockcurve.block_curve` (exact, both vLLM free-queue orders; vLLM's token metric
+The "actual" is :func:`kvhit.sim.vllm.curve.block_curve` (exact, both vLLM free-queue orders; vLLM's token metric
 ``prefix_cache_hits / prefix_cache_queries``), as ``kvhit curve --blocks-trace`` computes it. Errors are
 |estimate − simulator| over the capacities of a 300-point log grid whose simulated hit ratio lies between 10% and
 90% of the infinite-cache ceiling AND that are feasible (N ≥ N_min = the largest request: below it vLLM rejects
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvhit.estimate_agentic import estimate_trace
-from kvhit.sim.blockcurve import block_curve
+from kvhit.estimate.agentic import estimate_trace
+from kvhit.sim.vllm.curve import block_curve
 from kvhit.workload.production import ProductionTrace, read_mooncake, read_weka
 from kvhit.workload.reuse import request_reuse
 
@@ -170,7 +170,7 @@ def trace_rows(out, pt, workload, held, lam0, forms, points, mask=None, est_sour
 def chat(out: list) -> None:
     from kvhit.sim.runner import block_requests, simulate_trace_block
     from kvhit.workload.dists import Exponential
-    from kvhit.workload.sharegpt import build_sharegpt_trace
+    from kvhit.workload.sharegpt_trace import build_sharegpt_trace
     from kvhit.workload.trace import Window
 
     for lam0, mu in ((1.5, 90.0), (1.5, 135.0), (1.5, 240.0), (0.5, 135.0), (2.0, 135.0)):

@@ -1,15 +1,15 @@
-"""Throughput of the block-level vLLM prefix-cache simulator (:mod:`kvhit.sim.block`).
+"""Throughput of the block-level vLLM prefix-cache simulator (:mod:`kvhit.sim.vllm.block`).
 
 Builds a synthetic multi-turn trace (numpy) with at least ``min_accesses`` block accesses
 (``Σ_r ceil(T_r / b)``), then times, in the same process:
 
 * the numba simulator (after a warm-up call that compiles / loads the cache),
-* the plain-Python reference (:mod:`kvhit.sim.block_reference`) on a prefix of the trace,
+* the plain-Python reference (:mod:`kvhit.sim.vllm.reference`) on a prefix of the trace,
 * optionally libCacheSim's LRU (PyPI ``libcachesim``, GPL, benchmark-only, never imported by the
   library) replaying the same sequence of block ids (each request's full-block ids, tail first),
   read from an oracleGeneral binary trace file.
 
-Throughput unit: ``block_ops`` as defined in :mod:`kvhit.sim.block` (hash probes + touches +
+Throughput unit: ``block_ops`` as defined in :mod:`kvhit.sim.vllm.block` (hash probes + touches +
 allocations + frees) and, for a like-for-like comparison with libCacheSim, block accesses
 (``hit + new`` blocks per request; one libCacheSim request each).
 
@@ -25,9 +25,9 @@ import time
 
 import numpy as np
 
-from kvhit.sim.block import block_hit_ratio, simulate_block, token_hit_ratio
-from kvhit.sim.block_reference import simulate_block_reference
-from kvhit.sim.blockids import hashes_from_block_counts
+from kvhit.sim.vllm.block import block_hit_ratio, simulate_block, token_hit_ratio
+from kvhit.sim.vllm.blockids import hashes_from_block_counts
+from kvhit.sim.vllm.reference import simulate_block_reference
 
 
 def make_trace(seed: int = 0, min_accesses: int = 10_000_000, block_size: int = 16) -> dict:

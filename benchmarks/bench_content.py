@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from kvhit.sim.content import simulate_content
-from kvhit.sim.reference import simulate_content_reference
-from kvhit.sim.stackdist import FIRST_TURN, content_curve, content_hit_thresholds
+from kvhit.sim.content.lru import simulate_content
+from kvhit.sim.content.reference import simulate_content_reference
+from kvhit.sim.content.stackdist import FIRST_TURN, content_curve, content_hit_thresholds
 
 
 def synthetic_stream(

@@ -1,4 +1,4 @@
-"""All-capacity block curve (:mod:`kvhit.sim.blockcurve`) vs one :func:`~kvhit.sim.block.simulate_block` run.
+"""All-capacity block curve (:mod:`kvhit.sim.vllm.curve`) vs one :func:`~kvhit.sim.vllm.block.simulate_block` run.
 
 Builds the multi-turn trace of :mod:`bench_block` (``make_trace``: geometric turns / prompt / response
 lengths, Poisson conversation arrivals; PD mode, block size 16) with at least ``min_accesses`` block
@@ -27,8 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_block import _prefix, make_trace  # noqa: E402
-from kvhit.sim.block import block_hit_ratio, simulate_block  # noqa: E402
-from kvhit.sim.blockcurve import block_curve, block_hit_thresholds  # noqa: E402
+from kvhit.sim.vllm.block import block_hit_ratio, simulate_block  # noqa: E402
+from kvhit.sim.vllm.curve import block_curve, block_hit_thresholds  # noqa: E402
 
 
 def run(seed: int = 0, min_accesses: int = 2_000_000, n_capacities: int = 1000, repeats: int = 3) -> dict:

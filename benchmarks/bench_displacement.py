@@ -1,6 +1,6 @@
 """Displacement moments (Lemma D.1) of the engine-aware estimator: the closed form
-(:func:`kvhit.displacement.phi_moments`) against the segment-by-segment integration it replaced
-(:func:`kvhit.displacement.phi_moments_reference`), same inputs, same run, on the estimator's own t grid.
+(:func:`kvhit.estimate.displacement.phi_moments`) against the segment-by-segment integration it replaced
+(:func:`kvhit.estimate.displacement.phi_moments_reference`), same inputs, same run, on the estimator's own t grid.
 
 Run alone: ``python benchmarks/bench_displacement.py``.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvhit.displacement import phi_moments, phi_moments_reference
-from kvhit.estimate import _fluct_grid, _resolve_F, engine_accounting
+from kvhit.estimate.displacement import phi_moments, phi_moments_reference
+from kvhit.estimate.engine import _fluct_grid, _resolve_F, engine_accounting
 from kvhit.workload import WorkloadSpec, generate
 
 SPEC = Path(__file__).resolve().parents[1] / "examples" / "scm.toml"

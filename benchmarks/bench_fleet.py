@@ -1,15 +1,15 @@
-"""Throughput of the fleet simulator (:mod:`kvhit.sim.fleet`) against the single-replica simulator, same run.
+"""Throughput of the fleet simulator (:mod:`kvhit.fleet.simulate`) against the single-replica simulator, same run.
 
 On :func:`bench_block.make_trace` (synthetic multi-turn, ~2·10^6 block accesses), times:
 
-* the single-replica compiled simulator :func:`kvhit.sim.block.simulate_block` at ``N = R·n`` (baseline);
+* the single-replica compiled simulator :func:`kvhit.sim.vllm.block.simulate_block` at ``N = R·n`` (baseline);
 * the fleet's fast path (route, then the compiled simulator per replica) for round-robin and session affinity at
   R = 8 replicas of ``n`` blocks;
 * the step-wise path (Python engines; the path every load- or cache-aware router takes) on a 5,000-request prefix,
-  against the single-replica Python engine (:func:`kvhit.sim.engines.replay` on one pool of ``R·n`` blocks) on the
+  against the single-replica Python engine (:func:`kvhit.sim.engine.replay` on one pool of ``R·n`` blocks) on the
   same prefix, and against the compiled single-replica simulator.
 
-Unit: ``block_ops`` (:mod:`kvhit.sim.block`; the Python pools count the same probes, touches, allocations and
+Unit: ``block_ops`` (:mod:`kvhit.sim.vllm.block`; the Python pools count the same probes, touches, allocations and
 frees — for KV-aware routers the router's own cache probes are counted too); the ratios reported are (fleet s per
 block op) / (single-replica s per block op) — the issue's target is ≤ 2.
 
@@ -24,9 +24,10 @@ import time
 import numpy as np
 
 from bench_block import _prefix, make_trace
-from kvhit.sim.block import simulate_block
-from kvhit.sim.engines import Request, make_engine, replay
-from kvhit.sim.fleet import simulate_fleet
+from kvhit.fleet.simulate import simulate_fleet
+from kvhit.sim.engine import Request, replay
+from kvhit.sim.registry import make_engine
+from kvhit.sim.vllm.block import simulate_block
 
 
 def _time(f, reps=3):

@@ -1,4 +1,4 @@
-"""Throughput of the compiled SGLang radix-cache model (:mod:`kvhit.sim.radix`), beside the vLLM block simulator.
+"""Throughput of the compiled SGLang radix-cache model (:mod:`kvhit.sim.sglang.radix`), beside the vLLM block simulator.
 
 The multi-turn trace of ``bench_block`` (same generator and seed): conversations as synthetic token streams
 (one run each), outputs ~ Geom(mean 250) tokens (at most the next turn's growth), page size 1, LRU, a pool of
@@ -6,11 +6,11 @@ The multi-turn trace of ``bench_block`` (same generator and seed): conversations
 
 * the compiled model on the whole trace (after a warm-up call that compiles / loads the cache), without and with
   holds (2 s per request);
-* vLLM's block simulator (:func:`kvhit.sim.block.simulate_block`) on the same requests at ``N`` blocks — the
+* vLLM's block simulator (:func:`kvhit.sim.vllm.block.simulate_block`) on the same requests at ``N`` blocks — the
   same-run baseline (it does less: no radix tree, no decode-time allocation);
-* the step-wise Python model (:class:`kvhit.sim.engines.sglang.SglangEngine` through ``replay``) on a prefix,
+* the step-wise Python model (:class:`kvhit.sim.sglang.engine.SglangEngine` through ``replay``) on a prefix,
   checked identical request by request;
-* a curve of 8 capacities on the first 20,000 requests: :func:`kvhit.sim.radixrun.radix_curve` (threads)
+* a curve of 8 capacities on the first 20,000 requests: :func:`kvhit.sim.sglang.run.radix_curve` (threads)
   against the same 8 runs one by one.
 
 Unit: requests/s and prompt tokens/s (a request's prompt, whatever hits).
@@ -25,11 +25,11 @@ import time
 import numpy as np
 
 from bench_block import make_trace
-from kvhit.sim.block import simulate_block
-from kvhit.sim.engines import replay
-from kvhit.sim.engines.sglang import SglangEngine
-from kvhit.sim.radix import TokenStreams, simulate_radix
-from kvhit.sim.radixrun import radix_curve
+from kvhit.sim.engine import replay
+from kvhit.sim.sglang.engine import SglangEngine
+from kvhit.sim.sglang.radix import TokenStreams, simulate_radix
+from kvhit.sim.sglang.run import radix_curve
+from kvhit.sim.vllm.block import simulate_block
 
 
 def streams(tr: dict, seed: int = 1) -> TokenStreams:

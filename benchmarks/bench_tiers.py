@@ -1,12 +1,12 @@
 """Speed of the host-tier models (:mod:`kvhit.sim.tiers`) beside the single-tier simulator, same trace, same run.
 
 The tier models are step-wise plain Python; the GPU side of a surface is the compiled
-:func:`kvhit.sim.block.simulate_block`, and the native tier's host pass has a compiled twin. Timed on a prefix of
+:func:`kvhit.sim.vllm.block.simulate_block`, and the native tier's host pass has a compiled twin. Timed on a prefix of
 the synthetic multi-turn trace of ``bench_block`` (``n`` requests, block size 16, GPU at a quarter of the working
 set, DRAM at 4x):
 
 * ``compiled_gpu_only`` – :func:`simulate_block` (numba, warm);
-* ``stepwise_gpu_only`` – :class:`~kvhit.sim.engines.vllm.VllmEngine` through :func:`~kvhit.sim.engines.replay`;
+* ``stepwise_gpu_only`` – :class:`~kvhit.sim.vllm.engine.VllmEngine` through :func:`~kvhit.sim.engine.replay`;
 * ``tiered_<tier>`` – :class:`~kvhit.sim.tiers.TieredEngine` replays (GPU + host, Python);
 * ``host_pass_native`` – the host tier alone driven by the compiled GPU hits (Python);
 * ``host_pass_native_compiled`` – the same pass compiled (:mod:`kvhit.sim.tiers.native_fast`; what the surface
@@ -24,12 +24,12 @@ import time
 import numpy as np
 
 from bench_block import make_trace
-from kvhit.sim.block import simulate_block
-from kvhit.sim.engines import replay, requests_from_stream
-from kvhit.sim.engines.vllm import VllmEngine
+from kvhit.sim.engine import replay, requests_from_stream
 from kvhit.sim.tiers import make_tiered
 from kvhit.sim.tiers.native_fast import native_lru_host_pass
 from kvhit.sim.tiers.surface import host_pass
+from kvhit.sim.vllm.block import simulate_block
+from kvhit.sim.vllm.engine import VllmEngine
 
 
 def run(n: int = 4000) -> dict:

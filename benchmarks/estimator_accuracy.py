@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from kvhit.estimate import (
+from kvhit.estimate.engine import (
     engine_accounting,
     estimate,
     estimate_engine,
@@ -46,7 +46,7 @@ from kvhit.sim.runner import block_requests, simulate_trace_block, simulate_trac
 from kvhit.workload.blocks import block_accounting
 from kvhit.workload.dists import Exponential
 from kvhit.workload.generate import trace_from_conversations
-from kvhit.workload.sharegpt import build_sharegpt_trace
+from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 from kvhit.workload.trace import Window
 
 COLS = ["paper", "a", "a+c", "a+b+c", "a+b+c+d", "win-d", "win", "a+b+c+d+r", "win+r"]

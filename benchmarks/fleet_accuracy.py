@@ -1,4 +1,4 @@
-"""Accuracy of the fleet estimators (:mod:`kvhit.estimate_fleet`) against the exact fleet simulator.
+"""Accuracy of the fleet estimators (:mod:`kvhit.fleet.estimate`) against the exact fleet simulator.
 
 Setting (docs/estimators.md §6 and README "A fleet"): the ShareGPT trace of App. E as ``kvhit trace sharegpt``
 builds it (``build_sharegpt_trace``: 1,000 warm-up + 5,000 measured conversations, λ0 = 1/s, W ~ Exp(135 s),
@@ -13,14 +13,14 @@ corpus' 7,506 eligible conversations and its own arrival times.
 Parts:
 
 * ``oblivious``: round-robin, random (router seed 0) and session (hash ring) at R = 2, 4, 8, 16 — the simulated
-  ratio, :func:`kvhit.estimate_fleet.estimate_fleet` (window form: own gap per fragment revisit) and, for
-  comparison, the stationary pooled-F̂ form :func:`kvhit.estimate_fleet.estimate_fleet_oblivious` that the README
+  ratio, :func:`kvhit.fleet.estimate.estimate_fleet` (window form: own gap per fragment revisit) and, for
+  comparison, the stationary pooled-F̂ form :func:`kvhit.fleet.estimate.estimate_fleet_oblivious` that the README
   quoted before.
 * ``kv``: KV-aware routers with holds ``T/speed`` (``KV_POINTS``): the Dynamo KV router (precise, temperature 0)
   with its overlap weight swept (0, 0.25, 1, 4) at R = 2, 4, 8, and at R = 4 a heavier load, the approximate
   (TTL) indexer, a request weight, llm-d (precise and approximate), SGLang cache-aware and sticky sessions — the
   simulated ratio and stay fraction (turns on the replica of the previous turn), the model's stay probability
-  and :func:`kvhit.estimate_fleet.estimate_fleet_kv` (docs/estimators.md §6, "KV-aware routers").
+  and :func:`kvhit.fleet.estimate.estimate_fleet_kv` (docs/estimators.md §6, "KV-aware routers").
 * ``credit`` (design seeds only): the README's ``kvhit fleet curve`` setting — R = 8, holds T/500 s, Dynamo's
   ``overlap_score_credit`` 0, 1, 2, 4, 16 (the clamp max(0, ·) saturates the hit ratio).
 
@@ -41,16 +41,16 @@ import time
 
 import numpy as np
 
-from kvhit.estimate_fleet import (
+from kvhit.fleet.estimate import (
     _prev_rows,
     estimate_fleet,
     estimate_fleet_kv,
     estimate_fleet_oblivious,
     stay_probabilities,
 )
-from kvhit.sim.fleet import simulate_fleet
+from kvhit.fleet.simulate import simulate_fleet
 from kvhit.sim.runner import block_requests
-from kvhit.workload.sharegpt import build_sharegpt_trace
+from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 from kvhit.workload.trace import Window
 
 N = 2275

@@ -1,6 +1,6 @@
-"""Accuracy of the SGLang estimator (kvhit.estimate_sglang) against the SGLang radix simulator (issue 12 §1).
+"""Accuracy of the SGLang estimator (kvhit.estimate.sglang) against the SGLang radix simulator (issue 12 §1).
 
-The "actual" is :func:`kvhit.sim.radix.simulate_radix` (SGLang 0.5.23's radix cache, LRU, no holds; tested equal
+The "actual" is :func:`kvhit.sim.sglang.radix.simulate_radix` (SGLang 0.5.23's radix cache, LRU, no holds; tested equal
 to the step-wise model and, at 0 mismatches, to SGLang's own RadixCache), SGLang's token hit ratio over the
 measured requests, as ``kvhit simulate --engine sglang`` reports it.
 
@@ -14,7 +14,7 @@ conversations at the trace's λ0) and ``win`` (window-exact form, :func:`estimat
 
 Agentic (``agentic``): production block-id traces as ``kvhit simulate --blocks-trace … --engine sglang`` sees
 them (each full-block id a run of b tokens, partial tails and outputs the request's own tokens), every request
-measured, page size 1. Estimator: :func:`kvhit.estimate_sglang_agentic.estimate_trace_sglang` (time-varying
+measured, page size 1. Estimator: :func:`kvhit.estimate.sglang_agentic.estimate_trace_sglang` (time-varying
 form, 32 joint realizations of the background, seed 0; ``err marginal``: independent draws from each request's
 compound Poisson law instead). Pools: a log grid of 24 sizes from the largest request C_min
 (16 up to 8·C_min, 8 beyond, to the trace's total tokens); errors over the pools whose simulated ratio lies in
@@ -37,13 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kvhit.estimate_sglang import estimate_sglang, estimate_sglang_window, sglang_accounting
-from kvhit.estimate_sglang_agentic import estimate_trace_sglang
-from kvhit.sim.radix import simulate_radix
-from kvhit.sim.streams import streams_from_production, streams_from_trace
+from kvhit.estimate.sglang import estimate_sglang, estimate_sglang_window, sglang_accounting
+from kvhit.estimate.sglang_agentic import estimate_trace_sglang
+from kvhit.sim.sglang.radix import simulate_radix
+from kvhit.sim.sglang.streams import streams_from_production, streams_from_trace
 from kvhit.workload.dists import Exponential
 from kvhit.workload.production import read_mooncake, read_weka
-from kvhit.workload.sharegpt import build_sharegpt_trace
+from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 from kvhit.workload.trace import Window
 
 ROOT = Path(__file__).resolve().parents[1]

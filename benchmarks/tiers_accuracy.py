@@ -1,4 +1,4 @@
-"""Accuracy of the two-tier estimator (kvhit.estimate_tiers) against the tier simulator (issue 16 §3).
+"""Accuracy of the two-tier estimator (kvhit.estimate.tiers) against the tier simulator (issue 16 §3).
 
 "Actual" = :func:`kvhit.sim.tiers.surface.hit_surface` (sequential replay: the compiled vLLM ≥ 0.24 GPU model and
 the step-wise host tier — vLLM 0.33.0 native LRU with 1-block chunks, LMCache 0.5.6 with 256-token chunks (512 on
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvhit.estimate_tiers import estimate_tiers
+from kvhit.estimate.tiers import estimate_tiers
 from kvhit.sim.tiers.surface import hit_surface
 from kvhit.workload.production import read_mooncake, read_weka
 
@@ -129,7 +129,7 @@ def main() -> None:
         if "sharegpt" in a.only:
             from kvhit.sim.runner import block_requests
             from kvhit.workload.dists import Exponential
-            from kvhit.workload.sharegpt import build_sharegpt_trace
+            from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 
             tr, _ = build_sharegpt_trace(
                 n_warm=1000, n_meas=5000, seed=int(held), lam0=1.0, interarrival=Exponential(135.0), block_size=128

@@ -21,8 +21,8 @@ import sys
 
 import numpy as np
 
-from kvhit.sim.block import simulate_block, token_hit_ratio
 from kvhit.sim.tiers.surface import hit_surface
+from kvhit.sim.vllm.block import simulate_block, token_hit_ratio
 from kvhit.workload.production import read_production
 
 MOONCAKE = "/work/shared/data/traces/mooncake_fast25/conversation_trace.jsonl"

@@ -70,8 +70,8 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # 
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler  # noqa: E402
 
-from kvhit.sim.engines import Request  # noqa: E402
-from kvhit.sim.engines.sglang import SglangEngine  # noqa: E402
+from kvhit.sim.engine import Request  # noqa: E402
+from kvhit.sim.sglang.engine import SglangEngine  # noqa: E402
 from kvhit.sim.tiers.hicache import HiCacheTier  # noqa: E402
 
 VERSION = real_sglang.VERSION

@@ -5,7 +5,7 @@
 
 Random multi-turn workloads (prompts + outputs as token ids; exact retries, duplicated conversations, shared
 system prompts, pools of a few tokens, requests near and above capacity, in-flight holds with ties); both
-engines run through :func:`kvhit.sim.engines.replay`; after every event the outcome (hit tokens, evicted nodes
+engines run through :func:`kvhit.sim.engine.replay`; after every event the outcome (hit tokens, evicted nodes
 as token paths, evicted tokens), the free/evictable/cached token counts and the eviction order are compared.
 The first mismatching case is shrunk and printed. ``--cache unified-*`` drives ``UnifiedRadixCache`` instead
 (``real_sglang.RealUnifiedEngine``); its evicted node paths and eviction order are not observable and not compared.
@@ -25,8 +25,8 @@ import numpy as np
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from real_sglang import VERSION, RealSglangEngine, RealUnifiedEngine  # noqa: E402
 
-from kvhit.sim.engines import Request, replay  # noqa: E402
-from kvhit.sim.engines.sglang import SglangEngine  # noqa: E402
+from kvhit.sim.engine import Request, replay  # noqa: E402
+from kvhit.sim.sglang.engine import SglangEngine  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,11 @@ import vllm
 from vllm.v1.kv_offload.base import ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-from kvhit.sim.blockids import hashes_from_block_counts
-from kvhit.sim.engines import replay, requests_from_stream
-from kvhit.sim.engines.vllm import VllmEngine
+from kvhit.sim.engine import replay, requests_from_stream
 from kvhit.sim.tiers import TieredEngine
 from kvhit.sim.tiers.native import CpuOffloadManager, LruPolicy, NativeCpuTier
+from kvhit.sim.vllm.blockids import hashes_from_block_counts
+from kvhit.sim.vllm.engine import VllmEngine
 
 
 def _bkey(k: int):

@@ -38,11 +38,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvhit.sim.blockids import hashes_from_token_ids
-from kvhit.sim.engines import Request
-from kvhit.sim.engines.vllm import VllmEngine
+from kvhit.sim.engine import Request
 from kvhit.sim.tiers import TieredEngine, make_tiered
 from kvhit.sim.tiers.native import CpuOffloadManager, NativeCpuTier
+from kvhit.sim.vllm.blockids import hashes_from_token_ids
+from kvhit.sim.vllm.engine import VllmEngine
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from real_sched import VERSION, RealScheduler  # noqa: E402

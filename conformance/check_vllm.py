@@ -8,7 +8,7 @@ Usage (inside a conformance environment, see ``make conformance``)::
 Each case is a random multi-turn workload (see :func:`gen_case`: exact block multiples, prompts shorter
 than a block, requests near and above capacity, pools of a few blocks, content duplicated across
 conversations, in-flight holds with ties). Both engines are driven by the same
-:func:`kvhit.sim.engines.replay`; after every event the per-request outcome (hit tokens, new block ids,
+:func:`kvhit.sim.engine.replay`; after every event the per-request outcome (hit tokens, new block ids,
 evicted hashes in order), the free-queue order (block ids, head first) and the eviction order (cached
 hashes, head first) are compared. The first mismatch is shrunk (drop requests, shorten prompts, shrink
 the pool, drop holds) to a minimal case, which is printed. With ``--expect-mismatch`` (negative control)
@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvhit.sim.blockids import hashes_from_token_ids
-from kvhit.sim.engines import Request, replay
-from kvhit.sim.engines.vllm import VllmEngine
+from kvhit.sim.engine import Request, replay
+from kvhit.sim.vllm.blockids import hashes_from_token_ids
+from kvhit.sim.vllm.engine import VllmEngine
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from real_vllm import VERSION, RealVllmEngine  # noqa: E402

@@ -52,7 +52,7 @@ from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixPara
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 
-from kvhit.sim.engines import FinishOutcome, Request, RequestOutcome  # noqa: E402
+from kvhit.sim.engine import FinishOutcome, Request, RequestOutcome  # noqa: E402
 
 try:
     from importlib.metadata import version

@@ -1,4 +1,4 @@
-"""vLLM's own ``KVCacheManager`` / ``BlockPool`` behind kvhit's step-wise :class:`~kvhit.sim.engines.Engine`.
+"""vLLM's own ``KVCacheManager`` / ``BlockPool`` behind kvhit's step-wise :class:`~kvhit.sim.engine.Engine`.
 
 Runs only inside a throwaway environment that has a vLLM wheel (``conformance/make_env.sh``); never imported
 by kvhit. The scheduler loop around the cache is transcribed from ``vllm/v1/core/sched/scheduler.py``
@@ -33,7 +33,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request as VRequest
 
-from kvhit.sim.engines import FinishOutcome, Request, RequestOutcome
+from kvhit.sim.engine import FinishOutcome, Request, RequestOutcome
 
 VERSION = vllm.__version__
 

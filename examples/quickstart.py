@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from kvhit import theory
-from kvhit.estimate import estimate, estimate_engine, trace_moments
+from kvhit.estimate import theory
+from kvhit.estimate.engine import estimate, estimate_engine, trace_moments
 from kvhit.sim.runner import simulate_trace_block, simulate_trace_content
 from kvhit.workload import Geometric, Window, WorkloadSpec, generate
 

@@ -1,5 +1,5 @@
 # ruff: noqa: E501
-"""Hand-made mutation pass over ``src/kvhit/plan.py``: plant each bug below, one at a time, run the planning
+"""Hand-made mutation pass over ``src/kvhit/plan/planner.py``: plant each bug below, one at a time, run the planning
 tests, and report which bugs no test noticed (survivors).
 
     .venv/bin/python tests/mutants_plan.py            # all mutants (~30 s each on this machine)
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAN = ROOT / "src" / "kvhit" / "plan.py"
+PLAN = ROOT / "src" / "kvhit" / "plan" / "planner.py"
 TESTS = ["tests/test_plan.py", "tests/test_plan_pinned.py"]
 
 #: (id, what the bug is, exact text in plan.py (its first occurrence is mutated), replacement)
@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *TESTS], cwd=ROOT, capture_output=True
     )
     if base.returncode != 0:  # a kill only means something when the unmutated suite passes
-        print("the planning tests fail on the unmutated plan.py: fix them first")
+        print("the planning tests fail on the unmutated plan/planner.py: fix them first")
         return 1
     rows = []
     try:

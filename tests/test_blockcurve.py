@@ -1,4 +1,4 @@
-"""Tests of the all-capacity block curve (kvhit.sim.blockcurve) against simulate_block."""
+"""Tests of the all-capacity block curve (kvhit.sim.vllm.curve) against simulate_block."""
 
 from __future__ import annotations
 
@@ -7,20 +7,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.block import (
+from kvhit.sim.vllm.block import (
     block_hit_ratio,
     request_hit_rate,
     simulate_block,
     token_hit_ratio,
 )
-from kvhit.sim.blockcurve import (
+from kvhit.sim.vllm.blockids import hashes_from_block_counts, hashes_from_token_ids
+from kvhit.sim.vllm.curve import (
     NEVER,
     BlockCurveError,
     block_curve,
     block_curve_from_thresholds,
     block_hit_thresholds,
 )
-from kvhit.sim.blockids import hashes_from_block_counts, hashes_from_token_ids
 
 ENGINES = ["vllm", "vllm-0.23"]
 

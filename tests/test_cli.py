@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from kvhit import theory
 from kvhit.cli import app
+from kvhit.estimate import theory
 from kvhit.workload import Trace, WorkloadSpec
 
 runner = CliRunner()

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from clihelp import kvhit
-from kvhit import hardware, theory
+from kvhit.estimate import theory
+from kvhit.plan import hardware
 from kvhit.sim.runner import simulate_trace_block, simulate_trace_content
 from kvhit.workload import Trace, Window, WorkloadSpec
 
@@ -259,7 +260,7 @@ def test_estimate_spec_overrides_are_used(flags, F):
 
 
 def test_estimate_h_is_practical_and_engine_estimate_is_the_planners():
-    from kvhit.plan import make_workload
+    from kvhit.plan.planner import make_workload
 
     d = run_json("estimate", "--spec", SCM_TOML, "--N", "2275", "--engine", "vllm", "--sample", "3000", "--seed", "4")
     e = d["estimates"][0]
@@ -273,8 +274,8 @@ def test_estimate_h_is_practical_and_engine_estimate_is_the_planners():
 def test_simulate_defaults_pinned(tmp_path):
     """No --warmup: a spec warms up on 20% of -n; a trace on its recorded n_warm. Estimates beside the
     simulation are the paper's (practical, empirical F̂) and the engine-aware one at b = 128."""
-    from kvhit.estimate import estimate, trace_moments
-    from kvhit.plan import make_workload
+    from kvhit.estimate.engine import estimate, trace_moments
+    from kvhit.plan.planner import make_workload
     from kvhit.workload import generate
 
     spec = WorkloadSpec.from_toml(SCM_TOML)
@@ -313,7 +314,7 @@ def test_simulate_blocks_trace_warmup_time_is_used():
 
 
 def test_plan_lam0_with_a_trace_is_used(trace):
-    from kvhit.plan import make_workload
+    from kvhit.plan.planner import make_workload
 
     d = run_json("plan", "--trace", trace, "--kv-gb", "40", "--lam0", "0.5")
     assert d["lam0"] == 0.5

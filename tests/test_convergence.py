@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvhit import theory
+from kvhit.estimate import theory
 from kvhit.experiments.convergence import convergence_table, default_spec
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvhit.sim.block import simulate_block, token_hit_ratio
-from kvhit.sim.blockcurve import block_curve
-from kvhit.sim.content import simulate_content
+from kvhit.sim.content.lru import simulate_content
+from kvhit.sim.content.stackdist import content_curve_from_thresholds, content_hit_thresholds
 from kvhit.sim.runner import block_requests
-from kvhit.sim.stackdist import content_curve_from_thresholds, content_hit_thresholds
+from kvhit.sim.vllm.block import simulate_block, token_hit_ratio
+from kvhit.sim.vllm.curve import block_curve
 from kvhit.workload import Window
-from kvhit.workload.sharegpt import build_sharegpt_trace
+from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 
 
 @pytest.fixture(scope="module")

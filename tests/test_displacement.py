@@ -1,11 +1,11 @@
-"""The closed-form displacement moments (kvhit.displacement.phi_moments) equal the segment-by-segment
+"""The closed-form displacement moments (kvhit.estimate.displacement.phi_moments) equal the segment-by-segment
 integration they replace, and both equal a brute-force integral over arrival times."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.displacement import phi_moments, phi_moments_reference
+from kvhit.estimate.displacement import phi_moments, phi_moments_reference
 
 
 @st.composite

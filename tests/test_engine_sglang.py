@@ -1,4 +1,4 @@
-"""SGLang radix-cache model (kvhit.sim.engines.sglang): hand-worked cases and invariants."""
+"""SGLang radix-cache model (kvhit.sim.sglang.engine): hand-worked cases and invariants."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.engines import Request, make_engine, replay
-from kvhit.sim.engines.sglang import SglangEngine
+from kvhit.sim.engine import Request, replay
+from kvhit.sim.registry import make_engine
+from kvhit.sim.sglang.engine import SglangEngine
 
 
 def req(rid, prompt, output=1):

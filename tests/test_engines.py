@@ -1,4 +1,4 @@
-"""Step-wise engine API (kvhit.sim.engines): equal, request by request, to the compiled simulators."""
+"""Step-wise engine API (kvhit.sim.engine): equal, request by request, to the compiled simulators."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.block import simulate_block
-from kvhit.sim.blockids import hashes_from_block_counts
-from kvhit.sim.engines import Engine, Request, make_engine, replay, requests_from_stream
-from kvhit.sim.engines.vllm import VllmEngine
+from kvhit.sim.engine import Engine, Request, replay, requests_from_stream
+from kvhit.sim.registry import make_engine
+from kvhit.sim.vllm.block import simulate_block
+from kvhit.sim.vllm.blockids import hashes_from_block_counts
+from kvhit.sim.vllm.engine import VllmEngine
 
 ENGINES = ["vllm", "vllm-0.23"]
 

@@ -1,4 +1,4 @@
-"""kvhit.estimate: eq. (35)–(39) on hand-computed traces, on large generated SCM traces against the theory
+"""kvhit.estimate.engine: eq. (35)–(39) on hand-computed traces, on large generated SCM traces against the theory
 (within sampling error from the sample (co)variance), F̂ exactness, vectorization, monotonicity."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, optimize
 
-from kvhit import estimate as est
-from kvhit import theory
+from kvhit.estimate import engine as est
+from kvhit.estimate import theory
 from kvhit.workload import (
     EmpiricalW,
     Exponential,

@@ -1,4 +1,4 @@
-"""The agentic estimator (kvhit.estimate_agentic): closed forms, invariants and agreement with the simulator."""
+"""The agentic estimator (kvhit.estimate.agentic): closed forms, invariants and agreement with the simulator."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.estimate_agentic import AgenticError, compound_poisson_cdf, estimate_trace
-from kvhit.sim.blockcurve import block_curve
+from kvhit.estimate.agentic import AgenticError, compound_poisson_cdf, estimate_trace
+from kvhit.sim.vllm.curve import block_curve
 from kvhit.workload.production import read_mooncake, read_weka
 from kvhit.workload.reuse import request_reuse
 
@@ -165,7 +165,7 @@ def test_held_in_weka_pool_within_measured_bound(engine):
 
 
 def test_spec_entry_point_single_turn_and_monotone():
-    from kvhit.estimate_agentic import estimate_spec_agentic
+    from kvhit.estimate.agentic import estimate_spec_agentic
     from kvhit.workload.dists import Constant, Exponential, Geometric
     from kvhit.workload.spec import IIDIncrements, WorkloadSpec
 

@@ -1,4 +1,4 @@
-"""Engine-aware, finite-capacity and fluctuation estimators (kvhit.estimate.estimate_engine & co.)."""
+"""Engine-aware, finite-capacity and fluctuation estimators (kvhit.estimate.engine.estimate_engine & co.)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.estimate import (
+from kvhit.estimate.engine import (
     EstimateError,
     displacement_moments,
     engine_accounting,
@@ -245,7 +245,7 @@ def test_hand_worked_admitted_accounting():
 
 
 def test_rejection_aware_estimate_hand_worked():
-    from kvhit.theory import solve_T_C
+    from kvhit.estimate.theory import solve_T_C
 
     tr = hand_trace()
     acc = engine_accounting(tr, engine="vllm", metric="tokens")
@@ -273,7 +273,7 @@ def test_rejection_aware_estimate_hand_worked():
 def test_prefix_variance_table_equals_direct_moments_of_admitted_set():
     # the per-prefix ∫Φ² table summed at J_i(N) must equal displacement_moments of the admitted accounting
     # (an independent kernel), for every admitted set
-    from kvhit.estimate import _PrefixVariance
+    from kvhit.estimate.engine import _PrefixVariance
 
     acc = engine_accounting(_TR, engine="vllm-0.23", metric="tokens")
     tg = np.array([0.0, 1.5, 7.0, 20.0, 55.0, 200.0])

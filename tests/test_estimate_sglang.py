@@ -1,4 +1,4 @@
-"""SGLang engine-aware estimator (kvhit.estimate_sglang): hand-worked accounting, closed-form limits, pages,
+"""SGLang engine-aware estimator (kvhit.estimate.sglang): hand-worked accounting, closed-form limits, pages,
 rejection, shared prefixes, and agreement with the SGLang radix simulator on a held-out seed."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvhit.estimate import EstimateError
-from kvhit.estimate_agentic import AgenticError
-from kvhit.estimate_sglang import estimate_sglang, estimate_sglang_window, sglang_accounting
-from kvhit.estimate_sglang_agentic import estimate_trace_sglang, sglang_node_pieces
-from kvhit.sim.radix import simulate_radix
-from kvhit.sim.streams import streams_from_production, streams_from_trace
+from kvhit.estimate.agentic import AgenticError
+from kvhit.estimate.engine import EstimateError
+from kvhit.estimate.sglang import estimate_sglang, estimate_sglang_window, sglang_accounting
+from kvhit.estimate.sglang_agentic import estimate_trace_sglang, sglang_node_pieces
+from kvhit.sim.sglang.radix import simulate_radix
+from kvhit.sim.sglang.streams import streams_from_production, streams_from_trace
 from kvhit.workload.dists import Exponential
 from kvhit.workload.generate import trace_from_conversations
 from kvhit.workload.production import read_mooncake, read_weka
@@ -164,7 +164,7 @@ def test_agrees_with_simulator_on_held_out_seed():
 
 
 # ------------------------------------------------------------------------------------------------------
-# production block-id traces (kvhit.estimate_sglang_agentic)
+# production block-id traces (kvhit.estimate.sglang_agentic)
 # ------------------------------------------------------------------------------------------------------
 
 PROD = Path(__file__).parent / "data" / "production"

@@ -1,4 +1,4 @@
-"""The two-tier estimator (kvhit.estimate_tiers): structure of the block-by-block union and agreement with the
+"""The two-tier estimator (kvhit.estimate.tiers): structure of the block-by-block union and agreement with the
 tier simulator; `kvhit tiers --estimate` through the service."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from kvhit.cli import main
-from kvhit.estimate_agentic import estimate_trace
-from kvhit.estimate_tiers import TierEstimateError, estimate_tiers
+from kvhit.estimate.agentic import estimate_trace
+from kvhit.estimate.tiers import TierEstimateError, estimate_tiers
 from kvhit.sim.tiers.surface import hit_surface
 from kvhit.workload.production import read_mooncake, read_weka
 from kvhit.workload.reuse import request_reuse
@@ -153,7 +153,7 @@ def test_cli_estimate_refusals(capsys, extra, flag):
 def test_lmcache_split_keeps_the_segments_and_shifts_the_put_part(weka):
     """Each age segment is cut at the source's found prefix: same blocks, same sources; a found chunk is shifted by
     the source's put chunks F − l, a put chunk by the ramp with the step's mean threshold F − (a + e + 1)/2."""
-    from kvhit.estimate_tiers import _lmcache_segments
+    from kvhit.estimate.tiers import _lmcache_segments
 
     uc = request_reuse(weka, chunk_blocks=4)
     sp, sh = _lmcache_segments(uc)
@@ -185,7 +185,7 @@ def test_per_request_hits_sum_to_h_and_rejection_off_only_adds(weka):
 
 
 def test_all_or_nothing_stream(weka):
-    from kvhit.estimate_tiers import _all_or_nothing
+    from kvhit.estimate.tiers import _all_or_nothing
 
     u = request_reuse(weka)
     assert _all_or_nothing(u, int(u.full_blocks.max())) is u  # every request fits: the stream is unchanged

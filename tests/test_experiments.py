@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.estimate import estimate, estimate_engine, estimate_finite, estimate_window, trace_moments
+from kvhit.estimate.engine import estimate, estimate_engine, estimate_finite, estimate_window, trace_moments
 from kvhit.experiments import (
     ESTIMATORS,
     SETTINGS,
@@ -41,7 +41,7 @@ from kvhit.experiments.paper import (
 )
 from kvhit.sim.runner import block_requests
 from kvhit.workload.dists import Exponential
-from kvhit.workload.sharegpt import build_sharegpt_trace
+from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 from kvhit.workload.trace import Trace, Window
 
 TINY = SETTINGS["tiny"]
@@ -265,7 +265,7 @@ def test_engine_estimators_registered_with_their_actuals():
 
 
 def test_engine_estimators_are_kvhit_estimate(sample):
-    """The registered estimators and the ingredient columns are the kvhit.estimate functions with the empirical
+    """The registered estimators and the ingredient columns are the kvhit.estimate.engine functions with the empirical
     F̂ of the measured conversations, the given λ0 and App. E's window (independent calls, no memo)."""
     lam0, mu, N = 1.5, 90.0, 300
     tr = retime(sample, lam0, mu, TINY.latency).trace

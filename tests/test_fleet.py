@@ -1,4 +1,5 @@
-"""Fleet simulator (kvhit.sim.fleet): equal to the plain-Python reference, fast path equal to the step-wise path."""
+"""Fleet simulator (kvhit.fleet.simulate): equal to the plain-Python reference, fast path equal to the step-wise
+path."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.block import simulate_block
-from kvhit.sim.blockids import hashes_from_block_counts
-from kvhit.sim.fleet import simulate_fleet
-from kvhit.sim.fleet_reference import reference_fleet
-from kvhit.sim.routers import make_router
+from kvhit.fleet.reference import reference_fleet
+from kvhit.fleet.routers import make_router
+from kvhit.fleet.simulate import simulate_fleet
+from kvhit.sim.vllm.block import simulate_block
+from kvhit.sim.vllm.blockids import hashes_from_block_counts
 
 ROUTERS = [
     ("round-robin", {}),

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvhit.cli import app
-from kvhit.estimate_fleet import estimate_fleet_oblivious, routes
-from kvhit.sim.fleet import simulate_fleet
+from kvhit.fleet.estimate import estimate_fleet_oblivious, routes
+from kvhit.fleet.simulate import simulate_fleet
 from kvhit.sim.runner import block_requests
 from kvhit.workload import Trace
 
@@ -75,7 +75,7 @@ def test_bad_parameters_one_line_exit_2(trace, args, needle):
 
 
 def test_estimator_affinity_at_one_replica_is_the_engine_estimate(trace):
-    from kvhit.estimate import estimate_engine
+    from kvhit.estimate.engine import estimate_engine
 
     tr = Trace.read(trace)
     rep = routes(tr, "session", 1)
@@ -98,7 +98,7 @@ def test_kv_router_estimate_equals_the_library(trace):
     assert est["round-robin"] is None and est["least-loaded"] is None  # not modelled: null, and said why
     assert any("round-robin" in n and "--prefill-tokens-per-s" in n for n in out["notes"])
     assert any("least-loaded" in n for n in out["notes"])
-    from kvhit.estimate_fleet import estimate_fleet_kv
+    from kvhit.fleet.estimate import estimate_fleet_kv
     from kvhit.service.inputs import window_for
 
     tr = Trace.read(trace)

@@ -1,4 +1,4 @@
-"""Fleet estimators (kvhit.estimate_fleet, docs/estimators.md §6): closed-form limits and agreement with the exact
+"""Fleet estimators (kvhit.fleet.estimate, docs/estimators.md §6): closed-form limits and agreement with the exact
 fleet simulator on a small synthetic workload (the ShareGPT accuracy is benchmarks/fleet_accuracy.py)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvhit.cli import app
-from kvhit.estimate import estimate_window
-from kvhit.estimate_fleet import estimate_fleet, fragment_trace, routes
-from kvhit.sim.fleet import simulate_fleet
+from kvhit.estimate.engine import estimate_window
+from kvhit.fleet.estimate import estimate_fleet, fragment_trace, routes
+from kvhit.fleet.simulate import simulate_fleet
 from kvhit.sim.runner import block_requests
 from kvhit.workload import Trace
 from kvhit.workload.trace import Window

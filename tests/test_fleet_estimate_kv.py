@@ -1,4 +1,4 @@
-"""KV-aware router estimator (kvhit.estimate_fleet.stay_probabilities / kv_routes / estimate_fleet_kv,
+"""KV-aware router estimator (kvhit.fleet.estimate.stay_probabilities / kv_routes / estimate_fleet_kv,
 docs/estimators.md §6): exact limits of the stay model, and agreement with the exact fleet simulator (with holds)
 on a small synthetic workload (the ShareGPT numbers are benchmarks/fleet_accuracy.py --only kv)."""
 
@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvhit.cli import app
-from kvhit.estimate_fleet import _prev_rows, estimate_fleet, estimate_fleet_kv, kv_routes, routes, stay_probabilities
-from kvhit.sim.fleet import simulate_fleet
+from kvhit.fleet.estimate import _prev_rows, estimate_fleet, estimate_fleet_kv, kv_routes, routes, stay_probabilities
+from kvhit.fleet.simulate import simulate_fleet
 from kvhit.sim.runner import block_requests
 from kvhit.workload import Trace
 from kvhit.workload.trace import Window

@@ -1,4 +1,4 @@
-"""`kvhit fleet plan|curve` (service.fleet_plan, kvhit.plan_fleet, kvhit.compute): answers checked against direct
+"""`kvhit fleet plan|curve` (service.fleet_plan, kvhit.fleet.plan, kvhit.plan.compute): answers checked against direct
 fleet simulation, JSON equal to the library, bad input one line and exit 2, FLOPs model identities."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvhit.cli import app
-from kvhit.compute import PEAK_BF16_TFLOPS, prefill_flops
-from kvhit.plan_fleet import FleetStream, evaluate
+from kvhit.fleet.plan import FleetStream, evaluate
+from kvhit.fleet.simulate import simulate_fleet
+from kvhit.plan.compute import PEAK_BF16_TFLOPS, prefill_flops
 from kvhit.service.inputs import window_for
-from kvhit.sim.fleet import simulate_fleet
 from kvhit.sim.runner import block_requests
 from kvhit.workload import Trace
 
@@ -32,7 +32,7 @@ def trace(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def direct(trace):
-    """h(R, N) for a router by direct simulation (simulate_fleet, not kvhit.plan_fleet)."""
+    """h(R, N) for a router by direct simulation (simulate_fleet, not kvhit.fleet.plan)."""
     tr = Trace.read(trace)
     rq = block_requests(tr, block_size=B)
     mask = window_for(tr, None, None).mask(tr)
@@ -247,7 +247,7 @@ def test_blocks_trace_fleet_equals_the_library(mooncake):
 
 
 def test_plan_at_lam0_uses_the_resampled_streams(mooncake):
-    from kvhit.plan_fleet import stream_from_resample
+    from kvhit.fleet.plan import stream_from_resample
     from kvhit.sim.resample import conversation_pool, resample
     from kvhit.workload.production import read_production
 
@@ -268,7 +268,7 @@ def _plan_blocks(path, *args):
 
 
 def test_inflight_imbalance_against_a_time_grid():
-    from kvhit.plan_fleet import inflight_imbalance
+    from kvhit.fleet.plan import inflight_imbalance
 
     no = np.zeros(2, bool)
     assert inflight_imbalance([0, 0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], no, 2) == 2.0
@@ -287,7 +287,7 @@ def test_inflight_imbalance_against_a_time_grid():
 
 
 def test_plan_capacity_from_kv_gb_and_gpu(trace):
-    from kvhit import hardware
+    from kvhit.plan import hardware
 
     out = _plan(trace, "--target", "0.3", "--kv-gb", "0.4", "--router", "session", "--max-replicas", "2")
     bpb = hardware.get_model("qwen3-8b").bytes_per_block(B)

@@ -1,4 +1,4 @@
-"""Tests for kvhit.hardware: KV bytes per token, blocks ↔ GB, accelerator budgets (paper App. E)."""
+"""Tests for kvhit.plan.hardware: KV bytes per token, blocks ↔ GB, accelerator budgets (paper App. E)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit import hardware as hw
-from kvhit.hardware import (
+from kvhit.plan import hardware as hw
+from kvhit.plan.hardware import (
     GIB,
     Accelerator,
     HardwareError,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.engines import Request, replay
-from kvhit.sim.engines.sglang import SglangEngine
+from kvhit.sim.engine import Request, replay
+from kvhit.sim.sglang.engine import SglangEngine
 from kvhit.sim.tiers import TierOutcome
 from kvhit.sim.tiers.hicache import HiCacheTier, host_tokens, make_hicache
 from kvhit.sim.tiers.hicache_reference import ReferenceHiCache

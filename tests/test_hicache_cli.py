@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from kvhit.cli import main
-from kvhit.sim.engines import replay
-from kvhit.sim.engines.sglang import SglangEngine
+from kvhit.sim.engine import replay
+from kvhit.sim.sglang.engine import SglangEngine
 from kvhit.sim.tiers.hicache import host_tokens
 from kvhit.sim.tiers.hicache_curve import hicache_surface, token_requests, trace_token_requests
 from kvhit.workload.production import read_production
@@ -107,7 +107,7 @@ def test_dram_gb_is_hicache_size_per_rank(mooncake, capsys):
     )  # fmt: skip
     assert rc == 0
     res = json.loads(out)
-    from kvhit import hardware
+    from kvhit.plan import hardware
 
     bpt = hardware.resolve_model("qwen3-8b").bytes_per_token("bf16", 2)
     assert res["host_tokens"] == [[0, int(2**30 / 2 // bpt) + 1]]

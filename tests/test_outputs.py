@@ -8,7 +8,7 @@ import stat
 import numpy as np
 import pytest
 
-from kvhit.plots import plot_curves, plot_fig2
+from kvhit.plots.curves import plot_curves, plot_fig2
 from kvhit.workload import WorkloadSpec, generate
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvhit import theory
-from kvhit.plan import PlanError, capacity, make_workload, plan
+from kvhit.estimate import theory
+from kvhit.plan.planner import PlanError, capacity, make_workload, plan
 from kvhit.workload import Geometric, WorkloadSpec, generate
 
 
@@ -65,8 +65,8 @@ def test_unknown_engine_refused(spec):
 
 
 def test_sglang_workload_is_the_sglang_estimator_at_the_same_memory(spec):
-    """engine="sglang": N blocks of b tokens = an SGLang pool of N·b tokens (kvhit.estimate_sglang)."""
-    from kvhit.estimate_sglang import estimate_sglang, sglang_accounting
+    """engine="sglang": N blocks of b tokens = an SGLang pool of N·b tokens (kvhit.estimate.sglang)."""
+    from kvhit.estimate.sglang import estimate_sglang, sglang_accounting
     from kvhit.workload.dists import EmpiricalW
 
     wl = make_workload(spec, engine="sglang", sample_conversations=400, seed=2)

@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from kvhit import hardware, theory
-from kvhit.estimate import empirical_F, engine_accounting, estimate_engine, trace_moments
-from kvhit.plan import PlanError, _largest_lam0, _smallest_capacity, capacity, make_workload, plan
+from kvhit.estimate import theory
+from kvhit.estimate.engine import empirical_F, engine_accounting, estimate_engine, trace_moments
+from kvhit.plan import hardware
+from kvhit.plan.planner import PlanError, _largest_lam0, _smallest_capacity, capacity, make_workload, plan
 from kvhit.sim.runner import simulate_trace_block, simulate_trace_content
 from kvhit.workload import Geometric, Window, WorkloadSpec, generate
 

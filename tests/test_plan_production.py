@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvhit.cli import app
-from kvhit.plan import Capacity, plan_production
-from kvhit.sim.block import simulate_block, token_hit_ratio
+from kvhit.plan.planner import Capacity, plan_production
 from kvhit.sim.resample import conversation_pool, resample_simulate
 from kvhit.sim.tracerun import production_curve, production_rows
+from kvhit.sim.vllm.block import simulate_block, token_hit_ratio
 from kvhit.workload.production import read_weka
 
 D = "tests/data/production"
@@ -138,7 +138,7 @@ def test_cli_simulate_blocks_trace_infeasible_rows():
 
 
 def test_cli_estimate_blocks_trace_matches_library_and_marks_infeasible(pt):
-    from kvhit.estimate_agentic import estimate_trace
+    from kvhit.estimate.agentic import estimate_trace
 
     r = _run("estimate", "--blocks-trace", FILES[1], "--N", "100,700,5000", "--json")
     assert r.exit_code == 0, r.output
@@ -186,7 +186,7 @@ def test_cli_curve_blocks_trace_has_estimator_lines(tmp_path):
 
 
 def test_plan_stationary_answers_exactly_and_shows_the_estimate(pt):
-    from kvhit.estimate_agentic import estimate_trace
+    from kvhit.estimate.agentic import estimate_trace
 
     pool = conversation_pool(pt)
     N = 2 * pool.N_min

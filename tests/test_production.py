@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.block import block_hit_ratio, simulate_block, token_hit_ratio
-from kvhit.sim.blockcurve import block_curve
 from kvhit.sim.runner import BlockRequests
+from kvhit.sim.vllm.block import block_hit_ratio, simulate_block, token_hit_ratio
+from kvhit.sim.vllm.curve import block_curve
 from kvhit.workload.production import (
     ProductionTraceError,
     chain_violation,

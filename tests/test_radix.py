@@ -1,4 +1,4 @@
-"""The compiled SGLang radix model (kvhit.sim.radix) equals the step-wise SglangEngine, request by request."""
+"""The compiled SGLang radix model (kvhit.sim.sglang.radix) equals the step-wise SglangEngine, request by request."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.engines import replay
-from kvhit.sim.engines.sglang import SglangEngine
-from kvhit.sim.radix import TokenStreams, simulate_radix
+from kvhit.sim.engine import replay
+from kvhit.sim.sglang.engine import SglangEngine
+from kvhit.sim.sglang.radix import TokenStreams, simulate_radix
 
 
 @st.composite

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.radix import TokenStreams, simulate_radix
-from kvhit.sim.radixrun import paired_batch_ci, radix_curve, radix_feasibility, radix_rows
-from kvhit.sim.streams import _real_streams, streams_from_production, streams_from_trace
+from kvhit.sim.sglang.radix import TokenStreams, simulate_radix
+from kvhit.sim.sglang.run import paired_batch_ci, radix_curve, radix_feasibility, radix_rows
+from kvhit.sim.sglang.streams import _real_streams, streams_from_production, streams_from_trace
 
 
 def _ts(sym, ln, off, stream, T, n):

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.block import simulate_block, token_hit_ratio
 from kvhit.sim.feasibility import feasibility
 from kvhit.sim.resample import ResampleError, conversation_pool, resample, resample_simulate
+from kvhit.sim.vllm.block import simulate_block, token_hit_ratio
 from kvhit.workload.production import read_mooncake, read_weka
 
 B = 4
@@ -204,7 +204,7 @@ def test_infinite_capacity_equals_within_conversation_reuse(tmp_path):
 
 
 def test_content_engine_against_ordered_dict_reference():
-    from kvhit.sim.reference import simulate_content_reference
+    from kvhit.sim.content.reference import simulate_content_reference
     from kvhit.workload import Exponential, WorkloadSpec, generate
     from kvhit.workload.dists import Geometric
 

@@ -56,11 +56,11 @@ def test_curve_and_plan_compare(trace_file):
 
 
 def test_estimate_trace_sglang_prints_the_library(trace_file):
-    """estimate --trace --engine sglang: --N in tokens, numbers = kvhit.estimate_sglang on the measured
+    """estimate --trace --engine sglang: --N in tokens, numbers = kvhit.estimate.sglang on the measured
     conversations at the trace's λ0; a pool below the largest request is infeasible."""
     import numpy as np
 
-    from kvhit.estimate_sglang import estimate_sglang, sglang_accounting
+    from kvhit.estimate.sglang import estimate_sglang, sglang_accounting
     from kvhit.workload import Trace
 
     args = ["estimate", "--trace", trace_file, "--engine", "sglang", "--N", "30000,60000,50"]
@@ -88,7 +88,7 @@ def test_estimate_sglang_refusals_one_line(trace_file):
 def test_estimate_blocks_trace_sglang_prints_the_library():
     import numpy as np
 
-    from kvhit.estimate_sglang_agentic import estimate_trace_sglang
+    from kvhit.estimate.sglang_agentic import estimate_trace_sglang
     from kvhit.workload.production import read_mooncake
 
     args = ["estimate", "--blocks-trace", MOONCAKE, "--engine", "sglang", "--N", "2000000,4000000,1000"]
@@ -112,7 +112,7 @@ def test_estimate_spec_sglang_at_the_same_memory():
 def test_estimate_trace_sglang_page_size(trace_file):
     import numpy as np
 
-    from kvhit.estimate_sglang import estimate_sglang, sglang_accounting
+    from kvhit.estimate.sglang import estimate_sglang, sglang_accounting
     from kvhit.workload import Trace
 
     args = ["estimate", "--trace", trace_file, "--engine", "sglang", "--N", "30000,60000", "--page-size", "16"]

@@ -8,8 +8,8 @@ import pytest
 
 from kvhit.service.errors import InputError
 from kvhit.service.registry import run
-from kvhit.sim.radix import simulate_radix
-from kvhit.sim.streams import streams_from_trace
+from kvhit.sim.sglang.radix import simulate_radix
+from kvhit.sim.sglang.streams import streams_from_trace
 from kvhit.workload import Trace, WorkloadSpec, generate
 
 SPEC = "examples/scm.toml"

@@ -14,10 +14,10 @@ from kvhit.workload.dists import Exponential
 from kvhit.workload.sharegpt import (
     SKIP_REASONS,
     ShareGPTFormatError,
-    build_sharegpt_trace,
     load_sharegpt,
     sample_indices,
 )
+from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 from kvhit.workload.tokenize import QWEN3_TEMPLATE, ByteTokenizer
 from kvhit.workload.trace import Trace
 
@@ -247,7 +247,7 @@ def test_cache_dir_env_and_corrupt_cache(tmp_path, monkeypatch):
 
 
 def test_plot_fig2(tmp_path):
-    from kvhit.plots import fig2_data, plot_fig2
+    from kvhit.plots.curves import fig2_data, plot_fig2
 
     src = _synthetic_jsonl(tmp_path / "syn.jsonl", 30)
     tr, _ = build_sharegpt_trace(

@@ -11,7 +11,7 @@ conversations, every prompt of T_j = R_j·b − 1 tokens so that R_j − 1 block
   blocks of the last-accessed conversation i sit together at the MRU end, last block nearest the LRU end.
 * Hence conversation X's whole hashed history (R_{j−1} − 1 blocks) survives to its next turn iff
   Σ_{i accessed since} (R_i − 1) + (R_{j−1} − 1) ≤ N − 1 — exactly Algorithm 1's hit condition (see
-  kvhit.sim.stackdist) for contents of size R − 1 at capacity N − 1.
+  kvhit.sim.content.stackdist) for contents of size R − 1 at capacity N − 1.
 
 So: "the block cache served the full hashable history" ⇔ "Algorithm 1 with sizes R − 1 and capacity N − 1 hits",
 request by request. Under vLLM ≤ 0.23 the orphaned partial blocks take LRU slots and the equivalence breaks
@@ -24,9 +24,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.block import simulate_block
-from kvhit.sim.blockids import hashes_from_block_counts
-from kvhit.sim.content import previous_content_sizes, simulate_content
+from kvhit.sim.content.lru import previous_content_sizes, simulate_content
+from kvhit.sim.vllm.block import simulate_block
+from kvhit.sim.vllm.blockids import hashes_from_block_counts
 
 
 def _random_events(rng, n_conv, max_turns, zmax):

@@ -1,4 +1,4 @@
-"""Tests of the vLLM v1 block-level prefix-cache simulator (kvhit.sim.block) and its streams."""
+"""Tests of the vLLM v1 block-level prefix-cache simulator (kvhit.sim.vllm.block) and its streams."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.block import (
+from kvhit.sim.vllm.block import (
     BlockSimError,
     block_hit_ratio,
     partial_hit_histogram,
@@ -19,8 +19,8 @@ from kvhit.sim.block import (
     simulate_block,
     token_hit_ratio,
 )
-from kvhit.sim.block_reference import simulate_block_reference
-from kvhit.sim.blockids import block_id, hashes_from_block_counts, hashes_from_token_ids
+from kvhit.sim.vllm.blockids import block_id, hashes_from_block_counts, hashes_from_token_ids
+from kvhit.sim.vllm.reference import simulate_block_reference
 
 ENGINES = ["vllm", "vllm-0.23"]
 
@@ -204,7 +204,7 @@ def test_token_hashes_chained_prefix_and_deterministic():
     assert np.array_equal(h4, h[6:16])
     # identical across processes (no Python hash())
     code = (
-        "import numpy as np; from kvhit.sim.blockids import hashes_from_token_ids as f;"
+        "import numpy as np; from kvhit.sim.vllm.blockids import hashes_from_token_ids as f;"
         "print(int(f([np.arange(64)], 16, extra_key=3)[1][-1]))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "123"}

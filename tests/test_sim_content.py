@@ -7,13 +7,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.content import (
+from kvhit.sim.content.lru import (
     ContentInputError,
     previous_content_sizes,
     simulate_content,
     simulate_content_many,
 )
-from kvhit.sim.reference import simulate_content_reference
+from kvhit.sim.content.reference import simulate_content_reference
 
 # ---------------------------------------------------------------------------------------------------------
 # hand-worked cases (A=0, B=1, C=2, D=3); the list L is written MRU -> LRU

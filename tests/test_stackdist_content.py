@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.content import (
+from kvhit.sim.content.lru import (
     ContentInputError,
     previous_content_sizes,
     simulate_content,
     simulate_content_many,
 )
-from kvhit.sim.reference import simulate_content_reference
-from kvhit.sim.stackdist import (
+from kvhit.sim.content.reference import simulate_content_reference
+from kvhit.sim.content.stackdist import (
     FIRST_TURN,
     content_curve,
     content_curve_from_thresholds,

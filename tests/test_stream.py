@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.block import BlockSimError, simulate_block
-from kvhit.sim.content import ContentInputError, simulate_content
+from kvhit.sim.content.lru import ContentInputError, simulate_content
 from kvhit.sim.runner import block_requests
 from kvhit.sim.stream import BlockStream, ContentStream, block_request_chunk, simulate_stream
+from kvhit.sim.vllm.block import BlockSimError, simulate_block
 from kvhit.workload import SpecError, Trace, TraceError, WorkloadSpec
 from kvhit.workload.chunks import (
     CONVERSATIONS_PER_BLOCK,
@@ -182,7 +182,7 @@ def test_block_stream_equals_whole_trace(trace, chunk, N, engine):
     )
     ok = ~whole.rejected
     assert r.block_accesses == int((whole.hit_blocks + whole.new_blocks)[ok].sum())
-    from kvhit.sim.block import block_hit_ratio, token_hit_ratio
+    from kvhit.sim.vllm.block import block_hit_ratio, token_hit_ratio
 
     assert r.h == block_hit_ratio(whole) and r.token_hit_ratio == token_hit_ratio(whole)
 

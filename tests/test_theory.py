@@ -1,4 +1,4 @@
-"""kvhit.theory: workload moments (App. B.3, eq. (7)–(11), (28)) against closed forms and independent sums;
+"""kvhit.estimate.theory: workload moments (App. B.3, eq. (7)–(11), (28)) against closed forms and independent sums;
 d(t), T_C (eq. (15), (21), (29), (30), (38)) against closed-form roots and brentq; h(∞) (eq. (25), (32))."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize, special, stats
 
-from kvhit import theory
+from kvhit.estimate import theory
 from kvhit.workload import (
     Constant,
     Deterministic,

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.block import simulate_block
-from kvhit.sim.block_reference import ReferenceBlockPool
-from kvhit.sim.blockids import hashes_from_block_counts
-from kvhit.sim.engines import Engine, Request, replay, requests_from_stream
+from kvhit.sim.engine import Engine, Request, replay, requests_from_stream
 from kvhit.sim.tiers import TieredEngine, make_tiered
 from kvhit.sim.tiers.native import cpu_chunks
+from kvhit.sim.vllm.block import simulate_block
+from kvhit.sim.vllm.blockids import hashes_from_block_counts
+from kvhit.sim.vllm.reference import ReferenceBlockPool
 
 
 def _req(rid, T, conv=0, b=4):

@@ -56,7 +56,7 @@ def test_tiers_dram_gb_conversion_and_plot(mooncake, tmp_path, capsys):
     )  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    from kvhit import hardware
+    from kvhit.plan import hardware
 
     bpb = hardware.resolve_model("qwen3-8b").bytes_per_block(512, "bf16", 1)
     assert out["host_units"] == [host_units("simple", int(g * 2**30), bytes_per_block_rank=bpb, block_size=512)
@@ -98,7 +98,7 @@ def test_tiers_bad_input_one_line_exit_2(mooncake, capsys, args, flag):
 def test_tiers_simple_lazy_equals_library(mooncake, capsys):
     """--tier simple-lazy: the JSON is the library's replay; 0 GiB is vLLM's one-block (null-only) CPU pool, the
     GPU alone; --max-num-batched-tokens reaches the model."""
-    from kvhit.sim.engines import replay, requests_from_stream
+    from kvhit.sim.engine import replay, requests_from_stream
     from kvhit.sim.tiers import make_tiered
 
     args = ["tiers", "--blocks-trace", str(mooncake), "--tier", "simple-lazy", "--hbm-blocks", "4,8", "--json"]
@@ -127,7 +127,7 @@ def test_tiers_ttft_saved(mooncake, capsys):
     rc = main([*args, "--prefill-tokens-per-s", "10000", "--pcie-gb-per-s", "20"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    from kvhit import hardware
+    from kvhit.plan import hardware
 
     bpt = hardware.resolve_model("qwen3-8b").bytes_per_token("bf16", 1)
     rq = read_production(mooncake).to_block_requests()
@@ -139,7 +139,7 @@ def test_tiers_ttft_saved(mooncake, capsys):
 
 
 def test_plan_tiers_on_a_hand_grid():
-    from kvhit.plan_tiers import cheapest_split, dram_for_target
+    from kvhit.plan.tiers import cheapest_split, dram_for_target
 
     H = np.array([[0.1, 0.3, 0.25, 0.5], [0.4, 0.45, 0.5, 0.6]])  # not monotone in DRAM (row 0)
     dram = np.array([0, 64, 128, 256])
@@ -156,7 +156,7 @@ def test_tiers_target_and_prices(mooncake, capsys):
     rc = main([*args, "--target", "0.3", "--price-hbm-per-gib", "20", "--price-dram-per-gib", "2"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    from kvhit.plan_tiers import cheapest_split, dram_for_target
+    from kvhit.plan.tiers import cheapest_split, dram_for_target
 
     assert out["dram_for_target"] == dram_for_target(np.array(out["h"], float), np.array([0, 0.2, 1]), 0.3)
     sp = cheapest_split(np.array(out["h"], float), out["hbm_gib"], np.array([0, 0.2, 1]), 0.3, 20, 2)

@@ -6,11 +6,11 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvhit.sim.block import simulate_block
-from kvhit.sim.blockids import hashes_from_block_counts
-from kvhit.sim.engines import requests_from_stream
+from kvhit.sim.engine import requests_from_stream
 from kvhit.sim.tiers.native_fast import native_lru_host_pass
 from kvhit.sim.tiers.surface import host_pass
+from kvhit.sim.vllm.block import simulate_block
+from kvhit.sim.vllm.blockids import hashes_from_block_counts
 from test_tiers import _S, traces
 
 

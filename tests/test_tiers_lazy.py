@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvhit.sim.engines import Request, replay
+from kvhit.sim.engine import Request, replay
 from kvhit.sim.tiers import make_tiered
 from kvhit.sim.tiers.simple_lazy import LinkedFreeQueue, SimpleLazyEngine, lazy_target_blocks
 from test_tiers import _S, traces

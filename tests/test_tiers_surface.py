@@ -7,11 +7,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvhit.sim.blockids import hashes_from_block_counts
-from kvhit.sim.engines import Request, replay, requests_from_stream
+from kvhit.sim.engine import Request, replay, requests_from_stream
 from kvhit.sim.tiers import make_tiered
 from kvhit.sim.tiers.lmcache import LMCacheTier
 from kvhit.sim.tiers.surface import hit_surface
+from kvhit.sim.vllm.blockids import hashes_from_block_counts
 
 
 @st.composite

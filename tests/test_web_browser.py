@@ -98,7 +98,7 @@ def test_curve_and_plan_match_the_service(server, page):
     (est,) = chart(page)
     want = svc.estimate(svc.build(svc.EstimateRequest, N=est["x"], **SCM))
     assert est["y"] == [r.h for r in want.estimates]
-    plan = page.evaluate("window.kvhit.plan")
+    plan = page.evaluate("window.kvhit.plan.planner")
     ref = svc.plan(svc.build(svc.PlanRequest, engine="paper", target=0.3, accelerator="H100", **SCM)).to_jsonable()
     assert plan == ref
     cell = page.locator("#plan td[data-k='h at capacity']").inner_text()
@@ -134,9 +134,9 @@ def test_kv_budget_in_gib(server, page):
     page.check("input[name=budget][value=kv_gb]")
     page.fill("#kv_gb", "60")
     page.dispatch_event("#kv_gb", "change")
-    page.wait_for_function("window.kvhit.plan && window.kvhit.plan.capacity.kv_gib === 60")
+    page.wait_for_function("window.kvhit.plan.planner && window.kvhit.plan.planner.capacity.kv_gib === 60")
     ref = svc.plan(svc.build(svc.PlanRequest, engine="paper", target=0.3, kv_gb=60, **SCM)).to_jsonable()
-    assert page.evaluate("window.kvhit.plan") == ref
+    assert page.evaluate("window.kvhit.plan.planner") == ref
 
 
 def test_upload_good_and_bad_trace(server, page, tmp_path):
@@ -150,9 +150,9 @@ def test_upload_good_and_bad_trace(server, page, tmp_path):
         svc.build(svc.CurveRequest, trace=good, n_min=100, n_max=100000, points=200, policies=["content"])
     ).to_jsonable()
     assert got == json.loads(json.dumps(ref).replace(str(good), good.name))
-    page.wait_for_function("window.kvhit.plan", timeout=120_000)
+    page.wait_for_function("window.kvhit.plan.planner", timeout=120_000)
     want = svc.plan(svc.build(svc.PlanRequest, engine="paper", target=0.3, accelerator="H100", trace=good))
-    assert page.evaluate("window.kvhit.plan") == json.loads(want.to_json().replace(str(good), good.name))
+    assert page.evaluate("window.kvhit.plan.planner") == json.loads(want.to_json().replace(str(good), good.name))
     page.screenshot(path=str(FIG / "web_trace.png"), full_page=True)
 
     bad = tmp_path / "bad.parquet"
@@ -183,7 +183,7 @@ def test_exact_simulation_on_demand(server, page):
 def test_sharegpt_workload_plots_the_service(server, page):
     load(page, server + "/")  # the default workload
     page.wait_for_function(
-        "(window.kvhit.plan && window.kvhit.traceCurve) || document.getElementById('error').textContent",
+        "(window.kvhit.plan.planner && window.kvhit.traceCurve) || document.getElementById('error').textContent",
         timeout=180_000,
     )
     assert page.inner_text("#error") == ""
@@ -194,6 +194,6 @@ def test_sharegpt_workload_plots_the_service(server, page):
     plotted = {t["name"]: t["y"] for t in chart(page)}
     assert plotted["estimate: paper eq. (39), F̂"] == ref["estimate: paper eq. (39), F̂"]
     want = svc.plan(svc.build(svc.PlanRequest, sharegpt=True, engine="paper", target=0.3, accelerator="H100"))
-    assert page.evaluate("window.kvhit.plan") == json.loads(want.to_json())
+    assert page.evaluate("window.kvhit.plan.planner") == json.loads(want.to_json())
     cell = page.locator("#plan td[data-k='h at capacity']").inner_text()
     assert cell == f"{want.h_at_capacity:.4f}"

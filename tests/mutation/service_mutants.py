@@ -34,13 +34,13 @@ TESTS = [
 MUTANTS: list[tuple[str, str, str, str]] = [
     # the two planted bugs issue 10 reports the whole suite missed (library, pinned now by tests/test_cli_numbers.py)
     (
-        "plan.py",
+        "plan/planner.py",
         "p.verify = _verify(wl, cap.N, p.h_at_capacity)",
         "p.verify = _verify(wl, cap.N // 2, p.h_at_capacity)",
         "issue 10: verify simulates at half the planned capacity",
     ),
     (
-        "plan.py",
+        "plan/planner.py",
         "p.saved_prefill_tokens_per_s = p.h_at_capacity * wl.lam0 * wl.prompt_tokens_per_conv",
         "p.saved_prefill_tokens_per_s = p.h_at_capacity * wl.prompt_tokens_per_conv",
         "issue 10: prefill saved without λ0",

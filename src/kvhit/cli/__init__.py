@@ -13,15 +13,15 @@ from __future__ import annotations
 import typer
 from rich.text import Text
 
-from ..service.errors import one_line
+from kvhit.service.errors import one_line
 
 # Each command module registers its commands on ``app`` when imported; the import order is the order of
 # ``kvhit --help`` (typer lists sub-command groups after the commands).
 # isort: off
-from . import estimate, simulate, stream, trace, demo, plan, reproduce, curve, tiers, serve, fleet, sweep  # noqa: F401
+from kvhit.cli import estimate, simulate, stream, trace, demo, plan, reproduce, curve, tiers, serve, fleet, sweep  # noqa: F401
 
 # isort: on
-from ._common import app, console, err_console
+from kvhit.cli._common import app, console, err_console
 
 __all__ = ["app", "main"]
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: every usage error and every refused input is one stderr line, exit 2."""
     from typer._click import exceptions as cx
 
-    from ..service.io import install_signal_handlers
+    from kvhit.service.io import install_signal_handlers
 
     install_signal_handlers()
     cmd = typer.main.get_command(app)

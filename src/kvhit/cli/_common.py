@@ -17,9 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from .. import __version__
-from .. import service as svc
-from ..service.errors import one_line
+from kvhit import __version__
+from kvhit import service as svc
+from kvhit.service.errors import one_line
 
 app = typer.Typer(
     add_completion=False,

@@ -8,7 +8,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from ._common import (
+from kvhit.cli._common import (
     ArrivalOpt,
     BlocksTraceOpt,
     JsonOpt,

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ._common import (
+from kvhit.cli._common import (
     JsonOpt,
     _call,
     _fmt,
@@ -16,7 +16,7 @@ from ._common import (
     app,
     svc,
 )
-from .trace import _print_build_report, _print_stats
+from kvhit.cli.trace import _print_build_report, _print_stats
 
 # ---------------------------------------------------------------------------------------------------------------
 # kvhit demo

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from rich.table import Table
 
-from ._common import (
+from kvhit.cli._common import (
     ArrivalOpt,
     BlocksTraceOpt,
     JsonOpt,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from ._common import (
+from kvhit.cli._common import (
     JsonOpt,
     NOpt,
     SeedOpt,

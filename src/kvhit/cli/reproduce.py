@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from ._common import (
+from kvhit.cli._common import (
     JsonOpt,
     _call,
     _fmt,

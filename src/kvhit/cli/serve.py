@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from ._common import (
+from kvhit.cli._common import (
     _fail,
     app,
     err_console,
@@ -37,6 +37,6 @@ def serve(
         )
     import uvicorn
 
-    from ..web import create_app
+    from kvhit.web import create_app
 
     uvicorn.run(create_app(workers=workers, warm=True), host=host, port=port, log_level="warning")

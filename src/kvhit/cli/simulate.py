@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ._common import (
+from kvhit.cli._common import (
     ArrivalOpt,
     BlocksTraceOpt,
     JsonOpt,

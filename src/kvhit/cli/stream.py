@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ._common import (
+from kvhit.cli._common import (
     JsonOpt,
     Lam0Opt,
     NOpt,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ._common import JsonOpt, _fail, _fmt, _print_json, _table, app, console, err_console
+from kvhit.cli._common import JsonOpt, _fail, _fmt, _print_json, _table, app, console, err_console
 
 
 def _progress_bar() -> Progress:
@@ -84,10 +84,10 @@ def sweep(
         _fail(f"--backend: local or ray (got {backend!r})")
     if address is not None and backend != "ray":
         _fail("--address: applies to --backend ray")
-    from ..service import InputError
-    from ..sweep import GridError, load_grid
-    from ..sweep.backends import BackendError, run_sweep
-    from ..sweep.store import StoreError
+    from kvhit.service import InputError
+    from kvhit.sweep import GridError, load_grid
+    from kvhit.sweep.backends import BackendError, run_sweep
+    from kvhit.sweep.store import StoreError
 
     grid_path = Path(target)
     try:
@@ -133,7 +133,7 @@ def sweep(
 
 
 def _report(directory: Path, as_json: bool) -> None:
-    from ..sweep.report import ReportError, report
+    from kvhit.sweep.report import ReportError, report
 
     try:
         r = report(directory)

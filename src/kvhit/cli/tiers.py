@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ._common import (
+from kvhit.cli._common import (
     _call,
     _fmt,
     _help,

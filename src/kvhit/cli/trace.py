@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ._common import (
+from kvhit.cli._common import (
     ArrivalOpt,
     JsonOpt,
     Lam0Opt,
@@ -87,7 +87,7 @@ def trace_generate(
 
 
 def _print_stats(st: Any, paper: bool) -> None:
-    from ..workload.sharegpt import PAPER_WORKLOAD
+    from kvhit.workload.sharegpt import PAPER_WORKLOAD
 
     st = st if isinstance(st, dict) else st.model_dump()
     cols = ["quantity", "kvhit", "± s.e."] + (["paper (App. E)"] if paper else [])

@@ -5,7 +5,7 @@ eq. (80) and the estimator registry live in :mod:`kvhit.experiments.paper`; figu
 :mod:`kvhit.experiments.report`.
 """
 
-from .paper import (
+from kvhit.experiments.paper import (
     ESTIMATORS,
     PAPER_BOUNDS,
     PAPER_ESTIMATORS,
@@ -19,7 +19,7 @@ from .paper import (
     run_experiments,
     summarize,
 )
-from .report import ReproduceResult, reproduce
+from kvhit.experiments.report import ReproduceResult, reproduce
 
 __all__ = [
     "ESTIMATORS",

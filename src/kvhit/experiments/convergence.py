@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import theory
-from ..sim.metrics import mean_ci
-from ..sim.runner import simulate_trace_content
-from ..workload import Geometric, WorkloadSpec, generate
-from ..workload.dists import Constant, Exponential
-from ..workload.spec import PromptResponse
-from ..workload.trace import Window
+from kvhit.estimate import theory
+from kvhit.sim.metrics import mean_ci
+from kvhit.sim.runner import simulate_trace_content
+from kvhit.workload import Geometric, WorkloadSpec, generate
+from kvhit.workload.dists import Constant, Exponential
+from kvhit.workload.spec import PromptResponse
+from kvhit.workload.trace import Window
 
 __all__ = ["ConvergenceRow", "default_spec", "convergence_table"]
 

@@ -1,8 +1,8 @@
 """Hit ratio at every capacity of a trace: exact simulated curves beside the estimators' curves.
 
 :func:`curve_data` computes, over the measured rows of a trace, the exact all-capacity curves of Algorithm 1
-(whole-content LRU, practical weight eq. (31), from stack distances: :mod:`kvhit.sim.stackdist`) and of the
-vLLM block pool (both free-queue orders, block-weighted h of eq. (6), :mod:`kvhit.sim.blockcurve`), and the
+(whole-content LRU, practical weight eq. (31), from stack distances: :mod:`kvhit.sim.content.stackdist`) and of the
+vLLM block pool (both free-queue orders, block-weighted h of eq. (6), :mod:`kvhit.sim.vllm.curve`), and the
 estimators' curves (the paper's eq. (39) with F̂, and the engine-aware estimator of each policy).
 
 Invariants: a simulated value is exact at every capacity it is given for; a capacity below the largest
@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from ..estimate import empirical_F, engine_accounting, estimate, estimate_engine, trace_moments
-from ..sim.block import simulate_block
-from ..sim.blockcurve import block_hit_thresholds
-from ..sim.runner import block_requests
-from ..sim.stackdist import FIRST_TURN, content_hit_thresholds
-from ..workload.trace import Trace, Window
+from kvhit.estimate.engine import empirical_F, engine_accounting, estimate, estimate_engine, trace_moments
+from kvhit.sim.content.stackdist import FIRST_TURN, content_hit_thresholds
+from kvhit.sim.runner import block_requests
+from kvhit.sim.vllm.block import simulate_block
+from kvhit.sim.vllm.curve import block_hit_thresholds
+from kvhit.workload.trace import Trace, Window
 
 __all__ = [
     "POLICIES",
@@ -190,7 +190,7 @@ def default_capacity_range(inp: CurveInputs, n_min: int = 64) -> tuple[int, int]
 
 
 def _ambiguous(bi: _BlockInputs, Ns: np.ndarray) -> np.ndarray:
-    """Indices of feasible capacities inside an ambiguity interval of :mod:`kvhit.sim.blockcurve` (rare)."""
+    """Indices of feasible capacities inside an ambiguity interval of :mod:`kvhit.sim.vllm.curve` (rare)."""
     amb = bi.ambiguous
     if amb.shape[0] == 0:
         return np.zeros(0, np.int64)

@@ -3,9 +3,9 @@
 Setting (App. E)
 ----------------
 * Workload: ``n_warm`` = 1,000 warm-up + ``n_meas`` = 5,000 measured ShareGPT conversations with ≥ 2 turns,
-  Qwen3-tokenized (:func:`kvhit.workload.sharegpt.build_sharegpt_trace`), Poisson(λ0) conversation arrivals
+  Qwen3-tokenized (:func:`kvhit.workload.sharegpt_trace.build_sharegpt_trace`), Poisson(λ0) conversation arrivals
   in sample order (warm-up first).
-* Capacity: N = ⌊40 GB / 18 MB⌋ = 2,275 blocks of b = 128 tokens (Qwen3-8B, :mod:`kvhit.hardware`).
+* Capacity: N = ⌊40 GB / 18 MB⌋ = 2,275 blocks of b = 128 tokens (Qwen3-8B, :mod:`kvhit.plan.hardware`).
 * Timing, eq. (80): the prompt of turn j+1 is submitted W_ij = max(W^E2E_ij, W^sample_ij) after the prompt of
   turn j, with W^sample_ij ~ Exp(mean μ_F) and W^E2E_ij the end-to-end latency of turn j from
   :class:`LatencyModel`.
@@ -35,16 +35,16 @@ measured conversations, ``block="paper"``; unscaled λ0 = the setting's λ0; thr
 * ``posterior``: exponential with the realized mean μ̂_F of the gaps observed in the window (App. E);
 * ``empirical``: F̂ = the empirical CDF of the gaps observed in the window (eq. (38)).
 
-and the engine-aware estimators of :mod:`kvhit.estimate` (docs/estimators.md), each registered with the actual
+and the engine-aware estimators of :mod:`kvhit.estimate.engine` (docs/estimators.md), each registered with the actual
 it predicts (:data:`ESTIMATOR_TARGETS`), fed the empirical F̂ of the realized eq. (80) gaps of the measured
-conversations (:func:`kvhit.estimate.engine_accounting`) and the setting's λ0 (nothing fitted to the actuals):
+conversations (:func:`kvhit.estimate.engine.engine_accounting`) and the setting's λ0 (nothing fitted to the actuals):
 
-* ``engine:<e>`` / ``engine:<e>:token`` (e = ``vllm``, ``vllm-0.23``): :func:`kvhit.estimate.estimate_engine`
+* ``engine:<e>`` / ``engine:<e>:token`` (e = ``vllm``, ``vllm-0.23``): :func:`kvhit.estimate.engine.estimate_engine`
   with the engine's block accounting, finite N, tail-first partial prefix hits and Gaussian fluctuations of the
   displacement (Lemma D.1), block-weighted h (vs actual ``<e>``) or vLLM's token hit ratio (vs ``<e>:token``);
-* ``window:<e>`` / ``window:<e>:token``: :func:`kvhit.estimate.estimate_window`, the same model on the rows the
+* ``window:<e>`` / ``window:<e>:token``: :func:`kvhit.estimate.engine.estimate_window`, the same model on the rows the
   window counts, with the warm-up transient (no conversation before the system origin t = 0);
-* ``engine:content``, ``window:content`` and ``finite`` (:func:`kvhit.estimate.estimate_finite`, the
+* ``engine:content``, ``window:content`` and ``finite`` (:func:`kvhit.estimate.engine.estimate_finite`, the
   finite-capacity estimator of the paper's model): Algorithm 1, vs actual ``alg1``.
 
 Add an estimator with :func:`register_estimator` (or pass ``estimators=`` to :func:`run_experiments`).
@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from ..estimate import (
+from kvhit.estimate.engine import (
     EstimateError,
     engine_accounting,
     estimate,
@@ -86,9 +86,9 @@ from ..estimate import (
     estimate_window,
     trace_moments,
 )
-from ..sim.metrics import mean_ci
-from ..workload.dists import EmpiricalW, Exponential
-from ..workload.trace import Trace, Window
+from kvhit.sim.metrics import mean_ci
+from kvhit.workload.dists import EmpiricalW, Exponential
+from kvhit.workload.trace import Trace, Window
 
 __all__ = [
     "ExperimentError",
@@ -224,7 +224,7 @@ class Setting:
                 raise ExperimentError(f"{name}: expected a positive number, got {v!r}")
         if len(self.seeds) == 0 or len(set(self.seeds)) != len(self.seeds):
             raise ExperimentError(f"seeds: expected distinct seeds, got {self.seeds!r}")
-        from ..sim.block import ENGINES
+        from kvhit.sim.vllm.block import ENGINES
 
         bad = [e for e in self.engines if e not in ENGINES]
         if bad or not self.engines:
@@ -235,7 +235,7 @@ class Setting:
         """N in blocks (App. E: ⌊40 GB / 18 MB⌋ = 2,275 for Qwen3-8B)."""
         if self.N is not None:
             return int(self.N)
-        from ..hardware import get_model, kv_capacity_blocks
+        from kvhit.plan.hardware import get_model, kv_capacity_blocks
 
         return int(kv_capacity_blocks(get_model(self.model), kv_gb=self.kv_gb, block_size=self.block_size))
 
@@ -314,7 +314,7 @@ def empirical_estimator(trace: Trace, measured_mask: np.ndarray, N: int, lam0: f
     return _est(trace, measured_mask, N, lam0, EmpiricalW(observed_gaps(trace, measured_mask)))
 
 
-# ---- engine-aware estimators (kvhit.estimate, docs/estimators.md) -------------------------------------------
+# ---- engine-aware estimators (kvhit.estimate.engine, docs/estimators.md) -------------------------------------------
 
 #: |estimate − simulated engine hit ratio| the engine-aware estimators aim at on the Experiment 1 and 2 grids.
 ENGINE_TARGET = 0.005
@@ -429,10 +429,10 @@ def ingredient_estimates(
 ) -> dict[str, float]:
     """The engine's hit-ratio estimate as the ingredients of docs/estimators.md are added cumulatively
     (:data:`INGREDIENT_COLUMNS`): ``paper`` = eq. (35)–(39) on the measured conversations; ``a`` =
-    :func:`kvhit.estimate.estimate_engine` with ``finite=False, fluctuations=False`` (eq. (38)–(39) with the
+    :func:`kvhit.estimate.engine.estimate_engine` with ``finite=False, fluctuations=False`` (eq. (38)–(39) with the
     engine's E_B, A, hit weights and capacity N − cap_offset); ``a+c`` own size in the threshold; ``a+b+c``
     tail-first partial prefix hits; ``a+b+c+d`` Gaussian fluctuations (Lemma D.1); ``window`` =
-    :func:`kvhit.estimate.estimate_window` over App. E's window (:func:`measured_window`, origin t = 0).
+    :func:`kvhit.estimate.engine.estimate_window` over App. E's window (:func:`measured_window`, origin t = 0).
     F̂ is the empirical CDF of the measured conversations' realized gaps (eq. (80)), λ0 the setting's rate.
 
     Args:
@@ -465,7 +465,7 @@ def _finite_est(trace, measured_mask, N, lam0, mu_F) -> float:
 
 
 def engine_estimator(engine: str, metric: str = "blocks") -> Estimator:
-    """The stationary engine-aware estimator :func:`kvhit.estimate.estimate_engine` (engine accounting, finite
+    """The stationary engine-aware estimator :func:`kvhit.estimate.engine.estimate_engine` (engine accounting, finite
     N, tail-first partial hits, fluctuations) as an :data:`Estimator` (picklable)."""
     if metric not in ("blocks", "tokens"):
         raise ExperimentError(f"metric: expected 'blocks' or 'tokens', got {metric!r}")
@@ -473,7 +473,7 @@ def engine_estimator(engine: str, metric: str = "blocks") -> Estimator:
 
 
 def window_estimator(engine: str, metric: str = "blocks") -> Estimator:
-    """The window-exact engine estimator :func:`kvhit.estimate.estimate_window` over App. E's window
+    """The window-exact engine estimator :func:`kvhit.estimate.engine.estimate_window` over App. E's window
     (:func:`measured_window`; system origin t = 0) as an :data:`Estimator` (picklable)."""
     if metric not in ("blocks", "tokens"):
         raise ExperimentError(f"metric: expected 'blocks' or 'tokens', got {metric!r}")
@@ -481,7 +481,7 @@ def window_estimator(engine: str, metric: str = "blocks") -> Estimator:
 
 
 def finite_estimator() -> Estimator:
-    """:func:`kvhit.estimate.estimate_finite`: the paper's model with each history's own size R_{i,j} in its
+    """:func:`kvhit.estimate.engine.estimate_finite`: the paper's model with each history's own size R_{i,j} in its
     threshold (the issue's finite-capacity estimator of Algorithm 1)."""
     return _finite_est
 
@@ -551,9 +551,9 @@ class Sample:
 
 def load_sample(setting: Setting, seed: int, *, cache_dir=None) -> Sample:
     """Sample ``n_warm + n_meas`` conversations exactly as :func:`build_sharegpt_trace` does for ``seed`` and
-    hash their token blocks (vLLM-style chained hashes, :func:`kvhit.sim.blockids.hashes_from_token_ids`)."""
-    from ..sim.blockids import hashes_from_token_ids
-    from ..workload.sharegpt import build_sharegpt_trace
+    hash their token blocks (vLLM-style chained hashes, :func:`kvhit.sim.vllm.blockids.hashes_from_token_ids`)."""
+    from kvhit.sim.vllm.blockids import hashes_from_token_ids
+    from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 
     base, _ = build_sharegpt_trace(
         n_warm=setting.n_warm,
@@ -651,9 +651,9 @@ def retime(sample: Sample, lam0: float, mu_F: float, latency: LatencyModel) -> T
 
 
 def _block_requests(sample: Sample, run: TimedRun, block_size: int):
-    """:class:`kvhit.sim.runner.BlockRequests` of the re-timed trace: request r (sample row ``order[r]``,
+    """:class:`kvhit.workload.requests.BlockRequests` of the re-timed trace: request r (sample row ``order[r]``,
     conversation c) gets the first ⌊T_r/b⌋ hashes of conversation c."""
-    from ..sim.runner import BlockRequests
+    from kvhit.workload.requests import BlockRequests
 
     rows = run.order
     T = sample.cols["cum_tokens"][rows].astype(np.int64)
@@ -693,7 +693,7 @@ def _alg1_phys(trace: Trace, new_tokens: np.ndarray, N: int, b: int, mask: np.nd
     """Algorithm 1 (whole-content LRU) with vLLM's exact block accounting: content size ⌈T_j/b⌉ (column
     R_phys), hit weight ⌊T_{j−1}/b⌋ (the full blocks of the previous prompt), h = Σ hit·⌊T_{j−1}/b⌋ /
     Σ ⌈T_j/b⌉ over the window (eq. (31) with the practical model's R_j − 1 replaced by the exact count)."""
-    from ..sim.content import simulate_content
+    from kvhit.sim.content.lru import simulate_content
 
     res = simulate_content(trace.dense_conv(), trace["R_phys"], int(N))
     prev_full = (trace["cum_tokens"] - new_tokens) // b
@@ -713,7 +713,7 @@ def run_point(
     estimator. Returns a flat dict of floats (keys ``actual/…``, ``est/…``, ``W/…``, and with
     ``setting.ingredients`` ``ingr/<actual>/<column>``: :func:`ingredient_estimates` for each engine and metric)
     plus ``seed``, ``lam0``, ``mu_F``, ``moments`` and ``seconds``."""
-    from ..sim.runner import simulate_trace_block, simulate_trace_content
+    from kvhit.sim.runner import simulate_trace_block, simulate_trace_content
 
     t0 = time.perf_counter()
     est = ESTIMATORS if estimators is None else estimators
@@ -857,7 +857,7 @@ def run_experiments(
     if jobs < 1:
         raise ExperimentError(f"jobs: expected ≥ 1, got {jobs}")
     t0 = time.perf_counter()
-    from ..workload.cache import load_tokenized
+    from kvhit.workload.cache import load_tokenized
 
     load_tokenized(keep_ids=True, cache_dir=cache_dir)  # build the token cache once, before forking
     tasks = sorted({(s, p.lam0, p.mu_F) for s in st.seeds for p in points(st)})  # seed-major: reuse samples

@@ -4,7 +4,7 @@ point :func:`reproduce`.
 Outputs (in ``out_dir``; every file is written to a temporary directory first and renamed into place, so no
 file is ever half-written):
 
-* ``fig2.png/.svg``: the workload of the first seed's measurement set (:func:`kvhit.plots.plot_fig2`);
+* ``fig2.png/.svg``: the workload of the first seed's measurement set (:func:`kvhit.plots.curves.plot_fig2`);
 * ``fig3``/``fig5``: one panel per simulated engine (vLLM ≤ 0.23, vLLM ≥ 0.24, Algorithm 1): its actual hit
   ratio and the estimates of it vs μ_F (Exp. 1) and vs λ0 (Exp. 2), mean over seeds with 95% t-interval error
   bars; one legend in plain words;
@@ -33,8 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..workload.sharegpt import PAPER_WORKLOAD
-from .paper import (
+from kvhit.experiments.paper import (
     ENGINE_TARGET,
     PAPER_ESTIMATORS,
     PRIMARY_ACTUAL,
@@ -43,6 +42,7 @@ from .paper import (
     run_experiments,
     summarize,
 )
+from kvhit.workload.sharegpt import PAPER_WORKLOAD
 
 __all__ = [
     "PAPER_WORKLOAD",
@@ -136,7 +136,7 @@ def _new_figure(ncols: int, size: tuple[float, float]):
 
 
 def _save(fig, prefix: Path) -> list[Path]:
-    from ..plots import save_figure
+    from kvhit.plots.curves import save_figure
 
     return save_figure(fig, prefix, dpi=150)
 
@@ -230,7 +230,7 @@ def plot_errors(
     """Fig. 4 (experiment 1) / Fig. 6 (experiment 2): absolute (top row) and relative (bottom row) errors, one
     column per simulated engine, of the paper's estimators and of kvhit's estimators of that engine; the
     paper's bounds and kvhit's engine target drawn as reference lines, every one in the legend."""
-    from .paper import PAPER_BOUNDS
+    from kvhit.experiments.paper import PAPER_BOUNDS
 
     e = str(experiment)
     pts = summary["experiments"][e]["points"]
@@ -752,7 +752,7 @@ def render_report(payload: dict[str, Any]) -> str:
         ),
         (
             "engine-aware estimators",
-            "`kvhit.estimate` (docs/estimators.md), each against the actual it predicts: "
+            "`kvhit.estimate.engine` (docs/estimators.md), each against the actual it predicts: "
             + ", ".join(f"`{en}` → `{a}`" for en, a in _targets(summary).items())
             + "; `engine:*` = `estimate_engine` (engine accounting, finite N, tail-first partial hits, "
             "fluctuations), `window:*` = `estimate_window` (App. E's window, origin t = 0), `finite` = "
@@ -812,7 +812,7 @@ def write_outputs(
     try:
         names: list[Path] = []
         if fig2_trace is not None:
-            from ..plots import plot_fig2
+            from kvhit.plots.curves import plot_fig2
 
             names += plot_fig2(fig2_trace, tmp / "fig2", n_warm=raw["setting"].n_warm)
         names += plot_estimates(summary, 1, tmp / "fig3")
@@ -821,7 +821,7 @@ def write_outputs(
         names += plot_errors(summary, 2, tmp / "fig6")
         files = [p.name for p in names] + ["results.json", "report.md"]
         st: Setting = raw["setting"]
-        from .. import __version__ as version
+        from kvhit import __version__ as version
 
         payload = {
             "kvhit_version": version,
@@ -881,7 +881,7 @@ def reproduce(
     raw = run_experiments(st, jobs=jobs, cache_dir=cache_dir, estimators=estimators, progress=progress)
     summary = summarize(raw)
     t_runs = time.perf_counter() - t0
-    from ..workload.sharegpt import build_sharegpt_trace
+    from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 
     fig2_trace, _ = build_sharegpt_trace(
         n_warm=st.n_warm,

@@ -19,13 +19,13 @@ function in ``kvhit.cli`` that parses flags into the request (``build(XxxRequest
 through ``cli._call`` and renders the response (a table, or ``--json``). No domain logic in the CLI.
 """
 
-from .base import Request, Response, build, strict_json
-from .block_stats import BlockStatsRequest, BlockStatsResponse, block_stats, is_block_trace
-from .curve import CurveRequest, CurveResponse, curve
-from .errors import InputError, translating
-from .estimate import EstimateRequest, EstimateResponse, estimate
-from .fleet import FleetRequest, FleetResponse, fleet_simulate
-from .fleet_plan import (
+from kvhit.service.base import Request, Response, build, strict_json
+from kvhit.service.block_stats import BlockStatsRequest, BlockStatsResponse, block_stats, is_block_trace
+from kvhit.service.curve import CurveRequest, CurveResponse, curve
+from kvhit.service.errors import InputError, translating
+from kvhit.service.estimate import EstimateRequest, EstimateResponse, estimate
+from kvhit.service.fleet import FleetRequest, FleetResponse, fleet_simulate
+from kvhit.service.fleet_plan import (
     FleetCurveRequest,
     FleetCurveResponse,
     FleetPlanRequest,
@@ -33,15 +33,15 @@ from .fleet_plan import (
     fleet_curve,
     fleet_plan,
 )
-from .kv import HardwareFields, KvRequest, KvResponse, kv, list_presets
-from .plan import PlanRequest, PlanResponse, plan
-from .runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
-from .simulate import SimulateRequest, SimulateResponse, simulate
-from .spec import SpecFields, TraceOrSpecFields, load_spec
-from .stream import StreamRequest, StreamResponse, stream
-from .tiers import TiersRequest, TiersResponse, tiers
-from .trace_estimate import TraceEstimateRequest, TraceEstimateResponse, trace_estimate
-from .traces import (
+from kvhit.service.kv import HardwareFields, KvRequest, KvResponse, kv, list_presets
+from kvhit.service.plan import PlanRequest, PlanResponse, plan
+from kvhit.service.runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
+from kvhit.service.simulate import SimulateRequest, SimulateResponse, simulate
+from kvhit.service.spec import SpecFields, TraceOrSpecFields, load_spec
+from kvhit.service.stream import StreamRequest, StreamResponse, stream
+from kvhit.service.tiers import TiersRequest, TiersResponse, tiers
+from kvhit.service.trace_estimate import TraceEstimateRequest, TraceEstimateResponse, trace_estimate
+from kvhit.service.traces import (
     GenerateRequest,
     GenerateResponse,
     ShareGPTRequest,

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .errors import InputError
+from kvhit.service.errors import InputError
 
 R = TypeVar("R", bound="Request")
 
@@ -133,9 +133,9 @@ def available_memory_bytes() -> int:
         return 16 * 2**30
 
 
-#: Bytes per capacity block that a request at capacity N needs: the block-pool simulator (``kvhit.sim.block``:
+#: Bytes per capacity block that a request at capacity N needs: the block-pool simulator (``kvhit.sim.vllm.block``:
 #: block table 4×int32, free-list links 2×int32, block hash int64 = 32 B) and the engine-aware estimator's
-#: per-capacity tables (``kvhit.estimate``: float64 grids over 0..N, ≈ 16 B) — the larger bounds both.
+#: per-capacity tables (``kvhit.estimate.engine``: float64 grids over 0..N, ≈ 16 B) — the larger bounds both.
 BLOCK_SIM_BYTES_PER_BLOCK = 32
 
 

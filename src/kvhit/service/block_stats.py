@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .base import Request, Response
-from .common import Seed
-from .errors import translating
-from .inputs import read_blocks_trace
-from .io import check_output_file
+from kvhit.service.base import Request, Response
+from kvhit.service.common import Seed
+from kvhit.service.errors import translating
+from kvhit.service.inputs import read_blocks_trace
+from kvhit.service.io import check_output_file
 
 __all__ = ["BlockStatsRequest", "BlockStatsResponse", "block_stats", "is_block_trace"]
 
@@ -52,7 +52,7 @@ class BlockStatsResponse(Response):
 
 
 def block_stats(req: BlockStatsRequest) -> BlockStatsResponse:
-    from ..workload.stats import trace_stats
+    from kvhit.workload.stats import trace_stats
 
     check_output_file(req.fig, "--fig", (".png", ".svg"))
     pt = read_blocks_trace(req.path, req.arrival, req.rate, req.span, req.seed)
@@ -61,7 +61,7 @@ def block_stats(req: BlockStatsRequest) -> BlockStatsResponse:
         out = st.to_dict()
         figs: list[str] = []
         if req.fig is not None:
-            from ..plots import plot_trace_stats
+            from kvhit.plots.curves import plot_trace_stats
 
             req.fig.parent.mkdir(parents=True, exist_ok=True)
             title = f"{req.path.name} ({pt.format}, {req.arrival} starts)"

@@ -1,9 +1,9 @@
 """``curve``: the hit ratio at every capacity of a log grid — exact simulated curves in one pass each
-(``kvhit.sim.stackdist``, ``kvhit.sim.blockcurve``) beside the estimators' curves — on a trace, a spec or a
+(``kvhit.sim.content.stackdist``, ``kvhit.sim.vllm.curve``) beside the estimators' curves — on a trace, a spec or a
 production block-id trace, with an optional plot.
 
 Invariant: the grid is validated (1 ≤ n_min < n_max ≤ 2^40, 2 ≤ points ≤ 100,000) and the plot prefix checked
-before computing. NOT modelled here: the default range rule and the plot's layout (``kvhit.plots``).
+before computing. NOT modelled here: the default range rule and the plot's layout (``kvhit.plots.curves``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from .base import Response, check_capacity_memory
-from .common import MAX_N, Capacity, Seed
-from .errors import InputError, translating
-from .inputs import read_blocks_trace, read_trace, window_for
-from .io import check_output_file
-from .simulate import BlocksTraceFields
-from .spec import load_spec
-from .traces import bundled_sharegpt, check_sharegpt_alone
+from kvhit.service.base import Response, check_capacity_memory
+from kvhit.service.common import MAX_N, Capacity, Seed
+from kvhit.service.errors import InputError, translating
+from kvhit.service.inputs import read_blocks_trace, read_trace, window_for
+from kvhit.service.io import check_output_file
+from kvhit.service.simulate import BlocksTraceFields
+from kvhit.service.spec import load_spec
+from kvhit.service.traces import bundled_sharegpt, check_sharegpt_alone
 
 __all__ = ["CurveRequest", "CurveResponse", "curve"]
 
@@ -127,9 +127,9 @@ def _curve_keys(data: dict) -> list[str]:
 def _sglang_line(ts, Ns: np.ndarray, b: int, page: int, evict: str, mask, req) -> np.ndarray:
     """SGLang's token hit ratio at ``N·b`` tokens (rounded down to pages) for a log-spaced subset of the grid
     (``--sglang-points``), NaN elsewhere and where a request would not fit the pool: one simulation per capacity
-    (no inclusion property, :mod:`kvhit.sim.radixrun`), in parallel threads."""
-    from ..sim.radixrun import radix_curve
-    from .sglang import sglang_tokens
+    (no inclusion property, :mod:`kvhit.sim.sglang.run`), in parallel threads."""
+    from kvhit.service.engines import sglang_tokens
+    from kvhit.sim.sglang.run import radix_curve
 
     k = min(req.sglang_points or 24, Ns.size)
     idx = np.unique(np.round(np.linspace(0, Ns.size - 1, k)).astype(np.int64))  # Ns is log-spaced already
@@ -141,8 +141,8 @@ def _sglang_line(ts, Ns: np.ndarray, b: int, page: int, evict: str, mask, req) -
 
 def _colocated_line(rq, Ns: np.ndarray, mask) -> np.ndarray:
     """vLLM (≥ 0.24) keeping the response KV (Remark B.1), as SGLang does: its exact token hit ratio at every
-    capacity (one threshold pass, :func:`kvhit.sim.blockcurve.block_curve`), NaN where a request cannot fit."""
-    from ..sim.blockcurve import block_curve
+    capacity (one threshold pass, :func:`kvhit.sim.vllm.curve.block_curve`), NaN where a request cannot fit."""
+    from kvhit.sim.vllm.curve import block_curve
 
     c = block_curve(
         rq.prompt_tokens,
@@ -210,7 +210,7 @@ def _split_curves(data: dict, model: str, grid: str = "log") -> CurveResponse:
 
 
 def curve(req: CurveRequest, progress=None) -> CurveResponse:
-    from .. import hardware
+    from kvhit.plan import hardware
 
     if req.sharegpt:
         check_sharegpt_alone(req)
@@ -224,7 +224,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
     sglang = "sglang" in req.policies
     if not sglang and req.sglang_points is not None:
         raise InputError("--sglang-points: applies to --policies ... sglang")
-    from .sglang import check_sglang_flags
+    from kvhit.service.engines import check_sglang_flags
 
     page, evict = check_sglang_flags(req, sglang, where="--policies ... sglang")
     block_policies = tuple(x for x in req.policies if x != "sglang")
@@ -240,7 +240,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         hi = req.n_max or int(4 * d.get("distinct_blocks", d["min_N"] * 10))
         Ns = _explicit(req) if req.capacities else _grid(req.n_min, hi, req.points, "--n-max")
         check_capacity_memory(int(Ns.max()), "--n-max")
-        from ..sim.tracerun import ENGINE_LABELS, production_curve
+        from kvhit.sim.tracerun import ENGINE_LABELS, production_curve
 
         engines = tuple(e for e in ENGINE_LABELS if e in req.policies or not sglang)
         with translating(f"--blocks-trace {req.blocks_trace}"):
@@ -250,15 +250,15 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         for e in engines:
             data[f"{ENGINE_LABELS[e]} token hit ratio"] = c["engines"][e]["token_hit_ratio"]
         if sglang:
-            from ..sim.streams import streams_from_production
-            from ..sim.tracerun import measured_mask
+            from kvhit.sim.sglang.streams import streams_from_production
+            from kvhit.sim.tracerun import measured_mask
 
             with translating(f"--blocks-trace {req.blocks_trace}"):
                 m = measured_mask(pt, None)
                 data[COLOCATED_LABEL] = _colocated_line(pt.to_block_requests(colocated=True), Ns, m)
                 data[SGLANG_LABEL] = _sglang_line(streams_from_production(pt), Ns, pt.block_size, page, evict, m, req)
         if req.estimates:  # the agentic estimator's curves beside the simulated ones (NaN where infeasible)
-            from .trace_estimate import agentic_lines
+            from kvhit.service.trace_estimate import agentic_lines
 
             with translating(f"--blocks-trace {req.blocks_trace}"):
                 data.update(agentic_lines(pt, Ns, feas.feasible))
@@ -273,7 +273,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         if req.kv_gb is not None:
             data["budget_N"] = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), data["bytes_per_block"]))
         if req.plot is not None:
-            from ..plots import plot_curves
+            from kvhit.plots.curves import plot_curves
 
             req.plot.parent.mkdir(parents=True, exist_ok=True)
             lines = _lines(data, Ns)
@@ -302,7 +302,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             tr = bundled_sharegpt(req.block_size)
         window = window_for(tr, req.warmup, None, "ShareGPT")
     else:
-        from ..workload import Window, generate
+        from kvhit.workload import Window, generate
 
         sp = load_spec(req)
         conversations = req.conversations or 20_000
@@ -313,7 +313,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             tr = generate(sp, req.seed, n_conversations=conversations)
         tr.meta.update(n_warm=n_warm, block_size=req.block_size or 128)
         window = Window.warmup_conversations(tr, n_warm) if n_warm > 0 else Window.all()
-    from ..experiments.curve import curve_data, curve_inputs, default_capacity_range
+    from kvhit.experiments.curve import curve_data, curve_inputs, default_capacity_range
 
     cb = progress or (lambda done, total, what=None: None)
     b = tr.block_size or 128
@@ -333,17 +333,17 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             check_capacity_memory(int(Ns.max()), "--n-max")
         data = curve_data(tr, Ns, window, policies=block_policies, estimates=req.estimates, inputs=inp, progress=cb)
         if sglang:
-            from ..sim.streams import streams_from_trace
+            from kvhit.sim.sglang.streams import streams_from_trace
 
             if "response_tokens" in tr.cols:
-                from ..sim.runner import block_requests
+                from kvhit.sim.runner import block_requests
 
                 data[COLOCATED_LABEL] = _colocated_line(block_requests(tr, colocated=True), Ns, inp.mask)
             cb(0, 1, "SGLang radix cache: one simulation per capacity")
             data[SGLANG_LABEL] = _sglang_line(streams_from_trace(tr, block_size=b), Ns, b, page, evict, inp.mask, req)
     data["bytes_per_block"] = bpb
     if inp.requests is not None:  # refused shares where vLLM cannot serve the workload (sim/feasibility)
-        from ..sim.feasibility import feasibility
+        from kvhit.sim.feasibility import feasibility
 
         f = feasibility(inp.requests.prompt_tokens, inp.requests.block_size, Ns, mask=inp.mask)
         data["refused_request_share"] = f.refused_requests
@@ -353,7 +353,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         budget = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), bpb))
         data["budget_N"] = budget
     if req.plot is not None:
-        from ..plots import plot_curves
+        from kvhit.plots.curves import plot_curves
 
         req.plot.parent.mkdir(parents=True, exist_ok=True)
         lines = _lines(data, Ns)

@@ -1,9 +1,9 @@
 """``estimate``: the paper's mean-field estimate from a workload spec (moments, T_C, h base eq. (25) and practical
 eq. (32)/(39)), optionally beside the engine-aware estimate of a sample of the spec (``--engine sglang``:
-SGLang's radix cache at the same KV memory, N·128 tokens, :mod:`kvhit.estimate_sglang`; token hit ratio only).
+SGLang's radix cache at the same KV memory, N·128 tokens, :mod:`kvhit.estimate.sglang`; token hit ratio only).
 
-Invariant: numbers are the library's (``kvhit.theory``, ``kvhit.plan.make_workload``); nothing is recomputed
-here. NOT modelled: anything not in the spec (use ``simulate`` or a trace for engine effects beyond the
+Invariant: numbers are the library's (``kvhit.estimate.theory``, ``kvhit.plan.planner.make_workload``); nothing
+is recomputed here. NOT modelled: anything not in the spec (use ``simulate`` or a trace for engine effects beyond the
 estimator).
 """
 
@@ -14,10 +14,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Response, check_capacity_memory
-from .common import Capacities, Engine, Seed
-from .errors import translating
-from .spec import SpecFields, load_spec
+from kvhit.service.base import Response, check_capacity_memory
+from kvhit.service.common import Capacities, Engine, Seed
+from kvhit.service.errors import translating
+from kvhit.service.spec import SpecFields, load_spec
 
 __all__ = ["EstimateRequest", "EstimateResponse", "estimate", "spec_estimates"]
 
@@ -59,7 +59,7 @@ class EstimateResponse(Response):
 
 def spec_estimates(sp, Ns: list[int], practical: bool) -> list[dict]:
     """Base and practical mean-field h and T_C of a spec at each capacity (eq. (21)/(25), (30)/(32))."""
-    from .. import theory
+    from kvhit.estimate import theory
 
     mom = theory.moments(sp)
     Nf = np.asarray(Ns, float)
@@ -79,14 +79,14 @@ def spec_estimates(sp, Ns: list[int], practical: bool) -> list[dict]:
 
 
 def estimate(req: EstimateRequest) -> EstimateResponse:
-    from .. import theory
+    from kvhit.estimate import theory
 
     sp = load_spec(req)
     with translating(str(req.spec) if req.spec else ""):
         mom = theory.moments(sp)
         est = spec_estimates(sp, req.N, True)
     if req.engine is not None:
-        from ..plan import make_workload
+        from kvhit.plan.planner import make_workload
 
         for n in req.N:  # the engine-aware estimator tabulates over capacities up to N
             check_capacity_memory(n, "--N")

@@ -1,17 +1,17 @@
 """``fleet simulate``: R replicas behind a router on a kvhit trace (``--trace``) or a production block-id trace
 (``--blocks-trace``: WEKA, or Mooncake with sessions derived from prefix sharing) — fleet and per-replica hit
-ratio, load imbalance, prefill tokens, queueing delay, rejections (:func:`kvhit.sim.fleet.simulate_fleet`), for
+ratio, load imbalance, prefill tokens, queueing delay, rejections (:func:`kvhit.fleet.simulate.simulate_fleet`), for
 every (router, R) asked.
 
 Invariant: every router parameter given applies to the routers named (one given for a router that does not read it
 is refused, never ignored); R ≥ 1; weights ≥ 0; ``--N`` is one capacity for all replicas or one per replica (then a
 single R). Without ``--prefill-tokens-per-s`` requests are instantaneous (no holds: load-based routers see zero
 load and fall back to their tie-breaks); with it request r holds its blocks for ``T_r / speed`` seconds (the whole
-prompt's prefill time — cache savings do not shorten it). NOT modelled: see :mod:`kvhit.sim.fleet`.
+prompt's prefill time — cache savings do not shorten it). NOT modelled: see :mod:`kvhit.fleet.simulate`.
 
 Estimates (``--trace`` only, docs/estimators.md §6): round-robin/random/session rows without holds get
-:func:`kvhit.estimate_fleet.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
-:func:`kvhit.estimate_fleet.estimate_fleet_kv` (the stay model, with the run's holds, capacities, parameters and
+:func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
+:func:`kvhit.fleet.estimate.estimate_fleet_kv` (the stay model, with the run's holds, capacities, parameters and
 seed). A row the estimators do not model (least-loaded, Dynamo temperature > 0, a load lag under holds, oblivious
 routers under holds, a block-id trace) has ``estimate`` None and a note saying why — never an estimate of a
 different setting.
@@ -26,10 +26,10 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from .base import Request, Response, check_capacity_memory
-from .common import BlockEngine, Capacity, Seed
-from .errors import InputError, translating
-from .inputs import read_trace, window_for
+from kvhit.service.base import Request, Response, check_capacity_memory
+from kvhit.service.common import BlockEngine, Capacity, Seed
+from kvhit.service.errors import InputError, translating
+from kvhit.service.inputs import read_trace, window_for
 
 __all__ = [
     "FleetRouterFields",
@@ -192,7 +192,7 @@ class FleetWorkload:
     """A fleet command's workload: the replayed stream (measured requests marked) and what it came from."""
 
     label: str
-    stream: Any  #: kvhit.plan_fleet.FleetStream
+    stream: Any  #: kvhit.fleet.plan.FleetStream
     source: Any  #: the Trace or ProductionTrace (for resampling)
     tr: Any = None  #: the kvhit Trace (the estimator needs it), else None
     conv_rows: Any = None
@@ -202,10 +202,10 @@ class FleetWorkload:
 
 def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
     """Read ``--trace`` or ``--blocks-trace`` into a replay stream; sources and their flags checked here."""
-    from ..plan_fleet import FleetStream
+    from kvhit.fleet.plan import FleetStream
 
     if req.blocks_trace is not None:
-        from .inputs import production_notes, read_blocks_trace
+        from kvhit.service.inputs import production_notes, read_blocks_trace
 
         for name in ("block_size", "warmup"):
             if getattr(req, name) is not None:
@@ -231,7 +231,7 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
         return FleetWorkload(f"{label} ({len(pt.files)} file(s), {n:,} requests)", st, pt, notes=notes)
     if req.arrival != "sequential" or req.rate is not None or req.span is not None:
         raise InputError("--arrival/--rate/--span: apply to --blocks-trace (WEKA), not to --trace")
-    from ..sim.runner import block_requests
+    from kvhit.sim.runner import block_requests
 
     tr = read_trace(req.trace)
     window = window_for(tr, req.warmup, None, str(req.trace))
@@ -255,9 +255,9 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
     return FleetWorkload(Path(req.trace).name, st, tr, tr=tr, conv_rows=conv_rows, lam0=lam0)
 
 
-#: routers whose rows get :func:`kvhit.estimate_fleet.estimate_fleet` on the simulated routing (no holds)
+#: routers whose rows get :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing (no holds)
 OBLIVIOUS_ESTIMATED = ("round-robin", "random", "session")
-#: routers whose rows get :func:`kvhit.estimate_fleet.estimate_fleet_kv` (its stay model; Dynamo at temperature 0)
+#: routers whose rows get :func:`kvhit.fleet.estimate.estimate_fleet_kv` (its stay model; Dynamo at temperature 0)
 KV_ESTIMATED = ("dynamo", "llm-d", "sglang", "sticky")
 
 
@@ -273,8 +273,8 @@ def measured_rate(times: np.ndarray, mask: np.ndarray) -> float | None:
 def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict, res, Ns, hold):
     """(estimate, None) for a row the fleet estimators cover, else (None, the reason, one line for the notes).
 
-    Oblivious routers: :func:`~kvhit.estimate_fleet.estimate_fleet` on the routing the simulator drew, without
-    holds only. KV-aware routers and sticky: :func:`~kvhit.estimate_fleet.estimate_fleet_kv` (its own routing
+    Oblivious routers: :func:`~kvhit.fleet.estimate.estimate_fleet` on the routing the simulator drew, without
+    holds only. KV-aware routers and sticky: :func:`~kvhit.fleet.estimate.estimate_fleet_kv` (its own routing
     from the stay model; holds, capacities, router parameters and seed as given); not with a load-snapshot lag
     under holds or Dynamo's softmax (temperature > 0), which the model does not have."""
     st = wl.stream
@@ -287,7 +287,7 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
                 "no estimate for round-robin/random/session with --prefill-tokens-per-s: the oblivious fleet "
                 "estimator is measured without holds only (docs/estimators.md §6)"
             )
-        from ..estimate_fleet import estimate_fleet
+        from kvhit.fleet.estimate import estimate_fleet
 
         with translating("estimate"):  # the rows the simulated ratio counts (docs/estimators.md §6)
             return estimate_fleet(wl.tr, res.replica, Ns, **kw), None
@@ -302,7 +302,7 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
         return None, (
             f"no estimate for {name} with --lag > 0: the KV-aware estimator does not model lagged load snapshots"
         )
-    from ..estimate_fleet import estimate_fleet_kv
+    from kvhit.fleet.estimate import estimate_fleet_kv
 
     with translating("estimate"):
         est = estimate_fleet_kv(
@@ -312,7 +312,7 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
 
 
 def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
-    from ..sim.fleet import simulate_fleet
+    from kvhit.fleet.simulate import simulate_fleet
 
     if len(req.N) > 1 and (len(req.replicas) != 1 or req.replicas[0] != len(req.N)):
         raise InputError(
@@ -323,7 +323,7 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
         check_capacity_memory(N * (req.replicas[0] if len(req.N) == 1 else 1), "--N")
     params = router_params(req, list(req.router))
     if req.plot is not None:
-        from .io import check_output_file
+        from kvhit.service.io import check_output_file
 
         check_output_file(str(req.plot) + ".png", "--plot")
     wl = load_fleet_workload(req)
@@ -369,7 +369,7 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
             done += 1
     figure = None
     if req.plot is not None:
-        from ..fleet_plot import plot_fleet
+        from kvhit.plots.fleet import plot_fleet
 
         figure = [str(p) for p in plot_fleet(rows, req.plot, title=f"{wl.label}, N = {req.N[0]:,} blocks")]
     notes = list(wl.notes)

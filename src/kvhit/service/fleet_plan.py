@@ -1,13 +1,13 @@
 """``fleet plan`` and ``fleet curve``: replicas (or HBM per replica) for a target hit ratio per router, with the
 prefill compute saved in tokens and GPU-seconds; hit ratio against load imbalance as a KV router's load weight
-varies (:mod:`kvhit.plan_fleet`, every number an exact fleet simulation).
+varies (:mod:`kvhit.fleet.plan`, every number an exact fleet simulation).
 
 Invariant: the question answered is the one asked — a target in (0, 1); one capacity source per replica (``--N``,
 ``--gpu`` or ``--kv-gb``) for ``--vary replicas``, ``--replicas`` for ``--vary hbm``; a flag that the question
 would ignore is refused; ``fleet curve`` needs holds (``--prefill-tokens-per-s``: without them nothing is in
 flight and a load weight changes nothing) and refuses a swept parameter also given as a fixed one. GPU-seconds are
-``FLOPs / (peak × mfu)`` with ``mfu`` a stated assumption (:mod:`kvhit.compute`). NOT modelled: see
-:mod:`kvhit.plan_fleet` and :mod:`kvhit.sim.fleet`.
+``FLOPs / (peak × mfu)`` with ``mfu`` a stated assumption (:mod:`kvhit.plan.compute`). NOT modelled: see
+:mod:`kvhit.fleet.plan` and :mod:`kvhit.fleet.simulate`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from .base import Response, check_capacity_memory
-from .common import Capacity
-from .errors import InputError, translating
-from .fleet import ROUTER_PARAMS, FleetWorkloadFields, RouterName, load_fleet_workload, router_params
+from kvhit.service.base import Response, check_capacity_memory
+from kvhit.service.common import Capacity
+from kvhit.service.errors import InputError, translating
+from kvhit.service.fleet import ROUTER_PARAMS, FleetWorkloadFields, RouterName, load_fleet_workload, router_params
 
 __all__ = [
     "FleetPlanRequest",
@@ -114,7 +114,7 @@ class FleetPlanResponse(Response):
 
 
 def _compute(req: _ComputeFields, block_size: int) -> dict:
-    from .. import compute, hardware
+    from kvhit.plan import compute, hardware
 
     with translating("--model"):
         m = hardware.resolve_model(req.model)
@@ -152,14 +152,14 @@ def _compute(req: _ComputeFields, block_size: int) -> dict:
 
 
 def _streams(req, wl, block_size: int):
-    from ..plan_fleet import stream_from_resample
+    from kvhit.fleet.plan import stream_from_resample
 
     if req.lam0 is None:
         for name in ("replications", "conversations"):
             if getattr(req, name) is not None:
                 raise InputError(f"{req.flag(name)}: applies to resampling at --lam0 (it would be ignored)")
         return [wl.stream], None
-    from ..sim.resample import conversation_pool, resample
+    from kvhit.sim.resample import conversation_pool, resample
 
     with translating("--lam0"):
         pool = conversation_pool(wl.source, block_size=block_size)
@@ -180,8 +180,8 @@ def _row(p, bpb: int | None = None) -> dict:
 
 
 def fleet_plan(req: FleetPlanRequest, progress=None) -> FleetPlanResponse:
-    from .. import hardware
-    from ..plan_fleet import FleetPlanError, plan_capacity, plan_replicas
+    from kvhit.fleet.plan import FleetPlanError, plan_capacity, plan_replicas
+    from kvhit.plan import hardware
 
     if req.gpu_memory_utilization is not None and req.accelerator is None:
         raise InputError("--gpu-memory-utilization: applies to --gpu")
@@ -348,7 +348,7 @@ class FleetCurveResponse(Response):
 
 
 def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
-    from ..plan_fleet import FleetPlanError, curve, evaluate
+    from kvhit.fleet.plan import FleetPlanError, curve, evaluate
 
     if req.prefill_tokens_per_s is None:
         raise InputError(
@@ -370,7 +370,7 @@ def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
     params = router_params(req, [req.router])[req.router]
     check_capacity_memory(req.N * req.replicas, "--N")
     if req.plot is not None:
-        from .io import check_output_file
+        from kvhit.service.io import check_output_file
 
         check_output_file(str(req.plot) + ".png", "--plot")
     wl = load_fleet_workload(req)
@@ -396,7 +396,7 @@ def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
             base.append(_row(evaluate([wl.stream], replicas=req.replicas, N=req.N, router=r, **kw)))
     figure = None
     if req.plot is not None:
-        from ..fleet_plot import plot_fleet_curve
+        from kvhit.plots.fleet import plot_fleet_curve
 
         figure = [
             str(p)

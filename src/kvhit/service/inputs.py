@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, translating
+from kvhit.service.errors import InputError, translating
 
 __all__ = [
     "read_trace",
@@ -41,7 +41,7 @@ def preload_trace(path: Path, trace) -> None:
 def load_trace_file(path: Path):
     """``Trace.read(path)``, or a preloaded trace (each call gets its own ``cols``/``meta``/``lists`` dicts, so a
     caller's changes do not reach the preloaded one; the column arrays are shared and never written)."""
-    from ..workload import Trace
+    from kvhit.workload import Trace
 
     tr = _PRELOADED.get(str(path))
     if tr is None:
@@ -52,7 +52,7 @@ def load_trace_file(path: Path):
 def load_production_file(path: Path, **kw):
     """``read_production(path, **kw)``, or the preloaded production trace of ``path`` when the read asks for its
     own arrival times (sequential, no rate/span: what was preloaded)."""
-    from ..workload.production import read_production
+    from kvhit.workload.production import read_production
 
     pt = _PRELOADED.get(str(path))
     own = kw.get("arrival", "sequential") == "sequential" and kw.get("rate") is None and kw.get("span") is None
@@ -80,7 +80,7 @@ def read_trace(path: Path, flag: str = "--trace"):
 def window_for(tr, warmup: int | None, warmup_time: float | None, where: str = ""):
     """The measurement window: ``warmup`` conversations (default: the trace's ``n_warm``) or ``warmup_time``
     seconds; a warm-up that leaves nothing to measure is refused."""
-    from ..workload import Window
+    from kvhit.workload import Window
 
     if warmup is not None and warmup_time is not None:
         raise InputError("--warmup and --warmup-time: give one warm-up, not both")
@@ -105,7 +105,7 @@ def window_for(tr, warmup: int | None, warmup_time: float | None, where: str = "
 def measured_moments(tr, window):
     """Eq. (35)–(37) over the measured conversations (those arriving inside the window, i.e. after the warm-up),
     and λ0: the trace's recorded rate when it has one, else the Poisson estimate from those arrivals."""
-    from ..estimate import trace_moments
+    from kvhit.estimate.engine import trace_moments
 
     conv = tr.conversations()
     sel = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)

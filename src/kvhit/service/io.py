@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import InputError
+from kvhit.service.errors import InputError
 
 __all__ = [
     "check_output_file",

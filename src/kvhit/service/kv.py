@@ -1,15 +1,15 @@
 """``kv``: KV bytes per token and per block of a model, and the block capacity N of a KV budget or accelerator.
 
-Invariant: N = ⌊KV bytes / bytes per block⌋ (``kvhit.hardware``; a "GB" is a GiB). NOT modelled: activation
-memory beyond vLLM's ``gpu_memory_utilization`` and the fixed reserve of ``kvhit.hardware.kv_budget_bytes``.
+Invariant: N = ⌊KV bytes / bytes per block⌋ (``kvhit.plan.hardware``; a "GB" is a GiB). NOT modelled: activation
+memory beyond vLLM's ``gpu_memory_utilization`` and the fixed reserve of ``kvhit.plan.hardware.kv_budget_bytes``.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from .base import Request, Response
-from .errors import InputError, translating
+from kvhit.service.base import Request, Response
+from kvhit.service.errors import InputError, translating
 
 __all__ = ["KvRequest", "KvResponse", "kv", "HardwareFields"]
 
@@ -43,7 +43,7 @@ class HardwareFields(Request):
 
     def resolve(self):
         """The model and its KV bytes per block, each error naming the flag at fault."""
-        from .. import hardware
+        from kvhit.plan import hardware
 
         with translating("--model"):
             m = hardware.resolve_model(self.model)
@@ -105,7 +105,7 @@ class KvResponse(Response):
 
 
 def kv(req: KvRequest) -> KvResponse:
-    from ..plan import capacity
+    from kvhit.plan.planner import capacity
 
     req.check_one_budget()
     m, _ = req.resolve()
@@ -135,7 +135,7 @@ def kv(req: KvRequest) -> KvResponse:
             if getattr(req, k) is not None:
                 raise InputError(f"{req.flag(k)}: applies to a host tier, give --dram-gb (it would be ignored)")
     else:
-        from ..sim.tiers.sizing import host_units
+        from kvhit.sim.tiers.sizing import host_units
 
         bpc = 1 if req.blocks_per_chunk is None else req.blocks_per_chunk
         ct = 256 if req.chunk_tokens is None else req.chunk_tokens
@@ -156,6 +156,6 @@ def kv(req: KvRequest) -> KvResponse:
 
 
 def list_presets() -> dict[str, list[str]]:
-    from .. import hardware
+    from kvhit.plan import hardware
 
     return {"models": hardware.list_models(), "accelerators": hardware.list_accelerators()}

@@ -4,7 +4,8 @@ exact simulation.
 
 Invariant: the question answered is the one asked — the metric is the engine's (vLLM: tokens by default;
 Algorithm 1 and the paper's estimator are block-weighted, and asking them for tokens is refused), a target is in
-(0, 1), a verified capacity fits in memory. NOT modelled here: the predictors and the bisections (``kvhit.plan``).
+(0, 1), a verified capacity fits in memory. NOT modelled here: the predictors and the bisections
+(``kvhit.plan.planner``).
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Response, check_capacity_memory
-from .common import Seed
-from .errors import InputError, translating
-from .inputs import read_blocks_trace, read_trace
-from .kv import HardwareFields
-from .simulate import BlocksTraceFields
-from .spec import load_spec, spec_flags_given
-from .traces import bundled_sharegpt, check_sharegpt_alone
+from kvhit.service.base import Response, check_capacity_memory
+from kvhit.service.common import Seed
+from kvhit.service.engines import check_sglang_flags
+from kvhit.service.errors import InputError, translating
+from kvhit.service.inputs import read_blocks_trace, read_trace
+from kvhit.service.kv import HardwareFields
+from kvhit.service.simulate import BlocksTraceFields
+from kvhit.service.spec import load_spec, spec_flags_given
+from kvhit.service.traces import bundled_sharegpt, check_sharegpt_alone
 
 __all__ = ["PlanRequest", "PlanResponse", "plan"]
 
@@ -105,7 +107,7 @@ def _metric(engine: str, metric: str | None) -> str:
 
 
 def _capacity(req: PlanRequest, block_size: int):
-    from ..plan import capacity
+    from kvhit.plan.planner import capacity
 
     with translating("--gpu" if req.accelerator else "--kv-gb"):
         cap = capacity(
@@ -125,8 +127,8 @@ def _capacity(req: PlanRequest, block_size: int):
 
 def _plan_blocks_trace(req: PlanRequest) -> PlanResponse:
     """Plan from a production block-id trace: replay at its own load, or resample-and-simulate at --lam0/--scale
-    (``kvhit.plan.plan_production``)."""
-    from ..plan import plan_production
+    (``kvhit.plan.planner.plan_production``)."""
+    from kvhit.plan.planner import plan_production
 
     if req.trace is not None or req.spec is not None or req.compare is not None:
         raise InputError("--blocks-trace: not with --trace, --spec or --compare")
@@ -164,18 +166,16 @@ def _plan_blocks_trace(req: PlanRequest) -> PlanResponse:
 
 
 def plan(req: PlanRequest) -> PlanResponse:
-    from .sglang import check_sglang_flags, plan_compare_sglang
-
     req.check_one_budget()
     if req.compare == "sglang":
-        return plan_compare_sglang(req, _plan_blocks_trace, _plan)
+        return _plan_compare_sglang(req, _plan_blocks_trace, _plan)
     check_sglang_flags(req, False, where="--compare sglang")
     return _plan(req)
 
 
 def _plan(req: PlanRequest) -> PlanResponse:
-    from ..plan import make_workload
-    from ..plan import plan as plan_fn
+    from kvhit.plan.planner import make_workload
+    from kvhit.plan.planner import plan as plan_fn
 
     if req.sharegpt:
         check_sharegpt_alone(req, allow=("lam0",))
@@ -224,3 +224,67 @@ def _plan(req: PlanRequest) -> PlanResponse:
                 h_other = float(other.predict(np.array([float(cap.N)]), np.array([wl.lam0]))[0])
                 res.compare = {"engine": req.compare, "h_at_capacity": h_other, "gain": res.h_at_capacity - h_other}
     return PlanResponse(**res.to_dict())
+
+
+def _plan_compare_sglang(req, plan_blocks_trace, plan_rest):
+    """``plan --compare sglang``: the engine's plan as usual (``plan_blocks_trace``/``plan_rest`` answer it
+    without the comparison), plus both engines simulated at the same KV budget
+    (:func:`kvhit.plan.sglang.compare_vllm_sglang`) in ``compare``."""
+    from kvhit.plan.sglang import compare_vllm_sglang
+
+    p, pol = check_sglang_flags(req, True)
+    if req.accelerator is None and req.kv_gb is None:
+        raise InputError("--compare sglang: needs a KV budget (--gpu or --kv-gb)")
+    if req.engine not in ("vllm", "vllm-0.23"):
+        raise InputError(f"--compare sglang: compares simulated vLLM with SGLang; --engine {req.engine} is not vLLM")
+    if req.blocks_trace is not None and (req.lam0 is not None or req.scale is not None):
+        raise InputError("--compare sglang: compares on the trace as read (no --lam0/--scale resampling)")
+    base = req.model_copy(update={"compare": None, "page_size": None, "evict_policy": None})
+    if req.blocks_trace is not None:
+        from kvhit.service.inputs import production_mask, read_blocks_trace
+
+        res = plan_blocks_trace(base)
+        source = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
+        mask = production_mask(source, None)
+        b, where = source.block_size, f"--blocks-trace {req.blocks_trace}"
+    else:
+        from kvhit.service.inputs import read_trace, window_for
+        from kvhit.service.traces import bundled_sharegpt
+
+        res = plan_rest(base)
+        if req.sharegpt:
+            with translating("ShareGPT"):
+                source = bundled_sharegpt(req.block_size)
+            where = "ShareGPT"
+        elif req.trace is not None:
+            source, where = read_trace(req.trace), f"--trace {req.trace}"
+        else:
+            from kvhit.service.spec import load_spec
+            from kvhit.workload import generate
+
+            with translating(str(req.spec or "spec")):
+                source = generate(load_spec(req), req.seed, n_conversations=6_000)
+            source.meta.update(n_warm=1_000)
+            where = str(req.spec or "spec")
+            res.notes.append(
+                "--compare sglang on a spec: one generated trace of 1,000 warm-up + 5,000 measured "
+                f"conversations (seed {req.seed})"
+            )
+        b = int(req.block_size or source.block_size or 128)
+        source.meta["block_size"] = b
+        mask = window_for(source, None, None, where).mask(source)
+    c = _capacity(req, b)
+    bpt = c.bytes_per_block // b
+    C = c.kv_bytes // bpt // p * p
+    if C < p:
+        raise InputError(f"{req.flag('kv_gb' if req.kv_gb is not None else 'accelerator')}: no SGLang page fits")
+    with translating(where):
+        res.compare = compare_vllm_sglang(
+            source, c.N, C, mask=mask, engine=req.engine, page_size=p, evict_policy=pol, block_size=b
+        )
+    res.compare["kv_gib"] = c.kv_bytes / 2**30
+    res.notes.append(
+        "--compare sglang: both engines simulated on the same requests at the same KV bytes (vLLM blocks vs SGLang "
+        "tokens); token hit ratios with 95% batch-means CIs, the difference paired per batch"
+    )
+    return res

@@ -13,19 +13,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
-from .base import Request, Response, build
-from .block_stats import BlockStatsRequest, block_stats
-from .curve import CurveRequest, curve
-from .estimate import EstimateRequest, estimate
-from .fleet import FleetRequest, fleet_simulate
-from .fleet_plan import FleetCurveRequest, FleetPlanRequest, fleet_curve, fleet_plan
-from .kv import KvRequest, kv
-from .plan import PlanRequest, plan
-from .simulate import SimulateRequest, simulate
-from .stream import StreamRequest, stream
-from .tiers import TiersRequest, tiers
-from .trace_estimate import TraceEstimateRequest, trace_estimate
-from .traces import StatsRequest, trace_stats
+from kvhit.service.base import Request, Response, build
+from kvhit.service.block_stats import BlockStatsRequest, block_stats
+from kvhit.service.curve import CurveRequest, curve
+from kvhit.service.estimate import EstimateRequest, estimate
+from kvhit.service.fleet import FleetRequest, fleet_simulate
+from kvhit.service.fleet_plan import FleetCurveRequest, FleetPlanRequest, fleet_curve, fleet_plan
+from kvhit.service.kv import KvRequest, kv
+from kvhit.service.plan import PlanRequest, plan
+from kvhit.service.simulate import SimulateRequest, simulate
+from kvhit.service.stream import StreamRequest, stream
+from kvhit.service.tiers import TiersRequest, tiers
+from kvhit.service.trace_estimate import TraceEstimateRequest, trace_estimate
+from kvhit.service.traces import StatsRequest, trace_stats
 
 __all__ = ["COMMANDS", "run", "path_fields"]
 

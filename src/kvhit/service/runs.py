@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from .base import Request, Response
-from .common import MAX_N, Seed
-from .errors import InputError, translating
-from .io import check_output_dir
-from .traces import ShareGPTRequest, build_sharegpt, stats_dict
+from kvhit.service.base import Request, Response
+from kvhit.service.common import MAX_N, Seed
+from kvhit.service.errors import InputError, translating
+from kvhit.service.io import check_output_dir
+from kvhit.service.traces import ShareGPTRequest, build_sharegpt, stats_dict
 
 __all__ = ["DemoRequest", "DemoResponse", "demo", "ReproduceRequest", "ReproduceResponse", "reproduce"]
 
@@ -45,13 +45,13 @@ class DemoResponse(Response):
 
 
 def demo(req: DemoRequest, progress=None) -> DemoResponse:
-    from ..estimate import estimate as est_fn
-    from ..estimate import trace_moments
-    from ..plan import make_workload
-    from ..sim.block import simulate_block  # noqa: F401  (compiled once, before the runs)
-    from ..sim.runner import block_requests, simulate_trace_block, simulate_trace_content
-    from ..workload import Exponential, Window
-    from .base import check_capacity_memory
+    from kvhit.estimate.engine import estimate as est_fn
+    from kvhit.estimate.engine import trace_moments
+    from kvhit.plan.planner import make_workload
+    from kvhit.service.base import check_capacity_memory
+    from kvhit.sim.runner import block_requests, simulate_trace_block, simulate_trace_content
+    from kvhit.sim.vllm.block import simulate_block  # noqa: F401  (compiled once, before the runs)
+    from kvhit.workload import Exponential, Window
 
     check_capacity_memory(req.N, "--N")
     sg = ShareGPTRequest(out=None, seed=req.seed, lam0=req.lam0, w_mean=req.w_mean)
@@ -114,8 +114,8 @@ class ReproduceResponse(Response):
 def reproduce(req: ReproduceRequest, progress=None) -> ReproduceResponse:
     from dataclasses import replace
 
-    from ..experiments import get_setting
-    from ..experiments import reproduce as reproduce_fn
+    from kvhit.experiments import get_setting
+    from kvhit.experiments import reproduce as reproduce_fn
 
     check_output_dir(req.out, "--out")
     st = get_setting("quick" if req.quick else "paper")

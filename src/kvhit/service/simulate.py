@@ -15,11 +15,19 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Response, check_capacity_memory
-from .common import BlockEngine, Capacities, Seed
-from .errors import InputError, translating
-from .inputs import measured_moments, production_mask, production_notes, read_blocks_trace, read_trace, window_for
-from .spec import TraceOrSpecFields, load_spec
+from kvhit.service.base import Response, check_capacity_memory
+from kvhit.service.common import BlockEngine, Capacities, Seed
+from kvhit.service.engines import check_pools, check_sglang_flags, sglang_notes
+from kvhit.service.errors import InputError, translating
+from kvhit.service.inputs import (
+    measured_moments,
+    production_mask,
+    production_notes,
+    read_blocks_trace,
+    read_trace,
+    window_for,
+)
+from kvhit.service.spec import TraceOrSpecFields, load_spec
 
 __all__ = ["SimulateRequest", "SimulateResponse", "simulate", "simulate_trace_rows", "trace_estimates"]
 
@@ -44,7 +52,7 @@ class BlocksTraceFields(TraceOrSpecFields):
             if self.trace is not None or self.spec is not None:
                 other = "--trace" if self.trace is not None else "--spec"
                 raise InputError(f"--blocks-trace and {other}: give one workload source, not both")
-            from .spec import spec_flags_given
+            from kvhit.service.spec import spec_flags_given
 
             extra = spec_flags_given(self)
             if extra:
@@ -122,10 +130,10 @@ def simulate_trace_rows(
     :mod:`kvhit.sim.feasibility`). Algorithm 1 serves every request (a content larger than N is a miss, nothing is
     left out), so the content policy has no infeasible capacity. ``progress(done, total, what)`` is called before
     each simulated capacity."""
-    from ..sim.content import simulate_content
-    from ..sim.feasibility import feasibility
-    from ..sim.metrics import batch_means, content_hit_stats
-    from ..sim.runner import block_requests, simulate_trace_block
+    from kvhit.sim.content.lru import simulate_content
+    from kvhit.sim.feasibility import feasibility
+    from kvhit.sim.metrics import batch_means, content_hit_stats
+    from kvhit.sim.runner import block_requests, simulate_trace_block
 
     rows = []
     wmask = window.mask(tr) if window is not None else np.ones(tr.n_turns, bool)
@@ -202,7 +210,7 @@ def _null_infeasible_estimates(rows: list[dict], est: list[dict]) -> None:
 
 def trace_estimates(tr, Ns: list[int], window, practical: bool) -> list[dict]:
     """The paper's estimator (eq. (35)–(39), empirical F̂) on the measured conversations of a trace."""
-    from ..estimate import estimate
+    from kvhit.estimate.engine import estimate
 
     mom, lam0 = measured_moments(tr, window)
     e_b = estimate(mom, np.asarray(Ns, float), lam0, "empirical", practical=False)
@@ -226,7 +234,7 @@ def trace_estimates(tr, Ns: list[int], window, practical: bool) -> list[dict]:
 
 def _add_engine_estimates(est: list[dict], source, Ns, policy, engine, block_size=128) -> None:
     """The engine-aware estimate (block-weighted, like the simulated h) of the simulated engine beside each row."""
-    from ..plan import make_workload
+    from kvhit.plan.planner import make_workload
 
     wl = make_workload(
         source, engine="content" if policy == "content" else engine, metric="blocks", block_size=block_size
@@ -237,14 +245,14 @@ def _add_engine_estimates(est: list[dict], source, Ns, policy, engine, block_siz
 
 
 def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
-    """Run the request; ``progress(done, total, what)`` reports replications (spec) or capacities (trace)."""
+    """Run the request; ``progress(done, total, what)`` reports replications (spec) or capacities (trace).
+    Dispatches once on ``req.engine`` (:data:`_SIMULATE`, keyed like :data:`kvhit.sim.registry.ENGINES`)."""
     source = req.check_sources()
-    if req.engine == "sglang":
-        from .sglang import simulate_sglang
+    return _SIMULATE[req.engine](req, source, progress)
 
-        return simulate_sglang(req, source, progress)
-    from .sglang import check_sglang_flags
 
+def _simulate_vllm(req: SimulateRequest, source: str, progress=None) -> SimulateResponse:
+    """``simulate`` with vLLM's block cache (both free-queue orders) or Algorithm 1 (``--policy content``)."""
     check_sglang_flags(req, False)
     for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
         if getattr(req, name) is not None:
@@ -267,7 +275,7 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
     Ns = list(req.N)
 
     if source == "blocks":
-        from ..sim.tracerun import production_rows
+        from kvhit.sim.tracerun import production_rows
 
         pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
         production_mask(pt, req.warmup_time)  # refuses a warm-up that leaves nothing to measure
@@ -302,9 +310,9 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
                 _null_infeasible_estimates(rows, est)
         return SimulateResponse(policy=req.policy, trace=str(req.trace), rows=rows, estimate=est)
 
-    from ..sim.metrics import mean_ci
-    from ..workload import Window, generate
-    from .estimate import spec_estimates
+    from kvhit.service.estimate import spec_estimates
+    from kvhit.sim.metrics import mean_ci
+    from kvhit.workload import Window, generate
 
     sp = load_spec(req)
     conversations = req.conversations or 20_000
@@ -364,3 +372,113 @@ def simulate(req: SimulateRequest, progress=None) -> SimulateResponse:
             _add_engine_estimates(est, sp, Ns, req.policy, req.engine, req.block_size or 128)
             _null_infeasible_estimates(rows, est)
     return SimulateResponse(policy=req.policy, rows=rows, estimate=est, spec=sp.to_dict())
+
+
+def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
+    """``simulate --engine sglang`` on a production trace, a kvhit trace or a spec (replications)."""
+    from kvhit.service.inputs import production_mask, production_notes, read_blocks_trace, read_trace, window_for
+    from kvhit.sim.sglang.run import radix_holds, radix_rows
+    from kvhit.sim.sglang.streams import streams_from_production, streams_from_trace
+
+    p, pol = check_sglang_flags(req, True, ("block_size", "colocated", "weighting"))
+    if "policy" in req.model_fields_set and req.policy == "content":
+        raise InputError("--policy content and --engine sglang: the SGLang model is its own policy; drop --policy")
+    Cs = [int(n) for n in req.N]
+    check_pools(Cs, p)
+    speeds = (req.prefill_tokens_per_s, req.decode_tokens_per_s)
+    if source == "blocks":
+        pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
+        mask = production_mask(pt, req.warmup_time)
+        with translating(f"--blocks-trace {req.blocks_trace}"):
+            ts = streams_from_production(pt)
+            hold = radix_holds(ts, *speeds)
+            rows, feas, _ = radix_rows(
+                ts, Cs, page_size=p, evict_policy=pol, mask=mask, times=pt.time, hold=hold, progress=progress
+            )
+        return SimulateResponse(
+            policy="sglang",
+            blocks_trace=str(req.blocks_trace),
+            describe=pt.describe(),
+            rows=rows,
+            notes=sglang_notes(p, pol, hold) + production_notes(pt),
+            N_min=feas.C_min,
+        )
+    if source == "trace":
+        tr = read_trace(req.trace)
+        window = window_for(tr, req.warmup, req.warmup_time, str(req.trace))
+        with translating(f"--trace {req.trace}"):
+            ts = streams_from_trace(tr, block_size=tr.block_size or 128)
+            hold = radix_holds(ts, *speeds)
+            rows, feas, _ = radix_rows(
+                ts,
+                Cs,
+                page_size=p,
+                evict_policy=pol,
+                mask=window.mask(tr),
+                times=tr["time"],
+                hold=hold,
+                progress=progress,
+            )
+        return SimulateResponse(
+            policy="sglang", trace=str(req.trace), rows=rows, notes=sglang_notes(p, pol, hold), N_min=feas.C_min
+        )
+
+    from kvhit.service.spec import load_spec
+    from kvhit.sim.metrics import mean_ci
+    from kvhit.workload import Window, generate
+
+    sp = load_spec(req)
+    conversations = req.conversations or 20_000
+    replications = req.replications or 5
+    n_warm = req.warmup if req.warmup is not None else max(1, conversations // 5)
+    per: dict[int, list[dict]] = {c: [] for c in Cs}
+    hold = None
+    C_min = 0
+    with translating(str(req.spec) if req.spec else "spec"):
+        for r in range(replications):
+            tr = generate(sp, req.seed + r, n_conversations=conversations + n_warm)
+            window = Window.warmup_conversations(tr, n_warm)
+            ts = streams_from_trace(tr, block_size=128)
+            hold = radix_holds(ts, *speeds)
+            rows, feas, _ = radix_rows(
+                ts, Cs, page_size=p, evict_policy=pol, mask=window.mask(tr), times=tr["time"], hold=hold
+            )
+            C_min = max(C_min, feas.C_min)
+            for row in rows:
+                per[row["N"]].append(row)
+            if progress is not None:
+                progress(r + 1, replications)
+    out = []
+    for c in Cs:
+        reps = per[c]
+        base = {"N": c, "engine": "sglang", "unit": "tokens", "page_size": p, "evict_policy": pol}
+        if not all(x["feasible"] for x in reps):
+            base.update(
+                feasible=False,
+                h=None,
+                h_ci95=None,
+                refused_request_share=float(np.mean([x["refused_request_share"] for x in reps])),
+                refused_token_share=float(np.mean([x["refused_token_share"] for x in reps])),
+                replications=replications,
+            )
+        else:
+            h, half = mean_ci([x["h"] for x in reps])
+            base.update(
+                feasible=True,
+                h=h,
+                h_ci95=half,
+                token_hit_ratio=h,
+                request_hit_rate=mean_ci([x["request_hit_rate"] for x in reps])[0],
+                refused_request_share=0.0,
+                refused_token_share=0.0,
+                replications=replications,
+                h_reps=[x["h"] for x in reps],
+            )
+        out.append(base)
+    notes = sglang_notes(p, pol, hold)
+    notes[0] = notes[0].replace("CI from 10 batch means in arrival order", "CI over independent replications")
+    return SimulateResponse(policy="sglang", rows=out, spec=sp.to_dict(), notes=notes, N_min=C_min)
+
+
+#: ``simulate``'s one dispatch on the engine (names of :data:`kvhit.sim.registry.ENGINES`)
+_SIMULATE = {"vllm": _simulate_vllm, "vllm-0.23": _simulate_vllm, "sglang": _simulate_sglang}

@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import Request
-from .errors import InputError, translating
+from kvhit.service.base import Request
+from kvhit.service.errors import InputError, translating
 
 __all__ = ["SpecFields", "TraceOrSpecFields", "load_spec", "spec_flags_given"]
 
@@ -86,7 +86,7 @@ class TraceOrSpecFields(SpecFields):
 
 def load_spec(req: SpecFields):
     """A :class:`~kvhit.workload.WorkloadSpec` from the request: TOML overridden by flags, or the SCM from flags."""
-    from ..workload import (
+    from kvhit.workload import (
         Deterministic,
         Exponential,
         GammaW,

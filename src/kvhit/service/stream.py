@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .base import Response, check_capacity_memory
-from .common import BlockEngine, Capacities, Seed
-from .errors import InputError, translating
-from .spec import TraceOrSpecFields, load_spec
+from kvhit.service.base import Response, check_capacity_memory
+from kvhit.service.common import BlockEngine, Capacities, Seed
+from kvhit.service.errors import InputError, translating
+from kvhit.service.spec import TraceOrSpecFields, load_spec
 
 __all__ = ["StreamRequest", "StreamResponse", "stream"]
 
@@ -81,7 +81,7 @@ def _peak_rss_mib() -> float:
 
 
 def _spec_dict(sp) -> dict[str, Any]:
-    from ..workload import EmpiricalConversations
+    from kvhit.workload import EmpiricalConversations
 
     if isinstance(sp.increments, EmpiricalConversations):
         return {"lam0": float(sp.lam0), "increments": "empirical", "name": sp.name}
@@ -90,8 +90,8 @@ def _spec_dict(sp) -> dict[str, Any]:
 
 def stream(req: StreamRequest, progress=None) -> StreamResponse:
     """Run the request; ``progress(done, total, what)`` after each chunk (events done of the total)."""
-    from ..sim.stream import simulate_stream
-    from ..workload.chunks import parquet_chunks, parquet_rows, spec_chunks, trace_block_size
+    from kvhit.sim.stream import simulate_stream
+    from kvhit.workload.chunks import parquet_chunks, parquet_rows, spec_chunks, trace_block_size
 
     req.check_source()
     if req.policy == "content":

@@ -3,11 +3,11 @@
 Invariant: numbers are :func:`kvhit.sim.tiers.surface.hit_surface`'s (sequential replay of the trace through the
 vLLM GPU model and the chosen tier model: vLLM 0.33.0 native offloading, SimpleCPUOffloadConnector eager or lazy,
 or LMCache 0.5.6); DRAM sizes are converted to tier units as each engine does (:mod:`kvhit.sim.tiers.sizing`).
-With ``--estimate also`` the two-tier estimator (:func:`kvhit.estimate_tiers.estimate_tiers`: the engine-aware
+With ``--estimate also`` the two-tier estimator (:func:`kvhit.estimate.tiers.estimate_tiers`: the engine-aware
 single-tier estimator per tier, combined block by block) is reported beside the simulated h (``h_estimate``);
 with ``--estimate only`` nothing is simulated and ``h`` is the estimate (``h_source: "estimate"``): a fast surface.
 NOT modelled: what the tier models do not model (their docstrings), timing (``hold``); the estimator's own
-omissions are in :mod:`kvhit.estimate_tiers`.
+omissions are in :mod:`kvhit.estimate.tiers`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Request, Response
-from .errors import InputError, translating
-from .io import check_output_file
+from kvhit.service.base import Request, Response
+from kvhit.service.errors import InputError, translating
+from kvhit.service.io import check_output_file
 
 __all__ = ["TiersRequest", "TiersResponse", "tiers"]
 
@@ -177,13 +177,13 @@ class TiersResponse(Response):
 
 
 def _load(req: TiersRequest):
-    from ..sim.runner import block_requests
-    from .inputs import load_production_file
+    from kvhit.service.inputs import load_production_file
+    from kvhit.sim.runner import block_requests
 
     if (req.trace is None) == (req.blocks_trace is None):
         raise InputError("--trace and --blocks-trace: give exactly one")
     if req.trace is not None:
-        from .inputs import load_trace_file
+        from kvhit.service.inputs import load_trace_file
 
         with translating("--trace"):
             tr = load_trace_file(req.trace)
@@ -203,7 +203,7 @@ def _load(req: TiersRequest):
 
 
 def tiers(req: TiersRequest) -> TiersResponse:
-    from ..sim.tiers.sizing import host_units
+    from kvhit.sim.tiers.sizing import host_units
 
     if req.tier == "hicache":
         return _hicache(req)
@@ -239,7 +239,7 @@ def tiers(req: TiersRequest) -> TiersResponse:
         kw = {"max_num_batched_tokens": req.max_num_batched_tokens or 8192}
     bpb = bpt = None
     if req.dram_gb is not None or req.prefill_tokens_per_s is not None or all(priced):
-        from .. import hardware
+        from kvhit.plan import hardware
 
         with translating("--model"):
             m = hardware.resolve_model(req.model)
@@ -269,7 +269,7 @@ def tiers(req: TiersRequest) -> TiersResponse:
     if req.estimate != "none" and req.tier == "simple-lazy":
         raise InputError("--estimate: no estimator models --tier simple-lazy (write-back); simulate it")
     if req.estimate != "none":
-        from ..estimate_tiers import estimate_tiers
+        from kvhit.estimate.tiers import estimate_tiers
 
         with translating("--estimate"):
             est = estimate_tiers(
@@ -286,7 +286,7 @@ def tiers(req: TiersRequest) -> TiersResponse:
         s = _simulate(req, br, b, units, kw)
     figure = None
     if req.plot is not None:
-        from ..tiers_plot import plot_surface
+        from kvhit.plots.tiers import plot_surface
 
         x = np.asarray(req.dram_gb, float) if req.dram_gb is not None else s.host.astype(float)
         xlabel = "DRAM for the KV tier (GiB, all ranks)" if req.dram_gb is not None else "host capacity (tier units)"
@@ -299,7 +299,7 @@ def tiers(req: TiersRequest) -> TiersResponse:
             [float(x) * per_token / max(1, int(n)) for x in row]
             for row, n in zip(s.load_tokens, s.admitted, strict=True)
         ]
-    from ..plan_tiers import cheapest_split, dram_for_target
+    from kvhit.plan.tiers import cheapest_split, dram_for_target
 
     xs = np.asarray(req.dram_gb if req.dram_gb is not None else s.host, float)
     need = dram_for_target(s.hit, xs, req.target) if req.target is not None else None
@@ -342,7 +342,7 @@ def tiers(req: TiersRequest) -> TiersResponse:
 
 
 def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict):
-    from ..sim.tiers.surface import hit_surface
+    from kvhit.sim.tiers.surface import hit_surface
 
     with translating("--hbm-blocks"):
         s = hit_surface(
@@ -362,7 +362,7 @@ def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict):
 def _estimated_surface(est, br):
     """A :class:`~kvhit.sim.tiers.surface.Surface` of the estimate (``--estimate only``): h and h_GPU estimated;
     loaded tokens = (h − h_GPU) · admitted prompt tokens."""
-    from ..sim.tiers.surface import Surface
+    from kvhit.sim.tiers.surface import Surface
 
     T = np.asarray(br.prompt_tokens, np.int64)
     R = -(-T // int(br.block_size))
@@ -374,10 +374,10 @@ def _estimated_surface(est, br):
 
 def _hicache_requests(req: TiersRequest, br):
     """Token-level requests: the trace's own token ids when it keeps them, else expanded from block hashes."""
-    from ..sim.tiers.hicache_curve import token_requests, trace_token_requests
+    from kvhit.sim.tiers.hicache_curve import token_requests, trace_token_requests
 
     if req.trace is not None:
-        from .inputs import load_trace_file
+        from kvhit.service.inputs import load_trace_file
 
         with translating("--trace"):
             reqs = trace_token_requests(load_trace_file(req.trace))
@@ -388,9 +388,9 @@ def _hicache_requests(req: TiersRequest, br):
 
 def _hicache(req: TiersRequest) -> TiersResponse:
     """``--tier hicache``: SGLang 0.5.23 HiCache over HBM sizes × (ratios | DRAM | host tokens)."""
-    from ..plan_tiers import cheapest_split, dram_for_target
-    from ..sim.tiers.hicache import VERSION, host_tokens
-    from ..sim.tiers.hicache_curve import hicache_surface
+    from kvhit.plan.tiers import cheapest_split, dram_for_target
+    from kvhit.sim.tiers.hicache import VERSION, host_tokens
+    from kvhit.sim.tiers.hicache_curve import hicache_surface
 
     if req.estimate != "none":
         raise InputError("--estimate: the two-tier estimator covers native, simple and lmcache, not hicache")
@@ -414,7 +414,7 @@ def _hicache(req: TiersRequest) -> TiersResponse:
         raise InputError(f"--page-size: {p} does not divide the block size {b} (the device pool must be whole pages)")
     bpb = bpt = None
     if req.dram_gb is not None or req.prefill_tokens_per_s is not None or all(priced):
-        from .. import hardware
+        from kvhit.plan import hardware
 
         with translating("--model"):
             m = hardware.resolve_model(req.model)
@@ -456,7 +456,7 @@ def _hicache(req: TiersRequest) -> TiersResponse:
     )
     figure = None
     if req.plot is not None:
-        from ..tiers_plot import plot_ratio_curve
+        from kvhit.plots.tiers import plot_ratio_curve
 
         xlabel = (
             "--hicache-ratio (host pool / device pool)"

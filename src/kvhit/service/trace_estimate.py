@@ -2,13 +2,13 @@
 capacities that cannot serve it marked.
 
 * ``--blocks-trace`` (Mooncake / WEKA block ids): the agentic estimator
-  (:func:`kvhit.estimate_agentic.estimate_trace`) of both vLLM orders (or ``--engine``), at the trace's own
+  (:func:`kvhit.estimate.agentic.estimate_trace`) of both vLLM orders (or ``--engine``), at the trace's own
   load (its conversations at the start times it was read with) or, with ``--lam0``, a stationary stream of its
   conversations at that rate; the estimator's own regime flag (``validated`` and why not) is passed on.
-* ``--trace`` (kvhit Parquet): the engine-aware estimator (:func:`kvhit.plan.make_workload`, eq. (38)–(39) with
+* ``--trace`` (kvhit Parquet): the engine-aware estimator (:func:`kvhit.plan.planner.make_workload`, eq. (38)–(39) with
   the engine's block accounting, docs/estimators.md) at the trace's λ0 (or ``--lam0``).
-* ``--engine sglang``: SGLang 0.5.23's radix cache (:mod:`kvhit.estimate_sglang` on a kvhit trace,
-  :mod:`kvhit.estimate_sglang_agentic` on a block-id trace; docs/estimators.md §7); ``--N`` is then its KV pool in
+* ``--engine sglang``: SGLang 0.5.23's radix cache (:mod:`kvhit.estimate.sglang` on a kvhit trace,
+  :mod:`kvhit.estimate.sglang_agentic` on a block-id trace; docs/estimators.md §7); ``--N`` is then its KV pool in
   **tokens** (as ``simulate --engine sglang``), feasibility is SGLang's (a request needing
   ``T + n − 1`` tokens more than the pool is refused), the ratio is SGLang's token hit ratio.
 
@@ -26,9 +26,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Request, Response
-from .common import BlockEngine, Capacities, Seed
-from .errors import InputError, translating
+from kvhit.service.base import Request, Response
+from kvhit.service.common import BlockEngine, Capacities, Seed
+from kvhit.service.errors import InputError, translating
 
 __all__ = ["TraceEstimateRequest", "TraceEstimateResponse", "trace_estimate"]
 
@@ -83,7 +83,7 @@ class TraceEstimateResponse(Response):
 
 
 def _read_blocks(req: TraceEstimateRequest):
-    from .inputs import load_production_file
+    from kvhit.service.inputs import load_production_file
 
     p = req.blocks_trace
     kw: dict[str, Any] = {}
@@ -94,7 +94,7 @@ def _read_blocks(req: TraceEstimateRequest):
 
 
 def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
-    from ..sim.feasibility import feasibility
+    from kvhit.sim.feasibility import feasibility
 
     if (req.trace is None) == (req.blocks_trace is None):
         raise InputError("--trace / --blocks-trace: give exactly one")
@@ -107,8 +107,8 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
     h: dict[str, np.ndarray] = {}
     regime: dict[str, Any] = {}
     if req.blocks_trace is not None:
-        from ..estimate_agentic import estimate_trace
-        from ..workload.reuse import request_reuse
+        from kvhit.estimate.agentic import estimate_trace
+        from kvhit.workload.reuse import request_reuse
 
         pt = _read_blocks(req)
         with translating(str(req.blocks_trace)):
@@ -119,12 +119,12 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
                 regime[e] = est.regime
             h_max = float(est.h_max)
         T, b, fmt, src = pt.prompt_tokens, pt.block_size, pt.format, str(req.blocks_trace)
-        estimator = "agentic (kvhit.estimate_agentic, compound Poisson displacement)"
+        estimator = "agentic (kvhit.estimate.agentic, compound Poisson displacement)"
         lam = req.lam0
     else:
-        from ..plan import make_workload
-        from ..sim.runner import block_requests
-        from .inputs import load_trace_file
+        from kvhit.plan.planner import make_workload
+        from kvhit.service.inputs import load_trace_file
+        from kvhit.sim.runner import block_requests
 
         with translating(str(req.trace)):
             tr = load_trace_file(req.trace)
@@ -135,7 +135,7 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
             h_max, lam = float(wl.h_max), float(wl.lam0)
             T = block_requests(tr, block_size=b).prompt_tokens
         fmt, src = "kvhit", str(req.trace)
-        estimator = "engine-aware (kvhit.estimate.estimate_engine, eq. (38)-(39))"
+        estimator = "engine-aware (kvhit.estimate.engine.estimate_engine, eq. (38)-(39))"
     feas = feasibility(T, b, Ns)
     rows = []
     for k, N in enumerate(req.N):
@@ -163,10 +163,10 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
     """``--engine sglang``: the SGLang estimators at pools of ``--N`` tokens (``--page-size``, LRU)."""
     if "metric" in req.model_fields_set and req.metric != "tokens":
         raise InputError("--metric blocks: SGLang's hit ratio is in tokens (cached prompt tokens / prompt tokens)")
-    from ..estimate_sglang import estimate_sglang, sglang_accounting
-    from ..sim.radixrun import radix_feasibility
-    from ..sim.streams import streams_from_trace
-    from ..workload import Trace
+    from kvhit.estimate.sglang import estimate_sglang, sglang_accounting
+    from kvhit.sim.sglang.run import radix_feasibility
+    from kvhit.sim.sglang.streams import streams_from_trace
+    from kvhit.workload import Trace
 
     Ns = np.asarray(req.N, dtype=np.int64)
     p = int(req.page_size or 1)
@@ -179,8 +179,8 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
     if req.blocks_trace is not None and p > 1:
         raise InputError("--page-size: the SGLang estimator for --blocks-trace models page size 1 only")
     if req.blocks_trace is not None:
-        from ..estimate_sglang_agentic import estimate_trace_sglang
-        from ..sim.streams import streams_from_production
+        from kvhit.estimate.sglang_agentic import estimate_trace_sglang
+        from kvhit.sim.sglang.streams import streams_from_production
 
         pt = _read_blocks(req)
         with translating(str(req.blocks_trace)):
@@ -188,7 +188,7 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
             feas = radix_feasibility(streams_from_production(pt), Ns, 1)
         regime["sglang"] = est.regime
         src, fmt, lam, h_max = str(req.blocks_trace), pt.format, req.lam0, float(est.h_max)
-        what = "SGLang agentic (kvhit.estimate_sglang_agentic: compound Poisson displacement, whole-node recursion)"
+        what = "SGLang agentic (kvhit.estimate.sglang_agentic: compound Poisson displacement, whole-node recursion)"
     else:
         with translating(str(req.trace)):
             tr = Trace.read(req.trace)
@@ -199,7 +199,7 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
             est = estimate_sglang(sa, Ns, lam)
             feas = radix_feasibility(streams_from_trace(tr, block_size=tr.block_size or 128), Ns, p)
         src, fmt, h_max = str(req.trace), "kvhit", float(sa.h_max)
-        what = "SGLang engine-aware (kvhit.estimate_sglang, eq. (38)-(39) with SGLang's accounting)"
+        what = "SGLang engine-aware (kvhit.estimate.sglang, eq. (38)-(39) with SGLang's accounting)"
     h = np.atleast_1d(est.h)
     rows = []
     for k, N in enumerate(req.N):
@@ -231,9 +231,9 @@ def agentic_lines(pt, Ns, feasible, *, metric: str = "tokens", lam0: float | Non
     """The agentic estimator's curves beside the simulated ones of ``kvhit curve --blocks-trace``: one array per
     vLLM order (NaN where infeasible) labelled ``estimate: vLLM ≥ 0.24 (agentic)`` etc., and its regime flags
     under ``estimator_regime``."""
-    from ..estimate_agentic import estimate_trace
-    from ..sim.tracerun import ENGINE_LABELS
-    from ..workload.reuse import request_reuse
+    from kvhit.estimate.agentic import estimate_trace
+    from kvhit.sim.tracerun import ENGINE_LABELS
+    from kvhit.workload.reuse import request_reuse
 
     Ns = np.asarray(Ns, dtype=np.int64)
     ok = np.asarray(feasible, bool)

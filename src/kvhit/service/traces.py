@@ -2,7 +2,7 @@
 
 Invariant: output paths are checked before any work (:mod:`kvhit.service.io`) and written atomically; a trace
 too large for this machine's memory is refused before generating. NOT modelled here: the generator, the
-ShareGPT reader and tokenizer, the statistics (``kvhit.workload``, ``kvhit.estimate``).
+ShareGPT reader and tokenizer, the statistics (``kvhit.workload``, ``kvhit.estimate.engine``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Request, Response, available_memory_bytes
-from .common import Seed
-from .errors import InputError, translating
-from .inputs import read_trace
-from .io import check_output_file
-from .spec import SpecFields, load_spec
+from kvhit.service.base import Request, Response, available_memory_bytes
+from kvhit.service.common import Seed
+from kvhit.service.errors import InputError, translating
+from kvhit.service.inputs import read_trace
+from kvhit.service.io import check_output_file
+from kvhit.service.spec import SpecFields, load_spec
 
 __all__ = [
     "GenerateRequest",
@@ -58,7 +58,7 @@ class GenerateResponse(Response):
 
 
 def generate_trace(req: GenerateRequest, progress=None) -> GenerateResponse:
-    from ..workload import generate
+    from kvhit.workload import generate
 
     check_output_file(req.out, "--out")
     if (req.conversations is None) == (req.horizon is None):
@@ -121,7 +121,7 @@ class StatsResponse(Response):
 
 def stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dict:
     """Statistics of eq. (35)–(37) over the measured conversations (conversation id ≥ n_warm)."""
-    from ..estimate import trace_moments
+    from kvhit.estimate.engine import trace_moments
 
     n_warm = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
     conv_ids = tr.conv_index()[0]
@@ -163,7 +163,7 @@ def trace_stats(req: StatsRequest, progress=None) -> StatsResponse:
     with translating(str(req.path)):
         st = stats_dict(tr, n_warm, req.block)
         if req.fig is not None:
-            from ..plots import plot_fig2
+            from kvhit.plots.curves import plot_fig2
 
             req.fig.parent.mkdir(parents=True, exist_ok=True)
 
@@ -197,8 +197,8 @@ class ShareGPTResponse(Response):
 
 def build_sharegpt(req: ShareGPTRequest, progress=None):
     """The ShareGPT trace and its read report (not written)."""
-    from ..workload import Exponential
-    from ..workload.sharegpt import build_sharegpt_trace
+    from kvhit.workload import Exponential
+    from kvhit.workload.sharegpt_trace import build_sharegpt_trace
 
     if req.source is not None:
         if not req.source.exists():
@@ -252,7 +252,7 @@ def bundled_sharegpt(block_size: int | None = None):
 
 def check_sharegpt_alone(req, allow: tuple[str, ...] = ()) -> None:
     """Refuse another workload source (or spec flags that would be ignored) beside ``sharegpt``."""
-    from .spec import spec_flags_given
+    from kvhit.service.spec import spec_flags_given
 
     for name in ("trace", "spec", "blocks_trace"):
         if getattr(req, name, None) is not None:

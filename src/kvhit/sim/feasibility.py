@@ -2,7 +2,7 @@
 
 A request needing ``ceil(L/b)`` blocks (``L = T`` prompt tokens; ``T + response`` colocated) can never be admitted
 to a pool of ``N < ceil(L/b)`` usable blocks: vLLM refuses to start when ``max_model_len`` exceeds the KV cache, and
-the block simulator (:mod:`kvhit.sim.block`) *rejects* such a request. A hit ratio measured over the admitted
+the block simulator (:mod:`kvhit.sim.vllm.block`) *rejects* such a request. A hit ratio measured over the admitted
 requests only is not the workload's hit ratio — it leaves out the longest (and most reusable) prompts, can exceed
 the infinite-cache ceiling and can *fall* as ``N`` grows. So every front end reports ``N < N_min =
 max_j ceil(L_j/b)`` as **infeasible**, with the share of requests and of prompt tokens that would be refused, and

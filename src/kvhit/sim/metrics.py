@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..workload.trace import Trace, Window
+from kvhit.workload.trace import Trace, Window
 
 __all__ = ["HitStats", "batch_means", "content_hit_stats", "hit_stats", "mean_ci"]
 

@@ -6,9 +6,9 @@ its requests, their prompt lengths, block ids and times *relative to the convers
 replication (:func:`resample`) starts copies of them at the points of a Poisson process of rate ``λ0`` — the
 paper's arrival model (Sec. 2: conversations arrive as a Poisson process, each an i.i.d. draw of the per-turn
 sizes and gaps) with the empirical law of whole conversations — and :func:`resample_simulate` replays the stream
-through the exact simulators (the vLLM block pool of :mod:`kvhit.sim.block`, both free-queue orders, via the
-one-pass curve of :mod:`kvhit.sim.blockcurve`; or Algorithm 1 via :mod:`kvhit.sim.stackdist`) and reports the mean
-and a Student-t 95% interval over independent replications (seed ``seed + r``), as
+through the exact simulators (the vLLM block pool of :mod:`kvhit.sim.vllm.block`, both free-queue orders, via
+the one-pass curve of :mod:`kvhit.sim.vllm.curve`; or Algorithm 1 via :mod:`kvhit.sim.content.stackdist`) and reports
+the mean and a Student-t 95% interval over independent replications (seed ``seed + r``), as
 :class:`kvhit.sim.runner.Replications` does for specs.
 
 Stream of one replication
@@ -30,7 +30,7 @@ per conversation). Shared ids keep one identity in every copy; private ids get a
 numbered), so two copies of one conversation never hit each other's private blocks, exactly as two users
 sending the same-shaped conversation would not. The map keeps a chained stream chained (the parent of a shared
 id is shared, the parent of a private id is private to the same conversation or shared), which
-:func:`~kvhit.sim.blockcurve.block_curve` requires. Sessions: WEKA files are conversations; Mooncake sessions
+:func:`~kvhit.sim.vllm.curve.block_curve` requires. Sessions: WEKA files are conversations; Mooncake sessions
 are derived from prefix sharing (:func:`~kvhit.workload.production.read_mooncake`); a trace without sessions
 makes every request its own conversation.
 
@@ -39,7 +39,7 @@ for bit; capacities below the pool's largest request (``N_min``) are infeasible 
 and get no hit ratio.
 
 NOT modelled: correlation between conversations (sessions of one user, bursts), time-of-day rate changes (the
-rate is constant), in-flight holds (requests are instantaneous, as in :mod:`kvhit.sim.blockcurve`), and
+rate is constant), in-flight holds (requests are instantaneous, as in :mod:`kvhit.sim.vllm.curve`), and
 conversations longer than the source trace's observation window (a conversation is as the trace recorded it).
 """
 
@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..workload.production import ProductionTrace
-from ..workload.trace import Trace
-from .feasibility import Feasibility, feasibility
-from .metrics import mean_ci
+from kvhit.sim.feasibility import Feasibility, feasibility
+from kvhit.sim.metrics import mean_ci
+from kvhit.workload.production import ProductionTrace
+from kvhit.workload.trace import Trace
 
 __all__ = [
     "ConversationPool",
@@ -136,7 +136,7 @@ def conversation_pool(source: ProductionTrace | Trace, *, block_size: int | None
         lam = None
         name = f"{source.format}: {len(source.files)} file(s)"
     elif isinstance(source, Trace):
-        from .runner import block_requests
+        from kvhit.sim.runner import block_requests
 
         b = int(block_size or source.block_size or 0)
         if b < 1:
@@ -412,13 +412,13 @@ def _simulate_stream(st: ResampledStream, Ns: np.ndarray, engine: str) -> tuple[
     if not st.measured.any() or Ns.shape[0] == 0:
         return np.full(Ns.shape, np.nan), np.full(Ns.shape, np.nan)
     if engine == "content":
-        from .stackdist import content_curve_from_thresholds, content_hit_thresholds
+        from kvhit.sim.content.stackdist import content_curve_from_thresholds, content_hit_thresholds
 
         thr = content_hit_thresholds(st.conv, st.R)
         w = np.where(st.measured, np.maximum(st.R_prev - 1, 0), 0)  # practical weight, eq. (31)
         h = content_curve_from_thresholds(thr, w, Ns) / float(st.R[st.measured].sum())
         return np.full(Ns.shape, np.nan), np.asarray(h, float)
-    from .blockcurve import block_curve
+    from kvhit.sim.vllm.curve import block_curve
 
     c = block_curve(
         st.prompt_tokens,

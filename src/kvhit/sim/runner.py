@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..workload.generate import generate
-from ..workload.spec import WorkloadSpec
-from ..workload.trace import Trace, Window
-from .metrics import HitStats, content_hit_stats, hit_stats, mean_ci
+from kvhit.sim.metrics import HitStats, content_hit_stats, hit_stats, mean_ci
+from kvhit.workload.generate import generate
+from kvhit.workload.requests import BlockRequests
+from kvhit.workload.spec import WorkloadSpec
+from kvhit.workload.trace import Trace, Window
 
 __all__ = [
     "BlockRequests",
@@ -68,7 +69,7 @@ class Replications:
 
 def simulate_trace_content(trace: Trace, N: int, *, window: Window | None = None, practical: bool = False) -> HitStats:
     """Algorithm 1 (whole-content LRU) on a trace at capacity ``N``; eq. (12) or (31) over the window."""
-    from .content import simulate_content
+    from kvhit.sim.content.lru import simulate_content
 
     res = simulate_content(trace.dense_conv(), trace["R"], int(N))
     return content_hit_stats(trace, res.hit, window=window, practical=practical)
@@ -100,24 +101,6 @@ def replicate_content(
     return Replications(int(N), stats, seeds, practical)
 
 
-@dataclass(frozen=True)
-class BlockRequests:
-    """A trace turned into the block simulator's request stream (row order of the trace = request order).
-
-    ``source`` says where the block identities came from: ``"tokens"`` (chained hashes of real token ids, like
-    vLLM), ``"counts"`` (synthetic ids from conversation and block index, token counts from ``cum_tokens``) or
-    ``"blocks"`` (block counts only: T_j = R_j·b − 1 tokens, i.e. R_j − 1 full blocks and one partial block —
-    the paper's practical model, eq. (28)).
-    """
-
-    prompt_tokens: np.ndarray
-    hash_offsets: np.ndarray
-    hashes: np.ndarray
-    response_tokens: np.ndarray | None
-    block_size: int
-    source: str
-
-
 def _prefix_csr(conv_off: np.ndarray, conv_idx: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Indices into a per-conversation CSR array selecting the first ``counts[r]`` entries of conversation
     ``conv_idx[r]`` for every request r (flattened)."""
@@ -130,7 +113,7 @@ def block_requests(
     trace: Trace, *, block_size: int | None = None, colocated: bool = False, source: str = "auto"
 ) -> BlockRequests:
     """Build the block simulator's input from a trace (see :class:`BlockRequests` for the three sources)."""
-    from .blockids import hashes_from_block_counts, hashes_from_token_ids
+    from kvhit.sim.vllm.blockids import hashes_from_block_counts, hashes_from_token_ids
 
     b = int(block_size or trace.block_size or 0)
     if b < 1:
@@ -190,7 +173,7 @@ def block_hit_stats(trace: Trace, res, *, window: Window | None = None) -> dict:
     """Hit metrics of a block simulation over a window: vLLM's token hit ratio (hits / queried prompt tokens),
     the paper's block-weighted h (hit blocks / ⌈T_j/b⌉, eq. (6)), request hit rates and the partial-hit
     histogram."""
-    from . import block as blk
+    from kvhit.sim.vllm import block as blk
 
     mask = np.ones(trace.n_turns, bool) if window is None else window.mask(trace)
     demand = res.prompt_blocks
@@ -223,7 +206,7 @@ def simulate_trace_block(
     requests: BlockRequests | None = None,
 ):
     """Run the vLLM-faithful block simulator on a trace; returns ``(BlockResult, metrics dict)``."""
-    from .block import simulate_block
+    from kvhit.sim.vllm.block import simulate_block
 
     rq = requests or block_requests(trace, block_size=block_size, colocated=colocated, source=source)
     res = simulate_block(

@@ -2,12 +2,12 @@
 
 Two states, each exact — the same decisions as the whole-trace simulators, event for event:
 
-* :class:`ContentStream` — Algorithm 1 (paper App. B.4, whole-content LRU; :mod:`kvhit.sim.content`) at capacity
+* :class:`ContentStream` — Algorithm 1 (paper App. B.4, whole-content LRU; :mod:`kvhit.sim.content.lru`) at capacity
   ``N``. The resident list is the same array-based doubly linked list, but over *slots* instead of conversation
-  indices: a hash map (:mod:`kvhit.intmap`) gives each conversation id a slot at its first event, and the slot
+  indices: a hash map (:mod:`kvhit.workload.intmap`) gives each conversation id a slot at its first event, and the slot
   is released when the conversation has had its last turn (``turn == M``) *and* is not resident (evicted, or
   never fitting). So the state holds at most (live conversations + resident conversations ≤ live + N) slots.
-* :class:`BlockStream` — the vLLM v1 block pool of :mod:`kvhit.sim.block` (instantaneous requests, the
+* :class:`BlockStream` — the vLLM v1 block pool of :mod:`kvhit.sim.vllm.block` (instantaneous requests, the
   PD-disaggregated prefiller, ``engine`` = vllm | vllm-0.23) with ``N`` blocks: its state (block table, free queue,
   hash table of ≤ N cached ids) is O(N) and does not depend on the trace at all.
 
@@ -18,12 +18,12 @@ token hit ratio for the block cache. :func:`simulate_stream` drives several capa
 (:func:`kvhit.workload.chunks.spec_chunks` or :func:`~kvhit.workload.chunks.parquet_chunks`).
 
 Invariant: for every chunking of a stream (chunk sizes 1 … n, splitting conversations anywhere) the hit outcomes
-and every total equal :func:`~kvhit.sim.content.simulate_content` / :func:`~kvhit.sim.block.simulate_block` on
+and every total equal :func:`~kvhit.sim.content.lru.simulate_content` / :func:`~kvhit.sim.vllm.block.simulate_block` on
 the whole stream (tested bit for bit). Memory: O(N + live conversations + chunk), never O(stream length).
 
 NOT modelled: the block cache's discrete-event mode (``hold``: requests in flight, FIFO waiting) and the colocated
 mode; block identities come from block counts (``R_j − 1`` full blocks, or ``cum_tokens // b`` when the trace has
-token counts) via :func:`~kvhit.sim.blockids.hashes_from_block_counts`, not from token ids. No per-turn
+token counts) via :func:`~kvhit.sim.vllm.blockids.hashes_from_block_counts`, not from token ids. No per-turn
 breakdown and no confidence interval (one long run; batch means would need the per-event outcomes, which a
 caller can collect from ``push``).
 """
@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numba import njit
 
-from kvhit.intmap import map_capacity, map_delete, map_empty, map_find, map_put, map_rebuild
-from kvhit.sim.block import ENGINES, BlockSimError, _free, _lookup, _start, request_stream
-from kvhit.sim.content import ContentInputError, _as_int_array, _validate_capacity
+from kvhit.sim.content.lru import ContentInputError, _as_int_array, _validate_capacity
+from kvhit.sim.vllm.block import ENGINES, BlockSimError, _free, _lookup, _start, request_stream
+from kvhit.workload.intmap import map_capacity, map_delete, map_empty, map_find, map_put, map_rebuild
 
 __all__ = ["BlockStream", "ContentStream", "StreamResult", "simulate_stream"]
 
@@ -51,7 +51,7 @@ _C_ST = 15
 
 @njit(cache=True)
 def _content_chunk(conv, R, last, begin, N, measure_from, hit, tab, nxt, prv, size, fin, key_of, free, st):  # noqa: E501  # pragma: no cover
-    """Algorithm 1 (lines 1–9, see :func:`kvhit.sim.content._lru_kernel`) over events ``begin…`` of one chunk;
+    """Algorithm 1 (lines 1–9, see :func:`kvhit.sim.content.lru._lru_kernel`) over events ``begin…`` of one chunk;
     slot 0 is the sentinel of the circular resident list (``nxt`` towards the LRU end); a non-resident slot is a
     self-loop. Returns ``(status, i)``: 0 done; 1 event ``i`` has an invalid ``R``; 2 event ``i`` needs a slot and
     none is free (the caller grows the state and resumes at ``i``)."""
@@ -263,7 +263,7 @@ _B_ACC = 9
 def _block_chunk(
     T, off, hashes, b, N, unhashed_to_head, measure_from, hit_out, blk, dl, bhash, tab, mask, st, rb, acc
 ):  # pragma: no cover
-    """The instantaneous branch of :func:`kvhit.sim.block._simulate_kernel` over one chunk, on persistent state."""
+    """The instantaneous branch of :func:`kvhit.sim.vllm.block._simulate_kernel` over one chunk, on persistent state."""
     head = N
     tail = N + 1
     for r in range(T.shape[0]):
@@ -299,7 +299,7 @@ class BlockStream:
     """vLLM v1's block pool with ``N`` usable blocks of ``block_size`` tokens, fed chunk by chunk.
 
     ``push(prompt_tokens, hash_offsets, hashes)`` takes a chunk of requests exactly as
-    :func:`kvhit.sim.block.simulate_block` does (PD mode, no ``hold``) and returns hit blocks per request
+    :func:`kvhit.sim.vllm.block.simulate_block` does (PD mode, no ``hold``) and returns hit blocks per request
     (``-1`` for a rejected request, one needing more than ``N`` blocks).
     """
 
@@ -424,9 +424,9 @@ class StreamResult:
 def block_request_chunk(ch, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A chunk's requests for :class:`BlockStream`: ``T = cum_tokens`` when the source has token counts, else
     ``T = R·b − 1`` (R − 1 full blocks and one partial block, eq. (28)); ids ``id(conv, i)`` of
-    :func:`~kvhit.sim.blockids.hashes_from_block_counts` — as :func:`kvhit.sim.runner.block_requests` builds them
+    :func:`~kvhit.sim.vllm.blockids.hashes_from_block_counts` — as :func:`kvhit.sim.runner.block_requests` builds them
     (``source`` counts / blocks)."""
-    from kvhit.sim.blockids import hashes_from_block_counts
+    from kvhit.sim.vllm.blockids import hashes_from_block_counts
 
     b = int(block_size)
     T = ch.cum_tokens.astype(np.int64) if ch.cum_tokens is not None else ch.R * b - 1

@@ -1,8 +1,8 @@
 """The vLLM block pool on a production block-id trace as read: hit ratios at given capacities and exact curves,
 with the infeasible capacities marked.
 
-A :class:`~kvhit.workload.production.ProductionTrace` replayed through :func:`kvhit.sim.block.simulate_block`
-(few capacities) or :func:`kvhit.sim.blockcurve.block_curve` (all capacities in one pass), both free-queue orders.
+A :class:`~kvhit.workload.production.ProductionTrace` replayed through :func:`kvhit.sim.vllm.block.simulate_block`
+(few capacities) or :func:`kvhit.sim.vllm.curve.block_curve` (all capacities in one pass), both free-queue orders.
 Metrics are vLLM's token hit ratio (``prefix_cache_hits / prefix_cache_queries``) and the paper's block-weighted
 ``h`` (eq. (6)/(31)) over the measured requests (arrival ≥ first arrival + ``warmup_time``).
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..workload.production import ProductionTrace
-from .feasibility import Feasibility, feasibility
+from kvhit.sim.feasibility import Feasibility, feasibility
+from kvhit.workload.production import ProductionTrace
 
 __all__ = ["ENGINE_LABELS", "measured_mask", "production_curve", "production_rows"]
 
@@ -39,7 +39,7 @@ def production_rows(
 ) -> tuple[list[dict], Feasibility]:
     """One row per (engine, N): ``feasible``, refused shares and, where feasible, ``token_hit_ratio``,
     ``h_blocks``, ``request_hit_rate``, ``evictions`` (``None`` where infeasible)."""
-    from . import block as blk
+    from kvhit.sim.vllm import block as blk
 
     rq = pt.to_block_requests()
     mask = measured_mask(pt, warmup_time)
@@ -71,8 +71,8 @@ def production_curve(
     """Exact curves at every capacity in ``Ns`` (1-d int array): per engine ``token_hit_ratio`` and
     ``block_hit_ratio`` arrays (NaN where infeasible), the :class:`Feasibility` (``feasibility``), ``N_min`` and
     the infinite-cache ceilings ``h_max`` (token) / ``h_max_blocks``. Only feasible capacities are simulated
-    (one :func:`~kvhit.sim.blockcurve.block_curve` pass per engine)."""
-    from .blockcurve import block_curve
+    (one :func:`~kvhit.sim.vllm.curve.block_curve` pass per engine)."""
+    from kvhit.sim.vllm.curve import block_curve
 
     rq = pt.to_block_requests()
     mask = measured_mask(pt, warmup_time)

@@ -15,6 +15,6 @@ number of workers or the order in which points ran (the seed of every point is a
 point's workload coordinates; see :func:`.grid.derive_seed`).
 """
 
-from .grid import Grid, GridError, Task, load_grid
+from kvhit.sweep.grid import Grid, GridError, Task, load_grid
 
 __all__ = ["Grid", "GridError", "Task", "load_grid"]

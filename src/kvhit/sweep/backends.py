@@ -29,10 +29,10 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import __version__
-from .compute import build_payload, execute_batch, install
-from .grid import AXES, Grid, Task
-from .store import ResultStore
+from kvhit import __version__
+from kvhit.sweep.compute import build_payload, execute_batch, install
+from kvhit.sweep.grid import AXES, Grid, Task
+from kvhit.sweep.store import ResultStore
 
 __all__ = ["SweepSummary", "run_sweep", "BackendError"]
 
@@ -248,7 +248,7 @@ def run_sweep(
             for h, res in be.wait(handles):
                 chunk = handles.pop(h)
                 if isinstance(res, BaseException):  # the worker died or Ray failed the batch
-                    from .compute import _one_line, _row
+                    from kvhit.sweep.compute import _one_line, _row
 
                     res = [(t, [_row() for _ in t.points], "error", _one_line(res), 0.0, "?") for t in chunk]
                 for task, out_rows, status, err, secs, worker in res:

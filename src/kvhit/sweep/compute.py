@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .grid import Grid, Task
+from kvhit.sweep.grid import Grid, Task
 
 __all__ = ["build_payload", "install", "run_task", "execute", "execute_batch", "OUTPUTS"]
 
@@ -47,9 +47,9 @@ def build_payload(grid: Grid, tasks: list[Task], tmp: str, progress=None) -> dic
     """Everything the tasks read, built once in the driver: ``{"grid": Grid, "workloads": {key: item}, "tmp":
     tmp}`` with ``item`` = ``("trace", Trace)`` or ``("spec", text, filename)``; ``tmp`` is the driver's
     scratch directory (see :func:`install`)."""
-    from ..service import ShareGPTRequest, build
-    from ..service.inputs import read_trace
-    from ..service.traces import build_sharegpt
+    from kvhit.service import ShareGPTRequest, build
+    from kvhit.service.inputs import read_trace
+    from kvhit.service.traces import build_sharegpt
 
     need: dict[str, Task] = {}
     for t in tasks:
@@ -75,7 +75,7 @@ def build_payload(grid: Grid, tasks: list[Task], tmp: str, progress=None) -> dic
         elif wl.kind == "trace":
             items[key] = ("trace", read_trace(wl.path, f"workloads.{wl.name}.trace"))
         elif wl.kind == "blocks_trace":
-            from ..service.inputs import read_blocks_trace
+            from kvhit.service.inputs import read_blocks_trace
 
             items[key] = ("blocks", read_blocks_trace(wl.path, "sequential", None, None, 0), wl.path.name)
         else:
@@ -88,7 +88,7 @@ def install(payload_id: str, payload: dict) -> None:
     under a path of their own (no file is written: the services read preloaded traces from memory), spec texts
     are written to a directory of this process under the driver's ``payload["tmp"]`` (removed by the driver at
     the end; a forked worker must not share the files of its parent)."""
-    from ..service.inputs import preload_trace
+    from kvhit.service.inputs import preload_trace
 
     if _STATE["id"] == payload_id and _STATE.get("pid") == os.getpid():
         return
@@ -143,14 +143,14 @@ def _row(**kw) -> dict:
 
 
 def _clean(d: dict, drop=()) -> dict:
-    from ..service.base import jsonable
+    from kvhit.service.base import jsonable
 
     return {k: v for k, v in jsonable(d).items() if k not in drop}
 
 
 def run_task(task: Task) -> list[dict]:
     """The output columns of each of the task's points (same order as ``task.points``)."""
-    from .. import service as svc
+    from kvhit import service as svc
 
     grid: Grid = _STATE["grid"]
     wl = grid.workloads[task.workload]
@@ -226,7 +226,7 @@ def run_task(task: Task) -> list[dict]:
 
 def _tiers(task: Task, wl, src: dict, p: dict) -> dict:
     """A host tier (``sweep.tier``) of ``dram_gb`` GiB behind ``N`` GPU blocks: :func:`kvhit.service.tiers`."""
-    from .. import service as svc
+    from kvhit import service as svc
 
     grid: Grid = _STATE["grid"]
     estimate = "only" if task.compute == "estimate" else ("also" if grid.estimates else "none")
@@ -255,7 +255,7 @@ def _tiers(task: Task, wl, src: dict, p: dict) -> dict:
 
 
 def _simulate(task: Task, wl, src: dict, p: dict) -> dict:
-    from .. import service as svc
+    from kvhit import service as svc
 
     grid: Grid = _STATE["grid"]
     engine = p["engine"]
@@ -297,10 +297,10 @@ def _simulate(task: Task, wl, src: dict, p: dict) -> dict:
 
 
 def _curve(task: Task, wl, src: dict, Ns: list[int]) -> list[dict]:
-    from .. import service as svc
-    from ..experiments.curve import _EST_LABEL, POLICIES
-    from ..service.curve import SGLANG_LABEL
-    from ..sim.tracerun import ENGINE_LABELS
+    from kvhit import service as svc
+    from kvhit.experiments.curve import _EST_LABEL, POLICIES
+    from kvhit.service.curve import SGLANG_LABEL
+    from kvhit.sim.tracerun import ENGINE_LABELS
 
     grid: Grid = _STATE["grid"]
     engines = sorted({p["engine"] for p in task.points})
@@ -342,7 +342,7 @@ def _curve(task: Task, wl, src: dict, Ns: list[int]) -> list[dict]:
 
 
 def _one_line(e: BaseException) -> str:
-    from ..service.errors import one_line
+    from kvhit.service.errors import one_line
 
     return one_line(f"{type(e).__name__}: {e}")[:2000]
 
@@ -363,7 +363,7 @@ def execute(task: Task) -> tuple[Task, list[dict], str, str | None, float, str]:
     """Run a task in this process: ``(task, rows, status, error, seconds, worker)``; ``status`` is ``ok``,
     ``refused`` (the service refused the request: an :class:`~kvhit.service.InputError`, not retried) or
     ``error``."""
-    from ..service import InputError
+    from kvhit.service import InputError
 
     t0 = time.perf_counter()
     try:

@@ -141,8 +141,8 @@ class Grid:
         return out
 
     def blocks(self, gib: float, block_size: int) -> int:
-        """KV blocks of ``gib`` GiB of the grid's model (:func:`kvhit.hardware.blocks_from_bytes`)."""
-        from .. import hardware
+        """KV blocks of ``gib`` GiB of the grid's model (:func:`kvhit.plan.hardware.blocks_from_bytes`)."""
+        from kvhit.plan import hardware
 
         model = hardware.resolve_model(self.model)
         return max(1, int(hardware.blocks_from_bytes(hardware.gb_to_bytes(gib), model.bytes_per_block(block_size))))
@@ -271,7 +271,7 @@ def load_grid(path: str | Path) -> Grid:
     _check_combinations(grid, fail)
     _check_combinations(grid, fail)
     if "hbm_gb" in axes or "dram_gb" in axes:
-        from .. import hardware
+        from kvhit.plan import hardware
 
         try:
             m = hardware.resolve_model(model if not model.endswith(".json") else str(path.parent / model))
@@ -371,7 +371,7 @@ def _workloads(raw: Any, base: Path, block_size: int, fail) -> dict[str, Workloa
         digest = _digest(p, f"{where}.{kind}", fail, allow_dir=kind == "blocks_trace")
         if kind == "spec":
             _unknown(opts, SPEC_KEYS, where + ".", fail)
-            from ..service import InputError, SpecFields, build, load_spec
+            from kvhit.service import InputError, SpecFields, build, load_spec
 
             try:  # validated once here, with the service's own spec reader
                 load_spec(build(SpecFields, spec=p, **opts))
@@ -384,8 +384,8 @@ def _workloads(raw: Any, base: Path, block_size: int, fail) -> dict[str, Workloa
             out[name] = Workload(name, kind, p, {}, bs, digest)
         else:  # a production block-id trace at its own arrival times (Mooncake .jsonl, WEKA .json file or dir)
             _unknown(opts, (), where + ".", fail)
-            from ..service import InputError
-            from ..service.inputs import read_blocks_trace
+            from kvhit.service import InputError
+            from kvhit.service.inputs import read_blocks_trace
 
             try:
                 pt = read_blocks_trace(p, "sequential", None, None, 0)
@@ -396,8 +396,8 @@ def _workloads(raw: Any, base: Path, block_size: int, fail) -> dict[str, Workloa
 
 
 def _trace_block_size(p: Path, where: str, fail) -> int:
-    from ..service import InputError
-    from ..service.inputs import read_trace
+    from kvhit.service import InputError
+    from kvhit.service.inputs import read_trace
 
     try:
         tr = read_trace(p, f"{where}.trace")

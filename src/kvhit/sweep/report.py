@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .grid import AXES
-from .store import latest, read_results
+from kvhit.sweep.grid import AXES
+from kvhit.sweep.store import latest, read_results
 
 __all__ = ["ReportError", "report", "point_table"]
 
@@ -123,7 +123,7 @@ def _figure(points: list[dict], x: str, varying: list[str], out_prefix: Path, ti
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..plots import save_figure
+    from kvhit.plots.curves import save_figure
 
     hue = next((a for a in ("engine", "router", "workload") if a in varying and a != x), None)
     facet_axes = [a for a in varying if a not in (x, hue)]

@@ -8,6 +8,6 @@ served from the ``plotly`` package, no CDN). NOT modelled: authentication, persi
 the server's memory, bounded).
 """
 
-from .app import create_app
+from kvhit.web.app import create_app
 
 __all__ = ["create_app"]

@@ -31,9 +31,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.datastructures import UploadFile
 
-from ..service import InputError, list_presets
-from ..service.registry import COMMANDS, path_fields
-from .jobs import JobManager, QueueFull
+from kvhit.service import InputError, list_presets
+from kvhit.service.registry import COMMANDS, path_fields
+from kvhit.web.jobs import JobManager, QueueFull
 
 __all__ = ["create_app", "MAX_BODY_BYTES", "MAX_UPLOAD_BYTES"]
 
@@ -208,7 +208,7 @@ def _clean(msg: str, rename: dict[str, str]) -> str:
 
 
 def _warm_up() -> None:
-    from ..service.registry import run
+    from kvhit.service.registry import run
 
     scm = {"lam0": 1.0, "mean_turns": 5.0, "x_mean": 4.0, "y_mean": 3.0, "w_mean": 135.0}
     with contextlib.suppress(Exception):
@@ -247,13 +247,13 @@ def create_app(
             fields, rename, tmpdir, key = await _parse(request, command, max_upload)
         except Refused as e:
             return error(e.status, e.detail, e.field)
-        from ..service.registry import run
+        from kvhit.service.registry import run
 
         # plan answers at once only with the paper's closed-form estimator (eq. 39); the engine-aware predictors
         # sample the workload (seconds to minutes), so they run as jobs like the simulations.
         as_job = command in JOB or (command == "plan" and (bool(tmpdir) or fields.get("engine") != "paper"))
         try:
-            from ..service import build
+            from kvhit.service import build
 
             build(model, **fields)  # types and ranges now, before queueing anything
         except InputError as e:

@@ -63,8 +63,8 @@ class Job:
 
 def _child(conn, command: str, fields: dict[str, Any], rename: dict[str, str]) -> None:
     """Worker process: answer one request through the service layer; send progress, then the outcome."""
-    from ..service.errors import InputError, one_line
-    from ..service.registry import run
+    from kvhit.service.errors import InputError, one_line
+    from kvhit.service.registry import run
 
     def clean(msg: str) -> str:
         for tmp, name in rename.items():

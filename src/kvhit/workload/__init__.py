@@ -1,6 +1,6 @@
 """Workloads: the multi-turn conversation model, trace schema and Parquet I/O, generators and readers."""
 
-from .dists import (
+from kvhit.workload.dists import (
     Constant,
     Deterministic,
     EmpiricalW,
@@ -15,8 +15,8 @@ from .dists import (
     ScipyW,
     SpecError,
 )
-from .generate import generate
-from .spec import (
+from kvhit.workload.generate import generate
+from kvhit.workload.spec import (
     EmpiricalConversations,
     IIDIncrements,
     Increments,
@@ -24,7 +24,7 @@ from .spec import (
     TurnDependent,
     WorkloadSpec,
 )
-from .trace import SCHEMA_VERSION, Trace, TraceError, Window
+from kvhit.workload.trace import SCHEMA_VERSION, Trace, TraceError, Window
 
 __all__ = [
     "Constant",

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from .sharegpt import Conversation, load_sharegpt
-from .tokenize import QWEN3_TEMPLATE, ChatTemplate, Tokenizer, _encoder, boundary_merges, get_tokenizer
-from .trace import _META_KEY, list_column, write_table_atomic
+from kvhit.workload.sharegpt import Conversation, load_sharegpt
+from kvhit.workload.tokenize import QWEN3_TEMPLATE, ChatTemplate, Tokenizer, _encoder, boundary_merges, get_tokenizer
+from kvhit.workload.trace import _META_KEY, list_column, write_table_atomic
 
 __all__ = [
     "CACHE_VERSION",
@@ -316,7 +316,7 @@ def load_tokenized(
     hit and the seconds spent; ``corpus.read_report`` is the
     :class:`~kvhit.workload.sharegpt.ReadReport` as a dict.
     """
-    from .sharegpt import default_path
+    from kvhit.workload.sharegpt import default_path
 
     t0 = time.perf_counter()
     src = default_path() if path is None else Path(path)

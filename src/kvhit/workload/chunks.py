@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from ..intmap import map_capacity, map_delete, map_empty, map_find, map_put, map_rebuild
-from .dists import SpecError
-from .spec import EmpiricalConversations, PromptResponse, WorkloadSpec
-from .trace import SCHEMA_VERSION, Trace, TraceError
+from kvhit.workload.dists import SpecError
+from kvhit.workload.intmap import map_capacity, map_delete, map_empty, map_find, map_put, map_rebuild
+from kvhit.workload.spec import EmpiricalConversations, PromptResponse, WorkloadSpec
+from kvhit.workload.trace import SCHEMA_VERSION, Trace, TraceError
 
 __all__ = [
     "CONVERSATIONS_PER_BLOCK",
@@ -118,7 +118,7 @@ def check_chunk_args(n_events, chunk) -> tuple[int | None, int]:
 def _block(spec: WorkloadSpec, seed: int, k: int, start: float) -> dict[str, np.ndarray]:
     """Conversations ``k·B … (k+1)·B − 1`` (B = :data:`CONVERSATIONS_PER_BLOCK`), arriving after ``start``, with all
     their turns in (conv, turn) order."""
-    from .generate import _timed_columns
+    from kvhit.workload.generate import _timed_columns
 
     B = CONVERSATIONS_PER_BLOCK
     rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(int(k),)))

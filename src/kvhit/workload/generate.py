@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dists import SpecError
-from .spec import EmpiricalConversations, PromptResponse, WorkloadSpec, _ragged_turn_index
-from .trace import Trace
+from kvhit.workload.dists import SpecError
+from kvhit.workload.spec import EmpiricalConversations, PromptResponse, WorkloadSpec, _ragged_turn_index
+from kvhit.workload.trace import Trace
 
 __all__ = ["generate", "trace_from_conversations"]
 

@@ -2,7 +2,7 @@
 
 Both formats give, per request, a prompt length ``T_j`` (tokens), a response length and a list of block ids
 (``hash_ids``) such that equal ids mean reusable prefix KV blocks. :class:`ProductionTrace` turns them into
-the CSR hash stream of :func:`kvhit.sim.block.simulate_block` / :func:`kvhit.sim.blockcurve.block_curve`
+the CSR hash stream of :func:`kvhit.sim.vllm.block.simulate_block` / :func:`kvhit.sim.vllm.curve.block_curve`
 (:meth:`ProductionTrace.to_block_requests`): exactly ``⌊T_j / b⌋`` ids per request, requests sorted by arrival
 time (stable: ties keep file order).
 
@@ -24,7 +24,7 @@ silently: ``n_partial_dropped`` counts the dropped partial-block ids.
 
 Chain property
 --------------
-:func:`~kvhit.sim.blockcurve.block_curve` needs a *chained* stream (each id always follows the same parent id,
+:func:`~kvhit.sim.vllm.curve.block_curve` needs a *chained* stream (each id always follows the same parent id,
 a root id always starts a request), which is what vLLM's chained ``hash_block_tokens`` yields. Both stored
 traces satisfy it as given (Mooncake after dropping the partial-block ids, WEKA after namespacing by
 conversation; checked on every read). ``chain="auto"`` (default) checks it and, if it fails, re-chains the ids
@@ -71,7 +71,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from kvhit.hashing import fmix64 as _fmix64
+from kvhit.workload.hashing import fmix64 as _fmix64
 
 __all__ = [
     "ProductionTrace",
@@ -196,7 +196,7 @@ class ProductionTrace:
         )
 
     def to_block_requests(self, *, colocated: bool = False):
-        """The block simulator's input (:class:`kvhit.sim.runner.BlockRequests`, ``source="production"``).
+        """The block simulator's input (:class:`kvhit.workload.requests.BlockRequests`, ``source="production"``).
 
         ``colocated=False`` (PD-disaggregated prefiller, paper Fig. 1): ``⌊T_j/b⌋`` ids per request, as read.
         ``colocated=True`` (Remark B.1): the simulator also hashes the ``⌊(T_j+O_j)/b⌋ − ⌊T_j/b⌋`` blocks
@@ -205,7 +205,7 @@ class ProductionTrace:
         if it contained the response verbatim, which the ids cannot tell). Use with
         ``simulate_block(..., colocated=True, response_tokens=rq.response_tokens)``.
         """
-        from kvhit.sim.runner import BlockRequests
+        from kvhit.workload.requests import BlockRequests
 
         b = self.block_size
         T = self.prompt_tokens
@@ -257,7 +257,7 @@ class ProductionTrace:
         full-block ids already seen earlier in the stream; ``ideal_block_hit_ratio`` = the paper's ``h`` of
         eq. (6)/(31), ``Σ R^H_j / Σ R_j`` with ``R^H_j = min(leading reused, (T_j−1)//b)`` and ``R_j =
         ⌈T_j/b⌉``; ``ideal_token_hit_ratio`` = vLLM's ``prefix_cache_hits / prefix_cache_queries`` =
-        ``b·Σ R^H_j / Σ T_j``. These equal :func:`~kvhit.sim.block.simulate_block` at a capacity large enough
+        ``b·Σ R^H_j / Σ T_j``. These equal :func:`~kvhit.sim.vllm.block.simulate_block` at a capacity large enough
         that nothing hashed is ever evicted. ``min_N`` = ``max_j ⌈T_j/b⌉``: below it requests are rejected.
         """
         n = self.n_requests
@@ -343,7 +343,7 @@ def rechain(hash_offsets: np.ndarray, hashes: np.ndarray) -> np.ndarray:
 def chain_violation(hash_offsets: np.ndarray, hashes: np.ndarray) -> int:
     """First request (in stream order) where an id occurs with a different parent than at its first
     occurrence (parent = previous id of the request, or "request start"), or -1 if the stream is chained —
-    the property :func:`kvhit.sim.blockcurve.block_hit_thresholds` checks."""
+    the property :func:`kvhit.sim.vllm.curve.block_hit_thresholds` checks."""
     hs = np.asarray(hashes, dtype=np.int64)
     off = np.asarray(hash_offsets, dtype=np.int64)
     m = hs.shape[0]

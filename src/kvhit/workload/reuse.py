@@ -20,7 +20,7 @@ Quantities (all exact functions of the id stream, no cache model):
 * *Age segments* of the reusable run: because ids are chained, the last access of block ``i`` is no older than
   that of block ``i+1``, so the run ``[0, L_any)`` splits into a few segments ``[s, e)`` whose blocks were last
   touched by the same earlier request ``src`` (at ``t_src``). These are the inputs of the agentic estimator
-  (:mod:`kvhit.estimate_agentic`): block ``i`` of a segment is hit at capacity ``N`` iff the displacement over
+  (:mod:`kvhit.estimate.agentic`): block ``i`` of a segment is hit at capacity ``N`` iff the displacement over
   the segment's age ``t_r − t_src`` leaves room for it.
 * ``k_q(x)`` — for the window ``(x, t_q)``: the number of leading blocks of ``q`` touched inside the window
   before ``q`` (from the same segments); ``F_q − k_q(x)`` is what ``q`` adds to the distinct blocks touched
@@ -28,12 +28,12 @@ Quantities (all exact functions of the id stream, no cache model):
 
 Mapping of a kvhit :class:`~kvhit.workload.trace.Trace`: prompt tokens ``cum_tokens`` (else ``R·b − 1``, the
 practical model of eq. (28)), block size from its metadata, ids ``(conv ≪ 32) | i`` — the history-prefix ids
-of :func:`kvhit.sim.blockids.hashes_from_block_counts` up to relabelling (no sharing across conversations;
+of :func:`kvhit.sim.vllm.blockids.hashes_from_block_counts` up to relabelling (no sharing across conversations;
 token-level sharing of a ShareGPT system prompt is not seen). Sessions = conversations, one agent each.
 
-Not modelled here: anything about the cache (see :mod:`kvhit.estimate_agentic`); the response blocks of a
+Not modelled here: anything about the cache (see :mod:`kvhit.estimate.agentic`); the response blocks of a
 colocated engine (Remark B.1; prefiller view only); requests' durations (instantaneous, as
-:func:`kvhit.sim.blockcurve.block_curve`).
+:func:`kvhit.sim.vllm.curve.block_curve`).
 """
 
 from __future__ import annotations

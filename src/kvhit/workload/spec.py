@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .dists import (
+from kvhit.workload.dists import (
     Exponential,
     FinitePMF,
     Geometric,

@@ -1,15 +1,15 @@
 """Host-memory (DRAM) tiers behind a GPU prefix cache: vLLM native CPU offloading, SimpleCPUOffload, LMCache.
 
 A host tier is not a second simulator: :class:`TieredEngine` wraps the ONE step-wise GPU engine of
-:mod:`kvhit.sim.engines` (:class:`~kvhit.sim.engines.vllm.VllmEngine`) and is itself an
-:class:`~kvhit.sim.engines.Engine`, so the shared :func:`~kvhit.sim.engines.replay` driver (with or without
+:mod:`kvhit.sim.engine` (:class:`~kvhit.sim.vllm.engine.VllmEngine`) and is itself an
+:class:`~kvhit.sim.engine.Engine`, so the shared :func:`~kvhit.sim.engine.replay` driver (with or without
 ``hold``) runs it unchanged. Per request it reports (:class:`TierOutcome`)
 
 * ``gpu_hit_tokens`` ``g`` – the GPU prefix hit (vLLM's ``get_computed_blocks``, capped at ``T - 1``);
 * ``cpu_hit_tokens`` ``c`` – tokens loaded from the host tier (beyond ``g``);
 * ``computed_tokens`` – ``max(1, T - g - c)`` (a fully covered prompt still recomputes one token);
 * ``load_bytes`` = ``c · bytes_per_token`` and ``load_seconds`` = ``load_bytes / pcie_bytes_per_s``;
-* ``hit_tokens`` = ``g + c`` (so :class:`~kvhit.sim.engines.ReplayResult.hit_tokens` is the total reuse).
+* ``hit_tokens`` = ``g + c`` (so :class:`~kvhit.sim.engine.ReplayResult.hit_tokens` is the total reuse).
 
 Engine versions read (wheels from ``pip download --no-deps``): **vLLM 0.33.0** and **LMCache 0.5.6**. The
 tier models live one per file: :mod:`.native` (``OffloadingConnector`` + ``CPUOffloadingManager``, LRU and
@@ -36,14 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvhit.sim.engines import FinishOutcome, Request, RequestOutcome
+from kvhit.sim.engine import FinishOutcome, Request, RequestOutcome
 
 __all__ = ["HostTier", "TierOutcome", "TieredEngine", "make_tiered"]
 
 
 @dataclass(frozen=True)
 class TierOutcome(RequestOutcome):
-    """:class:`~kvhit.sim.engines.RequestOutcome` of a tiered engine (``hit_tokens`` = GPU + CPU)."""
+    """:class:`~kvhit.sim.engine.RequestOutcome` of a tiered engine (``hit_tokens`` = GPU + CPU)."""
 
     gpu_hit_tokens: int = 0
     cpu_hit_tokens: int = 0
@@ -83,7 +83,7 @@ class HostTier(Protocol):
 
 
 class TieredEngine:
-    """A GPU :class:`~kvhit.sim.engines.vllm.VllmEngine` with a host tier behind it (see module docstring).
+    """A GPU :class:`~kvhit.sim.vllm.engine.VllmEngine` with a host tier behind it (see module docstring).
 
     ``bytes_per_token`` – KV bytes of one token over all layers (per TP rank or in total: the same unit as
     the bandwidth); ``pcie_bytes_per_s`` – host-to-device bandwidth used for ``load_seconds`` (``None``:
@@ -168,7 +168,7 @@ def make_tiered(
     :class:`~kvhit.sim.tiers.simple_lazy.SimpleLazyEngine`, not a ``TieredEngine``; ``host_capacity`` = vLLM's
     ``num_cpu_blocks``; ``max_num_batched_tokens``), ``"lmcache"`` (``host_capacity``
     in 256-token chunks; ``chunk_tokens``)."""
-    from kvhit.sim.engines.vllm import VllmEngine
+    from kvhit.sim.vllm.engine import VllmEngine
 
     if tier == "simple-lazy":
         from kvhit.sim.tiers.simple_lazy import SimpleLazyEngine

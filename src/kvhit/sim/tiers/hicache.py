@@ -4,7 +4,7 @@ Unlike the vLLM tiers (a second cache behind the GPU pool, :class:`~kvhit.sim.ti
 host copies *in the same tree*: a node holds device KV, a host copy, or both. So the tier is not a wrapper around
 the engine but a :class:`HiCacheTier` the one SGLang engine model calls at its tree events (``SglangEngine(C,
 host=HiCacheTier(...))``, or :func:`make_hicache`); without it the engine is unchanged. The result is still an
-:class:`~kvhit.sim.engines.Engine` (``replay`` drives it, with or without ``hold``) whose outcomes are
+:class:`~kvhit.sim.engine.Engine` (``replay`` drives it, with or without ``hold``) whose outcomes are
 :class:`~kvhit.sim.tiers.TierOutcome`: ``gpu_hit_tokens`` ``g`` (device prefix), ``cpu_hit_tokens`` ``c`` (host
 segment loaded), ``computed_tokens`` ``T − g − c``, ``load_bytes`` ``c · bytes_per_token``.
 
@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import heapq
 
-from kvhit.sim.engines import Request, RequestOutcome
+from kvhit.sim.engine import Request, RequestOutcome
 from kvhit.sim.tiers import TierOutcome
 
 __all__ = ["LOAD_BACK_THRESHOLD", "VERSION", "WRITE_POLICIES", "HiCacheTier", "host_tokens", "make_hicache"]
@@ -381,7 +381,7 @@ def make_hicache(
 ):
     """``SglangEngine(capacity)`` with HiCache (``host_capacity`` tokens, or sized from ``ratio``/``size_gb``
     as SGLang does: :func:`host_tokens`)."""
-    from kvhit.sim.engines.sglang import SglangEngine
+    from kvhit.sim.sglang.engine import SglangEngine
 
     if host_capacity is None:
         host_capacity = host_tokens(

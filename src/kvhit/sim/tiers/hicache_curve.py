@@ -4,7 +4,7 @@
 prompt tokens) for a device pool of ``C = N · b`` tokens (``N`` = ``hbm_blocks``) and a host pool of ``H``
 tokens sized as SGLang sizes it (:func:`kvhit.sim.tiers.hicache.host_tokens`: from ``--hicache-ratio``,
 ``--hicache-size`` or given in tokens). Every pair is a full sequential replay of
-:class:`~kvhit.sim.engines.sglang.SglangEngine` with a :class:`~kvhit.sim.tiers.hicache.HiCacheTier` (no ``hold``):
+:class:`~kvhit.sim.sglang.engine.SglangEngine` with a :class:`~kvhit.sim.tiers.hicache.HiCacheTier` (no ``hold``):
 unlike vLLM's tiers the device state depends on the host tier (loads re-fill evicted nodes, demoted nodes stay
 in the tree), so nothing is shared between pairs; ``gpu_hit`` is SGLang without HiCache at each ``C``.
 
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvhit.sim.engines import Request, replay
+from kvhit.sim.engine import Request, replay
 
 __all__ = ["HiCacheSurface", "hicache_surface", "token_requests", "trace_token_requests"]
 
 
 def token_requests(prompt_tokens, hash_offsets, hashes, block_size: int) -> list[Request]:
-    """A kvhit block stream as token-level :class:`~kvhit.sim.engines.Request` s (see module docstring)."""
+    """A kvhit block stream as token-level :class:`~kvhit.sim.engine.Request` s (see module docstring)."""
     T = np.asarray(prompt_tokens, np.int64)
     off = np.asarray(hash_offsets, np.int64)
     hs = np.asarray(hashes)
@@ -66,7 +66,7 @@ class HiCacheSurface:
 
 def _pair(args):
     reqs, C, H, p, policy = args
-    from kvhit.sim.engines.sglang import SglangEngine
+    from kvhit.sim.sglang.engine import SglangEngine
     from kvhit.sim.tiers.hicache import HiCacheTier
 
     host = None if H is None else HiCacheTier(int(H), write_policy=policy)

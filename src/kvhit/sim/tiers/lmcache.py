@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvhit.sim.engines import Request
+from kvhit.sim.engine import Request
 
 __all__ = ["LMCacheTier"]
 

@@ -62,7 +62,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
-from kvhit.sim.engines import Request
+from kvhit.sim.engine import Request
 
 __all__ = ["ArcPolicy", "CpuOffloadManager", "LruPolicy", "NativeCpuTier", "cpu_chunks"]
 

@@ -5,7 +5,7 @@ Read from **vLLM 0.33.0**: ``v1/simple_kv_offload/manager.py`` (``SimpleCPUOfflo
 
 The CPU tier is a second vLLM ``BlockPool`` of ``capacity`` CPU blocks (vLLM's ``num_cpu_blocks``; the pool's
 ``null_block`` takes one, so ``capacity - 1`` are usable; same block size, same free-queue LRU, same hash map),
-mirrored by :class:`~kvhit.sim.block_reference.ReferenceBlockPool`:
+mirrored by :class:`~kvhit.sim.vllm.reference.ReferenceBlockPool`:
 
 * **Lookup** (``get_num_new_matched_tokens``) – from the GPU hit ``g`` (block-aligned), the CPU prefix hit over
   the prompt's remaining block hashes capped at ``max_hit_len = T - 1 - g`` (the CPU side keeps vLLM's
@@ -39,8 +39,8 @@ models).
 
 from __future__ import annotations
 
-from kvhit.sim.block_reference import ReferenceBlockPool
-from kvhit.sim.engines import Request
+from kvhit.sim.engine import Request
+from kvhit.sim.vllm.reference import ReferenceBlockPool
 
 __all__ = ["SimpleCpuTier"]
 

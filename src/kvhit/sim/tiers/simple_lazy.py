@@ -36,7 +36,7 @@ What lazy mode does (one full-attention group, ``hash_block_size == block_size``
   the cursor would be dropped instead (its block still pinned) — the walk is timing-dependent; that
   timing is not modelled.
 
-Steps of a replay (:func:`kvhit.sim.engines.replay`): a submission is one scheduler step (two with a
+Steps of a replay (:func:`kvhit.sim.engine.replay`): a submission is one scheduler step (two with a
 CPU load: the load step, then the compute step), each with its walk after the step's allocation; the
 stores of the last step complete when the next event comes, and a finish that directly follows its own
 submission belongs to that step (a PD prefill finishes in the step that computes it), so it frees the
@@ -58,9 +58,9 @@ from __future__ import annotations
 
 import math
 
-from kvhit.sim.block_reference import ReferenceBlockPool
-from kvhit.sim.engines import FinishOutcome, Request
+from kvhit.sim.engine import FinishOutcome, Request
 from kvhit.sim.tiers import TierOutcome
+from kvhit.sim.vllm.reference import ReferenceBlockPool
 
 __all__ = ["LinkedFreeQueue", "SimpleLazyEngine", "lazy_target_blocks"]
 
@@ -72,7 +72,7 @@ def lazy_target_blocks(max_num_batched_tokens: int, block_size: int) -> int:
 
 class LinkedFreeQueue:
     """vLLM's ``FreeKVCacheBlockQueue`` (a doubly linked list) with the ``OrderedDict`` calls
-    :class:`~kvhit.sim.block_reference.ReferenceBlockPool` makes, plus :meth:`iter_after`."""
+    :class:`~kvhit.sim.vllm.reference.ReferenceBlockPool` makes, plus :meth:`iter_after`."""
 
     _H = -1  # sentinel ids: head and tail
     _T = -2

@@ -9,7 +9,7 @@ What is computed once, and why it is exact:
 1. **GPU independence** (native, LMCache). A host load allocates the blocks a recompute would and the loaded
    blocks become ordinary prefix-cache blocks, so the GPU engine's state, and ``g_r(N)``, depend on the request
    stream only (``tests/test_tiers.py::test_gpu_hits_equal_single_tier``). ``g_r(N)`` is therefore taken from
-   the compiled :func:`kvhit.sim.block.simulate_block`, once per ``N``, and only the host tier is stepped per
+   the compiled :func:`kvhit.sim.vllm.block.simulate_block`, once per ``N``, and only the host tier is stepped per
    pair (:func:`host_pass`; compiled for LRU without a store threshold: :mod:`kvhit.sim.tiers.native_fast`, tested
    equal). Not for ``simple`` / ``simple-lazy``: their store paths change the GPU free-queue
    order, so every pair is a full replay (:class:`~kvhit.sim.tiers.TieredEngine`,
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvhit.sim.block import simulate_block
-from kvhit.sim.engines import Request, replay, requests_from_stream
+from kvhit.sim.engine import Request, replay, requests_from_stream
+from kvhit.sim.vllm.block import simulate_block
 
 __all__ = ["Surface", "host_pass", "hit_surface", "lmcache_lookup_pass"]
 

@@ -1,0 +1,91 @@
+"""Old module paths (kvhit ≤ 0.1, before the layout of issue 21) kept importable for one release.
+
+Each old path is an alias of the module that now holds the code — ``import kvhit.sim.block`` returns the very
+module object ``kvhit.sim.vllm.block`` (so monkeypatching either patches both) and warns once with a
+:class:`DeprecationWarning` naming the new path. Installed by ``import kvhit``; removed in the next release.
+
+Old modules that became packages of the same name (``kvhit.estimate``, ``kvhit.plan``, ``kvhit.plots``,
+``kvhit.sim.content``) re-export their old public names from the package instead (lazily, PEP 562).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+#: old module path → new module path
+MOVED: dict[str, str] = {
+    "kvhit.compute": "kvhit.plan.compute",
+    "kvhit.displacement": "kvhit.estimate.displacement",
+    "kvhit.estimate_agentic": "kvhit.estimate.agentic",
+    "kvhit.estimate_fleet": "kvhit.fleet.estimate",
+    "kvhit.estimate_sglang": "kvhit.estimate.sglang",
+    "kvhit.estimate_sglang_agentic": "kvhit.estimate.sglang_agentic",
+    "kvhit.estimate_tiers": "kvhit.estimate.tiers",
+    "kvhit.fleet_plot": "kvhit.plots.fleet",
+    "kvhit.hardware": "kvhit.plan.hardware",
+    "kvhit.hashing": "kvhit.workload.hashing",
+    "kvhit.intmap": "kvhit.workload.intmap",
+    "kvhit.plan_fleet": "kvhit.fleet.plan",
+    "kvhit.plan_sglang": "kvhit.plan.sglang",
+    "kvhit.plan_tiers": "kvhit.plan.tiers",
+    "kvhit.sim.block": "kvhit.sim.vllm.block",
+    "kvhit.sim.block_reference": "kvhit.sim.vllm.reference",
+    "kvhit.sim.blockcurve": "kvhit.sim.vllm.curve",
+    "kvhit.sim.blockids": "kvhit.sim.vllm.blockids",
+    "kvhit.sim.engines.sglang": "kvhit.sim.sglang.engine",
+    "kvhit.sim.engines.vllm": "kvhit.sim.vllm.engine",
+    "kvhit.sim.fleet": "kvhit.fleet.simulate",
+    "kvhit.sim.fleet_reference": "kvhit.fleet.reference",
+    "kvhit.sim.radix": "kvhit.sim.sglang.radix",
+    "kvhit.sim.radixrun": "kvhit.sim.sglang.run",
+    "kvhit.sim.reference": "kvhit.sim.content.reference",
+    "kvhit.sim.routers": "kvhit.fleet.routers",
+    "kvhit.sim.stackdist": "kvhit.sim.content.stackdist",
+    "kvhit.sim.streams": "kvhit.sim.sglang.streams",
+    "kvhit.theory": "kvhit.estimate.theory",
+    "kvhit.tiers_plot": "kvhit.plots.tiers",
+}
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in MOVED:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return None  # a placeholder module; exec_module swaps in the real one
+
+    def exec_module(self, module) -> None:
+        old = module.__name__
+        new = MOVED[old]
+        warnings.warn(
+            f"{old} moved to {new} (issue 21 layout); the old path is removed in the next release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        sys.modules[old] = importlib.import_module(new)
+
+
+def install() -> None:
+    """Put the alias finder on ``sys.meta_path`` (idempotent)."""
+    if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+        sys.meta_path.append(_AliasFinder())
+
+
+def lazy_exports(module_name: str, names: dict[str, str]):
+    """A PEP 562 ``__getattr__`` for a package that re-exports ``names`` (public name → defining module) lazily."""
+
+    def __getattr__(attr: str):
+        target = names.get(attr)
+        if target is None:
+            raise AttributeError(f"module {module_name!r} has no attribute {attr!r}")
+        value = getattr(importlib.import_module(target), attr)
+        setattr(sys.modules[module_name], attr, value)
+        return value
+
+    return __getattr__

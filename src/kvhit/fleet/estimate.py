@@ -1,0 +1,453 @@
+"""Fleet hit-ratio estimators for cache-oblivious routers (docs/estimators.md, section "The fleet").
+
+Idea: a replica sees *fragments* of conversations — the turns of conversation c that the router sent to replica k,
+in order. A fragment behaves, for replica k's cache, exactly like a conversation of its own: its first turn finds
+nothing of c cached on k (the history was built elsewhere) and allocates its whole prompt, ⌈T/b⌉ blocks; a later
+turn j of the fragment can hit the full blocks of the fragment's previous prompt T_i (i = the last earlier turn of c
+on k), if they survived the gap t_j − t_i. So the engine-aware estimator (:func:`kvhit.estimate.engine.estimate_engine`:
+eq. (38) with the engine's displacement, tail-first partial survival, finite N and fluctuations) applies to each
+replica's fragment trace at that replica's fragment arrival rate.
+
+* session affinity (ring, or sticky with a TTL longer than every gap): fragments = whole conversations, so a
+  replica is one cache at λ0·p_k (p_k = its share of conversations; 1/R in expectation) — "R independent caches at
+  λ0/R".
+* round-robin and random: a turn's replica is (nearly) independent of the previous turn's, so fragments are
+  thinned conversations (each turn kept with probability 1/R); the j-th turn hits only if an earlier turn of its
+  conversation went to the same replica and survived there.
+
+The routing itself is taken as given (:func:`routes`: the router is run, which needs no cache simulation for these
+routers). Heterogeneous capacities: each replica is estimated with its own N and fragments, and the fleet ratio is
+the demand-weighted mean.
+
+Two forms (docs/estimators.md §6 derives and measures both):
+
+* :func:`estimate_fleet` (the default everywhere): the window-exact form of
+  :func:`kvhit.estimate.engine.estimate_window` on the fragment trace. Every measured fragment revisit j is paired
+  with *its own* fragment gap W_j (the sum of the conversation gaps since the last turn of c on the same replica) and
+  survives iff D(W_j) ≤ C − 1 − i for block i; D(W_j) has the Lemma D.1/D.4 mean and variance of the other fragments
+  (the characteristic-time equation (38) with each fragment's own gaps). This is what makes R = 2 right: a fragment
+  revisit's gap and its history are *correlated* (a late turn can skip more turns, so it has both a bigger history and
+  a longer gap; turn 2 is a revisit only with lag 1), so the pooled F̂ of eq. (38)–(39), which pairs every history
+  with every gap, misplaces the hits (−0.016 at R = 2 on ShareGPT even after a 4,000-conversation warm-up). The rows
+  are the ones the simulator counts (a row mask or :class:`~kvhit.workload.trace.Window`).
+* :func:`estimate_fleet_oblivious`: the stationary estimator :func:`kvhit.estimate.engine.estimate_engine` (pooled F̂)
+  on the fragments of the conversations selected by ``rows`` — kept for comparison; exact for affinity only.
+
+KV-aware routers (Dynamo, llm-d, SGLang cache-aware) and sticky sessions: :func:`stay_probabilities` gives, per
+turn, the probability that the router keeps it on the replica of the previous turn (where its history is): the
+router's own decision rule (:mod:`kvhit.fleet.routers`) evaluated on the overlap it sees there and on modelled load
+snapshots (independent M/G/∞ per replica, holds as given); :func:`kv_routes` draws a routing from it (a move
+goes to one of the other replicas uniformly) and :func:`estimate_fleet_kv` runs :func:`estimate_fleet` on it.
+q ≡ 1 is affinity, q ≡ 1/R random routing: the KV routers lie between, as a function of their weights and load.
+
+NOT modelled: in-flight holds in the cache (blocks of running requests are not evictable), shared prefixes across
+conversations (as the engine-aware estimator); for the KV routers: the destination's overlap (a turn moved off its
+replica, or whose history was evicted there, goes preferably where an older prefix of it survives; modelled as
+uniform), correlation between the replicas' loads (the router itself balances them), queueing, load-snapshot lag,
+Dynamo's softmax (temperature > 0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvhit.estimate.engine import estimate_engine
+from kvhit.workload.trace import Trace
+
+__all__ = ["fragment_trace", "routes", "estimate_fleet", "estimate_fleet_oblivious"]
+
+
+def routes(trace: Trace, router: str, R: int, seed: int = 0, **params) -> np.ndarray:
+    """The replica of every row (trace order) under an oblivious router (round-robin, random, session)."""
+    from kvhit.fleet.routers import RouteView, make_router
+
+    rt = make_router(router, R, seed, **params)
+    if not rt.oblivious:
+        raise ValueError(f"router {router}: routes() needs an oblivious router (round-robin, random, session)")
+    conv = trace.dense_conv()
+    z = np.zeros(R)
+    out = np.empty(trace.n_turns, np.int64)
+    for r in range(trace.n_turns):
+        out[r] = rt.route(RouteView(0.0, int(conv[r]), 1, 1, (), 1, (1,) * R, z, z, z, z, None))
+    return out
+
+
+def fragment_trace(trace: Trace, replica: np.ndarray, R: int) -> Trace:
+    """The routed fragments as a trace: conversation ``c·R + k`` = the turns of ``c`` on replica ``k`` (turns
+    renumbered 1.., ``M`` = fragment length, ``conv_arrival`` = its first turn); token columns unchanged."""
+    c = trace.cols
+    rep = np.asarray(replica, np.int64)
+    fid = trace.dense_conv().astype(np.int64) * R + rep
+    order = np.lexsort((c["turn"], fid))
+    f = fid[order]
+    start = np.concatenate([[True], f[1:] != f[:-1]])
+    sidx = np.flatnonzero(start)
+    counts = np.diff(np.append(sidx, f.size))
+    turn = np.empty(f.size, np.int64)
+    turn[order] = np.arange(f.size) - np.repeat(sidx, counts) + 1
+    M = np.empty(f.size, np.int64)
+    M[order] = np.repeat(counts, counts)
+    arr = np.empty(f.size)
+    arr[order] = np.repeat(np.asarray(c["time"], float)[order][sidx], counts)
+    cols = dict(c)
+    R_blocks = np.asarray(c["R"], np.int64)
+    Rprev = np.zeros(f.size, np.int64)
+    ro = R_blocks[order]
+    Rprev_o = np.concatenate([[0], ro[:-1]])
+    Rprev_o[start] = 0
+    Rprev[order] = Rprev_o
+    cols.update(
+        conv=fid,
+        turn=turn.astype(np.int32),
+        M=M.astype(np.int32),
+        conv_arrival=arr,
+        Z=np.maximum(R_blocks - Rprev, 1),
+    )
+    return Trace(cols, dict(trace.meta), {})
+
+
+def _lam0(trace: Trace, lam0, engine, block_size) -> float:
+    if lam0 is not None:
+        return float(lam0)
+    if "lam0" in trace.meta:
+        return float(trace.meta["lam0"])
+    from kvhit.estimate.engine import engine_accounting
+
+    return float(engine_accounting(trace, engine=engine, block_size=block_size).lam0_hat)
+
+
+def estimate_fleet(
+    trace: Trace,
+    replica: np.ndarray,
+    Ns,
+    *,
+    window=None,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    lam0: float | None = None,
+    block_size: int | None = None,
+    origin: float | None = 0.0,
+    fluctuations: bool = True,
+) -> float:
+    """Fleet hit ratio over the rows ``window`` counts (row mask or Window; default all) when row ``r`` went to
+    ``replica[r]`` and replica k has ``Ns[k]`` blocks: the window-exact engine estimator
+    (:func:`kvhit.estimate.engine.estimate_window`, own gap per revisit, Lemma D.1 variance, no conversation before
+    ``origin``) on each replica's fragments at λ_k = λ0 · (#fragments on k)/(#conversations) (``lam0``: the
+    fleet's conversation rate; default the trace's ``lam0`` metadata, else λ̂0).
+
+    With R = 1 this is :func:`kvhit.estimate.engine.estimate_window` on the trace itself; with every conversation on
+    one replica (affinity) and equal N it is the single-replica estimate at λ0/R (both tested). Equal capacities
+    are estimated in one call on all fragments at the mean λ_k; unequal ones per replica, combined by the
+    measured demand of each replica's rows (the metric's denominator; rejected rows are not removed from it).
+    """
+    from kvhit.estimate.engine import _row_demand, engine_accounting, estimate_window
+
+    Ns = [int(x) for x in Ns]
+    R = len(Ns)
+    rep = np.asarray(replica, np.int64)
+    if rep.shape != (trace.n_turns,):
+        raise ValueError(f"replica: expected one replica per row ({trace.n_turns}), got shape {rep.shape}")
+    if R < 1 or (rep < 0).any() or (rep >= R).any():
+        raise ValueError(f"replica: every entry must be in [0, {R}) (one capacity per replica in Ns)")
+    if window is None:
+        wm = np.ones(trace.n_turns, bool)
+    elif hasattr(window, "mask"):
+        wm = np.asarray(window.mask(trace), bool)
+    else:
+        wm = np.asarray(window, bool)
+    lam = _lam0(trace, lam0, engine, block_size)
+    frag = fragment_trace(trace, rep, R)
+    n_conv = np.unique(trace["conv"]).size
+    fid = frag["conv"]
+    kw = dict(engine=engine, metric=metric, block_size=block_size, origin=origin, fluctuations=fluctuations)
+    if len(set(Ns)) == 1:
+        n_frag = np.unique(fid).size
+        return float(estimate_window(frag, Ns[0], lam * n_frag / n_conv / R, window=wm, **kw).h)
+    acc = engine_accounting(frag, engine=engine, metric=metric, block_size=block_size)
+    order = frag.conv_index()[2]
+    dem = np.empty(trace.n_turns)
+    dem[order] = _row_demand(frag, acc, order)
+    hits = den = 0.0
+    for k in range(R):
+        on = rep == k
+        if not (on & wm).any():
+            continue
+        sub = frag.select(on)
+        n_frag = np.unique(fid[on]).size
+        h = float(estimate_window(sub, Ns[k], lam * n_frag / n_conv, window=wm[on], **kw).h)
+        d = float(dem[on & wm].sum())
+        hits += h * d
+        den += d
+    return hits / den if den else float("nan")
+
+
+def estimate_fleet_oblivious(
+    trace: Trace,
+    replica: np.ndarray,
+    Ns,
+    *,
+    engine: str = "vllm",
+    rows=None,
+    lam0: float | None = None,
+    block_size: int | None = None,
+) -> float:
+    """Token hit ratio of a fleet whose router sent row ``r`` to ``replica[r]`` (``Ns[k]`` blocks on replica k).
+
+    ``lam0``: the fleet's conversation arrival rate (default: the trace's λ̂0). Replica k's fragment rate is
+    ``lam0 · (fragments on k) / (conversations)``.
+    """
+    R = len(Ns)
+    frag = fragment_trace(trace, replica, R)
+    if lam0 is None:
+        from kvhit.estimate.engine import engine_accounting
+
+        lam0 = float(engine_accounting(trace, engine=engine, block_size=block_size).lam0_hat)
+    n_conv = np.unique(trace["conv"]).size
+    fid = frag["conv"]
+    mrow = np.ones(trace.n_turns, bool) if rows is None else np.asarray(rows, bool)
+    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"], float)
+    hits = dem = 0.0
+    if len(set(Ns)) == 1:
+        n_frag = np.unique(fid).size
+        e = estimate_engine(frag, Ns[0], lam0 * n_frag / n_conv / R, engine=engine, rows=mrow, block_size=block_size)
+        return float(e.h)
+    for k in range(R):
+        on = np.asarray(replica) == k
+        if not (on & mrow).any():
+            continue
+        sub = frag.select(on)
+        n_frag = np.unique(fid[on]).size
+        e = estimate_engine(sub, Ns[k], lam0 * n_frag / n_conv, engine=engine, rows=mrow[on], block_size=block_size)
+        d = float(T[on & mrow].sum())
+        hits += float(e.h) * d
+        dem += d
+    return hits / dem if dem else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# KV-aware routers: a conversation stays on the replica holding its history unless the load outweighs the overlap
+# ----------------------------------------------------------------------------------------------------------
+
+#: routers :func:`kv_routes` models, with the parameters it reads (the rest of :mod:`kvhit.fleet.routers`' defaults)
+KV_ROUTERS = {
+    "dynamo": ("overlap_score_weight", "overlap_score_credit", "request_weight", "temperature", "mode", "ttl"),
+    "llm-d": ("prefix_weight", "queue_weight", "kv_weight", "mode"),
+    "sglang": ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold", "mode"),
+    "sticky": ("ttl",),
+}
+
+
+def _prev_rows(trace: Trace) -> np.ndarray:
+    """Row of the previous turn of the same conversation (−1 for a first turn)."""
+    order = trace.conv_index()[2]
+    conv = trace["conv"][order]
+    prev = np.full(trace.n_turns, -1, np.int64)
+    same = np.flatnonzero(conv[1:] == conv[:-1]) + 1
+    prev[order[same]] = order[same - 1]
+    return prev
+
+
+def _load_samples(T, Hprev, hold, rate, R, Ns, b, samples, rng):
+    """S × R snapshots of what each replica has in flight at an arrival: an M/G/∞ count ~ Poisson(rate·E[hold]/R)
+    per replica (independent), each in-flight request a row drawn with probability ∝ its hold; returns in-flight
+    requests, outstanding prefill tokens (T − b·H_prev: the in-flight request's history taken as hit), active
+    blocks (⌈T/b⌉) and KV usage (active/N)."""
+    I = np.zeros((samples, R))
+    P = np.zeros((samples, R))
+    A = np.zeros((samples, R))
+    if hold is None or rate <= 0:
+        return I, P, A, A.copy()
+    hold = np.asarray(hold, float)
+    rho = rate * float(hold.mean()) / R
+    I = rng.poisson(rho, size=(samples, R)).astype(float)
+    n = int(I.sum())
+    if n:
+        p = hold / hold.sum()
+        rows = rng.choice(hold.size, size=n, p=p)
+        slot = np.repeat(np.arange(samples * R), I.ravel().astype(np.int64))
+        P = np.bincount(slot, weights=(T[rows] - b * Hprev[rows]).astype(float), minlength=samples * R)
+        A = np.bincount(slot, weights=(-(-T[rows] // b)).astype(float), minlength=samples * R)
+        P, A = P.reshape(samples, R), A.reshape(samples, R)
+    U = A / np.asarray(Ns, float)[None, :]
+    return I, P, A, U
+
+
+def _stay_prob(score_home, score_other, better):
+    """P(the home replica (column 0) wins): ``score_home`` (S, K) for K candidate overlaps, ``score_other`` (S,
+    R−1); ``better="min"`` (costs) or ``"max"`` (scores); ties broken uniformly (as the routers do)."""
+    if score_other.shape[1] == 0:
+        return np.ones(score_home.shape[1])
+    best = score_other.min(axis=1) if better == "min" else score_other.max(axis=1)
+    ties = (score_other == best[:, None]).sum(axis=1)
+    h, o = score_home, best[:, None]
+    win = (h < o) if better == "min" else (h > o)
+    tie = np.isclose(h, o, rtol=0, atol=1e-9)
+    return (win & ~tie).mean(axis=0) + (tie / (ties[:, None] + 1.0)).mean(axis=0)
+
+
+def stay_probabilities(
+    trace: Trace,
+    router: str,
+    R: int,
+    *,
+    hold=None,
+    Ns=None,
+    params: dict | None = None,
+    rate: float | None = None,
+    block_size: int | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+) -> np.ndarray:
+    """Per row, the probability that a KV-aware (or sticky) router sends the turn to the replica of the previous
+    turn of its conversation (NaN for first turns). docs/estimators.md §6 "KV-aware routers" derives each rule:
+
+    * ``dynamo`` (temperature 0): stay iff ℓ_h − w·c·x < min_{k≠h} ℓ_k, ℓ_k = w·P_k/b + A_k + w_r·I_k (the cost
+      of :class:`kvhit.fleet.routers.DynamoKV` with the request's own terms cancelled; c = ``overlap_score_credit``,
+      and when c·x·b can exceed T the home prefill is clamped at 0 as the router does), x = the overlap it sees on
+      the home replica: H = ⌊T_{j−1}/b⌋ (precise), H·1{W < ttl} (approx: the shadow entry expired);
+    * ``llm-d``: stay iff w_p·x/n + w_q·qs_h + w_k·(1 − u_h) beats every other replica's w_q·qs_k + w_k·(1 − u_k)
+      (n = the prompt's full blocks, qs the min–max queue score, u = KV usage);
+    * ``sglang``: the imbalance rule on in-flight counts → least loaded; else stay iff x/n > cache_threshold; else
+      the smallest tree (approx: taken as uniform over the R replicas) or the least loaded (precise);
+    * ``sticky``: stay iff W < ttl (the binding slides), else least loaded over all R.
+
+    Loads (P outstanding prefill tokens, A active blocks, I in-flight requests, u) are independent M/G/∞
+    snapshots per replica (:func:`_load_samples`) at the measured request rate ``rate`` (default: rows per second
+    over the trace) with holds ``hold``; ``hold=None`` = instantaneous requests (no load: the KV routers stay
+    whenever x > 0). Precise modes take the history as present (if it was evicted the turn misses wherever it
+    goes, and the next turn follows it either way).
+    """
+    if router not in KV_ROUTERS:
+        raise ValueError(f"router: the KV-aware model covers {sorted(KV_ROUTERS)}, got {router!r}")
+    p = dict(params or {})
+    bad = sorted(set(p) - set(KV_ROUTERS[router]))
+    if bad:
+        raise ValueError(f"router {router}: unknown parameter(s) {bad}")
+    if router == "dynamo" and float(p.get("temperature", 0.0)) != 0.0:
+        raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
+    b = int(block_size or trace.block_size or 0)
+    if b < 1:
+        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
+    Ns = [1] * R if Ns is None else [int(x) for x in Ns]
+    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
+    prev = _prev_rows(trace)
+    first = prev < 0
+    H = np.where(first, 0, T[np.maximum(prev, 0)] // b)
+    t = np.asarray(trace["time"], float)
+    W = np.where(first, np.inf, t - t[np.maximum(prev, 0)])
+    nb = np.maximum(T // b, 1)
+    if rate is None:
+        span = float(t.max() - t.min())
+        rate = trace.n_turns / span if span > 0 else 0.0
+    rng = np.random.default_rng(seed)
+    I, P, A, U = _load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
+    q = np.full(trace.n_turns, np.nan)
+    rev = ~first
+    if R == 1:
+        q[rev] = 1.0
+        return q
+    if router == "sticky":
+        ttl = float(p.get("ttl", 300.0))
+        q_exp = _stay_prob(I[:, :1], I[:, 1:], "min")[0]
+        q[rev] = np.where(W[rev] < ttl, 1.0, q_exp)
+        return q
+    mode = p.get("mode", "approx" if router == "sglang" else "precise")
+    x = H.astype(float)
+    if router == "dynamo" and mode == "approx":
+        x = np.where(W < float(p.get("ttl", 120.0)), x, 0.0)
+    if router == "dynamo":
+        w, wr = float(p.get("overlap_score_weight", 1.0)), float(p.get("request_weight", 0.0))
+        c = float(p.get("overlap_score_credit", 1.0))
+        ell = w * P / b + A + wr * I
+        if (c * x[rev] * b <= T[rev]).all() or w == 0.0:  # the clamp max(0, ·) never binds
+            xs, inv = np.unique(c * x[rev], return_inverse=True)
+            qx = _stay_prob(ell[:, :1] - w * xs[None, :], ell[:, 1:], "min")
+            q[rev] = qx[inv]
+            return q
+        # credit > 1: home prefill w·max(0, (P_h + T)/b − c·x); the other replicas pay w·(P_k + T)/b
+        keys, inv = np.unique(np.stack([c * x[rev], T[rev] / b], axis=1), axis=0, return_inverse=True)
+        qk = np.empty(keys.shape[0])
+        other = ell[:, 1:]
+        for a in range(0, keys.shape[0], 256):
+            cx, tb = keys[a : a + 256, 0][None, :], keys[a : a + 256, 1][None, :]
+            # both sides minus the common w·T/b: home w·max(0, P_h/b + T/b − c·x) − w·T/b + A_h + w_r·I_h
+            home = w * np.maximum(P[:, :1] / b + tb - cx, 0.0) - w * tb + A[:, :1] + wr * I[:, :1]
+            qk[a : a + 256] = _stay_prob(home, other, "min")
+        q[rev] = qk[inv.ravel()]
+        return q
+    frac = np.round(x / nb, 4)
+    fs, inv = np.unique(frac[rev], return_inverse=True)
+    if router == "llm-d":
+        wp, wq, wk = (
+            float(p.get(k, d)) for k, d in (("prefix_weight", 3.0), ("queue_weight", 2.0), ("kv_weight", 2.0))
+        )
+        lo, hi = I.min(axis=1, keepdims=True), I.max(axis=1, keepdims=True)
+        qs = np.where(hi > lo, (hi - I) / np.where(hi > lo, hi - lo, 1.0), 1.0)
+        base = wq * qs + wk * (1.0 - U)
+        qf = _stay_prob(base[:, :1] + wp * fs[None, :], base[:, 1:], "max")
+        q[rev] = qf[inv]
+        return q
+    # sglang
+    th = float(p.get("cache_threshold", 0.3))
+    ab, rel = float(p.get("balance_abs_threshold", 64)), float(p.get("balance_rel_threshold", 1.5))
+    lo, hi = I.min(axis=1), I.max(axis=1)
+    imb = (hi - lo > ab) & (hi > rel * lo)
+    q_ll = _stay_prob(I[:, :1], I[:, 1:], "min")[0]  # home is the least loaded
+    q_imb = float(_stay_prob(I[imb, :1], I[imb, 1:], "min")[0]) if imb.any() else 0.0
+    q_low = 1.0 / R if mode == "approx" else q_ll
+    pi = float(imb.mean())
+    qf = pi * q_imb + (1 - pi) * np.where(fs > th, 1.0, q_low)
+    q[rev] = qf[inv]
+    return q
+
+
+def kv_routes(trace: Trace, q: np.ndarray, R: int, seed: int = 0) -> np.ndarray:
+    """A routing drawn from the stay model: a first turn goes to a uniform replica (the least loaded of symmetric
+    replicas); turn j stays on turn j−1's replica with probability ``q[j]``, else goes to one of the R − 1
+    others uniformly. Seeded (one uniform per row for the stay, one for the destination)."""
+    rng = np.random.default_rng(seed)
+    order = trace.conv_index()[2]
+    conv = trace["conv"][order]
+    first = np.concatenate([[True], conv[1:] != conv[:-1]])
+    u = rng.random(order.size)
+    d = rng.integers(0, R, size=order.size)
+    jump = rng.integers(1, max(R, 2), size=order.size)
+    qo = np.asarray(q, float)[order]
+    out = np.empty(order.size, np.int64)
+    cur = 0
+    for i in range(order.size):
+        if first[i]:
+            cur = int(d[i])
+        elif not u[i] < qo[i]:
+            cur = (cur + int(jump[i])) % R
+        out[i] = cur
+    rep = np.empty(trace.n_turns, np.int64)
+    rep[order] = out
+    return rep
+
+
+def estimate_fleet_kv(
+    trace: Trace,
+    router: str,
+    Ns,
+    *,
+    hold=None,
+    params: dict | None = None,
+    window=None,
+    rate: float | None = None,
+    engine: str = "vllm",
+    lam0: float | None = None,
+    block_size: int | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+) -> float:
+    """Fleet hit ratio under a KV-aware (or sticky) router: :func:`stay_probabilities` → a routing drawn by
+    :func:`kv_routes` → :func:`estimate_fleet` on its fragments. Between the two oblivious limits: every
+    q = 1 is affinity, q = 1/R (no overlap weight, symmetric loads) is random routing."""
+    R = len(Ns)
+    q = stay_probabilities(
+        trace, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=block_size, samples=samples,
+        seed=seed,
+    )  # fmt: skip
+    rep = kv_routes(trace, q, R, seed=seed + 1)
+    return estimate_fleet(trace, rep, Ns, window=window, engine=engine, lam0=lam0, block_size=block_size)

@@ -1,0 +1,6 @@
+"""SGLang's radix cache (0.5.23 ``RadixCache`` + ``TokenToKVPoolAllocator``).
+
+* :mod:`~kvhit.sim.sglang.radix` — the compiled radix-tree model; :mod:`~kvhit.sim.sglang.run` — trace runs on it.
+* :mod:`~kvhit.sim.sglang.engine` — the step-wise :class:`~kvhit.sim.engine.Engine`.
+* :mod:`~kvhit.sim.sglang.streams` — request streams (token ids) for the radix model.
+"""
