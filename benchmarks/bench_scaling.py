@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from child import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "scm.toml"
@@ -40,31 +40,9 @@ def _commands(trace: Path, n_conv: int, out: Path) -> list[tuple[str, list[str]]
 
 
 def _run(args: list[str]) -> dict:
-    """Run ``kvhit ARGS``; wall seconds, CPU seconds and peak RSS of that child alone (``os.wait4``)."""
-    load = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    p = subprocess.Popen([KVHIT, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = t0 + TIMEOUT_S
-    while True:
-        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() > deadline:
-            p.kill()
-            pid, status, ru = os.wait4(p.pid, 0)
-            status = -1
-            break
-        time.sleep(0.05)
-    p.returncode = 0  # reaped above: keep Popen from waiting again
-    wall = time.perf_counter() - t0
-    rc = os.waitstatus_to_exitcode(status) if status != -1 else -1
-    return {
-        "wall_s": wall,
-        "cpu_s": ru.ru_utime + ru.ru_stime,
-        "max_rss_gb": ru.ru_maxrss / 1e6,
-        "load": load,
-        "rc": rc,
-    }
+    """Run ``kvhit ARGS``; wall seconds, CPU seconds and peak RSS of that child alone (:mod:`child`)."""
+    r = run_child([KVHIT, *args], TIMEOUT_S)
+    return {"wall_s": r.wall_s, "cpu_s": r.cpu_s, "max_rss_gb": r.max_rss_bytes / 1e9, "load": r.load, "rc": r.rc}
 
 
 def run(large: bool | None = None) -> dict:

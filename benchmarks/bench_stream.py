@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+from child import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "scm.toml"
@@ -32,35 +31,15 @@ TIMEOUT_S = 3600
 
 
 def _run(args: list[str]) -> dict:
-    """``kvhit ARGS --json`` in a child: wall and CPU seconds, peak RSS of that child (``os.wait4``), its answer."""
-    load = os.getloadavg()[0]
-    with tempfile.TemporaryFile() as out:
-        t0 = time.perf_counter()
-        p = subprocess.Popen([KVHIT, *args, "--json"], stdout=out, stderr=subprocess.DEVNULL)
-        deadline = t0 + TIMEOUT_S
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                p.kill()
-                pid, status, ru = os.wait4(p.pid, 0)
-                status = -1
-                break
-            time.sleep(0.05)
-        p.returncode = 0  # reaped above
-        wall = time.perf_counter() - t0
-        out.seek(0)
-        text = out.read().decode()
-    rc = os.waitstatus_to_exitcode(status) if status != -1 else -1
-    res = json.loads(text) if rc == 0 else {}
+    """``kvhit ARGS --json`` in a child: wall and CPU seconds, peak RSS of that child (:mod:`child`), its answer."""
+    r = run_child([KVHIT, *args, "--json"], TIMEOUT_S, capture=True)
     return {
-        "wall_s": wall,
-        "cpu_s": ru.ru_utime + ru.ru_stime,
-        "max_rss_mb": ru.ru_maxrss / 1024,
-        "load": load,
-        "rc": rc,
-        "answer": res,
+        "wall_s": r.wall_s,
+        "cpu_s": r.cpu_s,
+        "max_rss_mb": r.max_rss_bytes / 2**20,
+        "load": r.load,
+        "rc": r.rc,
+        "answer": json.loads(r.stdout) if r.rc == 0 else {},
     }
 
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from child import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "scm.toml"
@@ -66,26 +66,12 @@ N = {_capacities(n_caps, 200, 20_000)}
 
 def _run(grid: Path, out: Path, *args: str) -> dict:
     """``kvhit sweep GRID --json`` in a child: its answer, wall seconds, and the CPU seconds of the child and the
-    workers it reaped (``os.wait4``: the local pool's workers count; Ray's do not — they are the raylet's)."""
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se:
-        p = subprocess.Popen([KVHIT, "sweep", str(grid), "--out", str(out), "--json", *args], stdout=so, stderr=se)
-        deadline = t0 + TIMEOUT_S
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                p.kill()
-                pid, status, ru = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.05)
-        wall = time.perf_counter() - t0
-        so.seek(0)
-        se.seek(0)
-        out_text, err_text = so.read().decode(), se.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        return {"error": (err_text.strip().splitlines() or ["?"])[-1], "wall_s": wall}
+    workers it reaped (``os.wait4``, :mod:`child`: the local pool's workers count; Ray's do not — they are the
+    raylet's)."""
+    r = run_child([KVHIT, "sweep", str(grid), "--out", str(out), "--json", *args], TIMEOUT_S, capture=True)
+    wall, ru_cpu, out_text = r.wall_s, r.cpu_s, r.stdout
+    if r.rc != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1], "wall_s": wall}
     d = json.loads(out_text)
     return {
         "rows": d["rows"],
@@ -94,7 +80,7 @@ def _run(grid: Path, out: Path, *args: str) -> dict:
         "seconds": d["seconds"],
         "rows_per_s": d["rows"] / d["seconds"],
         "wall_s": wall,
-        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "cpu_s": ru_cpu,
     }
 
 
