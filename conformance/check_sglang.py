@@ -15,14 +15,13 @@ Not checked here: ``page_size > 1``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from harness import add_common_args, drop_one, first_difference, run  # noqa: E402
 from real_sglang import VERSION, RealSglangEngine, RealUnifiedEngine  # noqa: E402
 
 from kvhit.sim.engine import Request, replay  # noqa: E402
@@ -139,54 +138,22 @@ def compare(case: Case, model: str):
     if CACHE[0] != "radix":
         a, r = _unobservable(a), _unobservable(r)
     n = sum(1 for e in r if e[0] == "submit")
-    names = [
+    fields = [
         "event",
         "request",
         "outcome (hit, evicted, evicted tokens)",
         "(free, evictable, cached)",
         "eviction order",
     ]
-    for i, (x, y) in enumerate(zip(a, r, strict=False)):
-        if x != y:
-            k = next(j for j in range(5) if x[j] != y[j])
-            return (
-                n,
-                f"event {i} ({y[0]} r{y[1]}): {names[k]} differs\n  kvhit {model}: {x[k]}\n  sglang {VERSION}: {y[k]}",
-            )
-    if len(a) != len(r):
-        return n, f"event count differs: {len(a)} vs {len(r)}"
-    return n, None
+    return n, first_difference(a, r, fields, f"kvhit {model}", f"sglang {VERSION}")
 
 
-def shrink(case: Case, model: str) -> Case:
-    def bad(c):
-        try:
-            return bool(c.reqs) and compare(c, model)[1] is not None
-        except Exception:
-            return False
-
-    changed = True
-    while changed:
-        changed = False
-        cands = [replace(case, times=None, hold=None)] if case.hold is not None else []
-        n = len(case.reqs)
-        for i in range(n):
-            keep = [j for j in range(n) if j != i]
-            cands.append(
-                replace(
-                    case,
-                    reqs=tuple(case.reqs[j] for j in keep),
-                    times=None if case.times is None else tuple(case.times[j] for j in keep),
-                    hold=None if case.hold is None else tuple(case.hold[j] for j in keep),
-                )
-            )
-        if case.C > 1:
-            cands.append(replace(case, C=case.C - 1))
-        for c in cands:
-            if bad(c):
-                case, changed = c, True
-                break
-    return case
+def smaller(case: Case) -> list[Case]:
+    """The shrinker's candidates: drop holds, drop one request, shrink the pool."""
+    cands = drop_one(case, "reqs")
+    if case.C > 1:
+        cands.append(replace(case, C=case.C - 1))
+    return [c for c in cands if c.reqs]
 
 
 def main() -> int:
@@ -194,53 +161,22 @@ def main() -> int:
     ap.add_argument("--model", choices=sorted(MODELS), default="sglang")
     ap.add_argument("--cache", choices=sorted(CACHES), default="radix", help="SGLang cache class (tree core)")
     ap.add_argument("--evict-policy", choices=["lru", "fifo", "mru", "filo"], default="lru")
-    ap.add_argument("--cases", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--expect-mismatch", action="store_true")
-    ap.add_argument("--json")
+    add_common_args(ap)
     a = ap.parse_args()
     CACHE[:] = [a.cache, a.evict_policy]
-    rng = np.random.default_rng(a.seed)
-    t0 = time.perf_counter()
-    compared = bad = 0
-    first = None
-    for _ in range(a.cases):
-        case = gen_case(rng)
-        n, diff = compare(case, a.model)
-        compared += n
-        if diff is not None:
-            bad += 1
-            first = first or case
-    secs = round(time.perf_counter() - t0, 1)
-    label = "negative control " if a.expect_mismatch else ""
-    print(
-        f"{label}kvhit engine={a.model} vs SGLang {VERSION} {NAMES[a.cache]} ({a.evict_policy}): {a.cases} cases, "
-        f"{compared} requests, {bad} mismatching cases ({secs} s)"
+    return run(
+        a,
+        gen_case=gen_case,
+        compare=lambda c: compare(c, a.model),
+        smaller=smaller,
+        title=f"kvhit engine={a.model} vs SGLang {VERSION} {NAMES[a.cache]} ({a.evict_policy})",
+        summary={
+            "model": a.model,
+            "engine": f"sglang=={VERSION}",
+            "cache": a.cache,
+            "evict_policy": a.evict_policy,
+        },
     )
-    if first is not None:
-        small = shrink(first, a.model)
-        print("minimal mismatching case:\n" + small.show())
-        print(compare(small, a.model)[1])
-    if a.json:
-        with open(a.json, "a") as f:
-            f.write(
-                json.dumps(
-                    {
-                        "model": a.model,
-                        "engine": f"sglang=={VERSION}",
-                        "cache": a.cache,
-                        "evict_policy": a.evict_policy,
-                        "cases": a.cases,
-                        "seed": a.seed,
-                        "requests": compared,
-                        "mismatching_cases": bad,
-                        "negative_control": a.expect_mismatch,
-                        "seconds": secs,
-                    }
-                )
-                + "\n"
-            )
-    return 0 if (bad > 0) == a.expect_mismatch else 1
 
 
 if __name__ == "__main__":

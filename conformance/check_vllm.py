@@ -18,9 +18,7 @@ the run succeeds only if a mismatch is found. Exit status 0 = as expected, 1 = n
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,6 +28,7 @@ from kvhit.sim.vllm.blockids import hashes_from_token_ids
 from kvhit.sim.vllm.engine import VllmEngine
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from harness import add_common_args, drop_one, first_difference, run  # noqa: E402
 from real_vllm import VERSION, RealVllmEngine  # noqa: E402
 
 
@@ -146,108 +145,39 @@ def compare(case: Case, model: str) -> tuple[int, str | None]:
         a = [(e[0], e[1], e[2] and e[2][0], None, None) for e in a]
         r = [(e[0], e[1], e[2] and e[2][0], None, None) for e in r]
     n = sum(1 for e in r if e[0] == "submit")
-    for i, (x, y) in enumerate(zip(a, r, strict=False)):
-        if x != y:
-            what = ["event", "request", "outcome (hit tokens, new blocks, evicted)", "free queue", "eviction order"]
-            k = next(j for j in range(5) if x[j] != y[j])
-            return (
-                n,
-                f"event {i} ({y[0]} r{y[1]}): {what[k]} differs\n  kvhit {model}: {x[k]}\n  vLLM {VERSION}: {y[k]}",
-            )
-    if len(a) != len(r):
-        return n, f"event count differs: kvhit {len(a)}, vLLM {len(r)}"
-    return n, None
+    fields = ["event", "request", "outcome (hit tokens, new blocks, evicted)", "free queue", "eviction order"]
+    return n, first_difference(a, r, fields, f"kvhit {model}", f"vLLM {VERSION}")
 
 
-def shrink(case: Case, model: str) -> Case:
-    """Greedy delta debugging: keep any smaller case that still mismatches."""
-
-    def bad(c: Case) -> bool:
-        try:
-            return compare(c, model)[1] is not None
-        except Exception:  # a case the generator would not make (e.g. empty): not a witness
-            return False
-
-    changed = True
-    while changed:
-        changed = False
-        cands = []
-        if case.hold is not None:
-            cands.append(replace(case, times=None, hold=None))
-        n = len(case.prompts)
-        for i in range(n):
-            keep = [j for j in range(n) if j != i]
-            cands.append(
-                replace(
-                    case,
-                    prompts=tuple(case.prompts[j] for j in keep),
-                    times=None if case.times is None else tuple(case.times[j] for j in keep),
-                    hold=None if case.hold is None else tuple(case.hold[j] for j in keep),
-                )
-            )
-        if case.N > 1:
-            cands.append(replace(case, N=case.N - 1))
-        for i in range(n):
-            if len(case.prompts[i]) > 1:
-                p = list(case.prompts)
-                p[i] = p[i][:-1]
-                cands.append(replace(case, prompts=tuple(p)))
-        for c in cands:
-            if c.prompts and bad(c):
-                case = c
-                changed = True
-                break
-    return case
+def smaller(case: Case) -> list[Case]:
+    """The shrinker's candidates: drop holds, drop one request, shrink the pool, shorten one prompt."""
+    cands = drop_one(case, "prompts")
+    if case.N > 1:
+        cands.append(replace(case, N=case.N - 1))
+    for i in range(len(case.prompts)):
+        if len(case.prompts[i]) > 1:
+            p = list(case.prompts)
+            p[i] = p[i][:-1]
+            cands.append(replace(case, prompts=tuple(p)))
+    return [c for c in cands if c.prompts]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, choices=["vllm", "vllm-0.23", *MUTANTS])
     ap.add_argument("--compare", choices=["all", "hits"], default="all", help="hits: hit tokens only")
-    ap.add_argument("--cases", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--expect-mismatch", action="store_true")
-    ap.add_argument("--json", help="append a JSON summary line to this file")
+    add_common_args(ap)
     a = ap.parse_args()
     global COMPARE
     COMPARE = a.compare
-    rng = np.random.default_rng(a.seed)
-    t0 = time.perf_counter()
-    compared = mismatches = 0
-    first = None
-    for _ in range(a.cases):
-        case = gen_case(rng)
-        n, diff = compare(case, a.model)
-        compared += n
-        if diff is not None:
-            mismatches += 1
-            if first is None:
-                first = case
-    summary = {
-        "model": a.model,
-        "engine": f"vllm=={VERSION}",
-        "cases": a.cases,
-        "seed": a.seed,
-        "requests": compared,
-        "mismatching_cases": mismatches,
-        "compared": a.compare,
-        "negative_control": a.expect_mismatch,
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
-    label = "negative control " if a.expect_mismatch else ""
-    print(
-        f"{label}kvhit engine={a.model} vs vLLM {VERSION} ({a.compare}): {a.cases} cases, {compared} requests, "
-        f"{mismatches} mismatching cases ({summary['seconds']} s)"
+    return run(
+        a,
+        gen_case=gen_case,
+        compare=lambda c: compare(c, a.model),
+        smaller=smaller,
+        title=f"kvhit engine={a.model} vs vLLM {VERSION} ({a.compare})",
+        summary={"model": a.model, "engine": f"vllm=={VERSION}", "compared": a.compare},
     )
-    if first is not None:
-        small = shrink(first, a.model)
-        print("minimal mismatching case:\n" + small.show())
-        print(compare(small, a.model)[1])
-    if a.json:
-        with open(a.json, "a") as f:
-            f.write(json.dumps(summary) + "\n")
-    ok = (mismatches > 0) if a.expect_mismatch else (mismatches == 0)
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":
