@@ -70,3 +70,16 @@ def test_old_public_names_of_modules_that_became_packages():
     assert estimate_engine is new_est and make_workload is new_mw and simulate_content is new_sc
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         importlib.import_module("kvhit.estimate").nope  # noqa: B018
+
+
+def test_lazy_name_wins_over_a_submodule_of_the_same_spelling():
+    """``kvhit.workload.generate`` is the generator function even after the submodule of that name was imported
+    by something else first (as the eager package had it; the README quickstart relies on it)."""
+    code = (
+        "import kvhit.sim.runner\n"
+        "from kvhit.workload import generate\n"
+        "import inspect; assert inspect.isfunction(generate), generate\n"
+        "import sys; assert sys.modules['kvhit.workload.generate'].generate is generate\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr

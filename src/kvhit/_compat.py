@@ -14,6 +14,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 import warnings
 
 #: old module path → new module path
@@ -77,8 +78,24 @@ def install() -> None:
         sys.meta_path.append(_AliasFinder())
 
 
+class _LazyPackage(types.ModuleType):
+    """A package whose lazily exported names win over its submodules of the same spelling, as they did when the
+    package imported them eagerly (``kvhit.workload.generate`` is the function, not the module): the import system
+    binds a submodule as an attribute of its package on first import, and that binding is declined here."""
+
+    def __setattr__(self, attr: str, value) -> None:
+        lazy = self.__dict__.get("_lazy_names", ())
+        if attr in lazy and isinstance(value, types.ModuleType) and value.__name__ == f"{self.__name__}.{attr}":
+            return
+        super().__setattr__(attr, value)
+
+
 def lazy_exports(module_name: str, names: dict[str, str]):
-    """A PEP 562 ``__getattr__`` for a package that re-exports ``names`` (public name → defining module) lazily."""
+    """A PEP 562 ``__getattr__`` for a package that re-exports ``names`` (public name → defining module) lazily.
+    A name spelled like one of the package's submodules still means the exported object (:class:`_LazyPackage`)."""
+    pkg = sys.modules[module_name]
+    pkg._lazy_names = frozenset(names)
+    pkg.__class__ = _LazyPackage
 
     def __getattr__(attr: str):
         target = names.get(attr)
