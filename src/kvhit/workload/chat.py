@@ -89,6 +89,7 @@ __all__ = [
     "tokenize_requests",
     "thread_requests",
     "build_chat_trace",
+    "trace_from_prompts",
     "write_hash_only",
 ]
 
@@ -865,8 +866,7 @@ def build_chat_trace(
     full prompt of trace row r and ``times`` its arrival (rows in trace order)."""
     import time as _t
 
-    from .blocks import BLOCK_RULE, block_accounting
-    from .trace import Trace
+    from .blocks import BLOCK_RULE
 
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ChatError(f"--block-size: expected a positive integer, got {block_size!r}")
@@ -914,11 +914,59 @@ def build_chat_trace(
     t1 = _t.perf_counter()
     th = thread_requests(ids, [r.conversation for r in reqs])
     n = len(reqs)
+    counts: dict[str, int] = {}
+    for x in th.reason:
+        counts[x] = counts.get(x, 0) + 1
+    secs["thread"] = _t.perf_counter() - t1
+    meta = {
+        "source": f"chat:{log.path}",
+        "block_size": int(block_size),
+        "block_rule": BLOCK_RULE,
+        "tokenizer": f"{cm.path} (tokenizer.json, {cm.fingerprint})",
+        "template": "chat_template of the model directory (apply_chat_template rendering, add_generation_prompt)",
+        "model": model or next((k for k in names if k), None),
+        "timestamps": tsource,
+        "threading": counts,
+    }
+    tr, perm = trace_from_prompts(ids, times, th.parent, block_size, meta, where=log.path)
+    full = [ids[i] for i in perm]
+    C = tr.n_conversations
+    rep = ChatTraceReport(
+        source=log.path,
+        shape=log.shape,
+        formats=log.formats,
+        model_dir=cm.path,
+        tokenizer_fingerprint=cm.fingerprint,
+        model=meta["model"],
+        n_requests=n,
+        n_other_models=others,
+        n_conversations=C,
+        threading=counts,
+        prompt_tokens=int(sum(q.size for q in ids)),
+        timestamps=tsource,
+        piece_memo=used_memo,
+        seconds=secs,
+    )
+    return tr, rep, full, times[perm]
+
+
+def trace_from_prompts(
+    ids: list[np.ndarray], times: np.ndarray, parent: np.ndarray, block_size: int, meta: dict, where: str = "trace"
+):
+    """The kvhit trace of requests given in arrival order with their full prompts ``ids`` and the request each
+    continues (``parent``, −1 for a conversation's first turn; a parent's prompt must be a proper prefix).
+    Returns ``(trace, perm)``: trace row i is request ``perm[i]``."""
+    from .blocks import block_accounting
+    from .trace import Trace
+
+    n = len(ids)
+    parent = np.asarray(parent, np.int64)
+    times = np.asarray(times, np.float64)
     conv = np.full(n, -1, np.int64)
     turn = np.zeros(n, np.int64)
     C = 0
     for r in range(n):
-        p = th.parent[r]
+        p = parent[r]
         if p < 0:
             conv[r], turn[r] = C, 1
             C += 1
@@ -926,9 +974,8 @@ def build_chat_trace(
             conv[r], turn[r] = conv[p], turn[p] + 1
     M = np.bincount(conv, minlength=C)[conv]
     plen = np.array([q.size for q in ids], np.int64)
-    prev_len = np.where(th.parent >= 0, plen[np.maximum(th.parent, 0)], 0)
+    prev_len = np.where(parent >= 0, plen[np.maximum(parent, 0)], 0)
     new_tokens = [q[int(k) :] for q, k in zip(ids, prev_len, strict=True)]
-    # block accounting in conversation-major order
     cm_order = np.lexsort((turn, conv))
     Mc = np.bincount(conv, minlength=C)
     acc = block_accounting(Mc, (plen - prev_len)[cm_order], np.zeros(n, np.int64), block_size)
@@ -949,41 +996,8 @@ def build_chat_trace(
         "R_full": plen // block_size,
         "R_phys": -(-plen // block_size),
     }
-    counts: dict[str, int] = {}
-    for x in th.reason:
-        counts[x] = counts.get(x, 0) + 1
-    secs["thread"] = _t.perf_counter() - t1
-    meta = {
-        "source": f"chat:{log.path}",
-        "block_size": int(block_size),
-        "block_rule": BLOCK_RULE,
-        "tokenizer": f"{cm.path} (tokenizer.json, {cm.fingerprint})",
-        "template": "chat_template of the model directory (apply_chat_template rendering, add_generation_prompt)",
-        "model": model or next((k for k in names if k), None),
-        "timestamps": tsource,
-        "threading": counts,
-    }
-    tr = Trace.from_columns(cols, meta, {"new_tokens": new_tokens}, sort=True, where=log.path)
-    # rows of tr are sorted by (time, conv, turn): our rows are already time-ordered, but map explicitly
-    perm = np.lexsort((turn, conv, times))
-    full = [ids[i] for i in perm]
-    rep = ChatTraceReport(
-        source=log.path,
-        shape=log.shape,
-        formats=log.formats,
-        model_dir=cm.path,
-        tokenizer_fingerprint=cm.fingerprint,
-        model=meta["model"],
-        n_requests=n,
-        n_other_models=others,
-        n_conversations=C,
-        threading=counts,
-        prompt_tokens=int(plen.sum()),
-        timestamps=tsource,
-        piece_memo=used_memo,
-        seconds=secs,
-    )
-    return tr, rep, full, times[perm]
+    tr = Trace.from_columns(cols, dict(meta, block_size=int(block_size)), {"new_tokens": new_tokens}, where=where)
+    return tr, np.lexsort((turn, conv, times))
 
 
 def write_hash_only(path: str | Path, ids: list[np.ndarray], times: np.ndarray, block_size: int) -> Path:
