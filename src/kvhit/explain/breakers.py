@@ -6,8 +6,11 @@ Detection, per request r with its reusable prefix d = h0[r] and the earlier requ
 when, for some span lengths s ≤ ``max_span`` of r and s' = s + δ of p (|δ| ≤ ``max_shift``), the next ``window``
 tokens agree: r[d+s : d+s+window] = p[d+s' : d+s'+window] (the smallest s, then the smallest |δ|). The common
 run after it, c = LCP(r[d+s:], p[d+s':]), is the reuse the differing span cost r; a breaker needs c ≥
-``min_run`` tokens (default one block). Breakers are grouped by the divergence position d: requests breaking at
-the same position of their prompts are one pattern (e.g. a timestamp at token 9 of every system prompt).
+``min_run`` tokens (one block). Differences closer together than that (a date and a time) merge into one span:
+the search goes on after a short run, within ``max_span`` tokens of d.
+
+Breakers are grouped by the divergence position d: requests breaking at the same position of their prompts are
+one pattern (e.g. a timestamp at token 9 of every system prompt).
 
 What-if (:func:`what_if`): every conversation with a breaker of the group has the differing span moved to just
 after the common run, in every turn whose prompt contains it (turns of a trace conversation extend each other,
@@ -50,7 +53,8 @@ class Breaker:
         }
 
 
-def _resync(q: np.ndarray, P: np.ndarray, d: int, max_span: int, max_shift: int, window: int):
+def _resync(q: np.ndarray, P: np.ndarray, d: int, max_span: int, max_shift: int, window: int, e: int | None = None):
+    e = d if e is None else e
     for s in range(1, max_span + 1):
         a = q[d + s : d + s + window]
         if a.size < window:
@@ -60,9 +64,30 @@ def _resync(q: np.ndarray, P: np.ndarray, d: int, max_span: int, max_shift: int,
                 sp = s + delta
                 if sp < 1:
                     continue
-                bseg = P[d + sp : d + sp + window]
+                bseg = P[e + sp : e + sp + window]
                 if bseg.size == window and np.array_equal(a, bseg):
                     return s, sp
+    return None
+
+
+def _span(q: np.ndarray, P: np.ndarray, d: int, min_run: int, max_span: int, max_shift: int, window: int):
+    """``(s, s', c)``: the differing span of q (s tokens) and of P (s') from d, and the common run after it;
+    nearby differences (a date and a time) merge into one span while the run between them is < ``min_run``."""
+    a0, b0 = d, d
+    while a0 - d <= max_span:
+        found = _resync(q, P, a0, max_span - (a0 - d), max_shift, window, b0)
+        if found is None:
+            return None
+        s, sp = found
+        x, y = q[a0 + s :], P[b0 + sp :]
+        m = min(x.size, y.size)
+        ne = np.flatnonzero(x[:m] != y[:m])
+        c = int(ne[0]) if ne.size else m
+        if c >= min_run:
+            return a0 + s - d, b0 + sp - d, c
+        if not ne.size:
+            return None
+        a0, b0 = a0 + s + c, b0 + sp + c
     return None
 
 
@@ -91,16 +116,10 @@ def find_breakers(
         d = int(lcp[r])
         if d >= q.size or d >= P.size or d == 0:
             continue
-        found = _resync(q, P, d, max_span, max_shift, window)
-        if found is None:
+        span = _span(q, P, d, min_run, max_span, max_shift, window)
+        if span is None:
             continue
-        s, sp = found
-        a, bb = q[d + s :], P[d + sp :]
-        m = min(a.size, bb.size)
-        ne = np.flatnonzero(a[:m] != bb[:m])
-        c = int(ne[0]) if ne.size else m
-        if c < min_run:
-            continue
+        s, sp, c = span
         lost[r] = c
         groups.setdefault(d, []).append((r, p, s, sp, c))
     out = []

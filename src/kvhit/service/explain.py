@@ -1,0 +1,187 @@
+"""``trace chat`` and ``explain``: chat logs → a kvhit trace with the model's own tokenizer, and where a trace's
+hit ratio goes at a configuration.
+
+Invariant: every flag given changes the answer or is refused (``--router`` without replicas, a host tier behind
+a fleet, ``--model-dir`` for decoding without token ids, …); outputs are checked before computing and written
+atomically. NOT modelled here: the readers, the renderer and the simulators themselves
+(:mod:`kvhit.workload.chat`, :mod:`kvhit.explain`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .base import Request, Response
+from .errors import InputError, translating
+from .inputs import read_trace
+from .io import check_output_file
+
+__all__ = ["ChatTraceRequest", "ChatTraceResponse", "ExplainRequest", "ExplainResponse", "chat_trace", "explain"]
+
+
+class ChatTraceRequest(Request):
+    log: Path = Field(description="Chat log: OpenAI/Anthropic request JSONL, ShareGPT/LMSYS/vLLM conversation JSON.")
+    model_dir: Path = Field(description="Local model directory with tokenizer.json and a chat template.")
+    out: Path = Field(description="Output: a kvhit Parquet trace, or Mooncake-style JSONL with --hash-only.")
+    hash_only: bool = Field(False, description="Write only chained block hashes (no token ids leave the machine).")
+    model: str | None = Field(None, description="Keep only the requests for this model (a log with several).")
+    block_size: int = Field(16, ge=1, le=2**16, description="Tokens per KV block b, 1–65,536; default 16 (vLLM).")
+    spacing: float = Field(1.0, ge=0, description="Request logs without timestamps: seconds between requests.")
+    lam0: float = Field(1.0, gt=0, description="Conversation files: conversation arrivals per second; > 0.")
+    gap: float = Field(60.0, ge=0, description="Conversation files: mean seconds between turns; ≥ 0.")
+    seed: int = Field(0, ge=0, description="Seed of the conversation files' arrival times; ≥ 0.")
+
+    FLAGS = {"model_dir": "--model-dir", "out": "--out"}
+
+
+class ChatTraceResponse(Response):
+    out: str
+    hash_only: bool
+    report: dict[str, Any]
+    seconds: float
+
+
+def chat_trace(req: ChatTraceRequest) -> ChatTraceResponse:
+    """Read, render, tokenize, thread and write (see :mod:`kvhit.workload.chat`)."""
+    from kvhit.workload.chat import ChatError, build_chat_trace, write_hash_only
+
+    t0 = time.perf_counter()
+    suffix = (".jsonl",) if req.hash_only else (".parquet",)
+    if req.out.suffix not in suffix:
+        raise InputError(f"--out {req.out}: expected a {suffix[0]} file{' with --hash-only' if req.hash_only else ''}")
+    check_output_file(req.out, "--out")
+    try:
+        with translating(str(req.log)):
+            tr, rep, ids, times = build_chat_trace(
+                req.log,
+                req.model_dir,
+                block_size=req.block_size,
+                model=req.model,
+                spacing=req.spacing,
+                lam0=req.lam0,
+                gap=req.gap,
+                seed=req.seed,
+            )
+    except ChatError as e:
+        raise InputError(str(e)) from None
+    if req.hash_only:
+        write_hash_only(req.out, ids, times, req.block_size)
+    else:
+        tr.write(req.out)
+    return ChatTraceResponse(
+        out=str(req.out), hash_only=req.hash_only, report=rep.to_dict(), seconds=time.perf_counter() - t0
+    )
+
+
+class ExplainRequest(Request):
+    trace: Path = Field(description="kvhit Parquet trace (kvhit trace chat makes one from chat logs).")
+    N: int = Field(ge=1, le=2**31 - 3, description="KV blocks of the GPU prefix cache (per replica); ≥ 1.")
+    engine: Literal["vllm", "vllm-0.23"] = Field("vllm", description="vllm (≥ 0.24) | vllm-0.23.")
+    block_size: int | None = Field(None, ge=1, le=2**16, description="Tokens per block; default: the trace's.")
+    prefill_tokens_per_s: float | None = Field(
+        None, gt=0, le=1e12, description="Concurrency stage: each request holds its blocks T/speed seconds; > 0."
+    )
+    replicas: int = Field(1, ge=1, le=4096, description="Routing stage: replicas of N blocks each; 1–4,096.")
+    router: str | None = Field(None, description="Routing stage: the router (kvhit fleet's names); needs replicas.")
+    host_blocks: int | None = Field(
+        None, ge=1, le=2**31 - 3, description="Host-tier stage: vLLM native CPU offloading, blocks; ≥ 1."
+    )
+    model_dir: Path | None = Field(None, description="Model directory: decode the prefix breakers' tokens.")
+    breakers: int = Field(5, ge=0, le=100, description="Prefix breakers to report (and what-if the first); 0–100.")
+    figure: Path | None = Field(None, description="Write the waterfall figure to PREFIX.png and PREFIX.svg.")
+    seed: int = Field(0, ge=0, description="Router seed; ≥ 0.")
+
+    FLAGS = {"N": "--N", "model_dir": "--model-dir"}
+
+
+class ExplainResponse(Response):
+    trace: str
+    config: dict[str, Any]
+    waterfall: list[dict[str, Any]] = Field(description="One row per stage: value and step in each weighting.")
+    final: dict[str, float]
+    causes: list[dict[str, Any]]
+    breakers: list[dict[str, Any]]
+    what_if: dict[str, Any] | None
+    figure: list[str] = Field(default_factory=list)
+    seconds: float
+
+
+def explain(req: ExplainRequest) -> ExplainResponse:
+    """The waterfall, the per-miss causes and the prefix breakers of a trace at a configuration."""
+    from kvhit.explain import ExplainError, explain_trace, find_breakers, full_prompts, what_if
+
+    t0 = time.perf_counter()
+    if req.figure is not None:
+        check_output_file(req.figure, "--figure", (".png", ".svg"))
+    tr = read_trace(req.trace)
+    prompts = full_prompts(tr)
+    if req.model_dir is not None and prompts is None:
+        raise InputError("--model-dir: the trace has no token ids to decode (build it with kvhit trace chat)")
+    decode = None
+    if req.model_dir is not None:
+        from kvhit.workload.chat import ChatError, load_chat_model
+
+        try:
+            tok = load_chat_model(req.model_dir).tokenizer
+        except ChatError as e:
+            raise InputError(str(e)) from None
+        decode = lambda ids: tok.decode([int(x) for x in ids], skip_special_tokens=False)  # noqa: E731
+    try:
+        with translating(f"--trace {req.trace}"):
+            wf = explain_trace(
+                tr,
+                N=req.N,
+                engine=req.engine,
+                block_size=req.block_size,
+                prefill_tokens_per_s=req.prefill_tokens_per_s,
+                replicas=req.replicas,
+                router=req.router,
+                host_blocks=req.host_blocks,
+                seed=req.seed,
+                prompts=prompts,
+            )
+    except ExplainError as e:
+        raise InputError(str(e)) from None
+    brk: list = []
+    wi = None
+    div = None
+    if prompts is not None and req.breakers > 0:
+        brk, div = find_breakers(
+            prompts, wf.hits["reusable"], wf.partner, min_run=wf.block_size, decode=decode, top=req.breakers
+        )
+        if brk:
+            vals = what_if(tr, prompts, brk[0], N=wf.extra["N_total"], engine=req.engine, block_size=wf.block_size)
+            wi = {"position": brk[0].position, "requests": brk[0].requests, **{k: list(v) for k, v in vals.items()}}
+    figs: list[str] = []
+    if req.figure is not None:
+        from kvhit.explain.figure import plot_waterfall
+
+        figs = [str(p) for p in plot_waterfall(wf, req.figure)]
+    cfg = {
+        "N": req.N,
+        "N_total": wf.extra["N_total"],
+        "engine": req.engine,
+        "block_size": wf.block_size,
+        "prefill_tokens_per_s": req.prefill_tokens_per_s,
+        "replicas": req.replicas,
+        "router": wf.router,
+        "host_blocks": req.host_blocks,
+        "requests": tr.n_turns,
+        "conversations": tr.n_conversations,
+        "token_ids": prompts is not None,
+    }
+    return ExplainResponse(
+        trace=str(req.trace),
+        config=cfg,
+        waterfall=wf.table(),
+        final={w: wf.final(w) for w in ("block", "token", "request")},
+        causes=wf.causes(div),
+        breakers=[b.to_dict() for b in brk],
+        what_if=wi,
+        figure=figs,
+        seconds=time.perf_counter() - t0,
+    )
