@@ -487,6 +487,8 @@ def _request(obj: Any, line: int) -> tuple[ChatRequest, str]:
             break
     if "messages" not in req:
         raise _Bad("no 'messages' (not an OpenAI or Anthropic request)")
+    if not isinstance(req["messages"], list) or not req["messages"]:
+        raise _Bad("'messages' must be a non-empty list")
     model = req.get("model", obj.get("model"))
     if _is_anthropic(req):
         msgs, tools = _anthropic_messages(req)
@@ -889,14 +891,17 @@ def build_chat_trace(
                 f"{log.path}: requests for {len(named)} models ({', '.join(named[:4])}"
                 f"{', …' if len(named) > 4 else ''}); choose one with --model (one trace is one model's tokens)"
             )
-        reqs = log.requests
+        keep = np.arange(len(log.requests))
         others: dict[str, int] = {}
     else:
-        reqs = [r for r in log.requests if r.model == model]
+        keep = np.array([i for i, r in enumerate(log.requests) if r.model == model], np.int64)
         others = {k or "(none)": v for k, v in names.items() if k != model}
-        if not reqs:
+        if not keep.size:
             raise ChatError(f"{log.path}: no request for model {model!r} (models: {', '.join(sorted(names))})")
-    times, tsource = _arrivals(log, reqs, spacing, lam0, gap, seed)
+    # arrivals from the whole log (a filtered request keeps its place on the log's time axis)
+    times, tsource = _arrivals(log, log.requests, spacing, lam0, gap, seed)
+    reqs = [log.requests[i] for i in keep]
+    times = times[keep] - times[keep].min()
     order = np.argsort(times, kind="stable")
     reqs = [reqs[i] for i in order]
     times = times[order]
@@ -1002,8 +1007,11 @@ def trace_from_prompts(
 
 def write_hash_only(path: str | Path, ids: list[np.ndarray], times: np.ndarray, block_size: int) -> Path:
     """Write requests as Mooncake-style JSONL (``timestamp`` in ms, ``input_length``, ``output_length`` 0,
-    ``hash_ids``: the ⌊T/b⌋ chained block hashes of the prompt as signed 64-bit integers) — no token ids leave
-    the machine. ``kvhit simulate --blocks-trace`` reads it back. Written atomically."""
+    ``hash_ids``: the low 63 bits (Mooncake ids are ≥ 0) of the ⌈T/b⌉ chained block hashes of the prompt, the
+    last one of a partial block hashed with its tail padded by −1, an id no full block of real tokens has) — no
+    token ids leave the machine. :func:`kvhit.workload.production.read_mooncake` (``kvhit simulate
+    --blocks-trace``) reads it back, dropping the partial block's id as it does for Mooncake's own files.
+    Written atomically."""
     import os
     import tempfile
 
@@ -1011,8 +1019,10 @@ def write_hash_only(path: str | Path, ids: list[np.ndarray], times: np.ndarray, 
 
     from .trace import file_mode
 
-    off, hs = hashes_from_token_ids(ids, int(block_size))
-    hs = hs.view(np.int64)
+    b = int(block_size)
+    padded = [q if q.size % b == 0 else np.concatenate([q, np.full(b - q.size % b, -1, np.int32)]) for q in ids]
+    off, hs = hashes_from_token_ids(padded, b)
+    hs = hs.view(np.int64) & np.int64(0x7FFFFFFFFFFFFFFF)  # Mooncake ids are in [0, 2**63)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
