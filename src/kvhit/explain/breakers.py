@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 __all__ = ["Breaker", "find_breakers", "what_if"]
 
@@ -53,21 +54,32 @@ class Breaker:
         }
 
 
-def _resync(q: np.ndarray, P: np.ndarray, d: int, max_span: int, max_shift: int, window: int, e: int | None = None):
-    e = d if e is None else e
+@njit(cache=True)
+def _resync_kernel(q, P, d, e, max_span, max_shift, window):  # pragma: no cover - compiled
+    """Smallest s (then smallest |δ|, + before −) with q[d+s : d+s+window] = P[e+s+δ : e+s+δ+window]; (-1, -1)."""
     for s in range(1, max_span + 1):
-        a = q[d + s : d + s + window]
-        if a.size < window:
-            return None
+        if d + s + window > q.shape[0]:
+            return -1, -1
         for ad in range(0, max_shift + 1):
-            for delta in (ad, -ad) if ad else (0,):
-                sp = s + delta
-                if sp < 1:
+            for sign in (1, -1):
+                if ad == 0 and sign == -1:
                     continue
-                bseg = P[e + sp : e + sp + window]
-                if bseg.size == window and np.array_equal(a, bseg):
+                sp = s + sign * ad
+                if sp < 1 or e + sp + window > P.shape[0]:
+                    continue
+                ok = True
+                for k in range(window):
+                    if q[d + s + k] != P[e + sp + k]:
+                        ok = False
+                        break
+                if ok:
                     return s, sp
-    return None
+    return -1, -1
+
+
+def _resync(q: np.ndarray, P: np.ndarray, d: int, max_span: int, max_shift: int, window: int, e: int | None = None):
+    s, sp = _resync_kernel(q, P, d, d if e is None else e, max_span, max_shift, window)
+    return None if s < 0 else (int(s), int(sp))
 
 
 def _span(q: np.ndarray, P: np.ndarray, d: int, min_run: int, max_span: int, max_shift: int, window: int):
