@@ -54,8 +54,8 @@ def chat_trace(req: ChatTraceRequest) -> ChatTraceResponse:
     if req.out.suffix not in suffix:
         raise InputError(f"--out {req.out}: expected a {suffix[0]} file{' with --hash-only' if req.hash_only else ''}")
     check_output_file(req.out, "--out")
-    try:
-        with translating(str(req.log)):
+    with translating(str(req.log)):
+        try:
             tr, rep, ids, times = build_chat_trace(
                 req.log,
                 req.model_dir,
@@ -66,8 +66,8 @@ def chat_trace(req: ChatTraceRequest) -> ChatTraceResponse:
                 gap=req.gap,
                 seed=req.seed,
             )
-    except ChatError as e:
-        raise InputError(str(e)) from None
+        except ChatError as e:  # already names the file (and line)
+            raise InputError(str(e)) from None
     if req.hash_only:
         write_hash_only(req.out, ids, times, req.block_size)
     else:
@@ -130,8 +130,8 @@ def explain(req: ExplainRequest) -> ExplainResponse:
         except ChatError as e:
             raise InputError(str(e)) from None
         decode = lambda ids: tok.decode([int(x) for x in ids], skip_special_tokens=False)  # noqa: E731
-    try:
-        with translating(f"--trace {req.trace}"):
+    with translating(f"--trace {req.trace}"):
+        try:
             wf = explain_trace(
                 tr,
                 N=req.N,
@@ -144,8 +144,8 @@ def explain(req: ExplainRequest) -> ExplainResponse:
                 seed=req.seed,
                 prompts=prompts,
             )
-    except ExplainError as e:
-        raise InputError(str(e)) from None
+        except ExplainError as e:  # names the flag
+            raise InputError(str(e)) from None
     brk: list = []
     wi = None
     div = None
