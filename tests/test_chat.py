@@ -207,12 +207,13 @@ def test_threading_by_conversation_id(model_dirs, tmp_path):
         _line(A1, 1, conversation_id="x"),
         _line(A1, 2, conversation_id="y"),  # same prompt, another conversation: new
         _line(A2, 3, conversation_id="y"),  # continues y (its prompt is y's previous prompt + more)
+        _line([SYS, _u("Something else")], 4, conversation_id="x"),  # x's history rewritten: a new trace conversation
     ]
     p = tmp_path / "log.jsonl"
     p.write_text("\n".join(lines) + "\n")
     tr, rep, _, _ = build_chat_trace(p, model_dirs["qwen-2.5"])
-    assert rep.threading == {"new": 2, "id": 1}
-    assert tr["conv"].tolist() == [0, 1, 1]
+    assert rep.threading == {"new": 2, "id": 1, "edited": 1}
+    assert tr["conv"].tolist() == [0, 1, 1, 2]
 
 
 def test_conversation_files(model_dirs, tmp_path):

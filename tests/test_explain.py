@@ -103,6 +103,17 @@ def test_host_tier_stage_by_hand():
     assert rows["host tier"]["token_step"] == pytest.approx(8 / 30)
 
 
+def test_counts_only_trace_reuses_the_previous_turn():
+    # without token ids the reusable prefix is the conversation's previous prompt (cum_tokens of turn j−1)
+    from kvhit.workload.trace import Trace
+
+    tr = _trace([A1, B1, A2, B2], [-1, -1, 0, 1], [0, 1, 2, 3])
+    bare = Trace(dict(tr.cols), dict(tr.meta), {})
+    wf = explain_trace(bare, N=100)
+    assert wf.hits["reusable"].tolist() == [0, 0, 9, 10]
+    assert wf.partner is None
+
+
 def test_reusable_prefix_equals_brute_force():
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 3, size=int(rng.integers(1, 12))).astype(np.int32) for _ in range(300)]
