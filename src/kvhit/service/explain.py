@@ -24,13 +24,17 @@ __all__ = ["ChatTraceRequest", "ChatTraceResponse", "ExplainRequest", "ExplainRe
 
 
 class ChatTraceRequest(Request):
-    log: Path = Field(description="Chat log: OpenAI/Anthropic request JSONL, ShareGPT/LMSYS/vLLM conversation JSON.")
+    log: Path = Field(
+        description="Chat log: OpenAI/Anthropic request JSONL, ShareGPT/LMSYS/vLLM conversation JSON; required."
+    )
     model_dir: Path = Field(description="Local model directory with tokenizer.json and a chat template.")
     out: Path = Field(description="Output: a kvhit Parquet trace, or Mooncake-style JSONL with --hash-only.")
     hash_only: bool = Field(False, description="Write only chained block hashes (no token ids leave the machine).")
     model: str | None = Field(None, description="Keep only the requests for this model (a log with several).")
     block_size: int = Field(16, ge=1, le=2**16, description="Tokens per KV block b, 1–65,536; default 16 (vLLM).")
-    spacing: float = Field(1.0, ge=0, description="Request logs without timestamps: seconds between requests.")
+    spacing: float = Field(
+        1.0, ge=0, description="Request logs without timestamps: seconds between requests; ≥ 0; default 1."
+    )
     lam0: float = Field(1.0, gt=0, description="Conversation files: conversation arrivals per second; > 0.")
     gap: float = Field(60.0, ge=0, description="Conversation files: mean seconds between turns; ≥ 0.")
     seed: int = Field(0, ge=0, description="Seed of the conversation files' arrival times; ≥ 0.")
@@ -81,7 +85,9 @@ class ExplainRequest(Request):
     trace: Path = Field(description="kvhit Parquet trace (kvhit trace chat makes one from chat logs).")
     N: int = Field(ge=1, le=2**31 - 3, description="KV blocks of the GPU prefix cache (per replica); ≥ 1.")
     engine: Literal["vllm", "vllm-0.23"] = Field("vllm", description="vllm (≥ 0.24) | vllm-0.23.")
-    block_size: int | None = Field(None, ge=1, le=2**16, description="Tokens per block; default: the trace's.")
+    block_size: int | None = Field(
+        None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's."
+    )
     prefill_tokens_per_s: float | None = Field(
         None, gt=0, le=1e12, description="Concurrency stage: each request holds its blocks T/speed seconds; > 0."
     )
