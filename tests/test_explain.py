@@ -197,3 +197,19 @@ def test_cli_json_and_refusal(tmp_path, capsys):
     assert rc == 2 and "--router" in err and len(err.strip().splitlines()) == 1
     rc, _, err = _cli(["explain", "--trace", str(p), "--N", "100", "--model-dir", str(tmp_path)], capsys)
     assert rc == 2 and "tokenizer.json" in err
+
+
+def test_cli_kv_gb_sizes_N_by_hand(tmp_path, capsys):
+    # Qwen3-8B: 36 layers × 8 KV heads × 128 dims × 2 (K, V) × 2 bytes (bf16) = 147,456 bytes per token;
+    # 16-token blocks: 2,359,296 bytes; 1 GiB = 1,073,741,824 bytes → N = ⌊455.1⌋ = 455
+    tr = _trace([A1, B1, A2, B2], [-1, -1, 0, 1], [0, 1, 2, 3], b=16)
+    p = tmp_path / "t.parquet"
+    tr.write(p)
+    rc, out, _ = _cli(["explain", "--trace", str(p), "--kv-gb", "1", "--json"], capsys)
+    assert rc == 0
+    d = json.loads(out)
+    assert d["config"]["N"] == 455 and d["config"]["sizing"]["bytes_per_block"] == 2_359_296
+    rc, _, err = _cli(["explain", "--trace", str(p), "--kv-gb", "1", "--N", "5"], capsys)
+    assert rc == 2 and "--N and --kv-gb" in err
+    rc, _, err = _cli(["explain", "--trace", str(p)], capsys)
+    assert rc == 2 and "--N and --kv-gb" in err

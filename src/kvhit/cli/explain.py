@@ -63,7 +63,11 @@ def trace_chat(
 @app.command("explain")
 def explain_cmd(
     trace: Annotated[Path, _opt(ER, "trace", "--trace")],
-    N: Annotated[int, _opt(ER, "N", "--N")],
+    N: Annotated[int | None, _opt(ER, "N", "--N")] = None,
+    kv_gb: Annotated[float | None, _opt(ER, "kv_gb", "--kv-gb")] = None,
+    dram_gb: Annotated[float | None, _opt(ER, "dram_gb", "--dram-gb")] = None,
+    model: Annotated[str, _opt(ER, "model", "--model")] = "qwen3-8b",
+    dtype: Annotated[str, _opt(ER, "dtype", "--kv-dtype")] = "bf16",
     engine: Annotated[str, _opt(ER, "engine", "--engine")] = "vllm",
     block_size: Annotated[int | None, _opt(ER, "block_size", "--block-size")] = None,
     prefill_tokens_per_s: Annotated[float | None, _opt(ER, "prefill_tokens_per_s", "--prefill-tokens-per-s")] = None,
@@ -82,6 +86,10 @@ def explain_cmd(
         ER,
         trace=trace,
         N=N,
+        kv_gb=kv_gb,
+        dram_gb=dram_gb,
+        model=model,
+        dtype=dtype,
         engine=engine,
         block_size=block_size,
         prefill_tokens_per_s=prefill_tokens_per_s,
@@ -109,6 +117,7 @@ def explain_cmd(
     title = (
         f"{res.trace}: {c['requests']:,} requests, {c['conversations']:,} conversations; {c['engine']}, "
         f"N = {c['N']:,} blocks of {c['block_size']}"
+        + (f" ({c['sizing']['kv_gib']:g} GiB of {c['sizing']['model']})" if (c["sizing"] or {}).get("kv_gib") else "")
         + (f", {c['replicas']} replicas ({c['router']})" if c["replicas"] > 1 else "")
     )
     _table(title, ["step", "block-weighted", "token-weighted", "request-weighted"], rows)

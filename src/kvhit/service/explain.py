@@ -83,7 +83,17 @@ def chat_trace(req: ChatTraceRequest) -> ChatTraceResponse:
 
 class ExplainRequest(Request):
     trace: Path = Field(description="kvhit Parquet trace (kvhit trace chat makes one from chat logs).")
-    N: int = Field(ge=1, le=2**31 - 3, description="KV blocks of the GPU prefix cache (per replica); ≥ 1.")
+    N: int | None = Field(
+        None, ge=1, le=2**31 - 3, description="KV blocks of the GPU prefix cache (per replica); ≥ 1; or --kv-gb."
+    )
+    kv_gb: float | None = Field(
+        None, gt=0, le=2**20, description="KV budget per replica in GiB instead of --N (with --model); (0, 2^20]."
+    )
+    dram_gb: float | None = Field(
+        None, gt=0, le=2**20, description="Host tier in GiB instead of --host-blocks (with --model); (0, 2^20]."
+    )
+    model: str = Field("qwen3-8b", description="Model preset (`kvhit kv --list`) or config.json for --kv-gb/--dram-gb.")
+    dtype: str = Field("bf16", description="KV cache dtype for --kv-gb/--dram-gb: bf16 | fp16 | fp8 | fp32.")
     engine: Literal["vllm", "vllm-0.23"] = Field("vllm", description="vllm (≥ 0.24) | vllm-0.23.")
     block_size: int | None = Field(
         None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's."
@@ -101,7 +111,7 @@ class ExplainRequest(Request):
     figure: Path | None = Field(None, description="Write the waterfall figure to PREFIX.png and PREFIX.svg.")
     seed: int = Field(0, ge=0, description="Router seed; ≥ 0.")
 
-    FLAGS = {"N": "--N", "model_dir": "--model-dir"}
+    FLAGS = {"N": "--N", "model_dir": "--model-dir", "kv_gb": "--kv-gb", "dram_gb": "--dram-gb", "dtype": "--kv-dtype"}
 
 
 class ExplainResponse(Response):
@@ -121,9 +131,41 @@ def explain(req: ExplainRequest) -> ExplainResponse:
     from kvhit.explain import ExplainError, explain_trace, find_breakers, full_prompts, what_if
 
     t0 = time.perf_counter()
+    if (req.N is None) == (req.kv_gb is None):
+        raise InputError("--N and --kv-gb: give exactly one GPU KV capacity")
+    if req.host_blocks is not None and req.dram_gb is not None:
+        raise InputError("--host-blocks and --dram-gb: give one host-tier size, not both")
     if req.figure is not None:
         check_output_file(req.figure, "--figure", (".png", ".svg"))
     tr = read_trace(req.trace)
+    b = req.block_size or tr.block_size
+    if b is None:
+        raise InputError("--block-size: the trace records no block size; give one")
+    N, host_blocks, sizing = req.N, req.host_blocks, None
+    if req.kv_gb is not None or req.dram_gb is not None:
+        from .. import hardware
+        from ..plan import capacity
+        from ..sim.tiers.sizing import host_units
+
+        with translating("--model"):
+            m = hardware.resolve_model(req.model)
+        with translating("--kv-dtype"):
+            bpb = m.bytes_per_block(int(b), req.dtype, 1)
+        sizing = {"model": m.name, "dtype": req.dtype, "bytes_per_block": int(bpb)}
+        if req.kv_gb is not None:
+            with translating("--kv-gb"):
+                N = capacity(m, kv_gb=req.kv_gb, block_size=int(b), dtype=req.dtype).N
+            if N < 1:
+                raise InputError(f"--kv-gb: {req.kv_gb:g} GiB holds no block of {m.name} at {b} tokens")
+            sizing["kv_gib"] = req.kv_gb
+        if req.dram_gb is not None:
+            host_blocks = host_units(
+                "native", int(req.dram_gb * 2**30), bytes_per_block_rank=int(bpb), block_size=int(b)
+            )
+            if host_blocks < 1:
+                raise InputError(f"--dram-gb: {req.dram_gb:g} GiB holds no block of {m.name} at {b} tokens")
+            sizing["dram_gib"] = req.dram_gb
+        sizing["N"], sizing["host_blocks"] = N, host_blocks
     prompts = full_prompts(tr)
     if req.model_dir is not None and prompts is None:
         raise InputError("--model-dir: the trace has no token ids to decode (build it with kvhit trace chat)")
@@ -140,13 +182,13 @@ def explain(req: ExplainRequest) -> ExplainResponse:
         try:
             wf = explain_trace(
                 tr,
-                N=req.N,
+                N=int(N),
                 engine=req.engine,
-                block_size=req.block_size,
+                block_size=int(b),
                 prefill_tokens_per_s=req.prefill_tokens_per_s,
                 replicas=req.replicas,
                 router=req.router,
-                host_blocks=req.host_blocks,
+                host_blocks=host_blocks,
                 seed=req.seed,
                 prompts=prompts,
             )
@@ -168,14 +210,15 @@ def explain(req: ExplainRequest) -> ExplainResponse:
 
         figs = [str(p) for p in plot_waterfall(wf, req.figure)]
     cfg = {
-        "N": req.N,
+        "N": int(N),
         "N_total": wf.extra["N_total"],
         "engine": req.engine,
         "block_size": wf.block_size,
         "prefill_tokens_per_s": req.prefill_tokens_per_s,
         "replicas": req.replicas,
         "router": wf.router,
-        "host_blocks": req.host_blocks,
+        "host_blocks": host_blocks,
+        "sizing": sizing,
         "requests": tr.n_turns,
         "conversations": tr.n_conversations,
         "token_ids": prompts is not None,
