@@ -61,6 +61,20 @@ def test_capacity_stage_is_algorithm_1_by_hand():
     assert wf6.hits["capacity"].tolist() == [0, 4, 9, 4]
 
 
+def test_capacity_reblocks_R_at_another_block_size():
+    # the trace is blocked at b = 4; at b = 8 the paper-tail rule gives R = ⌈9/8⌉ = 2 (A1), ⌈10/8⌉ = 2 (B1),
+    # A2: 2 + ⌈16/8⌉ − ⌊9/8⌋ = 3, B2: 2 + ⌈12/8⌉ − ⌊10/8⌋ = 3. With N = 4: A1, B1 fit (4); A2 hits, grows to 3 and
+    # evicts B (LRU); B2 misses → keeps the 4 tokens B1 shared with A1.
+    from kvhit.explain.waterfall import _history_blocks
+
+    tr = _trace([A1, B1, A2, B2], [-1, -1, 0, 1], [0, 1, 2, 3])
+    T = tr["cum_tokens"]
+    assert _history_blocks(tr, T, 8).tolist() == [2, 2, 3, 3]
+    assert _history_blocks(tr, T, 4).tolist() == tr["R"].tolist()
+    wf = explain_trace(tr, N=4, block_size=8)
+    assert wf.hits["capacity"].tolist() == [0, 4, 9, 4]
+
+
 def test_concurrency_stage_by_hand():
     # b = 4, N = 3, arrivals 0, 1, 2, 3, holds T / 1 token/s.
     # Instantaneous: P (6 tokens: blocks 0, 1) frees → queue [1, 2, 0]; Q (q1 on block 1) → [2, 0, 1]; S (on 2)

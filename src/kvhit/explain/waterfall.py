@@ -237,6 +237,26 @@ def reusable_prefix(prompts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return lcp, partner
 
 
+def _history_blocks(trace, T: np.ndarray, b: int) -> np.ndarray:
+    """R_j of the paper-tail rule (:mod:`kvhit.workload.blocks`) in blocks of b: the trace's column when b is its
+    block size, else recomputed from the prompt lengths T_j."""
+    from kvhit.workload.blocks import block_accounting
+
+    if trace.block_size == b:
+        return trace["R"]
+    conv, turn = trace.dense_conv(), trace["turn"]
+    order = np.lexsort((turn, conv))
+    Ts, cs = T[order], conv[order]
+    first = np.concatenate([[True], cs[1:] != cs[:-1]])
+    p = Ts - np.where(first, 0, np.concatenate([[0], Ts[:-1]]))
+    if (p < 1).any():
+        raise ExplainError("--block-size: the trace's prompts do not grow turn by turn; cannot re-block its R_j")
+    acc = block_accounting(np.bincount(cs), p, np.zeros_like(p), b)
+    R = np.empty_like(acc["R"])
+    R[order] = acc["R"]
+    return R
+
+
 def _hold(T: np.ndarray, speed: float | None) -> np.ndarray | None:
     return None if speed is None else T.astype(np.float64) / float(speed)
 
@@ -294,8 +314,8 @@ def explain_trace(
     else:
         raise ExplainError("the trace has neither token ids (new_tokens) nor token counts (cum_tokens)")
     h0 = np.minimum(h0, T)
-    # capacity: Algorithm 1 at N_total
-    alg1 = simulate_content(conv, trace["R"], N_total).hit.astype(bool)
+    # capacity: Algorithm 1 at N_total, on R_j in blocks of b (re-blocked when b is not the trace's block size)
+    alg1 = simulate_content(conv, _history_blocks(trace, T, b), N_total).hit.astype(bool)
     first_row = np.full(int(conv.max()) + 1, -1, np.int64)
     fr = turn == 1
     first_row[conv[fr]] = np.flatnonzero(fr)
