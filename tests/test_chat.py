@@ -333,3 +333,17 @@ def test_cli_trace_chat_and_refusal(model_dirs, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "bad.jsonl:1:" in err and len(err.strip().splitlines()) == 1
     assert not out2.exists()
+
+
+def test_lmsys_jsonl_with_record_timestamps(model_dirs, tmp_path):
+    recs = [
+        {"conversation_id": "a", "timestamp": "2024-05-01T10:00:00Z", "conversation": [_u("Hi"), _a("Yo."), _u("Ok")]},
+        {"conversation_id": "b", "timestamp": "2024-05-01T10:01:00Z", "conversation": [_u("Hey"), _a("Hi.")]},
+    ]
+    p = tmp_path / "lmsys.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    tr, rep, _, _ = build_chat_trace(p, model_dirs["qwen-2.5"], gap=0.0)
+    assert rep.formats == {"lmsys": 2} and rep.timestamps.startswith("record timestamps")
+    # conversation a starts at 0 and its second turn follows after a gap of 0; b starts 60 s later
+    assert tr["time"].tolist() == [0.0, 0.0, 60.0]
+    assert tr["conv"].tolist() == [0, 0, 1] and tr["turn"].tolist() == [1, 2, 1]

@@ -35,8 +35,8 @@ Timestamps (``timestamp``, ``created``, ``created_at``, ``time``, ``request_time
 milliseconds or microseconds since the epoch, told apart by magnitude, or ISO 8601) become arrival times,
 relative to the first request. A request log without any timestamp is spaced ``spacing`` seconds apart in
 file order; a log where only some lines carry one is refused. A conversation file without per-message
-timestamps gets Poisson(``lam0``) conversation arrivals and exponential(``gap``) gaps between turns, from
-``numpy.random.default_rng(seed)``.
+timestamps starts each conversation at its record's timestamp (when every record has one) or at Poisson(``lam0``)
+arrivals, with exponential(``gap``) gaps between turns, from ``numpy.random.default_rng(seed)``.
 
 Threading. A request that names its conversation (``conversation_id``, ``session_id``, ``thread_id``,
 ``metadata.conversation_id``/``session_id``, or a conversation file's record) continues that conversation's
@@ -836,18 +836,24 @@ def _arrivals(log: ChatLog, reqs: list[ChatRequest], spacing: float, lam0: float
             r = reqs[have.index(False)]
             raise ChatError(f"{log.path}:{r.line}: no timestamp, but other lines of the log carry one")
         return np.arange(len(reqs), dtype=np.float64) * float(spacing), f"file order, {spacing:g} s apart"
-    # conversations: Poisson conversation arrivals, exponential gaps (record/message timestamps where all given)
+    # conversations: record timestamps (when every record has one) or Poisson conversation arrivals; exponential
+    # gaps between turns
     rng = np.random.default_rng(seed)
+    firsts = [i for i, r in enumerate(reqs) if i == 0 or r.conversation != reqs[i - 1].conversation]
+    known = all(reqs[i].time is not None for i in firsts)
     t = np.zeros(len(reqs))
     start = 0.0
-    prev_conv = None
     for i, r in enumerate(reqs):
-        if r.conversation != prev_conv:
-            start += rng.exponential(1.0 / lam0)
-            t[i] = start
-            prev_conv = r.conversation
+        if i == 0 or r.conversation != reqs[i - 1].conversation:
+            if known:
+                t[i] = float(r.time)  # type: ignore[arg-type]
+            else:
+                start += rng.exponential(1.0 / lam0)
+                t[i] = start
         else:
             t[i] = t[i - 1] + rng.exponential(gap)
+    if known:
+        return t - t.min(), f"record timestamps, exponential gaps of mean {gap:g} s between turns, seed {seed}"
     return t, f"Poisson conversations at {lam0:g}/s, exponential gaps of mean {gap:g} s, seed {seed}"
 
 
