@@ -18,7 +18,6 @@ from kvhit.workload.chat import (
     read_chat_log,
     render_prompt,
     tokenize_requests,
-    write_hash_only,
 )
 
 # Real tokenizers + chat templates (tokenizer.json zipped, tokenizer_config.json with chat_template), shipped in
@@ -303,7 +302,9 @@ def test_hash_only_reads_back_as_a_block_trace(model_dirs, tmp_path):
     p = tmp_path / "log.jsonl"
     p.write_text("\n".join([_line(A1, 1), _line(A2, 2)]) + "\n")
     tr, _, ids, times = build_chat_trace(p, model_dirs["qwen-2.5"], block_size=4)
-    out = write_hash_only(tmp_path / "h.jsonl", ids, times, 4)
+    from kvhit.sim.vllm.mooncake import write_mooncake
+
+    out = write_mooncake(tmp_path / "h.jsonl", ids, times, 4)
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["input_length"] for r in recs] == [len(x) for x in ids]
     assert [len(r["hash_ids"]) for r in recs] == [-(-len(x) // 4) for x in ids]

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ..service.explain import ChatTraceRequest as CR
-from ..service.explain import ExplainRequest as ER
-from ..service.explain import chat_trace, explain
-from ._common import JsonOpt, _call, _fmt, _opt, _print_json, _table, app, console, trace_app
+from kvhit.cli._common import JsonOpt, _call, _fmt, _opt, _print_json, _table, app, console, trace_app
+from kvhit.service.explain import ChatTraceRequest as CR
+from kvhit.service.explain import ExplainRequest as ER
+from kvhit.service.explain import chat_trace, explain
 
 
 @trace_app.command("chat")

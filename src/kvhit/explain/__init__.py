@@ -4,8 +4,8 @@ See :mod:`kvhit.explain.waterfall` (the stages, each measured by kvhit's exact s
 :mod:`kvhit.explain.breakers` (early divergences between prompts that share a long prefix, and the what-if).
 """
 
-from .breakers import Breaker, find_breakers, what_if
-from .waterfall import STAGES, ExplainError, Waterfall, explain_trace, full_prompts, reusable_prefix
+from kvhit.explain.breakers import Breaker, find_breakers, what_if
+from kvhit.explain.waterfall import STAGES, ExplainError, Waterfall, explain_trace, full_prompts, reusable_prefix
 
 __all__ = [
     "STAGES",

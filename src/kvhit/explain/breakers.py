@@ -172,10 +172,9 @@ def _move(q: np.ndarray, d: int, s: int, c: int) -> np.ndarray:
 def what_if(trace, prompts: list[np.ndarray], breaker: Breaker, *, N: int, engine: str, block_size: int):
     """``(x, y)``: the engine stage's token and block hit ratios before and after moving the breaker's spans
     (see the module docstring). Returns ``{"token": (x, y), "block": (x, y), "request": (x, y)}``."""
-    from kvhit.sim.block import simulate_block
-    from kvhit.sim.blockids import hashes_from_token_ids
-
-    from .waterfall import _weighted
+    from kvhit.explain.waterfall import _weighted
+    from kvhit.sim.vllm.block import simulate_block
+    from kvhit.sim.vllm.blockids import hashes_from_token_ids
 
     conv = trace.dense_conv()
     ops: dict[int, tuple[int, int, int]] = {}

@@ -1,7 +1,7 @@
 """The waterfall figure: one bar per stage step (floating), in the token-weighted hit ratio, with the values.
 
 Invariant: the figure shows :meth:`kvhit.explain.waterfall.Waterfall.table`'s numbers only; byte-reproducible
-like every kvhit figure (:func:`kvhit.plots.save_figure`).
+like every kvhit figure (:func:`kvhit.plots.curves.save_figure`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def plot_waterfall(wf, out_prefix: str | Path, *, weighting: str = "token") -> l
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kvhit.plots import save_figure
+    from kvhit.plots.curves import save_figure
 
     rows = wf.table()
     labels, bottoms, heights, colors = [], [], [], []

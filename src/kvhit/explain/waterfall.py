@@ -7,15 +7,15 @@ Every stage gives each request r (trace rows, prompt of T_r tokens, b-token bloc
                (an infinite, token-granular cache: every reuse the workload offers). Needs token ids
                (``new_tokens``); a trace with token counts only uses the previous turn's prompt
                (``cum_tokens`` of turn j−1: reuse inside the conversation only).
-``capacity``   h1 = h0 where Algorithm 1 (whole-conversation LRU at N blocks, :mod:`kvhit.sim.content`, on
+``capacity``   h1 = h0 where Algorithm 1 (whole-conversation LRU at N blocks, :mod:`kvhit.sim.content.lru`, on
                the trace's conversations and R_j) hits or r is a conversation's first turn; where it misses,
                only the prefix the conversation's first prompt shared with earlier prompts (a common system
                prompt) is kept: min(h0[r], h0[first turn]).
-``engine``     h2 = the vLLM block cache at N blocks, requests instantaneous (:mod:`kvhit.sim.block`: whole
+``engine``     h2 = the vLLM block cache at N blocks, requests instantaneous (:mod:`kvhit.sim.vllm.block`: whole
                blocks only, the T−1 cap, tail-first eviction, reference counts): ``hit_blocks · b``.
 ``concurrency`` h3 = the same with each request holding its blocks for ``T / prefill_tokens_per_s`` seconds
                from its start (FIFO admission, head-of-line blocking).
-``routing``    h4 = R replicas of N blocks each behind the router (:mod:`kvhit.sim.fleet`), same holds. With
+``routing``    h4 = R replicas of N blocks each behind the router (:mod:`kvhit.fleet.simulate`), same holds. With
                R > 1 the single-replica stages above run at R·N blocks: one pool holding the whole fleet's KV.
 ``host tier``  h5 = the single replica with vLLM's native CPU offloading tier of ``host_blocks`` blocks
                (:mod:`kvhit.sim.tiers`), same holds: GPU hit + tokens loaded from DRAM.
@@ -275,9 +275,9 @@ def explain_trace(
     prompts: list[np.ndarray] | None = None,
 ) -> Waterfall:
     """Measure every stage of the module docstring on ``trace`` (rows in trace order)."""
-    from kvhit.sim.block import ENGINES, simulate_block
-    from kvhit.sim.content import simulate_content
+    from kvhit.sim.content.lru import simulate_content
     from kvhit.sim.runner import block_requests
+    from kvhit.sim.vllm.block import ENGINES, simulate_block
 
     if engine not in ENGINES:
         raise ExplainError(f"--engine: explain models {', '.join(sorted(ENGINES))} (SGLang is not modelled here)")
@@ -334,7 +334,7 @@ def explain_trace(
     else:
         h3 = h2
     if replicas > 1:
-        from kvhit.sim.fleet import simulate_fleet
+        from kvhit.fleet.simulate import simulate_fleet
 
         try:
             fl = simulate_fleet(
@@ -358,7 +358,7 @@ def explain_trace(
     if host_blocks is not None:
         if host_blocks < 1:
             raise ExplainError(f"--host-blocks: expected ≥ 1, got {host_blocks}")
-        from kvhit.sim.engines import replay, requests_from_stream
+        from kvhit.sim.engine import replay, requests_from_stream
         from kvhit.sim.tiers import make_tiered
 
         eng = make_tiered("native", gpu_blocks=N_total, host_capacity=int(host_blocks), block_size=b, engine=engine)

@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .base import Request, Response
-from .errors import InputError, translating
-from .inputs import read_trace
-from .io import check_output_file
+from kvhit.service.base import Request, Response
+from kvhit.service.errors import InputError, translating
+from kvhit.service.inputs import read_trace
+from kvhit.service.io import check_output_file
 
 __all__ = ["ChatTraceRequest", "ChatTraceResponse", "ExplainRequest", "ExplainResponse", "chat_trace", "explain"]
 
@@ -51,7 +51,8 @@ class ChatTraceResponse(Response):
 
 def chat_trace(req: ChatTraceRequest) -> ChatTraceResponse:
     """Read, render, tokenize, thread and write (see :mod:`kvhit.workload.chat`)."""
-    from kvhit.workload.chat import ChatError, build_chat_trace, write_hash_only
+    from kvhit.sim.vllm.mooncake import write_mooncake
+    from kvhit.workload.chat import ChatError, build_chat_trace
 
     t0 = time.perf_counter()
     suffix = (".jsonl",) if req.hash_only else (".parquet",)
@@ -73,7 +74,7 @@ def chat_trace(req: ChatTraceRequest) -> ChatTraceResponse:
         except ChatError as e:  # already names the file (and line)
             raise InputError(str(e)) from None
     if req.hash_only:
-        write_hash_only(req.out, ids, times, req.block_size)
+        write_mooncake(req.out, ids, times, req.block_size)
     else:
         tr.write(req.out)
     return ChatTraceResponse(
@@ -143,9 +144,9 @@ def explain(req: ExplainRequest) -> ExplainResponse:
         raise InputError("--block-size: the trace records no block size; give one")
     N, host_blocks, sizing = req.N, req.host_blocks, None
     if req.kv_gb is not None or req.dram_gb is not None:
-        from .. import hardware
-        from ..plan import capacity
-        from ..sim.tiers.sizing import host_units
+        from kvhit.plan import hardware
+        from kvhit.plan.planner import capacity
+        from kvhit.sim.tiers.sizing import host_units
 
         with translating("--model"):
             m = hardware.resolve_model(req.model)

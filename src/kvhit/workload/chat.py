@@ -76,6 +76,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numba import njit
+
+from kvhit.workload.hashing import fmix64
 
 __all__ = [
     "ChatError",
@@ -90,7 +93,7 @@ __all__ = [
     "thread_requests",
     "build_chat_trace",
     "trace_from_prompts",
-    "write_hash_only",
+    "granule_hashes",
 ]
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -715,6 +718,36 @@ def tokenize_requests(model: ChatModel, texts: list[str], *, memo: bool = True) 
 # ---------------------------------------------------------------------------------------------------------------
 
 
+_SEED = np.uint64(0x6B76686974636861)  # "kvhitcha"
+_MUL = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True)
+def _granule_kernel(tok_off, tokens, g, out_off):  # pragma: no cover - compiled
+    n = tok_off.shape[0] - 1
+    out = np.empty(out_off[n], np.int64)
+    for r in range(n):
+        h = _SEED
+        s = tok_off[r]
+        for i in range(out_off[r + 1] - out_off[r]):
+            for j in range(s + i * g, s + (i + 1) * g):
+                h = fmix64(h * _MUL + fmix64(np.uint64(tokens[j]) ^ _MUL))
+            out[out_off[r] + i] = np.int64(h)
+    return out
+
+
+def granule_hashes(ids: list[np.ndarray], g: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chained hashes of every full ``g``-token piece of every prompt: ``(offsets int64[n+1], hashes int64[…])``;
+    piece i of prompt r hashes the whole prefix ``r[: (i+1)·g]`` (equal prefixes ↦ equal hashes; different ones
+    collide with probability ~2⁻⁶⁴ per pair). Internal to threading: the engines' block hashes are
+    :mod:`kvhit.sim.vllm.blockids`'."""
+    lens = np.array([q.size for q in ids], np.int64)
+    tok_off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    flat = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
+    out_off = np.concatenate([[0], np.cumsum(lens // g)]).astype(np.int64)
+    return out_off, _granule_kernel(tok_off, flat, np.int64(g), out_off)
+
+
 @dataclass
 class Threads:
     """``parent[r]``: the request that request r continues (−1: it starts a trace conversation); ``reason[r]``:
@@ -729,15 +762,12 @@ def thread_requests(ids: list[np.ndarray], conv: list[str | None], *, granule: i
     continues that conversation's latest request when it is a proper token prefix; one without continues the
     earlier, not yet continued request whose prompt is its longest proper token prefix.
 
-    The search walks a hash trie of ``granule``-token pieces (chained hashes of
-    :func:`kvhit.sim.blockids.hashes_from_token_ids`): O(prompt / granule) set probes per request.
+    The search walks a hash trie of ``granule``-token pieces (:func:`granule_hashes`): O(log(prompt / granule))
+    set probes per request to find the deepest shared piece, then the candidates ending below it.
     """
-    from kvhit.sim.blockids import hashes_from_token_ids
-
     n = len(ids)
     g = int(granule)
-    off, hs = hashes_from_token_ids(ids, g)
-    hs = hs.view(np.int64)
+    off, hs = granule_hashes(ids, g)
     parent = np.full(n, -1, np.int64)
     reason = ["new"] * n
     continued = np.zeros(n, bool)
@@ -874,7 +904,7 @@ def build_chat_trace(
     full prompt of trace row r and ``times`` its arrival (rows in trace order)."""
     import time as _t
 
-    from .blocks import BLOCK_RULE
+    from kvhit.workload.blocks import BLOCK_RULE
 
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ChatError(f"--block-size: expected a positive integer, got {block_size!r}")
@@ -967,8 +997,8 @@ def trace_from_prompts(
     """The kvhit trace of requests given in arrival order with their full prompts ``ids`` and the request each
     continues (``parent``, −1 for a conversation's first turn; a parent's prompt must be a proper prefix).
     Returns ``(trace, perm)``: trace row i is request ``perm[i]``."""
-    from .blocks import block_accounting
-    from .trace import Trace
+    from kvhit.workload.blocks import block_accounting
+    from kvhit.workload.trace import Trace
 
     n = len(ids)
     parent = np.asarray(parent, np.int64)
@@ -1009,42 +1039,3 @@ def trace_from_prompts(
     }
     tr = Trace.from_columns(cols, dict(meta, block_size=int(block_size)), {"new_tokens": new_tokens}, where=where)
     return tr, np.lexsort((turn, conv, times))
-
-
-def write_hash_only(path: str | Path, ids: list[np.ndarray], times: np.ndarray, block_size: int) -> Path:
-    """Write requests as Mooncake-style JSONL (``timestamp`` in ms, ``input_length``, ``output_length`` 0,
-    ``hash_ids``: the low 63 bits (Mooncake ids are ≥ 0) of the ⌈T/b⌉ chained block hashes of the prompt, the
-    last one of a partial block hashed with its tail padded by −1, an id no full block of real tokens has) — no
-    token ids leave the machine. :func:`kvhit.workload.production.read_mooncake` (``kvhit simulate
-    --blocks-trace``) reads it back, dropping the partial block's id as it does for Mooncake's own files.
-    Written atomically."""
-    import os
-    import tempfile
-
-    from kvhit.sim.blockids import hashes_from_token_ids
-
-    from .trace import file_mode
-
-    b = int(block_size)
-    padded = [q if q.size % b == 0 else np.concatenate([q, np.full(b - q.size % b, -1, np.int32)]) for q in ids]
-    off, hs = hashes_from_token_ids(padded, b)
-    hs = hs.view(np.int64) & np.int64(0x7FFFFFFFFFFFFFFF)  # Mooncake ids are in [0, 2**63)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for r, q in enumerate(ids):
-                rec = {
-                    "timestamp": int(round(float(times[r]) * 1000)),
-                    "input_length": int(q.size),
-                    "output_length": 0,
-                    "hash_ids": hs[off[r] : off[r + 1]].tolist(),
-                }
-                f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
