@@ -348,3 +348,56 @@ def test_lmsys_jsonl_with_record_timestamps(model_dirs, tmp_path):
     # conversation a starts at 0 and its second turn follows after a gap of 0; b starts 60 s later
     assert tr["time"].tolist() == [0.0, 0.0, 60.0]
     assert tr["conv"].tolist() == [0, 0, 1] and tr["turn"].tolist() == [1, 2, 1]
+
+
+def _thread_brute(ids):
+    """The threading rule read literally: the earlier request whose prompt is the longest proper prefix (latest
+    first among equal lengths, preferring one not yet continued); continued already → branch; an exact earlier
+    repeat and no proper prefix → repeat."""
+    parent, reason, continued = [], [], set()
+    for r, q in enumerate(ids):
+        best = None
+        exact = False
+        for p in range(r - 1, -1, -1):
+            P = ids[p]
+            if len(P) > len(q) or list(q[: len(P)]) != list(P):
+                continue
+            if len(P) == len(q):
+                exact = True
+            elif (
+                best is None
+                or len(P) > len(ids[best])
+                or (len(P) == len(ids[best]) and best in continued and p not in continued)
+            ):
+                best = p
+        if best is not None and best not in continued:
+            parent.append(best)
+            reason.append("prefix")
+            continued.add(best)
+        else:
+            parent.append(-1)
+            reason.append("branch" if best is not None else "repeat" if exact else "new")
+    return parent, reason
+
+
+def test_threading_equals_the_rule_read_literally():
+    from kvhit.workload.chat import thread_requests
+
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        ids: list[np.ndarray] = []
+        for _ in range(60):
+            if ids and rng.random() < 0.7:  # extend, truncate or repeat an earlier prompt
+                base = ids[int(rng.integers(len(ids)))]
+                cut = int(rng.integers(0, base.size + 1))
+                ext = rng.integers(0, 3, size=int(rng.integers(0, 40)))
+                q = np.concatenate([base[:cut], ext]).astype(np.int32)
+            else:
+                q = rng.integers(0, 3, size=int(rng.integers(1, 50))).astype(np.int32)
+            if q.size == 0:
+                q = np.array([1], np.int32)
+            ids.append(q)
+        th = thread_requests(ids, [None] * len(ids), granule=int(rng.choice([1, 4, 16])))
+        want_parent, want_reason = _thread_brute(ids)
+        assert th.parent.tolist() == want_parent, trial
+        assert th.reason == want_reason, trial
