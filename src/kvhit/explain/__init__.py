@@ -1,7 +1,9 @@
 """Where the hit ratio went: the waterfall of a trace at a configuration, per-miss causes and prefix breakers.
 
-See :mod:`kvhit.explain.waterfall` (the stages, each measured by kvhit's exact simulators) and
-:mod:`kvhit.explain.breakers` (early divergences between prompts that share a long prefix, and the what-if).
+Invariant: every number is measured by kvhit's exact simulators on the trace's own requests, and the waterfall's
+steps add up to its final value exactly (:mod:`kvhit.explain.waterfall`); a prefix breaker's what-if is a
+re-simulation of rewritten prompts, not an estimate (:mod:`kvhit.explain.breakers`). Not modelled: what the
+simulators do not model (see their docstrings), SGLang, and a host tier behind a fleet.
 """
 
 from kvhit.explain.breakers import Breaker, find_breakers, what_if
