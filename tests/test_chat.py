@@ -3,6 +3,7 @@ log readers, threading with known answers, refusals naming file and line, the ha
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 import zipfile
@@ -81,6 +82,7 @@ CHATS = [
 ]
 
 
+@functools.cache
 def _hf(d: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
