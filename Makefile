@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 export MPLBACKEND ?= Agg
 
-.PHONY: venv demo test test-fast test-browser serve bench bench-large lint clean conformance
+.PHONY: venv demo test test-fast test-browser serve bench bench-explain bench-large lint clean conformance
 
 venv: $(STAMP)
 
@@ -42,6 +42,10 @@ $(BENCH_DEPS)/.installed:
 
 bench: $(STAMP) $(BENCH_DEPS)/.installed
 	PYTHONPATH=$(BENCH_DEPS) $(BIN)/python benchmarks/run.py
+
+# only issue 25's end-to-end row: 100,000 logged chat requests → kvhit trace chat → kvhit explain (benchmarks/bench_explain.py)
+bench-explain: $(STAMP)
+	$(BIN)/python benchmarks/run.py explain
 
 # adds the 10^7-turn row to bench_scaling (several minutes, ~10 GB peak for curve) and the 10^8-event rows of
 # bench_stream (streamed Algorithm 1 and block cache, a few minutes, flat memory)

@@ -19,6 +19,7 @@ from kvhit.service.errors import one_line
 # ``kvhit --help`` (typer lists sub-command groups after the commands).
 # isort: off
 from kvhit.cli import estimate, simulate, stream, trace, demo, plan, reproduce, curve, tiers, serve, fleet, sweep  # noqa: F401
+from kvhit.cli import explain  # noqa: F401  (kvhit explain, kvhit trace chat)
 
 # isort: on
 from kvhit.cli._common import app, console, err_console

@@ -24,6 +24,14 @@ from kvhit.service.block_stats import BlockStatsRequest, BlockStatsResponse, blo
 from kvhit.service.curve import CurveRequest, CurveResponse, curve
 from kvhit.service.errors import InputError, translating
 from kvhit.service.estimate import EstimateRequest, EstimateResponse, estimate
+from kvhit.service.explain import (
+    ChatTraceRequest,
+    ChatTraceResponse,
+    ExplainRequest,
+    ExplainResponse,
+    chat_trace,
+    explain,
+)
 from kvhit.service.fleet import FleetRequest, FleetResponse, fleet_simulate
 from kvhit.service.fleet_plan import (
     FleetCurveRequest,
@@ -67,6 +75,12 @@ __all__ = [
     "EstimateRequest",
     "EstimateResponse",
     "estimate",
+    "ChatTraceRequest",
+    "ChatTraceResponse",
+    "chat_trace",
+    "ExplainRequest",
+    "ExplainResponse",
+    "explain",
     "KvRequest",
     "KvResponse",
     "kv",
