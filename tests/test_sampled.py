@@ -20,7 +20,6 @@ from kvhit.sim.stream import block_request_chunk
 from kvhit.sim.vllm.block import simulate_block
 from kvhit.sim.vllm.curve import block_hit_thresholds
 from kvhit.workload.chunks import EventChunk
-
 from test_blockcurve import ENGINES, _footprint, traces
 
 
