@@ -28,6 +28,7 @@ from kvhit.sim.content.stackdist import FIRST_TURN, content_hit_thresholds
 from kvhit.sim.runner import block_requests
 from kvhit.sim.vllm.block import simulate_block
 from kvhit.sim.vllm.curve import block_hit_thresholds
+from kvhit.sim.vllm.curve_conv import conv_threshold_histogram
 from kvhit.workload.trace import Trace, Window
 
 __all__ = [
@@ -69,6 +70,8 @@ class _Cumulative:
         if thr.size == 0:
             self.values, self.cum = np.zeros(0, np.int64), np.zeros(0)
             return
+        if w is not None and np.ndim(w) == 0:  # one weight for every threshold
+            w = np.full(thr.shape, float(w))
         top = int(thr.max())
         if top < 4 * thr.size + 1024:  # a histogram over threshold values: O(n), no sort
             h = np.bincount(thr, weights=w, minlength=top + 1)
@@ -77,6 +80,14 @@ class _Cumulative:
         else:
             self.values, inv = np.unique(thr, return_inverse=True)
             self.cum = np.cumsum(np.bincount(inv.ravel(), weights=w, minlength=self.values.size), dtype=float)
+
+    @classmethod
+    def from_histogram(cls, hist: np.ndarray, scale: float = 1.0) -> _Cumulative:
+        """From ``hist[v]`` = weight of the thresholds equal to ``v`` (times ``scale``)."""
+        self = cls.__new__(cls)
+        self.values = np.flatnonzero(hist)
+        self.cum = np.cumsum(hist[self.values], dtype=float) * scale
+        return self
 
     @property
     def total(self) -> float:
@@ -101,6 +112,43 @@ class _BlockInputs:
     prompt_blocks: int
     min_exact_N: int
     ambiguous: np.ndarray
+
+
+class _LazyRequests:
+    """The block simulator's requests of a trace whose ids are conversation-structured (``source`` counts or
+    blocks): prompt lengths at once, the id stream (:func:`kvhit.sim.runner.block_requests`) only if a caller
+    needs it (an ambiguity interval to simulate) — it is 8 bytes per block access."""
+
+    def __init__(self, tr: Trace, prompt_tokens: np.ndarray, block_size: int):
+        self._tr = tr
+        self.prompt_tokens = prompt_tokens
+        self.block_size = block_size
+        self.response_tokens = None
+        self._rq = None
+
+    def _full(self):
+        if self._rq is None:
+            self._rq = block_requests(self._tr, block_size=self.block_size)
+        return self._rq
+
+    @property
+    def hash_offsets(self) -> np.ndarray:
+        return self._full().hash_offsets
+
+    @property
+    def hashes(self) -> np.ndarray:
+        return self._full().hashes
+
+
+def _structured_tokens(tr: Trace) -> np.ndarray | None:
+    """Prompt lengths ``T`` as :func:`kvhit.sim.runner.block_requests` sets them when its ids are
+    ``(conversation, block index)`` (``source`` counts: ``cum_tokens``; blocks: ``R·b − 1``); None for token-id
+    traces (chained hashes of real tokens: the general pass)."""
+    if "new_tokens" in tr.lists:
+        return None
+    if "cum_tokens" in tr.cols:
+        return tr["cum_tokens"].astype(np.int64)
+    return tr["R"].astype(np.int64) * int(tr.block_size) - 1
 
 
 @dataclass
@@ -140,6 +188,20 @@ def curve_inputs(
             content = _Cumulative(thr[keep], w)
             del thr
         else:
+            T = _structured_tokens(tr) if tr.block_size else None
+            if T is not None:  # ids (conversation, i): the compact pass (sim/vllm/curve_conv)
+                ch = conv_threshold_histogram(tr.dense_conv(), T, block_size=int(tr.block_size), engine=p, mask=mask)
+                if rq is None:
+                    rq = _LazyRequests(tr, T, int(tr.block_size))
+                blocks[p] = _BlockInputs(
+                    _Cumulative.from_histogram(ch.hist),
+                    int(T[mask].sum()),
+                    int((-(-T[mask] // int(tr.block_size))).sum()),
+                    int(ch.min_exact_N),
+                    ch.ambiguous,
+                )
+                del ch
+                continue
             if rq is None:
                 rq = block_requests(tr)
             bt = block_hit_thresholds(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, engine=p)
