@@ -80,13 +80,17 @@ def curve(
     span: SpanOpt = None,
     estimates: Annotated[bool, _opt(CR, "estimates", "--estimate/--no-estimate")] = True,
     kv_gb: Annotated[float | None, _opt(CR, "kv_gb", "--kv-gb")] = None,
+    sample_rate: Annotated[float | None, _opt(CR, "sample_rate", "--sample-rate")] = None,
+    sample_salt: Annotated[int | None, _opt(CR, "sample_salt", "--sample-salt")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
 
     Simulated and estimated curves are block-weighted (Σ hit blocks / Σ prompt blocks); vLLM's token hit ratio
-    of each simulated engine is in the --json output.
+    of each simulated engine is in the --json output. --sample-rate R: SHARDS-sampled curves (docs/sampling.md),
+    the --trace streamed from Parquet.
     """
+    extra = {} if sample_salt is None else {"sample_salt": sample_salt}
     res = _call(
         svc.curve,
         CR,
@@ -120,6 +124,8 @@ def curve(
         arrival=arrival,
         rate=rate,
         span=span,
+        sample_rate=sample_rate,
+        **extra,
     )
     if as_json:
         _print_json(res)
@@ -144,9 +150,20 @@ def curve(
             row.append(
                 "–"
                 if feas[i]
+                else "infeasible (N < the largest request)"
+                if res.refused_request_share is None
                 else f"infeasible: {100 * res.refused_request_share[i]:.2f}% / {100 * res.refused_token_share[i]:.2f}%"
             )
         rows.append(row)
+    if res.sample_rate is not None:
+        sizes = ", ".join(
+            f"{k}: {v.get('kept_lookups', v.get('kept_events', 0)):,}" for k, v in (res.sample or {}).items()
+        )
+        console.print(
+            f"SHARDS sample at rate {res.sample_rate:g}, salt {res.sample_salt} (kept lookups / events: {sizes}); "
+            "estimates of the exact curves, error measured in docs/sampling.md",
+            markup=False,
+        )
     what = (
         f"token hit ratio vs KV capacity (the {len(shown)} feasible capacities SGLang was simulated at, of "
         f"{len(Ns):,}; "

@@ -73,6 +73,15 @@ class CurveRequest(BlocksTraceFields):
     sharegpt: bool = Field(
         False, description="Workload: the bundled ShareGPT trace of `kvhit trace sharegpt` (defaults), built once."
     )
+    sample_rate: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="SHARDS sampling rate in (0, 1]: curves from the blocks (vLLM) / conversations (Algorithm 1) whose "
+        "salted hash falls below the rate, capacities scaled by it (kvhit.sim.sampled, docs/sampling.md); --trace is "
+        "then streamed from Parquet in bounded memory; no estimators; default: exact curves.",
+    )
+    sample_salt: int = Field(0, ge=0, le=2**62, description="Hash salt of --sample-rate (another sample); ≥ 0.")
 
 
 class CurveResponse(Response):
@@ -90,6 +99,9 @@ class CurveResponse(Response):
     lam0: float | None = Field(description="λ0 (1/s); null for a production trace.")
     bytes_per_block: int
     figures: list[str] = Field(default_factory=list)
+    sample_rate: float | None = Field(None, description="SHARDS sampling rate (null: exact curves).")
+    sample_salt: int | None = Field(None, description="Hash salt of the sample.")
+    sample: dict[str, Any] | None = Field(None, description="Sample sizes: kept accesses and lookups per engine.")
 
     def to_jsonable(self) -> Any:
         """Flat, as before the service layer: {"N": [...], "<curve label>": [...], "h_max": …}."""
@@ -186,6 +198,7 @@ def _lines(data: dict, Ns: np.ndarray) -> dict:
 
 
 def _split_curves(data: dict, model: str, grid: str = "log") -> CurveResponse:
+    sample = data.pop("sample", None)
     Ns = data.pop("N")
     feasible = data.pop("feasible", None)
     refused_r = data.pop("refused_request_share", None)
@@ -206,6 +219,9 @@ def _split_curves(data: dict, model: str, grid: str = "log") -> CurveResponse:
         lam0=None if data.get("lam0") is None or not np.isfinite(data["lam0"]) else float(data["lam0"]),
         bytes_per_block=int(data["bytes_per_block"]),
         figures=[str(f) for f in data.get("figures", [])],
+        sample_rate=data.get("sample_rate"),
+        sample_salt=data.get("sample_salt"),
+        sample=sample,
     )
 
 
@@ -232,6 +248,10 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         raise InputError("--conversations: applies to a spec (a trace file is used as it is)")
     with translating("--model"):
         model = hardware.resolve_model(req.model)
+    if req.sample_rate is not None:
+        return _sampled(req, source, model, block_policies)
+    if "sample_salt" in req.model_fields_set:
+        raise InputError("--sample-salt: applies with --sample-rate")
     if source == "blocks":
         if req.warmup is not None:
             raise InputError("--warmup: a production trace has no conversation warm-up")
@@ -369,3 +389,108 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             f"{model.name} KV)",
         )
     return _split_curves(data, model.name, "list" if req.capacities else "log")
+
+
+def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, ...]) -> CurveResponse:
+    """``--sample-rate``: SHARDS curves (:mod:`kvhit.experiments.sampled_curve`), a Parquet trace streamed."""
+    from kvhit.experiments.sampled_curve import (
+        curves_from_sampled,
+        sampled_curve_from_parquet,
+        sampled_production_curve,
+    )
+    from kvhit.plan import hardware
+
+    if source not in ("trace", "blocks"):
+        raise InputError(
+            "--sample-rate: samples a --trace (Parquet, streamed) or a --blocks-trace; write a spec's or ShareGPT's "
+            "trace first (kvhit trace generate / sharegpt -o FILE)"
+        )
+    if "sglang" in req.policies:
+        raise InputError("--sample-rate: no sampled SGLang curve (drop sglang from --policies)")
+    if req.capacities and (req.n_max is not None or "points" in req.model_fields_set):
+        raise InputError("capacities: give exact capacities or a log grid (--n-min/--n-max/--points), not both")
+    rate, salt = float(req.sample_rate), int(req.sample_salt)
+    if source == "trace":
+        from kvhit.workload.chunks import trace_block_size
+
+        path = req.trace
+        if path.is_dir() or path.suffix in (".json", ".jsonl"):
+            raise InputError(f"--trace {path}: reads kvhit Parquet traces; use --blocks-trace for this file")
+        b = int(req.block_size or trace_block_size(path) or 128)
+        with translating(f"--trace {path}"):
+            n_warm = req.warmup if req.warmup is not None else _parquet_n_warm(path)
+            data = sampled_curve_from_parquet(
+                path,
+                rate=rate,
+                salt=salt,
+                policies=tuple(req.policies),
+                block_size=b,
+                n_warm=n_warm,
+                Ns=np.unique(np.asarray(req.capacities, np.int64)) if req.capacities else None,
+                n_min=req.n_min,
+                n_max=req.n_max,
+                points=req.points,
+            )
+        data["lam0"] = _parquet_meta(path).get("lam0")
+    else:
+        if "content" in req.policies and "policies" in req.model_fields_set:
+            raise InputError("--policies content: a production trace has no conversation sizes; use vllm, vllm-0.23")
+        if req.warmup is not None:
+            raise InputError("--warmup: a production trace has no conversation warm-up")
+        pt = read_blocks_trace(req.blocks_trace, req.arrival, req.rate, req.span, req.seed)
+        b = pt.block_size
+        from kvhit.experiments.sampled_curve import default_n_max
+        from kvhit.sim.tracerun import measured_mask
+
+        engines = tuple(p for p in block_policies if p != "content") or ("vllm",)
+        with translating(f"--blocks-trace {req.blocks_trace}"):
+            blocks = sampled_production_curve(pt, rate=rate, salt=salt, engines=engines, mask=measured_mask(pt, None))
+        if req.capacities:
+            Ns = np.unique(np.asarray(req.capacities, np.int64))
+        else:
+            Ns = _grid(req.n_min, req.n_max or default_n_max(blocks, None, req.n_min), req.points, "--n-max")
+        data = curves_from_sampled(Ns, blocks, None, rate)
+        data["sample"] = {
+            e: {"kept_accesses": x.sampled_accesses, "kept_lookups": x.sampled_lookups, "lookups": x.lookup_blocks}
+            for e, x in blocks.items()
+        }
+        data["lam0"] = None
+        data["describe"] = pt.describe()
+    data["bytes_per_block"] = model.bytes_per_block(b)
+    data["sample_rate"] = rate
+    data["sample_salt"] = salt
+    data.pop("events", None)
+    if data.get("feasible") is None:
+        data.pop("feasible", None)
+    Ns = data["N"]
+    if req.kv_gb is not None:
+        data["budget_N"] = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), data["bytes_per_block"]))
+    if req.plot is not None:
+        from kvhit.plots.curves import plot_curves
+
+        req.plot.parent.mkdir(parents=True, exist_ok=True)
+        data["figures"] = plot_curves(
+            {k: (Ns, data[k]) for k in _curve_keys(data)},
+            str(req.plot),
+            h_max=None,
+            bytes_per_block=data["bytes_per_block"],
+            model=model.name,
+            budget_N=data.get("budget_N"),
+            N_min=data.get("N_min") or None,
+            title=f"sampled hit ratio vs capacity (SHARDS, rate {rate:g}, salt {salt}; b = {b}, {model.name} KV)",
+        )
+    return _split_curves(data, model.name, "list" if req.capacities else "log")
+
+
+def _parquet_meta(path: Path) -> dict:
+    import json
+
+    import pyarrow.parquet as pq
+
+    raw = (pq.ParquetFile(path).schema_arrow.metadata or {}).get(b"kvhit")
+    return json.loads(raw) if raw else {}
+
+
+def _parquet_n_warm(path: Path) -> int:
+    """The trace's ``n_warm`` (its warm-up conversations), 0 when it records none."""
+    return int(_parquet_meta(path).get("n_warm") or 0)

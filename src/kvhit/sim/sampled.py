@@ -62,6 +62,8 @@ from numba import njit
 from kvhit.sim.content.lru import ContentInputError, _previous_sizes_kernel
 from kvhit.sim.content.stackdist import FIRST_TURN, content_curve_from_thresholds, content_hit_thresholds
 from kvhit.sim.vllm.block import ENGINES, BlockSimError, request_stream
+from kvhit.sim.vllm.blockids import _MAX_POS, MAX_CONVERSATION_ID, _seedmix
+from kvhit.sim.vllm.blockids import _POS_BITS as _BLOCKID_POS_BITS
 from kvhit.workload.hashing import fmix64
 
 __all__ = [
@@ -77,6 +79,8 @@ __all__ = [
 
 NEVER: int = FIRST_TURN
 _U64 = 2.0**64
+_EMPTY = np.zeros(0, np.int64)
+_SEEDMIX0 = _seedmix(0)  # the ids of hashes_from_block_counts(..., seed=0), as kvhit.sim.stream builds them
 
 
 class SamplingError(BlockSimError):
@@ -116,15 +120,26 @@ def _keep(key, saltmix, thr, full):  # pragma: no cover - compiled
 # phase 1: the sample (streamable, one chunk of requests at a time)
 # --------------------------------------------------------------------------------------------------
 
+_POS_BITS = np.uint64(_BLOCKID_POS_BITS)  # kvhit.sim.vllm.blockids: id(c, i) = fmix64(((c << 24) | i) ^ mix(seed))
+
+
+@njit(cache=True, inline="always")
+def _key(hs, off, conv, seedmix, r, i):  # pragma: no cover - compiled
+    if conv.shape[0] == 0:
+        return hs[off[r] + i]
+    x = fmix64(((np.uint64(conv[r]) << _POS_BITS) | np.uint64(i)) ^ seedmix)
+    return np.int64(x)
+
 
 @njit(cache=True)
-def _select_kernel(T, L, off, hs, measured, b, new_engine, thr, full, saltmix, r0, st):  # pragma: no cover
+def _select_kernel(T, L, off, hs, conv, seedmix, measured, b, new_engine, thr, full, saltmix, r0, st):  # noqa: E501  # pragma: no cover
     """Sampled records of one chunk of requests (global stream index of request 0: ``r0``).
 
     A record is a request with ≥ 1 kept block or a kept vLLM ≤ 0.23 partial block, or (vLLM ≥ 0.24) a *marker*
     for an unsampled partial-block request that changes ``e``'s rule (emitted only when the previous record
-    does not already end with that flag). ``st``: 0 last record flagged, 1 Σ T (measured), 2 Σ ⌈T/b⌉,
-    3 Σ (T−1)//b, 4 max ⌈L/b⌉, 5 measured requests.
+    does not already end with that flag). Block ids: ``hs[off[r] + i]``, or — when ``conv`` is not empty — the
+    ids of :func:`~kvhit.sim.vllm.blockids.hashes_from_block_counts` computed on the fly (no id stream).
+    ``st``: 0 last record flagged, 1 Σ T (measured), 2 Σ ⌈T/b⌉, 3 Σ (T−1)//b, 4 max ⌈L/b⌉, 5 measured requests.
     Returns ``(rec, blk_i, blk_id)``: rec rows = (mh, partial flag, kept partial, measured, kept blocks).
     """
     n = T.shape[0]
@@ -134,8 +149,8 @@ def _select_kernel(T, L, off, hs, measured, b, new_engine, thr, full, saltmix, r
     flagged = st[0]
     for r in range(n):
         k = 0
-        for j in range(off[r], off[r + 1]):
-            if _keep(hs[j], saltmix, thr, full):
+        for i in range(L[r] // b):
+            if _keep(_key(hs, off, conv, seedmix, r, i), saltmix, thr, full):
                 k += 1
         part = L[r] % b != 0
         ps = (not new_engine) and part and _keep(np.int64(r0 + r) ^ np.int64(0x5BD1E995), saltmix, thr, full)
@@ -154,10 +169,11 @@ def _select_kernel(T, L, off, hs, measured, b, new_engine, thr, full, saltmix, r
     flagged = st[0]
     for r in range(n):
         k0 = m
-        for j in range(off[r], off[r + 1]):
-            if _keep(hs[j], saltmix, thr, full):
-                blk_i[m] = j - off[r]
-                blk_id[m] = hs[j]
+        for i in range(L[r] // b):
+            x = _key(hs, off, conv, seedmix, r, i)
+            if _keep(x, saltmix, thr, full):
+                blk_i[m] = i
+                blk_id[m] = x
                 m += 1
         part = L[r] % b != 0
         ps = (not new_engine) and part and _keep(np.int64(r0 + r) ^ np.int64(0x5BD1E995), saltmix, thr, full)
@@ -395,9 +411,11 @@ class _BlockSampler:
         self.bid: list[np.ndarray] = []
         self.r0 = 0
 
-    def push(self, T, L, off, hs, measured) -> None:
+    def push(self, T, L, off, hs, measured, conv=None) -> None:
+        """One chunk of requests: ids ``hs`` (CSR ``off``), or ``conv`` for the ids of ``hashes_from_block_counts``."""
+        c = _EMPTY if conv is None else np.ascontiguousarray(conv, np.int64)
         rec, bi, bid = _select_kernel(
-            T, L, off, hs, measured, self.b, self.new, self.thr, self.full, self.mix, self.r0, self.st
+            T, L, off, hs, c, _SEEDMIX0, measured, self.b, self.new, self.thr, self.full, self.mix, self.r0, self.st
         )
         self.recs.append(rec)
         self.bi.append(bi)
@@ -555,15 +573,15 @@ def sampled_stream_curve(
     engines: tuple[str, ...] = ("vllm",),
     content: bool = True,
     warmup: int = 0,
+    window: tuple[float, float] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> dict:
     """Sampled curves of a chunked event stream (:func:`kvhit.workload.chunks.parquet_chunks` or
     :func:`~kvhit.workload.chunks.spec_chunks`): the block ids of :func:`kvhit.sim.stream.block_request_chunk`
-    (``T = cum_tokens`` or ``R·b − 1``), events at stream index ≥ ``warmup`` measured. Only the sample is kept:
+    (``T = cum_tokens`` or ``R·b − 1``), events at stream index ≥ ``warmup`` measured (or, given ``window = (start,
+    end)``, events at times in ``[start, end]``, as :class:`kvhit.workload.trace.Window`). Only the sample is kept:
     memory O(chunk + sampled accesses). Returns ``{"blocks": {engine: SampledBlockCurve}, "content":
     SampledContentCurve | None, "events": n}``."""
-    from kvhit.sim.vllm.blockids import hashes_from_block_counts
-
     r = check_rate(rate)
     b = int(block_size)
     samplers = {e: _BlockSampler(b, e, r, salt) for e in engines}
@@ -573,13 +591,15 @@ def sampled_stream_curve(
     done = 0
     for ch in chunks:
         idx = ch.start + np.arange(len(ch), dtype=np.int64)
-        meas = idx >= warmup
+        meas = idx >= warmup if window is None else (ch.time >= window[0]) & (ch.time <= window[1])
         if samplers:
             T = ch.cum_tokens.astype(np.int64) if ch.cum_tokens is not None else ch.R * b - 1
-            off, hs = hashes_from_block_counts(ch.conv, T // b)
+            if ch.conv.size and (ch.conv.min() < 0 or ch.conv.max() > MAX_CONVERSATION_ID):
+                raise SamplingError(f"conv: conversation ids must be in [0, {MAX_CONVERSATION_ID}]")
+            if T.size and (T.min() < 1 or int(T.max()) // b > _MAX_POS + 1):
+                raise SamplingError(f"prompt tokens: must be in [1, {(_MAX_POS + 1) * b}] (row {ch.start})")
             for s in samplers.values():
-                s.push(T, T, off, hs, meas)
-            del off, hs
+                s.push(T, T, _EMPTY, _EMPTY, meas, conv=ch.conv)
         if content:
             k = conversation_keep(ch.conv, r, salt)
             cc.append(ch.conv[k])
