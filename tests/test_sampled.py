@@ -86,9 +86,9 @@ def test_same_salt_same_result_other_salt_other_sample():
     conv, T, b = _synthetic()
     ch = EventChunk(conv, conv * 0 + 1, conv * 0 + 9, T // b + 1, T * 0 + 1, T * 0.0, T * 0.0, 0, T)
     _, off, hs = block_request_chunk(ch, b)
-    a = sampled_block_curve(T, off, hs, block_size=b, rate=0.2, salt=1)
-    a2 = sampled_block_curve(T, off, hs, block_size=b, rate=0.2, salt=1)
-    c = sampled_block_curve(T, off, hs, block_size=b, rate=0.2, salt=2)
+    a = sampled_block_curve(T, off, hs, block_size=b, rate=0.2, salt=1, hot=None)
+    a2 = sampled_block_curve(T, off, hs, block_size=b, rate=0.2, salt=1, hot=None)
+    c = sampled_block_curve(T, off, hs, block_size=b, rate=0.2, salt=2, hot=None)
     assert np.array_equal(a.thresholds, a2.thresholds)
     assert a.sampled_accesses != c.sampled_accesses or not np.array_equal(a.thresholds, c.thresholds)
     # kept share close to the rate (binomial: 5 sigma)
@@ -113,7 +113,9 @@ def test_stream_equals_in_memory_for_every_chunking(chunk, engine, rate):
     out = sampled_stream_curve(chunks, rate=rate, salt=4, block_size=b, engines=(engine,), warmup=n // 5)
     whole = EventChunk(**cols, start=0, cum_tokens=T)
     _, off, hs = block_request_chunk(whole, b)
-    mem = sampled_block_curve(T, off, hs, block_size=b, rate=rate, salt=4, engine=engine, mask=np.arange(n) >= n // 5)
+    mem = sampled_block_curve(
+        T, off, hs, block_size=b, rate=rate, salt=4, engine=engine, mask=np.arange(n) >= n // 5, hot=None
+    )
     got = out["blocks"][engine]
     assert np.array_equal(got.thresholds, mem.thresholds)
     assert (got.prompt_tokens, got.lookup_blocks, got.N_min) == (mem.prompt_tokens, mem.lookup_blocks, mem.N_min)
@@ -125,3 +127,26 @@ def test_stream_equals_in_memory_for_every_chunking(chunk, engine, rate):
 def test_bad_rate_refused(rate):
     with pytest.raises(SamplingError, match="sample rate"):
         sampled_block_curve([5], [0, 1], [7], block_size=4, rate=rate)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tr=traces(), engine=st.sampled_from(ENGINES), rate=st.sampled_from([0.05, 0.3]))
+def test_every_id_hot_is_exact_at_any_rate(tr, engine, rate):
+    """Hot ids are kept with weight 1: with every id hot only vLLM <= 0.23's partial blocks are still sampled, and
+    with vLLM >= 0.24 (no partial entries) the pass is the rate-1 pass."""
+    if tr["resp"] is not None or engine != "vllm":
+        return
+    kw = {"block_size": tr["b"], "engine": engine}
+    one = sampled_block_curve(tr["T"], tr["off"], tr["h"], rate=1.0, **kw)
+    hot = sampled_block_curve(tr["T"], tr["off"], tr["h"], rate=rate, hot=np.unique(tr["h"]), **kw)
+    Ns = np.arange(1, _footprint(tr) + 1)
+    assert np.allclose(hot.hit_blocks(Ns), one.hit_blocks(Ns))
+
+
+def test_hot_ids_rule():
+    from kvhit.sim.sampled import hot_ids
+
+    h = np.array([5, 5, 5, 5, 7, 7, 9], np.int64)
+    assert hot_ids(h, 0.25).tolist() == [5]
+    assert hot_ids(h, 0.5).tolist() == [5, 7]
+    assert hot_ids(h, 1.0).size == 0

@@ -53,6 +53,7 @@ the largest request are reported infeasible, as the exact curve does).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -124,6 +125,14 @@ _POS_BITS = np.uint64(_BLOCKID_POS_BITS)  # kvhit.sim.vllm.blockids: id(c, i) = 
 
 
 @njit(cache=True, inline="always")
+def _is_hot(x, hot):  # pragma: no cover - compiled
+    if hot.shape[0] == 0:
+        return False
+    j = np.searchsorted(hot, x)
+    return j < hot.shape[0] and hot[j] == x
+
+
+@njit(cache=True, inline="always")
 def _key(hs, off, conv, seedmix, r, i):  # pragma: no cover - compiled
     if conv.shape[0] == 0:
         return hs[off[r] + i]
@@ -132,7 +141,7 @@ def _key(hs, off, conv, seedmix, r, i):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _select_kernel(T, L, off, hs, conv, seedmix, measured, b, new_engine, thr, full, saltmix, r0, st):  # noqa: E501  # pragma: no cover
+def _select_kernel(T, L, off, hs, conv, seedmix, hot, measured, b, new_engine, thr, full, saltmix, r0, st):  # noqa: E501  # pragma: no cover
     """Sampled records of one chunk of requests (global stream index of request 0: ``r0``).
 
     A record is a request with ≥ 1 kept block or a kept vLLM ≤ 0.23 partial block, or (vLLM ≥ 0.24) a *marker*
@@ -150,7 +159,8 @@ def _select_kernel(T, L, off, hs, conv, seedmix, measured, b, new_engine, thr, f
     for r in range(n):
         k = 0
         for i in range(L[r] // b):
-            if _keep(_key(hs, off, conv, seedmix, r, i), saltmix, thr, full):
+            x = _key(hs, off, conv, seedmix, r, i)
+            if _keep(x, saltmix, thr, full) or _is_hot(x, hot):
                 k += 1
         part = L[r] % b != 0
         ps = (not new_engine) and part and _keep(np.int64(r0 + r) ^ np.int64(0x5BD1E995), saltmix, thr, full)
@@ -164,6 +174,7 @@ def _select_kernel(T, L, off, hs, conv, seedmix, measured, b, new_engine, thr, f
     rec = np.empty((nrec, 5), np.int64)
     blk_i = np.empty(nblk, np.int32)
     blk_id = np.empty(nblk, np.int64)
+    blk_hot = np.zeros(nblk, np.int8)
     q = 0
     m = 0
     flagged = st[0]
@@ -171,7 +182,9 @@ def _select_kernel(T, L, off, hs, conv, seedmix, measured, b, new_engine, thr, f
         k0 = m
         for i in range(L[r] // b):
             x = _key(hs, off, conv, seedmix, r, i)
-            if _keep(x, saltmix, thr, full):
+            h = _is_hot(x, hot)
+            if h or _keep(x, saltmix, thr, full):
+                blk_hot[m] = h
                 blk_i[m] = i
                 blk_id[m] = x
                 m += 1
@@ -203,7 +216,7 @@ def _select_kernel(T, L, off, hs, conv, seedmix, measured, b, new_engine, thr, f
         if nb > st[4]:
             st[4] = nb
     st[0] = flagged
-    return rec, blk_i, blk_id
+    return rec, blk_i, blk_id, blk_hot
 
 
 # --------------------------------------------------------------------------------------------------
@@ -242,7 +255,7 @@ def _append(tree, F, w):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _sampled_block_kernel(rec, blk_i, blk_id, inv, new_engine):  # pragma: no cover - compiled
+def _sampled_block_kernel(rec, blk_i, blk_id, blk_hot, inv, new_engine):  # pragma: no cover - compiled
     """Estimated thresholds ``N̂*`` per kept block (NEVER: never placed before; -1: not a lookup block, i ≥ mh).
 
     Same positions and weights as :func:`kvhit.sim.vllm.curve._thresholds_kernel` restricted to the kept
@@ -261,9 +274,9 @@ def _sampled_block_kernel(rec, blk_i, blk_id, inv, new_engine):  # pragma: no co
     LB = 1
     while (1 << LB) <= npos + 1:
         LB += 1
-    tree = np.zeros(npos + 1, np.int32)
+    tree = np.zeros(npos + 1, np.float64)
     F = 0
-    W = 0
+    W = 0.0
     cap = 1024
     while cap < 2 * nblk + 2:
         cap *= 2
@@ -306,20 +319,21 @@ def _sampled_block_kernel(rec, blk_i, blk_id, inv, new_engine):  # pragma: no co
             if P < 0:
                 thr[m0 + a] = never
                 continue
-            rho = 1 + W - _prefix(tree, P, LB)
+            above = W - _prefix(tree, P, LB)  # Horvitz-Thompson: Σ 1/p over the kept entries above P
             e = 1 if (new_engine and P < qb and mrem > P) else 0
-            thr[m0 + a] = 1 + e + np.int64(np.ceil((rho - 1) * inv - 1e-9))
+            thr[m0 + a] = 1 + e + np.int64(np.ceil(above - 1e-6))
         # removals: first-inserted copies of looked-up blocks
         for a in range(k):
             v = slots[a]
             if blk_i[m0 + a] < mh and recent[v] >= 0:
-                _add(tree, first[v], F, -1)
-                W -= 1
+                wv = 1.0 if blk_hot[m0 + a] else inv
+                _add(tree, first[v], F, -wv)
+                W -= wv
         # appends in free order: the kept partial block (vLLM <= 0.23), then blocks F-1 ... 0
         if rec[q, 2]:
-            _append(tree, F, 1)
+            _append(tree, F, inv)
             F += 1
-            W += 1
+            W += inv
             mrem = -1
         for a in range(k - 1, -1, -1):
             v = slots[a]
@@ -331,9 +345,10 @@ def _sampled_block_kernel(rec, blk_i, blk_id, inv, new_engine):  # pragma: no co
                 rem = first[v]
                 first[v] = t
             recent[v] = t
-            _append(tree, F, 1)
+            wv = 1.0 if blk_hot[m0 + a] else inv
+            _append(tree, F, wv)
             F += 1
-            W += 1
+            W += wv
             if rem < mrem:
                 mrem = rem
         if new_engine and rec[q, 1]:
@@ -365,15 +380,18 @@ class SampledBlockCurve:
     N_min: int  #: max ⌈L/b⌉ over every request: below it vLLM refuses a request
     sampled_accesses: int  #: kept block accesses (all requests)
     sampled_lookups: int  #: kept measured lookup blocks (the estimator's sample size)
+    weights: np.ndarray | None = None  #: 1/p per kept lookup (None: all 1/rate, no hot ids)
 
     def hit_blocks(self, Ns) -> np.ndarray:
         """Estimated Σ hit blocks of the measured requests at each capacity (float64)."""
         Ns = np.asarray(Ns, np.int64)
         if self.sampled_lookups == 0:
             return np.zeros(Ns.shape)
-        w = np.ones(self.thresholds.shape[0], np.int64)
-        hit = content_curve_from_thresholds(self.thresholds, w, Ns)
-        return hit * (self.lookup_blocks / self.sampled_lookups)
+        if self.weights is None:
+            w = np.ones(self.thresholds.shape[0], np.int64)
+            return content_curve_from_thresholds(self.thresholds, w, Ns) * (self.lookup_blocks / self.sampled_lookups)
+        hit = content_curve_from_thresholds(self.thresholds, self.weights, Ns)
+        return hit * (self.lookup_blocks / float(self.weights.sum()))
 
     def curve(self, Ns) -> dict:
         """``N``, ``hit_blocks`` (estimated), ``block_hit_ratio`` (h of eq. (6)), ``token_hit_ratio``, ``feasible``
@@ -394,7 +412,7 @@ class SampledBlockCurve:
 class _BlockSampler:
     """Phase 1 fed chunk by chunk (requests in stream order), then phase 2 once."""
 
-    def __init__(self, block_size: int, engine: str, rate: float, salt: int):
+    def __init__(self, block_size: int, engine: str, rate: float, salt: int, hot=None):
         if engine not in ENGINES:
             raise SamplingError(f"engine: expected one of {sorted(ENGINES)}, got {engine!r}")
         self.b = int(block_size)
@@ -410,14 +428,18 @@ class _BlockSampler:
         self.bi: list[np.ndarray] = []
         self.bid: list[np.ndarray] = []
         self.r0 = 0
+        self.hot = _EMPTY if hot is None else np.unique(np.asarray(hot, np.int64))
+        self.bh: list[np.ndarray] = []
 
     def push(self, T, L, off, hs, measured, conv=None) -> None:
         """One chunk of requests: ids ``hs`` (CSR ``off``), or ``conv`` for the ids of ``hashes_from_block_counts``."""
         c = _EMPTY if conv is None else np.ascontiguousarray(conv, np.int64)
-        rec, bi, bid = _select_kernel(
-            T, L, off, hs, c, _SEEDMIX0, measured, self.b, self.new, self.thr, self.full, self.mix, self.r0, self.st
-        )
+        rec, bi, bid, bh = _select_kernel(
+            T, L, off, hs, c, _SEEDMIX0, self.hot, measured, self.b, self.new, self.thr, self.full, self.mix, self.r0,
+            self.st,
+        )  # fmt: skip
         self.recs.append(rec)
+        self.bh.append(bh)
         self.bi.append(bi)
         self.bid.append(bid)
         self.r0 += T.shape[0]
@@ -426,16 +448,19 @@ class _BlockSampler:
         rec = np.concatenate(self.recs) if self.recs else np.zeros((0, 5), np.int64)
         bi = np.concatenate(self.bi) if self.bi else np.zeros(0, np.int32)
         bid = np.concatenate(self.bid) if self.bid else np.zeros(0, np.int64)
-        self.recs, self.bi, self.bid = [], [], []
-        thr = _sampled_block_kernel(rec, bi, bid, 1.0 / self.rate, self.new)
+        bh = np.concatenate(self.bh) if self.bh else np.zeros(0, np.int8)
+        self.recs, self.bi, self.bid, self.bh = [], [], [], []
+        thr = _sampled_block_kernel(rec, bi, bid, bh, 1.0 / self.rate, self.new)
         per = rec[:, 4]
         meas = np.repeat(rec[:, 3].astype(bool), per)
         look = np.repeat(rec[:, 0], per) > bi
         sel = meas & look
         del meas, look, bi, bid
         st = self.st
+        w = np.where(bh[sel] != 0, 1.0, 1.0 / self.rate) if self.hot.size else None
         return SampledBlockCurve(
             thresholds=np.ascontiguousarray(thr[sel]),
+            weights=w,
             rate=self.rate,
             salt=self.salt,
             engine=self.engine,
@@ -460,6 +485,7 @@ def sampled_block_curve(
     salt: int = 0,
     engine: str = "vllm",
     mask=None,
+    hot="auto",
 ) -> SampledBlockCurve:
     """SHARDS pass of the vLLM block pool over an in-memory request stream (inputs as
     :func:`kvhit.sim.vllm.curve.block_hit_thresholds`, chained or not); ``mask`` selects the measured requests.
@@ -477,9 +503,24 @@ def sampled_block_curve(
     m = np.ones(n, bool) if mask is None else np.asarray(mask)
     if m.dtype != np.bool_ or m.shape != (n,):
         raise SamplingError(f"mask: expected a boolean array of shape ({n},), got {m.dtype} {m.shape}")
-    s = _BlockSampler(b, engine, rate, salt)
+    if isinstance(hot, str):
+        if hot != "auto":
+            raise SamplingError(f"hot: expected 'auto', None or an array of ids, got {hot!r}")
+        hot = hot_ids(hs, rate)
+    s = _BlockSampler(b, engine, rate, salt, hot)
     s.push(T, L, off, hs, m)
     return s.finish()
+
+
+def hot_ids(hashes, rate: float) -> np.ndarray:
+    """Ids accessed at least ``1/rate`` times: kept with probability 1 (weight 1) instead of ``rate`` (weight
+    ``1/rate``). A few such ids (a shared system prompt) can carry much of a trace's reuse; sampling them at
+    ``rate`` makes the curve depend on whether they fall in the sample (measured on Mooncake: docs/sampling.md)."""
+    r = check_rate(rate)
+    if r >= 1.0 or np.asarray(hashes).size == 0:
+        return _EMPTY
+    ids, cnt = np.unique(np.asarray(hashes, np.int64), return_counts=True)
+    return ids[cnt >= math.ceil(1.0 / r - 1e-9)]
 
 
 # --------------------------------------------------------------------------------------------------
