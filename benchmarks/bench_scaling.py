@@ -5,7 +5,9 @@ cache), timed by wall clock and by CPU seconds (user + sys of the child: on this
 depends on what else runs, CPU time much less); the peak RSS is the child's ``ru_maxrss`` (from ``os.wait4``).
 The growth exponent between two sizes is log(t₂/t₁)/log(n₂/n₁) on CPU seconds (1 = linear).
 
-The 10⁷-turn row takes several minutes and ~10 GB peak for ``curve``; it runs only with ``KVHIT_BENCH_LARGE=1``
+The 10⁷-turn row takes several minutes (``curve``: 10.3 GB peak before the conversation-structured threshold pass
+of :mod:`kvhit.sim.vllm.curve_conv`, 3.8 GB after, mostly the trace and the estimators); it runs only with
+``KVHIT_BENCH_LARGE=1``
 (``make bench-large``). Run alone: ``python benchmarks/bench_scaling.py`` (add ``--large`` for 10⁷).
 """
 
@@ -36,6 +38,11 @@ def _commands(trace: Path, n_conv: int, out: Path) -> list[tuple[str, list[str]]
         ("trace stats", ["trace", "stats", t]),
         ("curve (1,000 capacities)", ["curve", "--trace", t, "--points", "1000", "--json"]),
         ("curve, Algorithm 1 only", ["curve", "--trace", t, "--points", "1000", "--policies", "content", "--json"]),
+        ("curve --no-estimate", ["curve", "--trace", t, "--points", "1000", "--no-estimate", "--json"]),
+        (
+            "curve --sample-rate 0.01 (SHARDS)",
+            ["curve", "--trace", t, "--points", "1000", "--sample-rate", "0.01", "--json"],
+        ),
     ]
 
 
