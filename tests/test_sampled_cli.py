@@ -1,0 +1,69 @@
+"""``kvhit curve --sample-rate``: rate 1 reproduces the exact vLLM curves of the same Parquet trace; bad input is one
+line naming the flag, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from clihelp import kvhit
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    p = tmp_path_factory.mktemp("sampled") / "t.parquet"
+    r = kvhit("trace", "generate", "--spec", "examples/scm.toml", "-n", "400", "-o", p)
+    assert r.code == 0, r.err
+    return p
+
+
+def test_rate_one_equals_exact_curve(trace):
+    ex = kvhit("curve", "--trace", trace, "--policies", "vllm,vllm-0.23,content", "--no-estimate", "--json",
+               "--n-max", "3000", "--points", "200")  # fmt: skip
+    sm = kvhit("curve", "--trace", trace, "--policies", "vllm,vllm-0.23,content", "--json", "--n-max", "3000",
+               "--points", "200", "--sample-rate", "1")  # fmt: skip
+    assert ex.code == 0 and sm.code == 0, (ex.err, sm.err)
+    e, s = json.loads(ex.out), json.loads(sm.out)
+    assert e["N"] == s["N"] and s["sample_rate"] == 1.0
+    for eng, label in (("vllm", "vLLM ≥ 0.24 (block cache)"), ("vllm-0.23", "vLLM ≤ 0.23 (block cache)")):
+        a = np.array(e[label], float)
+        b = np.array(s[label + ", sampled 100%"], float)
+        assert np.array_equal(np.isnan(a), np.isnan(b)), eng
+        assert np.allclose(a[~np.isnan(a)], b[~np.isnan(b)], rtol=0, atol=1e-12), eng
+    a = np.array(e["Algorithm 1 (content LRU)"], float)
+    b = np.array(s["Algorithm 1 (content LRU), sampled 100%"], float)
+    assert np.allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_salt_changes_the_sample(trace):
+    a = json.loads(kvhit("curve", "--trace", trace, "--sample-rate", "0.3", "--json", "--policies", "vllm").out)
+    b = json.loads(
+        kvhit(
+            "curve", "--trace", trace, "--sample-rate", "0.3", "--sample-salt", "7", "--json", "--policies", "vllm"
+        ).out
+    )
+    a2 = json.loads(kvhit("curve", "--trace", trace, "--sample-rate", "0.3", "--json", "--policies", "vllm").out)
+    assert a == a2
+    assert a["sample"] != b["sample"]
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--sample-rate", "0"], "--sample-rate"),
+        (["--sample-rate", "1.5"], "--sample-rate"),
+        (["--sample-salt", "3"], "--sample-salt"),
+        (["--sample-rate", "0.1", "--policies", "sglang"], "--sample-rate"),
+    ],
+)
+def test_bad_input_one_line(trace, args, flag):
+    r = kvhit("curve", "--trace", trace, *args)
+    assert r.code == 2 and not r.exc
+    assert len(r.err_lines) == 1 and flag in r.err_lines[0], r.err
+
+
+def test_spec_refused():
+    r = kvhit("curve", "--spec", "examples/scm.toml", "--sample-rate", "0.1")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--sample-rate" in r.err_lines[0]
