@@ -47,8 +47,9 @@ bench: $(STAMP) $(BENCH_DEPS)/.installed
 bench-explain: $(STAMP)
 	$(BIN)/python benchmarks/run.py explain
 
-# adds the 10^7-turn row to bench_scaling (several minutes, ~10 GB peak for curve) and the 10^8-event rows of
-# bench_stream (streamed Algorithm 1 and block cache, a few minutes, flat memory)
+# adds the 10^7-turn row to bench_scaling (several minutes, ~4 GB peak for curve), the 10^8-event rows of
+# bench_stream (streamed Algorithm 1 and block cache, a few minutes, flat memory) and the 10^9-block-access row of
+# bench_sampled (a 1.5 GB Parquet trace written first; the sampled curve itself ~1 GB)
 bench-large: $(STAMP) $(BENCH_DEPS)/.installed
 	KVHIT_BENCH_LARGE=1 PYTHONPATH=$(BENCH_DEPS) $(BIN)/python benchmarks/run.py
 
