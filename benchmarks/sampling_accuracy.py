@@ -67,7 +67,8 @@ def trace_rows(n_conv: int, salts: int, seed: int = 0) -> list[dict]:
     """ShareGPT-derived trace of ``n_conv`` conversations: exact curves, then sampled ones per rate and salt."""
     from kvhit.experiments.curve import curve_inputs, default_capacity_range
     from kvhit.sim.sampled import sampled_stream_curve
-    from kvhit.workload import Window, generate
+    from kvhit.workload.generate import generate
+    from kvhit.workload.trace import Window
 
     spec, pool = sharegpt_spec()
     tr = generate(spec, seed, n_conversations=n_conv)
