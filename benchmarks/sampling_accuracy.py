@@ -13,7 +13,8 @@ Workloads:
 Per workload, policy, rate and salt: max and mean |sampled − exact| of the block-weighted h over 1,000 log-spaced
 feasible capacities (from the largest request ``N_min`` to 1.25× the capacity where the exact curve reaches 99% of
 its plateau, the default range of ``kvhit curve``). Reported: the worst salt and the mean over salts, never the best.
-Run: ``python benchmarks/sampling_accuracy.py [--large] [--salts 5]``.
+Run: ``python benchmarks/sampling_accuracy.py [--large] [--salts 5]``; ``--profile``: the error over capacities with
+at least ``k`` sampled cache slots (``R·N ≥ k``), 3 salts, the 10⁶-turn trace.
 """
 
 from __future__ import annotations
@@ -153,6 +154,37 @@ def production_rows(name: str, path: Path, salts: int, rates=(0.01, 0.05, 0.1, 0
     return rows
 
 
+def profile_rows(n_conv: int = 270_000, salts: int = 3, rates=(0.01, 0.02, 0.05), seed: int = 0) -> list[str]:
+    """Where the error sits: max |sampled − exact| (vLLM ≥ 0.24, the ShareGPT-derived trace of :func:`trace_rows`)
+    over all capacities and over those with ``R·N ≥ k`` sampled cache slots (``--profile``)."""
+    from kvhit.experiments.curve import curve_inputs, default_capacity_range
+    from kvhit.sim.sampled import sampled_stream_curve
+    from kvhit.workload.generate import generate
+    from kvhit.workload.trace import Window
+
+    spec, _ = sharegpt_spec()
+    tr = generate(spec, seed, n_conversations=n_conv)
+    tr.meta["block_size"] = 128
+    w = Window.warmup_conversations(tr, n_conv // 5)
+    inp = curve_inputs(tr, w, ("vllm",))
+    _, hi = default_capacity_range(inp, 64)
+    Ns = _grid(inp.N_min, hi)
+    ex = inp.blocks["vllm"].hit(Ns) / inp.blocks["vllm"].prompt_blocks
+    lines = [f"capacities {Ns[0]:,} … {Ns[-1]:,} ({tr.n_turns:,} turns)"]
+    for rate in rates:
+        for salt in range(salts):
+            s = sampled_stream_curve(
+                _chunks(tr), rate=rate, salt=salt, engines=("vllm",), content=False, window=(w.start, w.end)
+            )
+            d = np.abs(s["blocks"]["vllm"].curve(Ns)["block_hit_ratio"] - ex)
+            cells = [f"all {d.max():.4f} (at N = {Ns[d.argmax()]:,})"]
+            for k in (25, 50, 100, 200):
+                m = rate * Ns >= k
+                cells.append(f"R·N ≥ {k}: {d[m].max():.4f}" if m.any() else f"R·N ≥ {k}: –")
+            lines.append(f"rate {rate:g}, salt {salt}: " + "; ".join(cells))
+    return lines
+
+
 def run(large: bool | None = None, salts: int = 5) -> dict:
     if large is None:
         large = os.environ.get("KVHIT_BENCH_LARGE") == "1"
@@ -185,6 +217,9 @@ def render(out: dict) -> str:
 
 
 def main() -> None:
+    if "--profile" in sys.argv:
+        print("\n".join(profile_rows()))
+        return
     salts = 5
     if "--salts" in sys.argv:
         salts = int(sys.argv[sys.argv.index("--salts") + 1])
