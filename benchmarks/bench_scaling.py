@@ -5,8 +5,9 @@ cache), timed by wall clock and by CPU seconds (user + sys of the child: on this
 depends on what else runs, CPU time much less); the peak RSS is the child's ``ru_maxrss`` (from ``os.wait4``).
 The growth exponent between two sizes is log(t₂/t₁)/log(n₂/n₁) on CPU seconds (1 = linear).
 
-The 10⁷-turn row takes several minutes (``curve``: 10.3 GB peak before the conversation-structured threshold pass
-of :mod:`kvhit.sim.vllm.curve_conv`, 3.8 GB after, mostly the trace and the estimators); it runs only with
+The 10⁷-turn row takes several minutes (``curve``: 91 CPU s and 10.3 GB peak before the conversation-structured
+threshold pass of :mod:`kvhit.sim.vllm.curve_conv`; after it, measured once on a shared machine: 66 CPU s and 3.8 GB
+with the estimators, 40 CPU s and 2.5 GB with ``--no-estimate``); it runs only with
 ``KVHIT_BENCH_LARGE=1``
 (``make bench-large``). Run alone: ``python benchmarks/bench_scaling.py`` (add ``--large`` for 10⁷).
 """
