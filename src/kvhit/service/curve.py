@@ -81,7 +81,12 @@ class CurveRequest(BlocksTraceFields):
         "salted hash falls below the rate, capacities scaled by it (kvhit.sim.sampled, docs/sampling.md); --trace is "
         "then streamed from Parquet in bounded memory; no estimators; default: exact curves.",
     )
-    sample_salt: int = Field(0, ge=0, le=2**62, description="Hash salt of --sample-rate (another sample); ≥ 0.")
+    sample_salt: int = Field(
+        0,
+        ge=0,
+        le=2**62,
+        description="Hash salt of --sample-rate (another salt: another sample); integer ≥ 0; default: 0.",
+    )
 
 
 class CurveResponse(Response):
