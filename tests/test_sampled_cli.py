@@ -67,3 +67,15 @@ def test_bad_input_one_line(trace, args, flag):
 def test_spec_refused():
     r = kvhit("curve", "--spec", "examples/scm.toml", "--sample-rate", "0.1")
     assert r.code == 2 and len(r.err_lines) == 1 and "--sample-rate" in r.err_lines[0]
+
+
+def test_blocks_trace_default_policies(tmp_path):
+    """A production trace with the default --policies: the vLLM engines are sampled (Algorithm 1 needs
+    conversation sizes); --policies content alone is refused in one line."""
+    files = ["tests/data/production/mooncake_small.jsonl"]
+    r = kvhit("curve", "--blocks-trace", files[0], "--sample-rate", "0.5", "--json", "--points", "20")
+    assert r.code == 0, r.err
+    d = json.loads(r.out)
+    assert any(k.endswith("sampled 50%") for k in d) and d["sample_rate"] == 0.5
+    r = kvhit("curve", "--blocks-trace", files[0], "--sample-rate", "0.5", "--policies", "content")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--policies" in r.err_lines[0]

@@ -438,7 +438,7 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
             )
         data["lam0"] = _parquet_meta(path).get("lam0")
     else:
-        if "content" in req.policies and "policies" in req.model_fields_set:
+        if not [p for p in req.policies if p != "content"]:
             raise InputError("--policies content: a production trace has no conversation sizes; use vllm, vllm-0.23")
         if req.warmup is not None:
             raise InputError("--warmup: a production trace has no conversation warm-up")
@@ -447,7 +447,7 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
         from kvhit.experiments.sampled_curve import default_n_max
         from kvhit.sim.tracerun import measured_mask
 
-        engines = tuple(p for p in block_policies if p != "content") or ("vllm",)
+        engines = tuple(p for p in block_policies if p != "content")
         with translating(f"--blocks-trace {req.blocks_trace}"):
             blocks = sampled_production_curve(pt, rate=rate, salt=salt, engines=engines, mask=measured_mask(pt, None))
         if req.capacities:
