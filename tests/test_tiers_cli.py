@@ -176,3 +176,27 @@ def test_kv_dram_capacity(capsys):
     assert t["lmcache_chunks_per_rank"] == (32 << 30) // (bpb * 16)  # 256-token chunks, per rank
     rc = main(["kv", "--block-size", "48", "--dram-gb", "1"])
     assert rc == 2 and "--chunk-tokens" in capsys.readouterr().err
+
+
+def test_tiers_prints_tables_like_every_other_command(mooncake, capsys):
+    """Issue 21: ``tiers`` printed ``|``-separated rows; it prints the bordered tables the other commands print,
+    with the same numbers as ``--json`` (4 decimals) in every cell."""
+    args = ["tiers", "--blocks-trace", str(mooncake), "--hbm-blocks", "4,8", "--host-units", "0,2,6"]
+    assert main([*args, "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert main([*args, "--estimate", "also", "--prefill-tokens-per-s", "5000"]) == 0
+    out = capsys.readouterr().out
+    assert " | " not in out
+    assert out.count("┏") == 3 and out.count("└") == 3  # the surface, the estimate, the TTFT saved
+    head = next(ln for ln in out.splitlines() if "HBM blocks" in ln)
+    assert [c.strip() for c in head.strip("┃ ").split("┃")] == [
+        "HBM blocks",
+        "GPU only",
+        "0 units",
+        "2 units",
+        "6 units",
+    ]
+    rows = [ln for ln in out.splitlines() if ln.startswith("│")]
+    for N, hg, h in zip(js["hbm_blocks"], js["h_gpu"], js["h"], strict=True):
+        cells = [c.strip() for c in rows.pop(0).strip("│ ").split("│")]
+        assert cells == [f"{N:,}", f"{hg:,.4f}", *(f"{v:,.4f}" for v in h)]

@@ -72,12 +72,27 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-def _call(fn: Callable[..., Any], model: type, /, *, _progress_label: str | None = None, **values: Any) -> Any:
-    """Build the request (validated), run the service function; an :class:`InputError` is one line, exit 2."""
+def _call(
+    fn: Callable[..., Any],
+    model: type,
+    /,
+    *,
+    _progress_label: str | None = None,
+    _status_lines: bool = False,
+    **values: Any,
+) -> Any:
+    """Build the request (validated), run the service function; an :class:`InputError` is one line, exit 2.
+
+    With ``_progress_label`` a progress bar runs on stderr while the service reports progress — on a terminal
+    only. ``_status_lines`` (for work that can take minutes, e.g. a cold ShareGPT tokenization) adds, where
+    stderr is not a terminal, a status line at the start and at every further 10% of that work, so a piped or
+    logged run is never silent for minutes."""
     try:
         req = svc.build(model, **values)
         if _progress_label is None:
             return fn(req)
+        if _status_lines and not err_console.is_terminal:
+            return fn(req, progress=_StatusLines(_progress_label))
         with _progress() as prog:
             task = prog.add_task(_progress_label, total=None)
             return fn(
@@ -123,6 +138,32 @@ def _fmt(x: Any, digits: int = 4) -> str:
     if isinstance(x, int | np.integer):
         return f"{int(x):,}"
     return str(x)
+
+
+class _StatusLines:
+    """A progress callback that writes ``label: done/total (pct%), elapsed`` lines on stderr at the start and at
+    each further tenth of the work (the progress bar's stand-in where stderr is a pipe or a log file)."""
+
+    def __init__(self, label: str) -> None:
+        import time
+
+        self.label, self.t0, self.next = label, time.perf_counter(), 0.0
+
+    def __call__(self, done: int, total: int | None, what: str | None = None) -> None:
+        import time
+
+        if what:
+            self.label = what
+        if not total:
+            return
+        frac = done / total
+        if frac + 1e-12 < self.next:
+            return
+        self.next = (int(frac * 10 + 1e-9) + 1) / 10
+        secs = time.perf_counter() - self.t0
+        err_console.print(
+            f"{self.label}: {done:,}/{total:,} ({100 * frac:.0f}%), {secs:.0f} s", markup=False, highlight=False
+        )
 
 
 def _progress() -> Progress:

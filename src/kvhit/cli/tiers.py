@@ -13,6 +13,7 @@ from kvhit.cli._common import (
     _help,
     _list_of,
     _print_json,
+    _table,
     app,
     console,
     svc,
@@ -118,19 +119,31 @@ def tiers(
     else:
         cols, unit = res.host_units, "tokens" if res.host_tokens is not None else "units"
     src = " (estimated)" if res.h_source == "estimate" else ""
-    console.print(f"{res.tier}: {res.requests:,} requests, block size {res.block_size}; h (GPU + host){src}")
     gpu = "without HiCache" if res.host_tokens is not None else "GPU only"
-    console.print(f"HBM blocks | {gpu} | " + " | ".join(f"{c:g} {unit}" for c in cols))
-    for N, hg, row in zip(res.hbm_blocks, res.h_gpu, res.h, strict=True):
-        console.print(f"{N:,} | {_fmt(hg)} | " + " | ".join(_fmt(v) for v in row))
+    head = ["HBM blocks", gpu, *(f"{c:g} {unit}" for c in cols)]
+    _table(
+        f"{res.tier}: {res.requests:,} requests, block size {res.block_size}; h (GPU + host){src}",
+        head,
+        [
+            [f"{N:,}", _fmt(hg), *(_fmt(v) for v in row)]
+            for N, hg, row in zip(res.hbm_blocks, res.h_gpu, res.h, strict=True)
+        ],
+    )
     if res.h_estimate is not None and res.h_source != "estimate":
-        console.print("estimated h (two-tier estimator)")
-        for N, hg, row in zip(res.hbm_blocks, res.h_gpu_estimate, res.h_estimate, strict=True):
-            console.print(f"{N:,} | {_fmt(hg)} | " + " | ".join(_fmt(v) for v in row))
+        _table(
+            "estimated h (two-tier estimator)",
+            head,
+            [
+                [f"{N:,}", _fmt(hg), *(_fmt(v) for v in row)]
+                for N, hg, row in zip(res.hbm_blocks, res.h_gpu_estimate, res.h_estimate, strict=True)
+            ],
+        )
     if res.ttft_saved_s is not None:
-        console.print("mean TTFT saved per request vs recompute (s)")
-        for N, row in zip(res.hbm_blocks, res.ttft_saved_s, strict=True):
-            console.print(f"{N:,} | " + " | ".join(_fmt(v) for v in row))
+        _table(
+            "mean TTFT saved per request vs recompute (s)",
+            ["HBM blocks", *(f"{c:g} {unit}" for c in cols)],
+            [[f"{N:,}", *(_fmt(v) for v in row)] for N, row in zip(res.hbm_blocks, res.ttft_saved_s, strict=True)],
+        )
     if res.dram_for_target is not None:
         console.print(
             "DRAM reaching the target (grid): "

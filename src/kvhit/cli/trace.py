@@ -247,7 +247,8 @@ def trace_sharegpt(
     res = _call(
         svc.sharegpt_trace,
         SGR,
-        _progress_label="tokenizing ShareGPT",
+        _progress_label="tokenizing ShareGPT (conversations; cached afterwards)",
+        _status_lines=True,
         out=out,
         source=source,
         n_warm=n_warm,
