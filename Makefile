@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 export MPLBACKEND ?= Agg
 
-.PHONY: venv demo test test-fast test-browser serve bench bench-explain bench-large lint clean conformance
+.PHONY: venv demo test test-fast test-browser serve bench bench-explain bench-large lint clean conformance docs docs-snippets
 
 venv: $(STAMP)
 
@@ -64,5 +64,22 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/lint-imports
 
+# the docs site (mkdocs + Material + mkdocstrings, pinned in requirements-docs.lock) into site/, in its own venv
+# (.venv-docs, kept between runs) beside the project's; --strict: a broken link or a missing docstring fails
+DOCS_VENV  := .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed
+$(DOCS_STAMP): requirements-docs.lock
+	$(PY) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install --quiet --upgrade pip
+	$(DOCS_VENV)/bin/pip install --quiet -r requirements-docs.lock
+	touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
+
+# every README/docs snippet, including those marked slow (`make test` skips them; docs/contributing.md lists them)
+docs-snippets: $(STAMP)
+	KVHIT_SLOW_SNIPPETS=1 $(BIN)/python -m pytest -q -p no:randomly tests/test_snippets.py tests/test_readme.py
+
 clean:
-	rm -rf $(VENV) $(BENCH_DEPS) .numba_cache .pytest_cache build src/*.egg-info
+	rm -rf $(VENV) $(DOCS_VENV) $(BENCH_DEPS) .numba_cache .pytest_cache build site src/*.egg-info

@@ -23,6 +23,9 @@ __all__ = ["ConvergenceRow", "default_spec", "convergence_table"]
 
 @dataclass(frozen=True)
 class ConvergenceRow:
+    """One capacity of the mean-field convergence table (Theorem 3.1): N, the scaled λ0·N, the simulated h with its
+    95% half-width, the limit h(∞) and the turns simulated."""
+
     N: int
     lam0_scaled: float
     h_sim: float
@@ -81,6 +84,7 @@ def convergence_table(
 
 
 def main() -> None:  # pragma: no cover - a report for humans
+    """Print the convergence table (``python -m kvhit.experiments.convergence``)."""
     rows = convergence_table()
     print(f"{'N':>8} {'λ0·N':>10} {'h_sim':>8} {'±95%':>8} {'h(∞)':>8} {'h_sim−h(∞)':>11} {'turns':>10}")
     for r in rows:

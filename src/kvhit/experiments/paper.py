@@ -255,6 +255,8 @@ SETTINGS: dict[str, Setting] = {
 
 
 def get_setting(setting: str | Setting) -> Setting:
+    """The named experiment setting (a :class:`Setting` passes through); an unknown name raises
+    :class:`ExperimentError`."""
     if isinstance(setting, Setting):
         return setting
     if setting not in SETTINGS:
@@ -787,6 +789,8 @@ def run_point(
 
 @dataclass(frozen=True)
 class Point:
+    """One point of App. E's grids: the experiment (1 or 2), λ0 (1/s) and the target mean gap μ_F (s)."""
+
     experiment: int  # 1 or 2
     lam0: float
     mu_F: float

@@ -125,6 +125,8 @@ class Router:
 
 
 class RoundRobin(Router):
+    """Round-robin over the replicas (request i goes to replica i mod R)."""
+
     name, oblivious = "round-robin", True
 
     def __init__(self, R, seed=0):
@@ -138,6 +140,8 @@ class RoundRobin(Router):
 
 
 class Random(Router):
+    """Uniformly random replica per request, from a seeded generator."""
+
     name, oblivious = "random", True
 
     def route(self, v):
@@ -149,6 +153,8 @@ def _md5_64(s: str) -> int:
 
 
 class SessionRing(Router):
+    """Session affinity: a consistent-hash ring on the conversation id (vLLM production-stack's session router)."""
+
     name, oblivious = "session", True
 
     def __init__(self, R, seed=0, vnodes: int = 160):
@@ -163,6 +169,9 @@ class SessionRing(Router):
 
 
 class Sticky(Router):
+    """Dynamo's session affinity: bind a conversation on its first turn, keep the binding while it is used within a
+    sliding TTL."""
+
     name = "sticky"
 
     def __init__(self, R, seed=0, ttl: float = 300.0):
@@ -178,6 +187,8 @@ class Sticky(Router):
 
 
 class LeastLoaded(Router):
+    """The replica with the fewest requests (or prefill tokens) in flight; ties broken at random (seeded)."""
+
     name = "least-loaded"
 
     def __init__(self, R, seed=0, metric: str = "requests"):
@@ -231,6 +242,9 @@ def _check_mode(mode):
 
 
 class DynamoKV(Router):
+    """Dynamo's KV router: cost = prefill load scale × max(0, new prefill blocks − credit × overlap) + decode blocks
+    + request weight × in flight; argmin at temperature 0, softmax above (see the module docstring for the sources)."""
+
     name = "dynamo"
 
     def __init__(
@@ -287,6 +301,8 @@ class DynamoKV(Router):
 
 
 class LlmD(Router):
+    """llm-d's scorer: weighted prefix-cache, queue and KV-utilization scores (3/2/2 by default), highest wins."""
+
     name = "llm-d"
 
     def __init__(
@@ -324,6 +340,9 @@ class LlmD(Router):
 
 
 class SGLangCacheAware(Router):
+    """SGLang's cache-aware router: the longest prefix match above the cache threshold unless the load is imbalanced
+    (absolute and relative thresholds), then the least loaded."""
+
     name = "sglang"
 
     def __init__(

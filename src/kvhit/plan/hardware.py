@@ -710,6 +710,7 @@ _ACCEL_ALIASES = {
 
 
 def list_accelerators() -> list[str]:
+    """Names of the accelerator presets (``--gpu``)."""
     return [a.name for a in ACCELERATORS.values()]
 
 

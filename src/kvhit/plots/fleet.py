@@ -13,6 +13,8 @@ __all__ = ["plot_fleet", "plot_fleet_curve"]
 
 
 def plot_fleet(rows: list[dict], out_prefix: str | Path, *, title: str = "") -> list[Path]:
+    """Fleet hit ratio against replicas, one line per router, from ``kvhit fleet simulate``'s rows; written by
+    :func:`kvhit.plots.curves.save_figure` (``.png`` and ``.svg``, byte-reproducible). Returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -29,6 +29,9 @@ def is_block_trace(path: Path) -> bool:
 
 
 class BlockStatsRequest(Request):
+    """The inputs of ``kvhit trace stats`` on a block-id trace, validated: each field's description states its unit,
+    range and default (the same object the CLI and the web API build)."""
+
     path: Path = Field(description="Production block-id trace: Mooncake .jsonl, or WEKA .json file/dir.")
     arrival: Literal["sequential", "poisson", "uniform"] = Field(
         "sequential", description="WEKA conversation starts: sequential | poisson (--rate) | uniform (--span)."
@@ -42,6 +45,9 @@ class BlockStatsRequest(Request):
 
 
 class BlockStatsResponse(Response):
+    """The answer of ``kvhit trace stats`` on a block-id trace (``--json`` prints it; strict JSON, ``null`` where a
+    number is undefined)."""
+
     summary: dict[str, Any]
     reuse: dict[str, Any]
     shared: dict[str, Any]
@@ -52,6 +58,8 @@ class BlockStatsResponse(Response):
 
 
 def block_stats(req: BlockStatsRequest) -> BlockStatsResponse:
+    """``kvhit trace stats`` on a block-id trace: cross-field checks and output paths first, then the library; refused
+    input raises :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.workload.stats import trace_stats
 
     check_output_file(req.fig, "--fig", (".png", ".svg"))

@@ -31,6 +31,9 @@ COLOCATED_LABEL = "vLLM colocated (v0.24+ order, responses cached) token hit rat
 
 
 class CurveRequest(BlocksTraceFields):
+    """The inputs of ``kvhit curve``, validated: each field's description states its unit, range and default (the
+    same object the CLI and the web API build)."""
+
     conversations: int | None = Field(
         None, ge=1, le=10**8, description="Spec mode: conversations generated; 1–10^8; default: 20,000."
     )
@@ -90,6 +93,8 @@ class CurveRequest(BlocksTraceFields):
 
 
 class CurveResponse(Response):
+    """The answer of ``kvhit curve`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     N: list[int] = Field(description="Capacities (blocks).")
     feasible: list[bool] | None = Field(None, description="N ≥ the largest request (vLLM can serve it).")
     N_min: int | None = Field(None, description="Largest request in blocks (vLLM refuses it below).")
@@ -231,6 +236,8 @@ def _split_curves(data: dict, model: str, grid: str = "log") -> CurveResponse:
 
 
 def curve(req: CurveRequest, progress=None) -> CurveResponse:
+    """``kvhit curve``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.plan import hardware
 
     if req.sharegpt:

@@ -89,6 +89,8 @@ def sglang_tokens(N_blocks: int, block_size: int, page_size: int) -> int:
 
 
 def check_pools(Cs, p: int) -> None:
+    """Refuse (:class:`InputError`) an SGLang pool that is not a multiple of the page size ``p`` or whose tables
+    would not fit in memory."""
     from kvhit.service.base import check_capacity_memory
 
     for C in Cs:
@@ -100,6 +102,8 @@ def check_pools(Cs, p: int) -> None:
 
 
 def sglang_notes(p: int, pol: str, hold) -> list[str]:
+    """The notes an SGLang result carries: what N and h mean for the radix cache, why there is no one-pass curve,
+    and the holds used."""
     out = [
         f"engine sglang (SGLang 0.5.23 radix cache, page size {p}, {pol}): N is the KV pool in tokens; h is the "
         "token hit ratio (cached prompt tokens / prompt tokens), CI from 10 batch means in arrival order",

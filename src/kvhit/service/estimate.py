@@ -23,6 +23,9 @@ __all__ = ["EstimateRequest", "EstimateResponse", "estimate", "spec_estimates"]
 
 
 class EstimateRequest(SpecFields):
+    """The inputs of ``kvhit estimate``, validated: each field's description states its unit, range and default (the
+    same object the CLI and the web API build)."""
+
     N: Capacities
     engine: Engine | Literal["sglang"] | None = Field(
         None,
@@ -38,6 +41,8 @@ class EstimateRequest(SpecFields):
 
 
 class EstimateRow(Response):
+    """One capacity of ``kvhit estimate``: T_C and h of the paper's forms, and the engine-aware estimate when asked."""
+
     N: int = Field(description="Capacity in blocks.")
     h: float | None = Field(description="Practical mean-field h (eq. 32/39).")
     h_base: float | None = Field(description="Base mean-field h (eq. 25).")
@@ -51,6 +56,8 @@ class EstimateRow(Response):
 
 
 class EstimateResponse(Response):
+    """The answer of ``kvhit estimate`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     engine: str | None
     spec: dict[str, Any] = Field(description="The workload spec used (kvhit spec dict).")
     moments: dict[str, Any] = Field(description="A_R, A_H, A_H_hash, E_B, E_M, Var_M, h_max (eq. 9–11, 28).")
@@ -79,6 +86,8 @@ def spec_estimates(sp, Ns: list[int], practical: bool) -> list[dict]:
 
 
 def estimate(req: EstimateRequest) -> EstimateResponse:
+    """``kvhit estimate``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.estimate import theory
 
     sp = load_spec(req)

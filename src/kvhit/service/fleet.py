@@ -137,6 +137,9 @@ class FleetWorkloadFields(FleetRouterFields):
 
 
 class FleetRequest(FleetWorkloadFields):
+    """The inputs of ``kvhit fleet simulate``, validated: each field's description states its unit, range and
+    default (the same object the CLI and the web API build)."""
+
     replicas: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=1, max_length=64)] = Field(
         description="Replica counts R, each in [1, 4096]; repeat or comma-separate; required."
     )
@@ -160,6 +163,9 @@ class FleetRequest(FleetWorkloadFields):
 
 
 class FleetResponse(Response):
+    """The answer of ``kvhit fleet simulate`` (``--json`` prints it; strict JSON, ``null`` where a number is
+    undefined)."""
+
     trace: str
     block_size: int
     engine: str
@@ -312,6 +318,8 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
 
 
 def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
+    """``kvhit fleet simulate``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.fleet.simulate import simulate_fleet
 
     if len(req.N) > 1 and (len(req.replicas) != 1 or req.replicas[0] != len(req.N)):

@@ -70,6 +70,9 @@ class _ComputeFields(FleetWorkloadFields):
 
 
 class FleetPlanRequest(_ComputeFields):
+    """The inputs of ``kvhit fleet plan``, validated: each field's description states its unit, range and default
+    (the same object the CLI and the web API build)."""
+
     target: float = Field(gt=0, lt=1, description="Target fleet token hit ratio; in (0, 1); required.")
     router: Annotated[list[RouterName], Field(min_length=1, max_length=16)] = Field(
         ["round-robin", "session", "dynamo"],
@@ -100,6 +103,8 @@ class FleetPlanRequest(_ComputeFields):
 
 
 class FleetPlanResponse(Response):
+    """The answer of ``kvhit fleet plan`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     workload: str
     block_size: int
     engine: str
@@ -180,6 +185,8 @@ def _row(p, bpb: int | None = None) -> dict:
 
 
 def fleet_plan(req: FleetPlanRequest, progress=None) -> FleetPlanResponse:
+    """``kvhit fleet plan``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.fleet.plan import FleetPlanError, plan_capacity, plan_replicas
     from kvhit.plan import hardware
 
@@ -312,6 +319,9 @@ def fleet_plan(req: FleetPlanRequest, progress=None) -> FleetPlanResponse:
 
 
 class FleetCurveRequest(_ComputeFields):
+    """The inputs of ``kvhit fleet curve``, validated: each field's description states its unit, range and default
+    (the same object the CLI and the web API build)."""
+
     router: Literal["dynamo", "llm-d", "sglang"] = Field(
         "dynamo", description="KV-aware router: dynamo | llm-d | sglang."
     )
@@ -333,6 +343,9 @@ class FleetCurveRequest(_ComputeFields):
 
 
 class FleetCurveResponse(Response):
+    """The answer of ``kvhit fleet curve`` (``--json`` prints it; strict JSON, ``null`` where a number is
+    undefined)."""
+
     workload: str
     block_size: int
     engine: str
@@ -348,6 +361,8 @@ class FleetCurveResponse(Response):
 
 
 def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
+    """``kvhit fleet curve``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.fleet.plan import FleetPlanError, curve, evaluate
 
     if req.prefill_tokens_per_s is None:

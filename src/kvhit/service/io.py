@@ -109,6 +109,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Pat
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file renamed into place; nothing half-written on any
+    error. Returns the path."""
+
     def w(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -61,6 +61,9 @@ class HardwareFields(Request):
 
 
 class KvRequest(HardwareFields):
+    """The inputs of ``kvhit kv``, validated: each field's description states its unit, range and default (the same
+    object the CLI and the web API build)."""
+
     dram_gb: float | None = Field(
         None,
         gt=0,
@@ -87,6 +90,8 @@ class KvRequest(HardwareFields):
 
 
 class KvResponse(Response):
+    """The answer of ``kvhit kv`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     model: str = Field(description="Model name.")
     bytes_per_token: int = Field(description="KV bytes per token on one GPU (bytes).")
     bytes_per_block: int = Field(description="KV bytes per block on one GPU (bytes).")
@@ -105,6 +110,8 @@ class KvResponse(Response):
 
 
 def kv(req: KvRequest) -> KvResponse:
+    """``kvhit kv``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.plan.planner import capacity
 
     req.check_one_budget()
@@ -156,6 +163,7 @@ def kv(req: KvRequest) -> KvResponse:
 
 
 def list_presets() -> dict[str, list[str]]:
+    """The model and accelerator presets ``kvhit kv --list`` prints."""
     from kvhit.plan import hardware
 
     return {"models": hardware.list_models(), "accelerators": hardware.list_accelerators()}

@@ -31,6 +31,9 @@ PlanEngine = Literal["vllm", "vllm-0.23", "content", "paper"]
 
 
 class PlanRequest(BlocksTraceFields, HardwareFields):
+    """The inputs of ``kvhit plan``, validated: each field's description states its unit, range and default (the
+    same object the CLI and the web API build)."""
+
     target: float | None = Field(None, gt=0, lt=1, description="Target hit ratio; in (0, 1); default: none.")
     engine: PlanEngine = Field(
         "vllm", description="Predictor: vllm (≥ 0.24) | vllm-0.23 | content (Algorithm 1) | paper (eq. 39)."
@@ -75,6 +78,8 @@ class PlanRequest(BlocksTraceFields, HardwareFields):
 
 
 class PlanResponse(Response):
+    """The answer of ``kvhit plan`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     workload: str
     estimator: str
     metric: str
@@ -166,6 +171,8 @@ def _plan_blocks_trace(req: PlanRequest) -> PlanResponse:
 
 
 def plan(req: PlanRequest) -> PlanResponse:
+    """``kvhit plan``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     req.check_one_budget()
     if req.compare == "sglang":
         return _plan_compare_sglang(req, _plan_blocks_trace, _plan)

@@ -25,6 +25,9 @@ PAPER_N = 2275  #: the paper's App. E capacity: 40 GiB of Qwen3-8B KV at 128-tok
 
 
 class DemoRequest(Request):
+    """The inputs of ``kvhit demo``, validated: each field's description states its unit, range and default (the
+    same object the CLI and the web API build)."""
+
     N: int = Field(PAPER_N, ge=2, le=MAX_N, description="Capacity in blocks; default 2,275 (the paper's App. E).")
     lam0: float = Field(1.0, gt=0, description="Conversation arrival rate λ0, conversations/s; > 0.")
     w_mean: float = Field(135.0, gt=0, description="Mean exponential interarrival W, seconds; > 0.")
@@ -34,6 +37,8 @@ class DemoRequest(Request):
 
 
 class DemoResponse(Response):
+    """The answer of ``kvhit demo`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     report: dict[str, Any]
     stats: dict[str, Any]
     N: int
@@ -45,6 +50,8 @@ class DemoResponse(Response):
 
 
 def demo(req: DemoRequest, progress=None) -> DemoResponse:
+    """``kvhit demo``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.estimate.engine import estimate as est_fn
     from kvhit.estimate.engine import trace_moments
     from kvhit.plan.planner import make_workload
@@ -94,6 +101,9 @@ def demo(req: DemoRequest, progress=None) -> DemoResponse:
 
 
 class ReproduceRequest(Request):
+    """The inputs of ``kvhit reproduce``, validated: each field's description states its unit, range and default
+    (the same object the CLI and the web API build)."""
+
     out: Path = Field(Path("out/reproduce"), description="Output directory (created; must not be a file).")
     quick: bool = Field(False, description="Fewer seeds and points (≤ 2 minutes).")
     seeds: int | None = Field(None, ge=1, le=1000, description="Seeds per point; ≥ 1; default: the setting's.")
@@ -104,6 +114,8 @@ class ReproduceRequest(Request):
 
 
 class ReproduceResponse(Response):
+    """The answer of ``kvhit reproduce`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     out: str
     files: list[str]
     seconds: dict[str, float]
@@ -112,6 +124,8 @@ class ReproduceResponse(Response):
 
 
 def reproduce(req: ReproduceRequest, progress=None) -> ReproduceResponse:
+    """``kvhit reproduce``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from dataclasses import replace
 
     from kvhit.experiments import get_setting

@@ -35,6 +35,9 @@ Arrival = Literal["sequential", "poisson", "uniform"]
 
 
 class BlocksTraceFields(TraceOrSpecFields):
+    """The input fields shared by commands that take a trace, a spec or a production block-id trace (``--blocks-
+    trace`` with its arrival options)."""
+
     blocks_trace: Path | None = Field(
         None, description="Production block-id trace: Mooncake .jsonl, or WEKA .json file/directory."
     )
@@ -65,6 +68,9 @@ class BlocksTraceFields(TraceOrSpecFields):
 
 
 class SimulateRequest(BlocksTraceFields):
+    """The inputs of ``kvhit simulate``, validated: each field's description states its unit, range and default (the
+    same object the CLI and the web API build)."""
+
     N: Capacities
     policy: Literal["content", "block"] = Field(
         "content",
@@ -111,6 +117,8 @@ class SimulateRequest(BlocksTraceFields):
 
 
 class SimulateResponse(Response):
+    """The answer of ``kvhit simulate`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     policy: str
     rows: list[dict[str, Any]] = Field(description="One row per capacity (and engine): simulated h, 95% CI, …")
     estimate: list[dict[str, Any]] = Field(default_factory=list, description="Estimators at each N.")

@@ -31,6 +31,9 @@ MAX_CHUNK = 10**7
 
 
 class StreamRequest(TraceOrSpecFields):
+    """The inputs of ``kvhit stream``, validated: each field's description states its unit, range and default (the
+    same object the CLI and the web API build)."""
+
     N: Capacities
     policy: Literal["content", "block"] = Field(
         "content", description="content (Algorithm 1, whole-conversation LRU) | block (vLLM prefix cache)."
@@ -59,6 +62,8 @@ class StreamRequest(TraceOrSpecFields):
 
 
 class StreamResponse(Response):
+    """The answer of ``kvhit stream`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     policy: str
     engine: str | None = None
     rows: list[dict[str, Any]] = Field(description="One row per capacity: h, request hit rate, evictions, state size…")

@@ -28,6 +28,9 @@ Tier = Literal["native", "lmcache", "simple", "simple-lazy", "hicache"]
 
 
 class TiersRequest(Request):
+    """The inputs of ``kvhit tiers``, validated: each field's description states its unit, range and default (the
+    same object the CLI and the web API build)."""
+
     trace: Path | None = Field(None, description="kvhit trace (Parquet) to replay; or --blocks-trace; default: none.")
     blocks_trace: Path | None = Field(
         None, description="Production block-id trace (Mooncake JSONL, WEKA dir/.json); or --trace; default: none."
@@ -131,6 +134,8 @@ class TiersRequest(Request):
 
 
 class TiersResponse(Response):
+    """The answer of ``kvhit tiers`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     tier: str = Field(description="Tier model (with its engine version).")
     requests: int = Field(description="Requests replayed.")
     block_size: int = Field(description="Tokens per block.")
@@ -203,6 +208,8 @@ def _load(req: TiersRequest):
 
 
 def tiers(req: TiersRequest) -> TiersResponse:
+    """``kvhit tiers``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.sim.tiers.sizing import host_units
 
     if req.tier == "hicache":

@@ -34,6 +34,9 @@ __all__ = ["TraceEstimateRequest", "TraceEstimateResponse", "trace_estimate"]
 
 
 class TraceEstimateRequest(Request):
+    """The inputs of ``kvhit estimate --blocks-trace``, validated: each field's description states its unit, range
+    and default (the same object the CLI and the web API build)."""
+
     N: Capacities
     trace: Path | None = Field(None, description="kvhit trace (Parquet); default: none.")
     blocks_trace: Path | None = Field(
@@ -62,6 +65,9 @@ class TraceEstimateRequest(Request):
 
 
 class TraceEstimateRow(Response):
+    """One capacity of ``kvhit estimate --blocks-trace``: feasibility, refused shares and the agentic estimator's
+    hit ratios."""
+
     N: int = Field(description="Capacity in blocks (SGLang: tokens).")
     feasible: bool = Field(description="N ≥ the largest request: vLLM can serve every request.")
     refused_request_share: float = Field(description="Share of requests vLLM would refuse at N.")
@@ -70,6 +76,9 @@ class TraceEstimateRow(Response):
 
 
 class TraceEstimateResponse(Response):
+    """The answer of ``kvhit estimate --blocks-trace`` (``--json`` prints it; strict JSON, ``null`` where a number
+    is undefined)."""
+
     source: str
     format: str
     estimator: str
@@ -94,6 +103,8 @@ def _read_blocks(req: TraceEstimateRequest):
 
 
 def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
+    """``kvhit estimate --blocks-trace``: cross-field checks and output paths first, then the library; refused input
+    raises :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.sim.feasibility import feasibility
 
     if (req.trace is None) == (req.blocks_trace is None):

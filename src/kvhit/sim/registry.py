@@ -45,6 +45,10 @@ def _ref(path: str) -> Callable[..., Any]:
 
 @dataclass(frozen=True)
 class EngineModel:
+    """What the registry knows of one engine name: its label and capacity unit, the step-wise model (``step``),
+    the whole-trace simulator (``bulk``), the one-pass curve (``None`` where there is none) and the capacity at a
+    KV memory (``capacity_at_memory``) — what the services dispatch to."""
+
     name: str
     label: str
     unit: str

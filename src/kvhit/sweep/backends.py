@@ -45,6 +45,8 @@ class BackendError(ValueError):
 
 @dataclass
 class SweepSummary:
+    """What a finished sweep reports: output directory, backend, workers, points and their outcomes."""
+
     out: str
     backend: str
     workers: int

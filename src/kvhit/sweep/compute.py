@@ -389,4 +389,5 @@ def execute_batch(payload_id: str, payload: dict | None, tasks: list[Task]) -> l
 
 
 def worker_name() -> str:
+    """``host:pid`` of the process running a point (recorded in each result row)."""
     return f"{socket.gethostname()}:{os.getpid()}"

@@ -84,6 +84,8 @@ class GridError(ValueError):
 
 @dataclass(frozen=True)
 class Workload:
+    """One workload of a grid file: its name, kind (``sharegpt``, ``spec`` or ``trace``), file and options."""
+
     name: str
     kind: str  #: sharegpt | spec | trace
     path: Path | None = None
@@ -109,6 +111,8 @@ class Task:
 
 @dataclass
 class Grid:
+    """A parsed, validated grid file: workloads, axes, what each point computes, seed and replications."""
+
     path: Path
     compute: str
     seed: int
@@ -210,6 +214,8 @@ def derive_seed(grid_seed: int, *parts: Any) -> int:
 
 
 def workload_seed(grid_seed: int, wl: Workload, lam0: float | None, r: int) -> int:
+    """The seed of replication ``r`` of a workload at λ0: a hash of the grid seed, the workload, λ0 and r (a
+    ShareGPT workload's own ``seed`` option plus r), independent of worker and order."""
     if wl.kind == "sharegpt" and "seed" in wl.options:
         return int(wl.options["seed"]) + r
     return derive_seed(grid_seed, wl.name, lam0, r)

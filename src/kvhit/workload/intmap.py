@@ -29,6 +29,7 @@ def map_capacity(n: int) -> int:
 
 
 def map_empty(cap: int) -> np.ndarray:
+    """An empty open-addressing table of ``cap`` slots: rows (key, value), every value -1 (no entry)."""
     tab = np.zeros((cap, 2), np.int64)
     tab[:, 1] = -1
     return tab

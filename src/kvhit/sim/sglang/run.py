@@ -59,6 +59,9 @@ class RadixFeasibility:
 
 
 def radix_feasibility(ts: TokenStreams, Cs, page_size: int = 1, mask=None) -> RadixFeasibility:
+    """Which SGLang pools ``Cs`` (tokens) can serve every request of ``ts`` at ``page_size``: a
+    :class:`RadixFeasibility` (the smallest pool serving every request; per pool,
+    feasibility and the refused shares)."""
     return RadixFeasibility(ts, Cs, page_size, mask)
 
 
