@@ -1,5 +1,6 @@
-"""The first hour: the README's Python is complete and runs as shown, its numbers are what the commands print,
-``kvhit --version`` exists, every option's help states its unit/range/default, and boolean flags read as flags."""
+"""The first hour: the Python shown (README and docs pages) is complete and runs as shown, the demo's numbers are
+what ``kvhit demo`` prints, ``kvhit --version`` exists, every option's help states its unit/range/default, and
+boolean flags read as flags. (The pages' shell snippets: ``tests/test_snippets.py``.)"""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from clihelp import kvhit
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str, int]]:
@@ -21,18 +23,22 @@ def fenced_blocks(text: str) -> list[tuple[str, str, int]]:
     return [(m.group(1), m.group(2), m.start()) for m in re.finditer(r"```(\w*)\n(.*?)```", text, re.S)]
 
 
-def test_readme_python_is_the_quickstart_file_and_runs_as_shown():
-    blocks = fenced_blocks(README)
-    py = [(body, off) for lang, body, off in blocks if lang == "python"]
-    assert py, "the README shows Python"
+def test_python_shown_is_the_quickstart_file_and_runs_as_shown():
     quick = (ROOT / "examples" / "quickstart.py").read_text(encoding="utf-8")
-    for body, off in py:
-        assert body == quick, "every README Python block is examples/quickstart.py verbatim (complete, runnable)"
-        # the output block shown right after it
-        following = [b for lang, b, o in blocks if o > off and lang in ("", "text", "console")][0]
-        p = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, cwd=ROOT, timeout=900)
-        assert p.returncode == 0, p.stderr
-        assert p.stdout.strip() == following.strip()
+    shown = 0
+    for page in PAGES:
+        blocks = fenced_blocks(page.read_text(encoding="utf-8"))
+        for lang, body, off in blocks:
+            if lang != "python":
+                continue
+            shown += 1
+            assert body == quick, f"{page.name}: a Python block is not examples/quickstart.py verbatim"
+            # the output block shown right after it
+            following = [b for lg, b, o in blocks if o > off and lg in ("", "text")][0]
+            p = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, cwd=ROOT, timeout=900)
+            assert p.returncode == 0, p.stderr
+            assert p.stdout.strip() == following.strip()
+    assert shown == 1, "the quickstart is shown once (docs/getting-started.md)"
 
 
 def test_demo_numbers_are_the_readme_numbers():
@@ -42,7 +48,7 @@ def test_demo_numbers_are_the_readme_numbers():
     assert r.code == 0, r.err
     d = json.loads(r.out)
     assert d["N"] == 2275 and d["N_is_paper_default"]
-    shown = dict(re.findall(r"^ (estimate: [^\n]*?|simulated: [^\n]*?)\s+(0\.\d{4})\s", README, re.M))
+    shown = dict(re.findall(r"^│ (estimate: [^\n]*?|simulated: [^\n]*?)\s+│\s+(0\.\d{4})\s", README, re.M))
     want = {
         "estimate: prior": d["estimates"]["prior"],
         "estimate: posterior": d["estimates"]["posterior"],
@@ -59,7 +65,7 @@ def test_demo_numbers_are_the_readme_numbers():
         assert shown[label] == f"{value:.4f}", (label, shown[label], value)
     st = d["stats"]
     for label, key in [("Â_R (eq. 35)", "A_R"), ("Ê[B] (eq. 37)", "E_B"), ("Ê[M] (eq. 37)", "E_M")]:
-        m = re.search(rf"^ {re.escape(label)}\s+([\d.]+)", README, re.M)
+        m = re.search(rf"^│ {re.escape(label)}\s+│\s+([\d.]+)", README, re.M)
         assert m and m.group(1) == f"{st[key]:.4f}", (label, st[key])
 
 
