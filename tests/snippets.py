@@ -7,6 +7,9 @@ checkout's sibling — with ``COLUMNS=120``, and checks the exit status, that st
 ends stripped) and that every figure written under ``docs/`` equals the committed file byte for byte. The HTML
 comment on the line before a block says otherwise:
 
+A command whose output shown starts with ``error:`` is a refusal: it must exit 2 and print that line on stderr
+(nothing on stdout). A here-document (``<<'EOF'`` … ``EOF``) belongs to its command.
+
 * ``<!-- snippet: slow REASON -->`` — too slow for ``make test``: run only with ``KVHIT_SLOW_SNIPPETS=1``
   (``make docs-snippets``); docs/contributing.md lists every such block and a test holds the list to the pages;
 * ``<!-- snippet: not-run REASON -->`` — never run (a server that runs until stopped, a Ray cluster, ``make``);
@@ -92,13 +95,25 @@ def _commands(b: Block) -> list[Command]:
             cmd = cmd.rstrip()[:-1].rstrip() + " " + lines[i].strip()
             pos += len(lines[i])
             i += 1
+        here = re.search(r"<<-?\s*'?(\w+)'?\s*$", cmd)
+        if here:  # a here-document: its lines, up to the terminator, belong to the command
+            cmd += "\n"
+            while i < len(lines):
+                cmd += lines[i]
+                pos += len(lines[i])
+                i += 1
+                if lines[i - 1].strip() == here.group(1):
+                    break
+            cmd = cmd.rstrip("\n")
         start = pos
         out = []
         while i < len(lines) and not lines[i].startswith("$ "):
             out.append(lines[i])
             pos += len(lines[i])
             i += 1
-        cmds.append(Command(re.sub(r"\s+#.*$", "", cmd).strip(), "".join(out), start, pos))
+        if not here:
+            cmd = re.sub(r"\s+#.*$", "", cmd)
+        cmds.append(Command(cmd.strip(), "".join(out), start, pos))
     return cmds
 
 

@@ -90,6 +90,12 @@ def test_console_snippet_runs_as_shown(block: Block, tmp_path):
     got = []
     for c in block.commands:
         p = _run(c.line, repo)
+        if c.output.startswith("error:"):  # a refusal: exit 2, the one line on stderr, nothing on stdout
+            assert p.returncode == 2 and not p.stdout, f"{block.id}: `{c.line}` exited {p.returncode}\n{p.stderr}"
+            got.append(p.stderr)
+            if not REWRITE:
+                assert normalize(p.stderr) == normalize(c.output), f"{block.id}: `{c.line}` printed {p.stderr!r}"
+            continue
         assert p.returncode == 0, f"{block.id}: `{c.line}` exited {p.returncode}\n{p.stderr[-3000:]}"
         got.append(p.stdout)
         for rel in _outputs(c.line):

@@ -1,4 +1,5 @@
-"""mkdocs hook: every module, class and function of the API reference has a docstring.
+"""mkdocs hooks: every module, class and function of the API reference has a docstring (``on_pre_build``), and
+pages written on other branches join the nav when present (``on_config``).
 
 ``mkdocs build --strict`` (``make docs``) turns the warnings logged here into a failed build, so a public object
 added without a docstring fails CI. Public: not underscore-prefixed, in a module whose path has no
@@ -44,3 +45,22 @@ def on_pre_build(config, **kwargs) -> None:
         _missing(mod, missing)
     for path in missing:
         log.warning("no docstring: %s", path)
+
+
+#: pages written on other branches (live vLLM checks, explain): linked from the nav when present, before
+#: "Layout and contributing"
+OPTIONAL_PAGES = {"live.md": "Live vLLM checks", "explain.md": "Explain a hit ratio"}
+
+
+def on_config(config, **kwargs):
+    docs = Path(config["docs_dir"])
+    nav = config["nav"]
+    listed = {str(v) for item in nav for v in (item.values() if isinstance(item, dict) else [item])}
+    at = next(
+        (i for i, item in enumerate(nav) if isinstance(item, dict) and "Layout and contributing" in item), len(nav)
+    )
+    for name, title in OPTIONAL_PAGES.items():
+        if (docs / name).is_file() and name not in listed:
+            nav.insert(at, {title: name})
+            at += 1
+    return config
