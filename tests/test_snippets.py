@@ -166,3 +166,20 @@ def test_no_absolute_paths_and_traces_say_where_they_come_from():
         text = page.read_text(encoding="utf-8")
         if "../shared/" in text and page.name != "traces.md":
             assert "traces.md" in text, f"{page.name} uses ../shared/ without linking docs/traces.md"
+
+
+def test_comparison_catches_dropped_borders_and_rows_but_not_rewrapped_prose():
+    """Negative controls for what the snippet comparison accepts (issue 21's listings dropped borders and rows)."""
+    printed = (
+        "read /home/u/.venv/x.json: 17,671 records; cache hit\n(/home/u/.cache/t.parquet); 0.89 s\n"
+        "┏━━━┳━━━━━━━┓\n┃ N ┃     h ┃\n┡━━━╇━━━━━━━┩\n│ 1 │ 0.250 │\n│ 2 │ 0.500 │\n└───┴───────┘\n"
+    )
+    rewrapped = printed.replace("records; cache hit\n(", "records;\ncache hit (").replace("0.89 s", "12.30 s")
+    assert normalize(rewrapped) == normalize(printed)
+    no_borders = "\n".join(ln for ln in printed.splitlines() if not ln.startswith(("┏", "┡", "└")))
+    assert normalize(no_borders) != normalize(printed)
+    dropped_row = printed.replace("│ 2 │ 0.500 │\n", "")
+    assert normalize(dropped_row) != normalize(printed)
+    changed = printed.replace("0.500", "0.501")
+    assert normalize(changed) != normalize(printed)
+    assert normalize(printed.replace("17,671", "17,672")) != normalize(printed)
