@@ -30,7 +30,7 @@ def is_block_trace(path: Path) -> bool:
 
 class BlockStatsRequest(Request):
     """The inputs of ``kvhit trace stats`` on a block-id trace, validated: each field's description states its unit,
-    range and default (the same object the CLI and the web API build)."""
+    range and default."""
 
     path: Path = Field(description="Production block-id trace: Mooncake .jsonl, or WEKA .json file/dir.")
     arrival: Literal["sequential", "poisson", "uniform"] = Field(

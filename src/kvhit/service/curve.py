@@ -31,8 +31,7 @@ COLOCATED_LABEL = "vLLM colocated (v0.24+ order, responses cached) token hit rat
 
 
 class CurveRequest(BlocksTraceFields):
-    """The inputs of ``kvhit curve``, validated: each field's description states its unit, range and default (the
-    same object the CLI and the web API build)."""
+    """The inputs of ``kvhit curve``, validated: each field's description states its unit, range and default."""
 
     conversations: int | None = Field(
         None, ge=1, le=10**8, description="Spec mode: conversations generated; 1–10^8; default: 20,000."

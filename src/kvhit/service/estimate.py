@@ -23,8 +23,7 @@ __all__ = ["EstimateRequest", "EstimateResponse", "estimate", "spec_estimates"]
 
 
 class EstimateRequest(SpecFields):
-    """The inputs of ``kvhit estimate``, validated: each field's description states its unit, range and default (the
-    same object the CLI and the web API build)."""
+    """The inputs of ``kvhit estimate``, validated: each field's description states its unit, range and default."""
 
     N: Capacities
     engine: Engine | Literal["sglang"] | None = Field(

@@ -24,6 +24,9 @@ __all__ = ["ChatTraceRequest", "ChatTraceResponse", "ExplainRequest", "ExplainRe
 
 
 class ChatTraceRequest(Request):
+    """The inputs of ``kvhit trace chat``, validated: each field's description states its unit, range and default
+    ."""
+
     log: Path = Field(
         description="Chat log: OpenAI/Anthropic request JSONL, ShareGPT/LMSYS/vLLM conversation JSON; required."
     )
@@ -43,6 +46,8 @@ class ChatTraceRequest(Request):
 
 
 class ChatTraceResponse(Response):
+    """The answer of ``kvhit trace chat`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     out: str
     hash_only: bool
     report: dict[str, Any]
@@ -83,6 +88,8 @@ def chat_trace(req: ChatTraceRequest) -> ChatTraceResponse:
 
 
 class ExplainRequest(Request):
+    """The inputs of ``kvhit explain``, validated: each field's description states its unit, range and default."""
+
     trace: Path = Field(description="kvhit Parquet trace (kvhit trace chat makes one from chat logs).")
     N: int | None = Field(
         None, ge=1, le=2**31 - 3, description="KV blocks of the GPU prefix cache (per replica); ≥ 1; or --kv-gb."
@@ -116,6 +123,8 @@ class ExplainRequest(Request):
 
 
 class ExplainResponse(Response):
+    """The answer of ``kvhit explain`` (``--json`` prints it; strict JSON, ``null`` where a number is undefined)."""
+
     trace: str
     config: dict[str, Any]
     waterfall: list[dict[str, Any]] = Field(description="One row per stage: value and step in each weighting.")

@@ -138,7 +138,7 @@ class FleetWorkloadFields(FleetRouterFields):
 
 class FleetRequest(FleetWorkloadFields):
     """The inputs of ``kvhit fleet simulate``, validated: each field's description states its unit, range and
-    default (the same object the CLI and the web API build)."""
+    default."""
 
     replicas: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=1, max_length=64)] = Field(
         description="Replica counts R, each in [1, 4096]; repeat or comma-separate; required."

@@ -71,7 +71,7 @@ class _ComputeFields(FleetWorkloadFields):
 
 class FleetPlanRequest(_ComputeFields):
     """The inputs of ``kvhit fleet plan``, validated: each field's description states its unit, range and default
-    (the same object the CLI and the web API build)."""
+    ."""
 
     target: float = Field(gt=0, lt=1, description="Target fleet token hit ratio; in (0, 1); required.")
     router: Annotated[list[RouterName], Field(min_length=1, max_length=16)] = Field(
@@ -320,7 +320,7 @@ def fleet_plan(req: FleetPlanRequest, progress=None) -> FleetPlanResponse:
 
 class FleetCurveRequest(_ComputeFields):
     """The inputs of ``kvhit fleet curve``, validated: each field's description states its unit, range and default
-    (the same object the CLI and the web API build)."""
+    ."""
 
     router: Literal["dynamo", "llm-d", "sglang"] = Field(
         "dynamo", description="KV-aware router: dynamo | llm-d | sglang."

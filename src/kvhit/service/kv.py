@@ -61,8 +61,7 @@ class HardwareFields(Request):
 
 
 class KvRequest(HardwareFields):
-    """The inputs of ``kvhit kv``, validated: each field's description states its unit, range and default (the same
-    object the CLI and the web API build)."""
+    """The inputs of ``kvhit kv``, validated: each field's description states its unit, range and default."""
 
     dram_gb: float | None = Field(
         None,

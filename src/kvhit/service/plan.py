@@ -31,8 +31,7 @@ PlanEngine = Literal["vllm", "vllm-0.23", "content", "paper"]
 
 
 class PlanRequest(BlocksTraceFields, HardwareFields):
-    """The inputs of ``kvhit plan``, validated: each field's description states its unit, range and default (the
-    same object the CLI and the web API build)."""
+    """The inputs of ``kvhit plan``, validated: each field's description states its unit, range and default."""
 
     target: float | None = Field(None, gt=0, lt=1, description="Target hit ratio; in (0, 1); default: none.")
     engine: PlanEngine = Field(

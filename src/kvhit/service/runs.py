@@ -25,8 +25,7 @@ PAPER_N = 2275  #: the paper's App. E capacity: 40 GiB of Qwen3-8B KV at 128-tok
 
 
 class DemoRequest(Request):
-    """The inputs of ``kvhit demo``, validated: each field's description states its unit, range and default (the
-    same object the CLI and the web API build)."""
+    """The inputs of ``kvhit demo``, validated: each field's description states its unit, range and default."""
 
     N: int = Field(PAPER_N, ge=2, le=MAX_N, description="Capacity in blocks; default 2,275 (the paper's App. E).")
     lam0: float = Field(1.0, gt=0, description="Conversation arrival rate λ0, conversations/s; > 0.")
@@ -102,7 +101,7 @@ def demo(req: DemoRequest, progress=None) -> DemoResponse:
 
 class ReproduceRequest(Request):
     """The inputs of ``kvhit reproduce``, validated: each field's description states its unit, range and default
-    (the same object the CLI and the web API build)."""
+    ."""
 
     out: Path = Field(Path("out/reproduce"), description="Output directory (created; must not be a file).")
     quick: bool = Field(False, description="Fewer seeds and points (≤ 2 minutes).")

@@ -68,8 +68,7 @@ class BlocksTraceFields(TraceOrSpecFields):
 
 
 class SimulateRequest(BlocksTraceFields):
-    """The inputs of ``kvhit simulate``, validated: each field's description states its unit, range and default (the
-    same object the CLI and the web API build)."""
+    """The inputs of ``kvhit simulate``, validated: each field's description states its unit, range and default."""
 
     N: Capacities
     policy: Literal["content", "block"] = Field(

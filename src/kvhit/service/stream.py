@@ -31,8 +31,7 @@ MAX_CHUNK = 10**7
 
 
 class StreamRequest(TraceOrSpecFields):
-    """The inputs of ``kvhit stream``, validated: each field's description states its unit, range and default (the
-    same object the CLI and the web API build)."""
+    """The inputs of ``kvhit stream``, validated: each field's description states its unit, range and default."""
 
     N: Capacities
     policy: Literal["content", "block"] = Field(

