@@ -10,6 +10,7 @@ from rich.text import Text
 from kvhit.cli._common import (
     _fail,
     app,
+    console,
     err_console,
 )
 
@@ -39,4 +40,7 @@ def serve(
 
     from kvhit.web import create_app
 
+    shown = f"[{host}]" if ":" in host else host
+    where = f"http://{shown}:{port}/" if port else f"http://{shown}:<a free port chosen at start>/"
+    console.print(f"kvhit planner: {where}  (API docs: {where}docs; Ctrl-C stops)", markup=False, highlight=False)
     uvicorn.run(create_app(workers=workers, warm=True), host=host, port=port, log_level="warning")

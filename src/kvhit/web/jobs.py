@@ -176,6 +176,10 @@ class JobManager:
         for j in jobs:
             if j.status in ("queued", "running"):
                 self.cancel(j.id)
+        for j in jobs:  # the watcher threads are daemons: uploads must not outlive the server
+            if j.proc is not None:
+                j.proc.join(5)
+            _rmtree(j.tmpdir)
 
     # -- the watcher thread of one job ------------------------------------------------------------------------
     def _run(self, job: Job, fields: dict[str, Any], rename: dict[str, str]) -> None:
