@@ -210,8 +210,13 @@ async def _parse(request: Request, command: str, max_upload: int) -> tuple[dict[
         for name, up in files.items():
             if tmpdir is None:
                 tmpdir = Path(tempfile.mkdtemp(prefix="kvhit-upload-"))
-            (tmpdir / name).mkdir()
-            dest = tmpdir / name / _safe_name(up.filename, "config.json" if name == "model_config" else "upload")
+            if name == "model_config":  # the model is named after its directory: the client's file name
+                stem = _safe_name(up.filename, "config.json").removesuffix(".json") or "config"
+                (tmpdir / name / stem).mkdir(parents=True)
+                dest = tmpdir / name / stem / "config.json"
+            else:
+                (tmpdir / name).mkdir()
+                dest = tmpdir / name / _safe_name(up.filename, "upload")
             size = 0
             h = hashlib.sha256()
             with open(dest, "wb") as f:
