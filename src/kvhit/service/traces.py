@@ -41,6 +41,13 @@ __all__ = [
 BYTES_PER_TURN = 160
 
 
+def check_parquet_out(out) -> None:
+    """A trace is written as Parquet: an output named otherwise (``-o out.txt``) is refused, not mislabelled."""
+    check_output_file(out, "--out")
+    if out is not None and Path(out).suffix.lower() not in (".parquet", ".pq"):
+        raise InputError(f"--out: {out}: a trace is written as Parquet; name it with a .parquet suffix")
+
+
 class GenerateRequest(SpecFields):
     out: Path = Field(description="Output Parquet file (parent directories are created).")
     conversations: int | None = Field(None, ge=1, le=10**9, description="Conversations to generate; ≥ 1.")
@@ -60,7 +67,7 @@ class GenerateResponse(Response):
 def generate_trace(req: GenerateRequest, progress=None) -> GenerateResponse:
     from kvhit.workload import generate
 
-    check_output_file(req.out, "--out")
+    check_parquet_out(req.out)
     if (req.conversations is None) == (req.horizon is None):
         raise InputError("--conversations/--horizon: give exactly one")
     sp = load_spec(req)
@@ -224,7 +231,7 @@ def build_sharegpt(req: ShareGPTRequest, progress=None):
 
 
 def sharegpt_trace(req: ShareGPTRequest, progress=None) -> ShareGPTResponse:
-    check_output_file(req.out, "--out")
+    check_parquet_out(req.out)
     tr, rep = build_sharegpt(req, progress)
     if req.out is not None:
         with translating("--out"):

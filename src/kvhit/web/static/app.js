@@ -10,6 +10,10 @@ const ENGINE = { "vllm": "vLLM ≥ 0.24", "vllm-0.23": "vLLM ≤ 0.23", "content
 const SIM_KEY = { "vllm": "vLLM ≥ 0.24 (block cache)", "vllm-0.23": "vLLM ≤ 0.23 (block cache)", "content": "Algorithm 1 (content LRU)" };
 const EST_KEY = { "vllm": "estimate: vLLM ≥ 0.24 (engine-aware)", "vllm-0.23": "estimate: vLLM ≤ 0.23 (engine-aware)", "content": "estimate: Algorithm 1 (engine-aware)" };
 const PAPER_KEY = "estimate: paper eq. (39), F̂";
+const SHORT = { "vllm": "vLLM ≥ 0.24", "vllm-0.23": "vLLM ≤ 0.23", "content": "Algorithm 1" };
+// the engine's own lines of a curve answer: a kvhit trace/spec (block-weighted) or a production trace (tokens)
+function simKey(c, e) { return [SIM_KEY[e], `${SHORT[e]} token hit ratio`].find((k) => Array.isArray(c[k])); }
+function estKey(c, e) { return [EST_KEY[e], `estimate: ${SHORT[e]} (agentic)`].find((k) => Array.isArray(c[k])); }
 const state = { kv: null, est: null, curve: null, plan: null, job: null, busy: false, pending: false, requests: 0 };
 window.kvhit = state;  // read by the browser tests
 
@@ -131,12 +135,9 @@ function draw() {
   const e = engine(), name = ENGINE[e], data = [], notes = [], shapes = [];
   const c = state.curve;
   if (c) {
-    if (c[EST_KEY[e]]) data.push({ name: `${name} — engine-aware estimate`, x: x(c.N), y: c[EST_KEY[e]], mode: "lines", line: { width: 3, color: "#d9480f" } });
-    if (c[SIM_KEY[e]] && steady(c)) data.push({ name: `${name} — simulated (exact)`, x: x(c.N), y: c[SIM_KEY[e]], mode: "lines", line: { width: 2, color: "#1c7ed6" } });
-    for (const k of Object.keys(c)) {  // production traces: the engine's token hit ratio lines
-      if (k.endsWith("token hit ratio") && Array.isArray(c[k]) && steady(c))
-        data.push({ name: `${k} — simulated`, x: x(c.N), y: c[k], mode: "lines", line: { width: 2 } });
-    }
+    const ek = estKey(c, e), sk = simKey(c, e);
+    if (ek) data.push({ name: `${name} — ${ek.endsWith("(agentic)") ? "agentic" : "engine-aware"} estimate`, x: x(c.N), y: c[ek], mode: "lines", line: { width: 3, color: "#d9480f" } });
+    if (sk && steady(c)) data.push({ name: `${name} — simulated (exact)`, x: x(c.N), y: c[sk], mode: "lines", line: { width: 2, color: "#1c7ed6" } });
   }
   const paper = c && c[PAPER_KEY] ? { N: c.N, h: c[PAPER_KEY] } : state.est;
   if (paper) data.push({ name: "paper's idealisation (whole-conversation LRU, eq. 39) — reference", x: x(paper.N), y: paper.h, mode: "lines", line: { width: 1.2, dash: "dot", color: "#868e96" } });
@@ -160,7 +161,7 @@ function draw() {
     margin: { t: 30, r: 20, b: 60, l: 70 }, shapes, annotations: notes, hovermode: "x unified",
     legend: { orientation: "h", x: 0, y: -0.22, yanchor: "top" },
     xaxis: { type: "log", title: { text: gib ? `KV memory (GiB of ${state.kv.model} KV, log scale)` : `KV capacity N (blocks of ${b} tokens, log scale)` } },
-    yaxis: { title: { text: "hit ratio h (share of prompt blocks served from cache)" }, range: [0, 1] },
+    yaxis: { title: { text: c && c.describe ? "token hit ratio (vLLM prefix_cache_hits / queries)" : "hit ratio h (share of prompt blocks served from cache)" }, range: [0, 1] },
   }, { displaylogo: false, responsive: true });
 }
 function table(id, rows) {
@@ -177,9 +178,9 @@ function atBudget(N, ys) {
 }
 function engineRows() {
   const c = state.curve, e = engine(); if (!c) return [];
-  const rows = [];
-  if (c[SIM_KEY[e]]) rows.push([`${ENGINE[e]} at your budget — simulated`, steady(c) ? f4(atBudget(c.N, c[SIM_KEY[e]])) : "not shown: not stationary"]);
-  if (c[EST_KEY[e]]) rows.push([`${ENGINE[e]} at your budget — engine-aware estimate`, f4(atBudget(c.N, c[EST_KEY[e]]))]);
+  const rows = [], sk = simKey(c, e), ek = estKey(c, e);
+  if (sk) rows.push([`${ENGINE[e]} at your budget — simulated`, steady(c) ? f4(atBudget(c.N, c[sk])) : "not shown: not stationary"]);
+  if (ek) rows.push([`${ENGINE[e]} at your budget — estimate`, f4(atBudget(c.N, c[ek]))]);
   if (c.stationarity) rows.push(["simulation window", c.stationarity.stationary ? "steady state" : "NOT stationary"]);
   return rows;
 }
