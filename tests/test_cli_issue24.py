@@ -107,3 +107,11 @@ def test_fleet_simulate_help_says_N_is_per_replica():
     out = kvhit("fleet", "simulate", "--help").out
     assert "EACH" in out and "replica" in out
     assert "repeat or" not in out.split("--N", 1)[1].split("--", 1)[0]
+
+
+def test_trace_errors_name_the_path_once(tmp_path):
+    p = tmp_path / "mc.jsonl"
+    p.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}) + "\n")
+    r = kvhit("curve", "--blocks-trace", p, "--n-max", "1000")
+    assert_refused(r, f"--blocks-trace {p}: line 1")
+    assert r.err.count(str(p)) == 1

@@ -119,7 +119,7 @@ def layout(page) -> dict:
 def test_scm_leads_with_the_engine_and_matches_the_service(server, page):
     load(page, server + "/#workload=scm")
     names = [t["name"] for t in chart(page)]
-    assert names == [ENGINE_EST, ENGINE_SIM, PAPER], page.inner_text("#error")  # the engine first, the paper's idealisation last
+    assert names == [ENGINE_EST, ENGINE_SIM, PAPER], page.inner_text("#error")
     got = page.evaluate("window.kvhit.curve")
     ref = svc.curve(svc.build(svc.CurveRequest, points=60, policies=["vllm"], seed=0, **GRID, **SCM)).to_jsonable()
     assert got == json.loads(json.dumps(ref))
@@ -231,7 +231,7 @@ def test_short_trace_upload_is_not_shown_as_an_answer(server, page, tmp_path):
 
 def test_mooncake_and_sharegpt_uploads_are_detected(server, page, tmp_path):
     lines = [
-        {"timestamp": 1000 * i, "input_length": 512, "output_length": 10, "hash_ids": [0, 1, 2 + i % 5, 10 + i]}
+        {"timestamp": 1000 * i, "input_length": 2048, "output_length": 10, "hash_ids": [0, 1, 2 + i % 5, 10 + i]}
         for i in range(60)
     ]
     mc = tmp_path / "mooncake.jsonl"

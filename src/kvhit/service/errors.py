@@ -53,5 +53,9 @@ def translating(where: str = "") -> Iterator[None]:
     except (ValueError, KeyError) as e:
         msg = str(e) if not isinstance(e, KeyError) else f"missing field {e}"
         if where and where not in msg:
-            msg = f"{where}: {msg}"
+            flag, _, path = where.partition(" ")
+            if flag.startswith("--") and path and msg.startswith(path):  # the path once: "--flag PATH: line 3: …"
+                msg = f"{flag} {msg}"
+            else:
+                msg = f"{where}: {msg}"
         raise InputError(msg) from None
