@@ -115,3 +115,12 @@ def test_trace_errors_name_the_path_once(tmp_path):
     r = kvhit("curve", "--blocks-trace", p, "--n-max", "1000")
     assert_refused(r, f"--blocks-trace {p}: line 1")
     assert r.err.count(str(p)) == 1
+
+
+def test_version_fast_path_imports_nothing_heavy():
+    import subprocess
+    import sys
+
+    code = "import sys; from kvhit.cli import main; main(['--version']); print(sorted(m for m in ('pydantic', 'typer', 'numpy', 'numba', 'scipy', 'matplotlib', 'pyarrow') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.splitlines() == ["kvhit 0.1.0", "[]"]

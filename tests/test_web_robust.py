@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,23 @@ def test_no_request_is_a_500(client, path, body):
     assert r.status_code < 500, (body, r.text)
     if r.status_code >= 400:
         assert isinstance(r.json()["detail"], str) and "\n" not in r.json()["detail"]
+
+
+def test_first_chart_is_persisted_across_restarts(tmp_path):
+    """The page's first question (bundled ShareGPT, vLLM ≥ 0.24) is answered once per kvhit version and block size:
+    a restarted server serves it from the persisted answer at once, equal to the computed one."""
+    from kvhit.web.app import FIRST_CHART
+
+    with TestClient(create_app(workers=1, persist=tmp_path)) as c:
+        job = c.post("/api/curve", json=FIRST_CHART).json()
+        while job["status"] in ("queued", "running"):
+            time.sleep(0.3)
+            job = c.get(f"/api/jobs/{job['id']}").json()
+        assert job["status"] == "done" and not job["cached"]
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    with TestClient(create_app(workers=1, persist=tmp_path)) as c:
+        again = c.post("/api/curve", json=FIRST_CHART).json()
+        assert again["status"] == "done" and again["cached"] is True
+        assert again["result"] == job["result"]
+        other = {**FIRST_CHART, "model": "llama-3.1-8b"}  # the page no longer sends a model: nothing else is reused
+        assert c.post("/api/curve", json=other).json()["status"] in ("queued", "running")

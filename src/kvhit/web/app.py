@@ -201,9 +201,7 @@ async def _parse(request: Request, command: str, max_upload: int) -> tuple[dict[
     m = fields.get("model")
     if isinstance(m, str) and (os.sep in m or m.endswith(".json") or os.path.exists(m)):
         raise Refused(422, "model: a preset name over HTTP; upload a config.json as file part 'model_config'", "model")
-    digest = hashlib.sha256()
-    digest.update(command.encode())
-    digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
+    digest = _digest(command, fields)
     tmpdir: Path | None = None
     rename: dict[str, str] = {}
     try:
@@ -282,6 +280,23 @@ def _strict_types(model, fields: dict) -> None:
                 raise Refused(422, f"{name}: expected a number, got the string {json.dumps(v)[:40]}", name)
 
 
+def _digest(command: str, fields: dict):
+    """The input hash of a request (its uploads' bytes are added by the caller); with kvhit's version, so a persisted
+    answer of an older kvhit is never served."""
+    from kvhit import __version__
+
+    digest = hashlib.sha256()
+    digest.update(f"{__version__}\0{command}".encode())
+    digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
+    return digest
+
+
+#: The planner page's first question (``app.js``: ShareGPT, vLLM ≥ 0.24, the default grid): answered at start-up
+#: with ``warm`` so the first chart is a cache hit. The curve does not depend on the model (the GiB axis is drawn
+#: from /api/kv), so one answer per block size serves every model.
+FIRST_CHART = {"n_min": 100, "n_max": 100000, "points": 200, "policies": ["vllm"], "sharegpt": True}
+
+
 def _clean(msg: str, rename: dict[str, str]) -> str:
     for tmp, name in rename.items():
         msg = msg.replace(tmp, name)
@@ -298,15 +313,23 @@ def _warm_up() -> None:
 
 
 def create_app(
-    workers: int = 2, max_body: int = MAX_BODY_BYTES, max_upload: int = MAX_UPLOAD_BYTES, warm: bool = False
+    workers: int = 2,
+    max_body: int = MAX_BODY_BYTES,
+    max_upload: int = MAX_UPLOAD_BYTES,
+    warm: bool = False,
+    persist: Path | None = None,
 ) -> FastAPI:
     """The app: ``/`` the planner page, ``/api/...`` the JSON API, ``/docs`` its OpenAPI documentation;
-    ``warm``: answer a small estimate and plan in the background at start-up (imports, first compilations)."""
-    jobs = JobManager(workers=workers)
+    ``warm``: answer a small estimate and plan in the background at start-up (imports, first compilations) and
+    queue the page's first chart; ``persist``: a directory keeping the answers on the bundled workload across
+    restarts (``kvhit serve``: the kvhit cache directory)."""
+    jobs = JobManager(workers=workers, persist=persist)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if warm:  # imports and first compilations off the first user's request
+            with contextlib.suppress(Exception):
+                jobs.submit("curve", dict(FIRST_CHART), _digest("curve", FIRST_CHART).hexdigest())
             threading.Thread(target=_warm_up, daemon=True).start()
         yield
         jobs.shutdown()
