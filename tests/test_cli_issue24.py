@@ -121,6 +121,10 @@ def test_version_fast_path_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = "import sys; from kvhit.cli import main; main(['--version']); print(sorted(m for m in ('pydantic', 'typer', 'numpy', 'numba', 'scipy', 'matplotlib', 'pyarrow') if m in sys.modules))"
+    heavy = ("pydantic", "typer", "numpy", "numba", "scipy", "matplotlib", "pyarrow")
+    code = (
+        "import sys; from kvhit.cli import main; main(['--version']); "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.splitlines() == ["kvhit 0.1.0", "[]"]
