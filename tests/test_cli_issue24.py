@@ -128,3 +128,24 @@ def test_version_fast_path_imports_nothing_heavy():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.splitlines() == ["kvhit 0.1.0", "[]"]
+
+
+def test_fleet_router_collapse_and_lookahead_sessions_are_reported():
+    from kvhit import service as svc
+
+    mc = Path(__file__).resolve().parent / "data" / "production" / "mooncake_small.jsonl"
+    res = svc.fleet_simulate(
+        svc.build(svc.FleetRequest, blocks_trace=mc, N=[200], replicas=[4], router=["dynamo", "round-robin"])
+    )
+    rows = {r["router"]: r for r in res.rows}
+    # no prefill speed: no load is seen, so dynamo sends every request where its prefix is (counted here directly)
+    per = [p for p in res.per_replica if p["router"] == "dynamo"]
+    share = max(p["requests"] for p in per) / sum(p["requests"] for p in per)
+    assert rows["dynamo"]["busiest_replica_share"] == share
+    assert share == 1.0 and rows["dynamo"]["collapsed"] is True
+    assert rows["round-robin"]["collapsed"] is False
+    assert any(n.startswith("collapsed onto one replica") and "dynamo at R = 4 sent 100.0%" in n for n in res.notes)
+    assert any("look-ahead no online router has" in n and "upper bound" in n for n in res.notes)
+    r = kvhit("fleet", "simulate", "--blocks-trace", mc, "--N", "200", "--replicas", "4", "--router", "dynamo")
+    assert r.code == 0
+    assert "(collapsed: one replica)" in r.out

@@ -245,6 +245,7 @@ def test_mooncake_and_sharegpt_uploads_are_detected(server, page, tmp_path):
     ref = svc.curve(svc.build(svc.CurveRequest, blocks_trace=mc, points=200, policies=["vllm"], **GRID))
     assert got == json.loads(json.dumps(ref.to_jsonable()).replace(str(mc), mc.name))
     assert [t["name"] for t in chart(page)][:2] == ["vLLM ≥ 0.24 — agentic estimate", ENGINE_SIM]
+    page.screenshot(path=str(FIG / "web_trace.png"), full_page=True)
     sg = tmp_path / "chats.json"
     sg.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}]))
     page.set_input_files("#trace", str(sg))

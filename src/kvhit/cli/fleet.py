@@ -145,7 +145,7 @@ def fleet_simulate(
             "rejected"]  # fmt: skip
     rows = [
         [
-            r["router"],
+            r["router"] + (" (collapsed: one replica)" if r.get("collapsed") else ""),
             _fmt(r["replicas"]),
             _fmt(r["token_hit_ratio"]),
             _fmt(r["estimate"]),
