@@ -149,3 +149,9 @@ def test_fleet_router_collapse_and_lookahead_sessions_are_reported():
     r = kvhit("fleet", "simulate", "--blocks-trace", mc, "--N", "200", "--replicas", "4", "--router", "dynamo")
     assert r.code == 0
     assert "(collapsed: one replica)" in r.out
+
+
+def test_missing_list_option_says_required(trace):
+    assert_refused(kvhit("tiers", "--trace", trace, "--dram-gb", "1"), "--hbm-blocks: required")
+    r = kvhit("simulate", "--N", "100", *SCM, "--warmup", "-1")
+    assert_refused(r, "--warmup", "greater than or equal to 0")
