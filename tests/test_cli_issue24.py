@@ -155,3 +155,17 @@ def test_missing_list_option_says_required(trace):
     assert_refused(kvhit("tiers", "--trace", trace, "--dram-gb", "1"), "--hbm-blocks: required")
     r = kvhit("simulate", "--N", "100", *SCM, "--warmup", "-1")
     assert_refused(r, "--warmup", "greater than or equal to 0")
+
+
+def test_estimate_imports_no_scipy_numba_matplotlib_pyarrow():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from kvhit.cli import main; "
+        "main(['estimate', '--N', '1000', '--lam0', '1', '--mean-turns', '5', '--x-mean', '4', '--y-mean', '3', "
+        "'--w-mean', '135', '--json']); "
+        "print(sorted(m for m in ('scipy', 'numba', 'matplotlib', 'pyarrow') if m in sys.modules))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.splitlines()[-1] == "[]"

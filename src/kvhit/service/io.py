@@ -30,6 +30,7 @@ __all__ = [
     "atomic_write_text",
     "umask_mode",
     "install_signal_handlers",
+    "die_with_parent",
 ]
 
 
@@ -140,3 +141,20 @@ def install_signal_handlers() -> None:
         signal.signal(signal.SIGTERM, _sigterm)
     except ValueError:  # pragma: no cover - not the main thread
         pass
+
+
+def die_with_parent() -> None:
+    """Linux: this (worker) process gets SIGKILL when its parent dies (``PR_SET_PDEATHSIG``), so a killed driver or
+    server leaves no worker behind; elsewhere a no-op. Called first thing in a worker process."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # pragma: no cover - no prctl
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)

@@ -73,26 +73,10 @@ class _Inline:
         self.tasks = tasks
 
 
-def _die_with_parent() -> None:
-    """Linux: this (worker) process gets SIGKILL when the process that forked it dies (``PR_SET_PDEATHSIG``), so a
-    killed driver leaves no pool worker behind; elsewhere a no-op."""
-    import ctypes
-    import signal
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):  # pragma: no cover - no prctl
-        return
-    if os.getppid() == 1:  # the driver died before prctl took effect
-        os._exit(1)
-
-
 def _worker_init(payload_id: str, payload: dict) -> None:
-    _die_with_parent()
+    from kvhit.service.io import die_with_parent
+
+    die_with_parent()
     install(payload_id, payload)
 
 

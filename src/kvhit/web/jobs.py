@@ -65,7 +65,11 @@ class Job:
 
 
 def _child(conn, command: str, fields: dict[str, Any], rename: dict[str, str]) -> None:
-    """Worker process: answer one request through the service layer; send progress, then the outcome."""
+    """Worker process: answer one request through the service layer; send progress, then the outcome. Not a daemon
+    (the ShareGPT tokenizer and the simulators may start processes of their own); it dies with the server."""
+    from kvhit.service.io import die_with_parent
+
+    die_with_parent()
     from kvhit.service.errors import InputError, one_line
     from kvhit.service.registry import run
 
@@ -228,7 +232,7 @@ class JobManager:
 
     def _watch(self, job: Job, fields: dict[str, Any], rename: dict[str, str]) -> None:
         parent, child = self._ctx.Pipe(duplex=False)
-        proc = self._ctx.Process(target=_child, args=(child, job.command, fields, rename), daemon=True)
+        proc = self._ctx.Process(target=_child, args=(child, job.command, fields, rename), daemon=False)
         job.status = "running"
         job.proc = proc
         proc.start()
