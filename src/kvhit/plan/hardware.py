@@ -282,13 +282,14 @@ class ModelKV:
         """KV heads on one tensor-parallel rank: ``num_kv_heads / tp``, or 1 (replicated) when ``tp`` is a multiple
         of the heads. Like vLLM (``get_num_kv_heads``: ``num_kv_heads % tp == 0`` or ``tp % num_kv_heads == 0``
         asserted), any other ``tp`` is refused — it is not a layout an engine can run."""
-        tp = self._check_tp(tp)
+        tp = _check_pos_int(tp, "tp")
         h = self.num_kv_heads
         if h % tp != 0 and tp % h != 0:
             raise HardwareError(
                 f"tp: {tp} does not divide the {h} KV heads of {self.name} (nor is it a multiple of them); "
                 f"vLLM refuses this layout"
             )
+        self._check_tp(tp)  # and the attention heads (a multiple of the KV heads may still exceed them)
         return max(1, h // tp)
 
     def _check_tp(self, tp: int) -> int:
