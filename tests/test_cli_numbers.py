@@ -272,17 +272,19 @@ def test_estimate_h_is_practical_and_engine_estimate_is_the_planners():
 
 
 def test_simulate_defaults_pinned(tmp_path):
-    """No --warmup: a spec warms up on 20% of -n; a trace on its recorded n_warm. Estimates beside the
-    simulation are the paper's (practical, empirical F̂) and the engine-aware one at b = 128."""
+    """No --warmup: a spec warms up on max(20% of -n, 3 lifetimes of arrivals λ0·E[M]·E[W]) (issue 24: steady
+    state); a trace on its recorded n_warm. Estimates beside the simulation are the paper's (practical, empirical
+    F̂) and the engine-aware one at b = 128."""
     from kvhit.estimate.engine import estimate, trace_moments
     from kvhit.plan.planner import make_workload
     from kvhit.workload import generate
 
     spec = WorkloadSpec.from_toml(SCM_TOML)
     d = run_json("simulate", "--spec", SCM_TOML, "--N", "2000", "-n", "1000", "-r", "1", "--policy", "block")
-    tr = generate(spec, 0, n_conversations=1200)
+    n_warm = 2430  # by hand: 3 × λ0·E[M]·E[W] = 3 × 1.5 × 4 × 135 = 2,430 > 20% of 1,000
+    tr = generate(spec, 0, n_conversations=1000 + n_warm)
     tr.meta["block_size"] = 128
-    m = simulate_trace_block(tr, 2000, engine="vllm", window=Window.warmup_conversations(tr, 200))[1]
+    m = simulate_trace_block(tr, 2000, engine="vllm", window=Window.warmup_conversations(tr, n_warm))[1]
     assert d["rows"][0]["h"] == m["h_blocks"]
     wl = make_workload(spec, engine="vllm", metric="blocks", block_size=128)
     assert d["estimate"][0]["h_engine"] == float(wl.predict(np.array([2000.0]), np.array([1.5]))[0])

@@ -168,6 +168,10 @@ def test_random_dense_configs_match_reference(layers, q_mult, kv_heads, head_dim
         "hidden_size": kv_heads * q_mult * head_dim,  # head_dim derived from hidden_size
     }
     m = model_from_config(cfg)
+    if (kv_heads * q_mult) % tp:  # vLLM: the attention heads must divide by tp (issue 24: was accepted)
+        with pytest.raises(HardwareError, match=r"^tp: .* attention heads"):
+            m.bytes_per_token(dtype, tp)
+        return
     nb = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}[dtype]
     ref = ref_bytes_per_token(layers, kv_heads, head_dim, nb, tp)
     assert m.bytes_per_token(dtype, tp) == ref

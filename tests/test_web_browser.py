@@ -1,8 +1,10 @@
 """End-to-end: ``kvhit serve`` on a free 127.0.0.1 port, the planner page in Debian's Chromium (Playwright).
 
-The plotted curve's data and the plan answers are checked against the service layer's numbers for the same
-inputs; a slider move redraws the curve; the URL restores the inputs; a good and a bad uploaded trace. Screenshots
-go to docs/figures/ (shown in the README). Run with ``make test-browser`` (needs ``apt-get install chromium``).
+The plotted curves and the plan answers are checked against the service layer's numbers for the same inputs:
+the user's engine leads (its engine-aware estimate and simulated curve), the paper's idealisation is a labelled
+reference; a simulation that did not reach steady state is hidden with a warning; slider moves are coalesced into one
+request round; errors clear stale results; uploads of every format are detected. Screenshots go to docs/figures/.
+Run with ``make test-browser`` (needs ``apt-get install chromium``).
 """
 
 from __future__ import annotations
@@ -93,40 +95,101 @@ def load(page, url):
     page.wait_for_selector("body[data-ready='1']", timeout=180_000)
 
 
-def test_curve_and_plan_match_the_service(server, page):
+ENGINE_EST = "vLLM ≥ 0.24 — engine-aware estimate"
+ENGINE_SIM = "vLLM ≥ 0.24 — simulated (exact)"
+PAPER = "paper's idealisation (whole-conversation LRU, eq. 39) — reference"
+GRID = {"n_min": 100, "n_max": 100000}
+
+
+def settle(page):
+    page.wait_for_timeout(400)  # past the 150 ms coalescing delay
+    page.wait_for_function(
+        "window.kvhit.busy === false && (window.kvhit.curve || document.getElementById('error').textContent)",
+        timeout=300_000,
+    )
+
+
+def layout(page) -> dict:
+    return page.evaluate(
+        "(() => { const l = document.getElementById('chart').layout; return {x: l.xaxis.title.text, "
+        "y: l.yaxis.title.text, notes: l.annotations.map(a => a.text), legend: l.legend}; })()"
+    )
+
+
+def test_scm_leads_with_the_engine_and_matches_the_service(server, page):
     load(page, server + "/#workload=scm")
-    (est,) = chart(page)
-    want = svc.estimate(svc.build(svc.EstimateRequest, N=est["x"], **SCM))
-    assert est["y"] == [r.h for r in want.estimates]
-    plan = page.evaluate("window.kvhit.plan.planner")
-    ref = svc.plan(svc.build(svc.PlanRequest, engine="paper", target=0.3, accelerator="H100", **SCM)).to_jsonable()
-    assert plan == ref
-    cell = page.locator("#plan td[data-k='h at capacity']").inner_text()
-    assert cell == f"{ref['h_at_capacity']:.4f}"
-    budget = page.evaluate("window.kvhit.kv.N")
-    assert budget == svc.kv(svc.build(svc.KvRequest, accelerator="H100")).N
+    names = [t["name"] for t in chart(page)]
+    assert names == [ENGINE_EST, ENGINE_SIM, PAPER], page.inner_text("#error")
+    got = page.evaluate("window.kvhit.curve")
+    ref = svc.curve(svc.build(svc.CurveRequest, points=60, policies=["vllm"], seed=0, **GRID, **SCM)).to_jsonable()
+    assert got == json.loads(json.dumps(ref))
+    assert got["stationarity"]["stationary"] is True
+    plotted = {t["name"]: t["y"] for t in chart(page)}
+    assert plotted[ENGINE_EST] == ref["estimate: vLLM ≥ 0.24 (engine-aware)"]
+    assert plotted[ENGINE_SIM] == ref["vLLM ≥ 0.24 (block cache)"]
+    plan = page.evaluate("window.kvhit.plan")
+    assert (
+        plan
+        == svc.plan(svc.build(svc.PlanRequest, engine="paper", target=0.3, accelerator="H100", **SCM)).to_jsonable()
+    )
+    lay = layout(page)
+    assert lay["x"] == "KV capacity N (blocks of 128 tokens, log scale)" and lay["y"].startswith("hit ratio h")
+    assert any(n.startswith("h_max = ") and "eq. 28" in n for n in lay["notes"])
+    assert lay["legend"]["orientation"] == "h" and lay["legend"]["y"] < 0  # below the plot, off the curves
+    first = page.locator("#plan td").first.inner_text()
+    assert first == "vLLM ≥ 0.24 at your budget — simulated"
+    page.select_option("#xunit", "gib")
+    assert layout(page)["x"] == "KV memory (GiB of Qwen3-8B KV, log scale)"
+    page.select_option("#xunit", "blocks")
     FIG.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(FIG / "web_planner.png"), full_page=True)
 
 
-def test_slider_redraws_and_url_restores(server, page):
+def test_slider_is_coalesced_labelled_and_url_restores(server, page):
     load(page, server + "/#workload=scm")
-    before = chart(page)[0]["y"]
+    before = page.evaluate("window.kvhit.requests")
     page.evaluate(
-        "(() => { const s = document.getElementById('lam0'); s.value = '0.3'; s.dispatchEvent(new Event('input')); })()"
+        "(() => { const s = document.getElementById('lam0'); for (const v of ['0.1', '0.2', '0.25', '0.3']) "
+        "{ s.value = v; s.dispatchEvent(new Event('input')); } })()"
     )
-    page.wait_for_function("window.kvhit.est && window.kvhit.busy === false && location.hash.includes('lam0=2')")
-    page.wait_for_function(f"document.getElementById('chart').data[0].y[500] !== {before[500]!r}")
-    est = chart(page)[0]
-    lam0 = float(page.evaluate("lam0()"))
-    assert lam0 == 2.0  # 10**0.3 to 3 significant digits
-    want = svc.estimate(svc.build(svc.EstimateRequest, N=est["x"], **{**SCM, "lam0": lam0}))
-    assert est["y"] == [r.h for r in want.estimates]
+    settle(page)
+    page.wait_for_function("location.hash.includes('lam0=2')")
+    assert page.evaluate("window.kvhit.requests") - before == 4  # kv, estimate, plan, curve: once per settle
+    assert page.inner_text("#lam0_v") == "2"
+    est = page.evaluate("window.kvhit.est")
+    want = svc.estimate(svc.build(svc.EstimateRequest, N=est["N"], **{**SCM, "lam0": 2.0}))
+    assert est["h"] == [r.h for r in want.estimates]
     shared = page.url
-    page.goto("about:blank")
     load(page, shared)
     assert float(page.evaluate("lam0()")) == 2.0
-    assert chart(page)[0]["y"] == est["y"]
+
+
+def test_inapplicable_controls_are_disabled(server, page):
+    load(page, server + "/#workload=sharegpt")
+    for sel in ("#lam0", "#mean_turns", "#w_mean", "#x_mean", "#y_mean", "#kv_gb"):
+        assert page.is_disabled(sel), sel
+    assert page.inner_text("#mean_turns_v") == "5"  # labels filled even where the slider does not apply
+    page.check("input[name=workload][value=scm]")
+    assert not page.is_disabled("#lam0")
+
+
+def test_error_clears_stale_results(server, page):
+    load(page, server + "/#workload=scm")
+    assert page.locator("#plan td").count() > 0
+    page.select_option("#model", "Llama-3.1-70B")
+    page.select_option("#accelerator", "H200")
+    page.dispatch_event("#accelerator", "change")
+    page.wait_for_function("document.getElementById('error').textContent.includes('--gpu')", timeout=120_000)
+    assert page.locator("#plan td").count() == 0  # nothing of the previous model stays beside the error
+    assert chart(page) == []
+    page.fill("#tp", "2")  # the error suggests tp: the page has the control
+    page.dispatch_event("#tp", "change")
+    settle(page)
+    assert page.inner_text("#error") == ""
+    assert (
+        page.evaluate("window.kvhit.kv.N")
+        == svc.kv(svc.build(svc.KvRequest, model="Llama-3.1-70B", accelerator="H200", tp=2)).N
+    )
 
 
 def test_kv_budget_in_gib(server, page):
@@ -134,66 +197,72 @@ def test_kv_budget_in_gib(server, page):
     page.check("input[name=budget][value=kv_gb]")
     page.fill("#kv_gb", "60")
     page.dispatch_event("#kv_gb", "change")
-    page.wait_for_function("window.kvhit.plan.planner && window.kvhit.plan.planner.capacity.kv_gib === 60")
+    page.wait_for_function("window.kvhit.plan && window.kvhit.plan.capacity.kv_gib === 60")
     ref = svc.plan(svc.build(svc.PlanRequest, engine="paper", target=0.3, kv_gb=60, **SCM)).to_jsonable()
-    assert page.evaluate("window.kvhit.plan.planner") == ref
+    assert page.evaluate("window.kvhit.plan") == ref
 
 
-def test_upload_good_and_bad_trace(server, page, tmp_path):
+def test_short_trace_upload_is_not_shown_as_an_answer(server, page, tmp_path):
     good = tmp_path / "small.parquet"
     svc.generate_trace(svc.build(svc.GenerateRequest, out=good, conversations=300, seed=3, **SCM))
     load(page, server + "/#workload=scm")
     page.set_input_files("#trace", str(good))
-    page.wait_for_function("window.kvhit.traceCurve !== null && window.kvhit.traceCurve !== undefined", timeout=120_000)
-    got = page.evaluate("window.kvhit.traceCurve")
-    ref = svc.curve(
-        svc.build(svc.CurveRequest, trace=good, n_min=100, n_max=100000, points=200, policies=["content"])
-    ).to_jsonable()
+    settle(page)
+    got = page.evaluate("window.kvhit.curve")
+    ref = svc.curve(svc.build(svc.CurveRequest, trace=good, points=200, policies=["vllm"], **GRID)).to_jsonable()
     assert got == json.loads(json.dumps(ref).replace(str(good), good.name))
-    page.wait_for_function("window.kvhit.plan.planner", timeout=120_000)
-    want = svc.plan(svc.build(svc.PlanRequest, engine="paper", target=0.3, accelerator="H100", trace=good))
-    assert page.evaluate("window.kvhit.plan.planner") == json.loads(want.to_json().replace(str(good), good.name))
-    page.screenshot(path=str(FIG / "web_trace.png"), full_page=True)
+    assert got["stationarity"]["stationary"] is False  # 300 conversations where ~540 are alive at once
+    names = [t["name"] for t in chart(page)]
+    assert ENGINE_SIM not in names and ENGINE_EST in names
+    assert page.inner_text("#warn").startswith("Simulation hidden — NOT STATIONARY")
+    assert "simulation not shown: its window did not reach steady state" in layout(page)["notes"]
+    assert (
+        page.locator("#plan td[data-k='vLLM ≥ 0.24 at your budget — simulated']").inner_text().startswith("not shown")
+    )
+    page.screenshot(path=str(FIG / "web_not_stationary.png"), full_page=True)
 
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"this is not a parquet file\n")
     page.set_input_files("#trace", str(bad))
     page.wait_for_function("document.getElementById('error').textContent.length > 0", timeout=120_000)
-    shown = page.inner_text("#error")
-    with pytest.raises(svc.InputError) as e:
-        svc.curve(svc.build(svc.CurveRequest, trace=bad, n_min=100, n_max=100000, points=200, policies=["content"]))
-    assert shown == str(e.value).replace(str(bad), "bad.parquet")
-    assert "Traceback" not in shown
+    assert "not a kvhit Parquet trace, a Mooncake .jsonl or a WEKA .json" in page.inner_text("#error")
+    assert chart(page) == []
 
 
-def test_exact_simulation_on_demand(server, page):
+def test_mooncake_and_sharegpt_uploads_are_detected(server, page, tmp_path):
+    lines = [
+        {"timestamp": 1000 * i, "input_length": 2048, "output_length": 10, "hash_ids": [0, 1, 2 + i % 5, 10 + i]}
+        for i in range(60)
+    ]
+    mc = tmp_path / "mooncake.jsonl"
+    mc.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     load(page, server + "/#workload=scm")
-    page.select_option("#engine", "content")
-    page.click("#simulate")
-    page.wait_for_function("window.kvhit.sim", timeout=180_000)
-    got = page.evaluate("window.kvhit.sim")
-    fields = {"n_min": 100, "n_max": 100000, "points": 100, "estimates": False, "policies": ["content"]}
-    ref = svc.curve(svc.build(svc.CurveRequest, model="Qwen3-8B", conversations=4000, seed=0, **fields, **SCM))
-    assert got == ref.to_jsonable()
-    names = [t["name"] for t in chart(page)]
-    assert names[0] == "estimator (eq. 32)" and any("Algorithm 1" in n for n in names[1:])
-    assert page.inner_text("#progress_what").startswith("done")
+    page.set_input_files("#trace", str(mc))
+    settle(page)
+    assert page.inner_text("#error") == ""
+    assert page.inner_text("#trace_kind") == "production block-id trace (Mooncake/WEKA)"
+    got = page.evaluate("window.kvhit.curve")
+    ref = svc.curve(svc.build(svc.CurveRequest, blocks_trace=mc, points=200, policies=["vllm"], **GRID))
+    assert got == json.loads(json.dumps(ref.to_jsonable()).replace(str(mc), mc.name))
+    assert [t["name"] for t in chart(page)][:2] == ["vLLM ≥ 0.24 — agentic estimate", ENGINE_SIM]
+    page.screenshot(path=str(FIG / "web_trace.png"), full_page=True)
+    sg = tmp_path / "chats.json"
+    sg.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}]))
+    page.set_input_files("#trace", str(sg))
+    page.wait_for_function("document.getElementById('error').textContent.includes('ShareGPT')", timeout=60_000)
+    assert "kvhit trace sharegpt --source chats.json" in page.inner_text("#error")
 
 
 def test_sharegpt_workload_plots_the_service(server, page):
     load(page, server + "/")  # the default workload
-    page.wait_for_function(
-        "(window.kvhit.plan.planner && window.kvhit.traceCurve) || document.getElementById('error').textContent",
-        timeout=180_000,
-    )
+    settle(page)
     assert page.inner_text("#error") == ""
-    ref = svc.curve(
-        svc.build(svc.CurveRequest, sharegpt=True, n_min=100, n_max=100000, points=200, policies=["content"])
-    ).to_jsonable()
-    assert page.evaluate("window.kvhit.traceCurve") == json.loads(json.dumps(ref))
+    ref = svc.curve(svc.build(svc.CurveRequest, sharegpt=True, points=200, policies=["vllm"], **GRID)).to_jsonable()
+    assert page.evaluate("window.kvhit.curve") == json.loads(json.dumps(ref))
     plotted = {t["name"]: t["y"] for t in chart(page)}
-    assert plotted["estimate: paper eq. (39), F̂"] == ref["estimate: paper eq. (39), F̂"]
+    assert plotted[PAPER] == ref["estimate: paper eq. (39), F̂"]
+    assert plotted[ENGINE_SIM] == ref["vLLM ≥ 0.24 (block cache)"]
     want = svc.plan(svc.build(svc.PlanRequest, sharegpt=True, engine="paper", target=0.3, accelerator="H100"))
-    assert page.evaluate("window.kvhit.plan.planner") == json.loads(want.to_json())
-    cell = page.locator("#plan td[data-k='h at capacity']").inner_text()
+    assert page.evaluate("window.kvhit.plan") == json.loads(want.to_json())
+    cell = page.locator("#plan td[data-k='h at capacity (paper)']").inner_text()
     assert cell == f"{want.h_at_capacity:.4f}"

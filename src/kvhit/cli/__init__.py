@@ -10,26 +10,47 @@ printed as a block of ``name: value`` lines instead. No domain logic lives here.
 
 from __future__ import annotations
 
-import typer
-from rich.text import Text
-
-from kvhit.service.errors import one_line
-
-# Each command module registers its commands on ``app`` when imported; the import order is the order of
-# ``kvhit --help`` (typer lists sub-command groups after the commands).
-# isort: off
-from kvhit.cli import estimate, simulate, stream, trace, demo, plan, reproduce, curve, tiers, serve, fleet, sweep  # noqa: F401
-from kvhit.cli import explain  # noqa: F401  (kvhit explain, kvhit trace chat)
-
-# isort: on
-from kvhit.cli._common import app, console, err_console
+import sys
 
 __all__ = ["app", "main"]
 
 
+def _load():
+    """Import the command modules (each registers its commands on ``app`` when imported; the import order is the
+    order of ``kvhit --help``: typer lists sub-command groups after the commands). Deferred so that ``kvhit
+    --version`` answers without importing typer, pydantic and the service layer."""
+    # isort: off
+    from kvhit.cli import estimate, simulate, stream, trace, demo, plan, reproduce, curve, tiers, serve, fleet, sweep  # noqa: F401
+    from kvhit.cli import explain  # noqa: F401  (kvhit explain, kvhit trace chat)
+
+    # isort: on
+    from kvhit.cli._common import app
+
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":
+        return _load()
+    raise AttributeError(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: every usage error and every refused input is one stderr line, exit 2."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args == ["--version"]:  # the fast path: nothing of the service layer is imported
+        from kvhit import __version__
+
+        sys.stdout.write(f"kvhit {__version__}\n")
+        return 0
+    import typer
+    from rich.text import Text
     from typer._click import exceptions as cx
+
+    from kvhit.cli._common import console, err_console
+    from kvhit.service.errors import one_line
+
+    app = _load()
 
     from kvhit.service.io import install_signal_handlers
 

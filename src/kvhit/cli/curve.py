@@ -182,5 +182,7 @@ def curve(
             "no vLLM hit ratio is reported there (shaded in the plot)",
             markup=False,
         )
+    for n in res.notes:
+        console.print(f"warning: {n}", markup=False)
     for f in res.figures:
         console.print(f"wrote {f}", markup=False)

@@ -10,9 +10,9 @@ from rich.text import Text
 
 from kvhit.cli._common import (
     JsonOpt,
-    NOpt,
     SeedOpt,
     _call,
+    _fail,
     _fmt,
     _help,
     _print_json,
@@ -64,6 +64,13 @@ LoadMetricO = Annotated[str | None, _fopt("load_metric", "--load-metric")]
 KvModeO = Annotated[str | None, _fopt("kv_mode", "--kv-mode")]
 
 
+def _routers(values: list[str] | None) -> list[str]:
+    """``--router`` values; an empty one (``--router ""``) is refused, never read as the default."""
+    if values is not None and not _split(values):
+        _fail("--router: empty; name one or more routers (see --help)")
+    return _split(values)
+
+
 def _router_values(**kw: Any) -> dict[str, Any]:
     """Map the CLI's shared option names onto the request fields."""
     ren = {
@@ -83,7 +90,15 @@ def fleet_simulate(
     arrival: ArrivalO = "sequential",
     rate: RateO = None,
     span: SpanO = None,
-    N: NOpt = None,
+    N: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--N",
+            "-N",
+            help="KV capacity of EACH replica in blocks (one value for all replicas), or one value per replica "
+            "with a single --replicas; integers in [1, 2^40]; required.",
+        ),
+    ] = None,
     router: Annotated[list[str] | None, _fopt("router", "--router")] = None,
     engine: EngineO = "vllm",
     block_size: BlockSizeO = None,
@@ -119,7 +134,7 @@ def fleet_simulate(
         _progress_label="fleet",
         replicas=_split(replicas),
         N=_split(N),
-        router=_split(router) or ["round-robin"],
+        router=_routers(router) or ["round-robin"],
         estimates=not no_estimates,
         **_router_values(**kw),
     )
@@ -130,7 +145,7 @@ def fleet_simulate(
             "rejected"]  # fmt: skip
     rows = [
         [
-            r["router"],
+            r["router"] + (" (collapsed: one replica)" if r.get("collapsed") else ""),
             _fmt(r["replicas"]),
             _fmt(r["token_hit_ratio"]),
             _fmt(r["estimate"]),
@@ -222,7 +237,7 @@ def fleet_plan(
     for k in ("router", "as_json"):
         kw.pop(k)
     res = _call(
-        svc.fleet_plan, PR, _progress_label="fleet plan", router=_split(router) or PR.model_fields["router"].default,
+        svc.fleet_plan, PR, _progress_label="fleet plan", router=_routers(router) or PR.model_fields["router"].default,
         **_router_values(**kw),
     )  # fmt: skip
     if as_json:

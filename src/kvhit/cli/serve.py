@@ -10,6 +10,7 @@ from rich.text import Text
 from kvhit.cli._common import (
     _fail,
     app,
+    console,
     err_console,
 )
 
@@ -39,4 +40,14 @@ def serve(
 
     from kvhit.web import create_app
 
-    uvicorn.run(create_app(workers=workers, warm=True), host=host, port=port, log_level="warning")
+    shown = f"[{host}]" if ":" in host else host
+    where = f"http://{shown}:{port}/" if port else f"http://{shown}:<a free port chosen at start>/"
+    console.print(f"kvhit planner: {where}  (API docs: {where}docs; Ctrl-C stops)", markup=False, highlight=False)
+    from kvhit.workload.cache import resolve_cache_dir
+
+    persist = resolve_cache_dir() / "web-answers"
+    try:
+        persist.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        persist = None  # a read-only home: answers are kept in memory only
+    uvicorn.run(create_app(workers=workers, warm=True, persist=persist), host=host, port=port, log_level="warning")

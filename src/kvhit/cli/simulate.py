@@ -178,6 +178,8 @@ def simulate(
             ]
         )
     _table(title, cols, rows)
+    for n in res.notes:
+        console.print(f"warning: {n}" if n.startswith("NOT STATIONARY") else f"note: {n}", markup=False)
 
 
 def _print_sglang(res) -> None:

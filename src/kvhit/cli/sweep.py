@@ -95,6 +95,12 @@ def sweep(
     except GridError as e:
         _fail(str(e))
     out = out if out is not None else Path(grid_path.stem + "_sweep")
+    from kvhit.service.io import check_output_dir
+
+    try:  # writable before the first point is computed (a file is created and removed to know)
+        check_output_dir(out, "--out")
+    except InputError as e:
+        _fail(str(e))
     bar = _progress_bar()
     task = bar.add_task("sweep", total=None, failed=0)
 

@@ -289,13 +289,26 @@ class ModelKV:
                 f"tp: {tp} does not divide the {h} KV heads of {self.name} (nor is it a multiple of them); "
                 f"vLLM refuses this layout"
             )
+        self._check_tp(tp)  # and the attention heads (a multiple of the KV heads may still exceed them)
         return max(1, h // tp)
+
+    def _check_tp(self, tp: int) -> int:
+        """``tp`` as vLLM accepts it: a positive integer dividing the attention heads (``ModelConfig.
+        verify_with_parallel_config``: "Total number of attention heads must be divisible by tensor parallel
+        size")."""
+        tp = _check_pos_int(tp, "tp")
+        a = self.num_attention_heads
+        if a and a % tp != 0:
+            raise HardwareError(
+                f"tp: {tp} does not divide the {a} attention heads of {self.name}; vLLM refuses this layout"
+            )
+        return tp
 
     def bytes_per_token_per_layer(self, dtype: str = "bf16", tp: int = 1) -> int:
         """KV bytes one layer stores per token on one GPU (MLA latent, or ``2 × heads/rank × head_dim``)."""
         b = self._kv_dtype_bytes(dtype)
         if self.is_mla:
-            _check_pos_int(tp, "tp")
+            self._check_tp(tp)
             return (self.kv_lora_rank + self.qk_rope_head_dim) * b  # type: ignore[operator]
         return 2 * self.kv_heads_per_rank(tp) * self.head_dim * b
 

@@ -147,12 +147,14 @@ def plot_curves(
     N_min: int | None = None,
     log_x: bool = True,
     title: str = "",
+    warning: str | None = None,
 ) -> list:
     """Hit ratio vs capacity: one line per entry of ``curves`` (``{label: (N array, h array)}``; labels starting
     with "estimate" dashed, in the colour of the engine they predict), h_max as a dotted line, a secondary x-axis
     in GiB of KV of ``model`` when ``bytes_per_block`` is given (the model is named on the axis), the budget
     ``budget_N`` as a vertical line and capacities below the largest request ``N_min`` (infeasible under vLLM)
-    shaded — every reference line in the legend. ``log_x``: a log-spaced grid is drawn on a log axis. Writes PNG
+    shaded — every reference line in the legend. ``warning`` (a window that did not reach steady state) is written
+    across the plot in red. ``log_x``: a log-spaced grid is drawn on a log axis. Writes PNG
     and SVG (:func:`save_figure`)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -185,6 +187,9 @@ def plot_curves(
     ax.legend(fontsize=8, loc="upper left")
     if title:
         ax.set_title(title, fontsize=10)
+    if warning:
+        ax.text(0.5, 0.5, warning, transform=ax.transAxes, ha="center", va="center", color="#c00", fontsize=11,
+                wrap=True, bbox={"facecolor": "white", "edgecolor": "#c00", "alpha": 0.9})  # fmt: skip
     if bytes_per_block:
         gib = bytes_per_block / 2**30
 

@@ -104,7 +104,8 @@ def _describe(err: dict, model: type[Request]) -> str:
         if msg.startswith(pre):
             msg = msg[len(pre) :]
     got = err.get("input")
-    if err.get("type") == "missing" or (err.get("type") == "too_short" and got in ([], (), "")):
+    missing = got is None and len(loc) == 1 and str(err.get("type", "")).endswith("_type")  # an option not given
+    if err.get("type") == "missing" or missing or (err.get("type") == "too_short" and got in ([], (), "")):
         return f"{where}: required"
     if err.get("type") == "extra_forbidden":
         return f"{where}: unknown field"

@@ -21,6 +21,7 @@ from kvhit.service.inputs import read_blocks_trace, read_trace, window_for
 from kvhit.service.io import check_output_file
 from kvhit.service.simulate import BlocksTraceFields
 from kvhit.service.spec import load_spec
+from kvhit.service.steady import check_trace_memory, size_spec, steady_note, steady_report
 from kvhit.service.traces import bundled_sharegpt, check_sharegpt_alone
 
 __all__ = ["CurveRequest", "CurveResponse", "curve"]
@@ -34,7 +35,11 @@ class CurveRequest(BlocksTraceFields):
     """The inputs of ``kvhit curve``, validated: each field's description states its unit, range and default."""
 
     conversations: int | None = Field(
-        None, ge=1, le=10**8, description="Spec mode: conversations generated; 1–10^8; default: 20,000."
+        None,
+        ge=1,
+        le=10**8,
+        description="Spec mode: conversations generated (warm-up included); 1–10^8; default: sized from the "
+        "spec, 3 + 5 lifetimes × λ0·E[M]·E[W] alive, at least 20,000 measured.",
     )
     seed: Seed = 0
     n_min: int = Field(64, ge=1, le=MAX_N, description="Smallest capacity, blocks; ≥ 1.")
@@ -67,7 +72,12 @@ class CurveRequest(BlocksTraceFields):
         None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's, else 128."
     )
     plot: Path | None = Field(None, description="Write PREFIX.png and PREFIX.svg.")
-    warmup: int | None = Field(None, ge=0, description="Warm-up conversations; ≥ 0; default: the trace's n_warm.")
+    warmup: int | None = Field(
+        None,
+        ge=0,
+        description="Warm-up conversations; ≥ 0; default: the trace's n_warm (spec: sized with "
+        "--conversations, else 20% of it).",
+    )
     estimates: bool = Field(True, description="Also compute the estimators' curves.")
     kv_gb: float | None = Field(
         None, gt=0, le=2**20, description="KV budget in GiB of --model, marked on the plot; (0, 2^20]."
@@ -111,6 +121,12 @@ class CurveResponse(Response):
     sample_rate: float | None = Field(None, description="SHARDS sampling rate (null: exact curves).")
     sample_salt: int | None = Field(None, description="Hash salt of the sample.")
     sample: dict[str, Any] | None = Field(None, description="Sample sizes: kept accesses and lookups per engine.")
+    stationarity: dict[str, Any] | None = Field(
+        None,
+        description="Whether the measured window reached steady state (active conversations over time, "
+        "kvhit.workload.stationarity); null where not judged (a production block-id trace).",
+    )
+    notes: list[str] = Field(default_factory=list, description="Warnings: a window that did not reach steady state.")
 
     def to_jsonable(self) -> Any:
         """Flat, as before the service layer: {"N": [...], "<curve label>": [...], "h_max": …}."""
@@ -231,6 +247,8 @@ def _split_curves(data: dict, model: str, grid: str = "log") -> CurveResponse:
         sample_rate=data.get("sample_rate"),
         sample_salt=data.get("sample_salt"),
         sample=sample,
+        stationarity=data.get("stationarity"),
+        notes=steady_note(data.get("stationarity")),
     )
 
 
@@ -323,6 +341,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             )
         return _split_curves(data, model.name, "list" if req.capacities else "log")
 
+    sp = None
     if source == "trace":
         tr = read_trace(req.trace)
         if req.block_size or tr.block_size is None:
@@ -336,8 +355,13 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         from kvhit.workload import Window, generate
 
         sp = load_spec(req)
-        conversations = req.conversations or 20_000
-        n_warm = req.warmup if req.warmup is not None else conversations // 5
+        if req.conversations is None:  # sized from the spec: warm-up and window in conversation lifetimes
+            measured, n_warm = size_spec(sp, None, req.warmup)
+            conversations = measured + n_warm
+        else:
+            conversations = req.conversations
+            n_warm = req.warmup if req.warmup is not None else conversations // 5
+            check_trace_memory(conversations, float(sp.M.mean), "--conversations")
         if n_warm >= conversations:
             raise InputError(f"--warmup: {n_warm:,} warm-up conversations leave none of {conversations:,} to measure")
         with translating(str(req.spec) if req.spec else "spec"):
@@ -373,6 +397,10 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             cb(0, 1, "SGLang radix cache: one simulation per capacity")
             data[SGLANG_LABEL] = _sglang_line(streams_from_trace(tr, block_size=b), Ns, b, page, evict, inp.mask, req)
     data["bytes_per_block"] = bpb
+    st = steady_report(tr, inp.mask, sp if source == "spec" else None)
+    data["stationarity"] = st
+    if req.plot is not None and not st["stationary"]:
+        data["warning"] = "NOT STATIONARY: the measured window did not reach steady state"
     if inp.requests is not None:  # refused shares where vLLM cannot serve the workload (sim/feasibility)
         from kvhit.sim.feasibility import feasibility
 
@@ -396,6 +424,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             model=model.name,
             budget_N=budget,
             N_min=data.get("N_min") or None,
+            warning=data.get("warning"),
             title=f"{'token ' if sglang else ''}hit ratio vs capacity (λ0 = {data['lam0']:.3g}/s, b = {b}, "
             f"{model.name} KV)",
         )

@@ -52,6 +52,11 @@ def translating(where: str = "") -> Iterator[None]:
         raise InputError(f"{where + ': ' if where else ''}not enough memory for this request") from None
     except (ValueError, KeyError) as e:
         msg = str(e) if not isinstance(e, KeyError) else f"missing field {e}"
+        msg = msg.replace("pass block_size=", "pass --block-size")  # the library's argument is the CLI's flag
         if where and where not in msg:
-            msg = f"{where}: {msg}"
+            flag, _, path = where.partition(" ")
+            if flag.startswith("--") and path and msg.startswith(path):  # the path once: "--flag PATH: line 3: …"
+                msg = f"{flag} {msg}"
+            else:
+                msg = f"{where}: {msg}"
         raise InputError(msg) from None

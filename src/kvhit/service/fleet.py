@@ -67,6 +67,10 @@ ROUTER_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
 NonNeg = Annotated[float, Field(ge=0, le=1e9)]
 
 
+#: A row whose busiest replica got at least this share of the measured requests is reported as collapsed.
+COLLAPSED_SHARE = 0.99
+
+
 class FleetRouterFields(Request):
     """Router parameters shared by ``fleet simulate|curve|plan``; each applies only to the routers that read it."""
 
@@ -224,8 +228,9 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
         notes = production_notes(pt)
         if pt.format == "mooncake":
             notes.append(
-                "Mooncake has no session ids: conversations are derived from prefix sharing "
-                f"({pt.session_source}); session routers key on them"
+                "Mooncake has no session ids: conversations are derived from prefix sharing over the whole file "
+                f"({pt.session_source}) — a look-ahead no online router has, so session routing here is an upper "
+                "bound; the online alternative is a KV-aware router (--router dynamo/llm-d/sglang)"
             )
         notes.append("a block-id trace is measured from an empty cache (no warm-up)")
         span = float(times.max() - times.min()) if n else 0.0
@@ -341,6 +346,7 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     rows, per = [], []
     est_notes: list[str] = []
     queued: list[str] = []  # estimated rows whose run queued or rejected requests
+    collapses: list[str] = []  # rows whose router sent (nearly) everything to one replica
     total = len(req.router) * len(req.replicas)
     done = 0
     for name in req.router:
@@ -372,8 +378,23 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                     est_notes.append(why)
                 if est is not None and (s["rejected"] > 0 or s["mean_wait"] > 0):
                     queued.append(f"{name} R = {R}")
-            rows.append({**s, "estimate": est, "N_total": int(sum(Ns)), "params": params[name]})
-            per += [{"router": name, "replicas": R, **p} for p in res.per_replica(mask)]
+            reps = res.per_replica(mask)
+            n_req = [p["requests"] for p in reps]
+            share = max(n_req) / sum(n_req) if sum(n_req) else float("nan")
+            collapsed = R > 1 and share >= COLLAPSED_SHARE
+            if collapsed:
+                collapses.append(f"{name} at R = {R} sent {100 * share:.1f}% of the measured requests to one replica")
+            rows.append(
+                {
+                    **s,
+                    "estimate": est,
+                    "N_total": int(sum(Ns)),
+                    "params": params[name],
+                    "busiest_replica_share": share,
+                    "collapsed": collapsed,
+                }
+            )
+            per += [{"router": name, "replicas": R, **p} for p in reps]
             done += 1
     figure = None
     if req.plot is not None:
@@ -384,6 +405,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     if hold is None:
         notes.append("no --prefill-tokens-per-s: requests are instantaneous, so load-based routers see no load")
     notes += est_notes
+    if collapses:
+        notes.append("collapsed onto one replica (the fleet is one cache, the others idle): " + "; ".join(collapses))
     if queued:
         notes.append(
             "the estimates do not model queueing or rejected requests, which these rows have: " + ", ".join(queued)

@@ -3,7 +3,8 @@
 Rule (all commands, all outputs): an output path is checked **before any computing begins**. A file output
 (``-o x.parquet``, ``--plot PREFIX``, ``--fig PREFIX``) must not be an existing directory; an output directory
 (``reproduce -o DIR``) must not be an existing file. Missing parent directories are created — at write time, so
-a refused request leaves nothing behind — but the nearest existing ancestor must be a writable directory.
+a refused request leaves nothing behind — but the nearest existing ancestor must be a directory in which a file can
+be created (probed by creating and removing one: ``os.access`` says yes to root under /proc).
 Files are written through a temporary file in the same directory renamed into place (no half-written output),
 the temporary is removed on any exception and on SIGTERM (:func:`install_signal_handlers` turns SIGTERM into
 ``SystemExit`` so ``finally``/``except BaseException`` clean-ups run), and the final file's mode respects the
@@ -29,6 +30,7 @@ __all__ = [
     "atomic_write_text",
     "umask_mode",
     "install_signal_handlers",
+    "die_with_parent",
 ]
 
 
@@ -39,12 +41,24 @@ def _nearest_existing(p: Path) -> Path:
     return q
 
 
+def _probe(d: Path, p: Path, flag: str) -> None:
+    """Create (and remove) a file in directory ``d``: ``os.access`` is always true for root, also under /proc or
+    on a read-only mount, so writability is checked by writing, before any computing."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".kvhit-probe-", dir=d)
+    except OSError as e:
+        raise InputError(f"{flag}: {p}: cannot create a file in {d} ({e.strerror or e})") from None
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+
+
 def _check_parent(p: Path, flag: str) -> None:
     anc = _nearest_existing(p.parent if str(p.parent) else Path("."))
     if not anc.is_dir():
         raise InputError(f"{flag}: {p}: {anc} is a file, not a directory")
     if not os.access(anc, os.W_OK | os.X_OK):
         raise InputError(f"{flag}: {p}: directory {anc} is not writable")
+    _probe(anc, p, flag)
 
 
 def check_output_file(path: str | os.PathLike | None, flag: str, suffixes: tuple[str, ...] = ()) -> Path | None:
@@ -76,6 +90,7 @@ def check_output_dir(path: str | os.PathLike | None, flag: str) -> Path | None:
     if p.is_dir():
         if not os.access(p, os.W_OK | os.X_OK):
             raise InputError(f"{flag}: directory {p} is not writable")
+        _probe(p, p, flag)
     else:
         _check_parent(p, flag)
     return p
@@ -129,3 +144,20 @@ def install_signal_handlers() -> None:
         signal.signal(signal.SIGTERM, _sigterm)
     except ValueError:  # pragma: no cover - not the main thread
         pass
+
+
+def die_with_parent() -> None:
+    """Linux: this (worker) process gets SIGKILL when its parent dies (``PR_SET_PDEATHSIG``), so a killed driver or
+    server leaves no worker behind; elsewhere a no-op. Called first thing in a worker process."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # pragma: no cover - no prctl
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)

@@ -52,7 +52,7 @@ class HardwareFields(Request):
         except ValueError as e:
             msg = str(e)
             flag = "--tp" if msg.startswith("tp") else "--kv-dtype" if "dtype" in msg else "--block-size"
-            raise InputError(f"{flag}: {msg}") from None
+            raise InputError(f"{flag}: {msg.removeprefix('tp: ')}") from None
         return m, bpb
 
     @property

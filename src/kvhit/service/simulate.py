@@ -28,6 +28,7 @@ from kvhit.service.inputs import (
     window_for,
 )
 from kvhit.service.spec import TraceOrSpecFields, load_spec
+from kvhit.service.steady import size_spec, steady_note, steady_report
 
 __all__ = ["SimulateRequest", "SimulateResponse", "simulate", "simulate_trace_rows", "trace_estimates"]
 
@@ -100,10 +101,17 @@ class SimulateRequest(BlocksTraceFields):
         None, ge=1, le=2**16, description="Tokens per block, 1–65,536; default: the trace's, else 128."
     )
     conversations: int | None = Field(
-        None, ge=1, le=10**8, description="Spec mode: measured conversations per replication; 1–10^8; default: 20,000."
+        None,
+        ge=1,
+        le=10**8,
+        description="Spec mode: measured conversations per replication; 1–10^8; default: sized from the spec "
+        "(max(20,000, 5 lifetimes × λ0·E[M]·E[W] alive)) — a smaller value is reported if not stationary.",
     )
     warmup: int | None = Field(
-        None, ge=0, description="Warm-up conversations; ≥ 0; default: the trace's n_warm, or 20% of -n on a spec."
+        None,
+        ge=0,
+        description="Warm-up conversations; ≥ 0; default: the trace's n_warm, or on a spec max(20% of -n, 3 lifetimes "
+        "× λ0·E[M]·E[W]).",
     )
     warmup_time: float | None = Field(None, ge=0, description="Warm-up by time, seconds; ≥ 0.")
     replications: int | None = Field(
@@ -127,6 +135,11 @@ class SimulateResponse(Response):
     describe: dict[str, Any] | None = Field(None, description="Production trace summary (--blocks-trace).")
     notes: list[str] = Field(default_factory=list, description="What the reader changed or noticed.")
     N_min: int | None = Field(None, description="Largest request in blocks: vLLM cannot serve smaller capacities.")
+    stationarity: dict[str, Any] | None = Field(
+        None,
+        description="Whether the measured window reached steady state (active conversations over time, "
+        "kvhit.workload.stationarity); null where not judged (a production block-id trace).",
+    )
 
 
 def simulate_trace_rows(
@@ -315,17 +328,20 @@ def _simulate_vllm(req: SimulateRequest, source: str, progress=None) -> Simulate
                     progress(len(Ns) + 1, len(Ns) + 2, "estimators: engine-aware")
                 _add_engine_estimates(est, tr, Ns, req.policy, req.engine)
                 _null_infeasible_estimates(rows, est)
-        return SimulateResponse(policy=req.policy, trace=str(req.trace), rows=rows, estimate=est)
+            st = steady_report(tr, window.mask(tr))
+        return SimulateResponse(
+            policy=req.policy, trace=str(req.trace), rows=rows, estimate=est, stationarity=st, notes=steady_note(st)
+        )
 
     from kvhit.service.estimate import spec_estimates
     from kvhit.sim.metrics import mean_ci
     from kvhit.workload import Window, generate
 
     sp = load_spec(req)
-    conversations = req.conversations or 20_000
+    conversations, n_warm = size_spec(sp, req.conversations, req.warmup)
     replications = req.replications or 5
-    n_warm = req.warmup if req.warmup is not None else max(1, conversations // 5)
     per_N: dict[int, list[dict]] = {n: [] for n in Ns}
+    st = None
     with translating(str(req.spec) if req.spec else "spec"):
         for r in range(replications):
             tr = generate(sp, req.seed + r, n_conversations=conversations + n_warm)
@@ -334,6 +350,8 @@ def _simulate_vllm(req: SimulateRequest, source: str, progress=None) -> Simulate
             elif req.policy == "block":
                 tr.meta["block_size"] = 128
             window = Window.warmup_conversations(tr, n_warm)
+            if st is None:  # replications share the sizing: the first one's window is reported
+                st = steady_report(tr, window.mask(tr), sp)
             for row in simulate_trace_rows(tr, Ns, req.policy, req.engine, weighting, req.colocated, window):
                 per_N[row["N"]].append(row)
             if progress is not None:
@@ -378,7 +396,9 @@ def _simulate_vllm(req: SimulateRequest, source: str, progress=None) -> Simulate
             est = spec_estimates(sp, Ns, weighting == "practical")
             _add_engine_estimates(est, sp, Ns, req.policy, req.engine, req.block_size or 128)
             _null_infeasible_estimates(rows, est)
-    return SimulateResponse(policy=req.policy, rows=rows, estimate=est, spec=sp.to_dict())
+    return SimulateResponse(
+        policy=req.policy, rows=rows, estimate=est, spec=sp.to_dict(), stationarity=st, notes=steady_note(st)
+    )
 
 
 def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
@@ -426,8 +446,14 @@ def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
                 hold=hold,
                 progress=progress,
             )
+        st = steady_report(tr, window.mask(tr))
         return SimulateResponse(
-            policy="sglang", trace=str(req.trace), rows=rows, notes=sglang_notes(p, pol, hold), N_min=feas.C_min
+            policy="sglang",
+            trace=str(req.trace),
+            rows=rows,
+            notes=sglang_notes(p, pol, hold) + steady_note(st),
+            N_min=feas.C_min,
+            stationarity=st,
         )
 
     from kvhit.service.spec import load_spec
@@ -435,16 +461,18 @@ def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
     from kvhit.workload import Window, generate
 
     sp = load_spec(req)
-    conversations = req.conversations or 20_000
+    conversations, n_warm = size_spec(sp, req.conversations, req.warmup)
     replications = req.replications or 5
-    n_warm = req.warmup if req.warmup is not None else max(1, conversations // 5)
     per: dict[int, list[dict]] = {c: [] for c in Cs}
     hold = None
     C_min = 0
+    st = None
     with translating(str(req.spec) if req.spec else "spec"):
         for r in range(replications):
             tr = generate(sp, req.seed + r, n_conversations=conversations + n_warm)
             window = Window.warmup_conversations(tr, n_warm)
+            if st is None:
+                st = steady_report(tr, window.mask(tr), sp)
             ts = streams_from_trace(tr, block_size=128)
             hold = radix_holds(ts, *speeds)
             rows, feas, _ = radix_rows(
@@ -484,7 +512,9 @@ def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
         out.append(base)
     notes = sglang_notes(p, pol, hold)
     notes[0] = notes[0].replace("CI from 10 batch means in arrival order", "CI over independent replications")
-    return SimulateResponse(policy="sglang", rows=out, spec=sp.to_dict(), notes=notes, N_min=C_min)
+    return SimulateResponse(
+        policy="sglang", rows=out, spec=sp.to_dict(), notes=notes + steady_note(st), N_min=C_min, stationarity=st
+    )
 
 
 #: ``simulate``'s one dispatch on the engine (names of :data:`kvhit.sim.registry.ENGINES`)

@@ -41,6 +41,13 @@ __all__ = [
 BYTES_PER_TURN = 160
 
 
+def check_parquet_out(out) -> None:
+    """A trace is written as Parquet: an output named otherwise (``-o out.txt``) is refused, not mislabelled."""
+    check_output_file(out, "--out")
+    if out is not None and Path(out).suffix.lower() not in (".parquet", ".pq"):
+        raise InputError(f"--out: {out}: a trace is written as Parquet; name it with a .parquet suffix")
+
+
 class GenerateRequest(SpecFields):
     """The inputs of ``kvhit trace generate``, validated: each field's description states its unit, range and
     default."""
@@ -68,7 +75,7 @@ def generate_trace(req: GenerateRequest, progress=None) -> GenerateResponse:
     :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.workload import generate
 
-    check_output_file(req.out, "--out")
+    check_parquet_out(req.out)
     if (req.conversations is None) == (req.horizon is None):
         raise InputError("--conversations/--horizon: give exactly one")
     sp = load_spec(req)
@@ -248,7 +255,7 @@ def build_sharegpt(req: ShareGPTRequest, progress=None):
 def sharegpt_trace(req: ShareGPTRequest, progress=None) -> ShareGPTResponse:
     """``kvhit trace sharegpt``: cross-field checks and output paths first, then the library; refused input raises
     :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
-    check_output_file(req.out, "--out")
+    check_parquet_out(req.out)
     tr, rep = build_sharegpt(req, progress)
     if req.out is not None:
         with translating("--out"):

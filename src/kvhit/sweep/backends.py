@@ -3,7 +3,9 @@
 * **local** (``-j J``): ``J = 1`` runs in this process; otherwise a ``ProcessPoolExecutor`` whose workers are forked
   after the payload (the shipped workloads, :func:`.compute.build_payload`) is built, so each worker has it from
   its initializer without any copy per point. A worker that dies (``BrokenProcessPool``) fails the tasks it held
-  (they are retried) and the pool is rebuilt.
+  (they are retried, an attempt counted); the pool's other tasks (queued, or running on a worker the broken pool
+  stopped) are resubmitted without counting an attempt, and the pool is rebuilt. Workers die with the driver
+  (``PR_SET_PDEATHSIG`` on Linux): a killed sweep leaves no worker running.
 * **ray** (``--backend ray [--address auto|ray://…]``): the payload is ``ray.put`` once; each task receives the
   object reference and a worker process fetches it the first time only. Without an address a local Ray instance
   with ``J`` CPUs is started (and stopped at the end). Ray's own retries are off: failures are retried here,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -72,9 +75,39 @@ class _Inline:
         self.tasks = tasks
 
 
+def _worker_init(payload_id: str, payload: dict) -> None:
+    from kvhit.service.io import die_with_parent
+
+    die_with_parent()
+    install(payload_id, payload)
+
+
+def _marked_batch(markers: str, payload_id: str, tasks: list[Task]) -> list[tuple]:
+    """``execute_batch`` in a pool worker, leaving ``markers/TASK_ID`` = this worker's pid while the batch runs: when a
+    worker dies, the driver retries (and counts an attempt for) only the tasks the dead worker held."""
+    files = [Path(markers) / t.task_id for t in tasks]
+    for f in files:
+        f.write_text(str(os.getpid()))
+    try:
+        return execute_batch(payload_id, None, tasks)
+    finally:
+        for f in files:
+            f.unlink(missing_ok=True)
+
+
+class Interrupted(Exception):
+    """A batch lost with a broken pool; ``victims``: the task ids the dead worker was running (the others were
+    only queued or running on a worker the pool then stopped, and are resubmitted without counting an attempt)."""
+
+    def __init__(self, cause: BaseException, victims: set[str]) -> None:
+        super().__init__(str(cause))
+        self.cause, self.victims = cause, victims
+
+
 class _Local:
-    def __init__(self, jobs: int, payload_id: str, payload: dict) -> None:
+    def __init__(self, jobs: int, payload_id: str, payload: dict, markers: Path | None = None) -> None:
         self.jobs, self.pid, self.payload = jobs, payload_id, payload
+        self.markers = markers
         self.pool: ProcessPoolExecutor | None = None
         if jobs == 1:
             install(payload_id, payload)
@@ -85,34 +118,63 @@ class _Local:
         if self.pool is None:
             ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
             self.pool = ProcessPoolExecutor(
-                self.jobs, mp_context=ctx, initializer=install, initargs=(self.pid, self.payload)
+                self.jobs, mp_context=ctx, initializer=_worker_init, initargs=(self.pid, self.payload)
             )
         return self.pool
 
     def submit(self, tasks: list[Task]):
         if self.jobs == 1:
             return _Inline(tasks)
+        if self.markers is not None:
+            return self._pool().submit(_marked_batch, str(self.markers), self.pid, tasks)
         return self._pool().submit(execute_batch, self.pid, None, tasks)
+
+    def _dead_workers(self) -> set[int]:
+        """Pids of the broken pool's workers that died on their own (not stopped by the pool with SIGTERM)."""
+        import signal
+
+        procs = getattr(self.pool, "_processes", None) or {}
+        return {p.pid for p in list(procs.values()) if p.exitcode not in (None, 0, -signal.SIGTERM)}
+
+    def _victims(self, dead: set[int]) -> set[str]:
+        out = set()
+        if self.markers is None:
+            return out
+        for f in self.markers.iterdir():
+            try:
+                if int(f.read_text() or 0) in dead:
+                    out.add(f.name)
+            except (OSError, ValueError):
+                continue
+            f.unlink(missing_ok=True)
+        return out
 
     def wait(self, handles: dict) -> list[tuple[object, list[tuple] | BaseException]]:
         inline = [h for h in handles if isinstance(h, _Inline)]
         if inline:  # -j 1: run the first queued batch now
             h = inline[0]
             return [(h, execute_batch(self.pid, None, h.tasks))]
+        from concurrent.futures.process import BrokenProcessPool
+
         done, _ = wait(list(handles), return_when=FIRST_COMPLETED)
+        if any(isinstance(f.exception(), BrokenProcessPool) for f in done):
+            # every future of the dead pool fails: collect them all now, and tell the killed worker's tasks apart
+            wait([f for f in handles if not isinstance(f, _Inline)])
+            done = {f for f in handles if not isinstance(f, _Inline)}
+            victims = self._victims(self._dead_workers())
+            self.pool = None  # a new pool for the retries
+            out = []
+            for f in done:
+                e = f.exception()
+                if isinstance(e, BrokenProcessPool):
+                    out.append((f, Interrupted(e, victims)))
+                else:
+                    out.append((f, e if e is not None else f.result()))
+            return out
         out = []
-        broken = False
         for f in done:
             e = f.exception()
-            if e is not None:
-                from concurrent.futures.process import BrokenProcessPool
-
-                broken |= isinstance(e, BrokenProcessPool)
-                out.append((f, e))
-            else:
-                out.append((f, f.result()))
-        if broken:  # every other future of the dead pool fails too; start a new pool for the retries
-            self.pool = None
+            out.append((f, e if e is not None else f.result()))
         return out
 
     def close(self) -> None:
@@ -224,7 +286,12 @@ def run_sweep(
     try:
         payload = build_payload(grid, pending, scratch, progress=lambda k, n, what: cb(skipped, total, 0, what))
         pid = uuid.uuid4().hex
-        be = _Ray(jobs, address, pid, payload) if backend == "ray" else _Local(jobs, pid, payload)
+        if backend == "ray":
+            be = _Ray(jobs, address, pid, payload)
+        else:
+            markers = Path(scratch) / "running"
+            markers.mkdir()
+            be = _Local(jobs, pid, payload, markers)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -249,6 +316,14 @@ def run_sweep(
         while handles:
             for h, res in be.wait(handles):
                 chunk = handles.pop(h)
+                if isinstance(res, Interrupted):  # a pool worker died: only its own tasks count an attempt
+                    lost = [t for t in chunk if t.task_id not in res.victims]
+                    if lost:
+                        handles[be.submit(lost)] = lost
+                    chunk = [t for t in chunk if t.task_id in res.victims]
+                    res = res.cause
+                    if not chunk:
+                        continue
                 if isinstance(res, BaseException):  # the worker died or Ray failed the batch
                     from kvhit.sweep.compute import _one_line, _row
 

@@ -276,13 +276,13 @@ def load_grid(path: str | Path) -> Grid:
         fail("sweep.tier: applies to a dram_gb axis (none given)")
     _check_combinations(grid, fail)
     _check_combinations(grid, fail)
-    if "hbm_gb" in axes or "dram_gb" in axes:
-        from kvhit.plan import hardware
+    from kvhit.plan import hardware
 
-        try:
-            m = hardware.resolve_model(model if not model.endswith(".json") else str(path.parent / model))
-        except (ValueError, OSError) as e:
-            fail(f"sweep.model: {e}")
+    try:  # always: an unknown model is refused before any point runs, whichever capacity axis is given
+        m = hardware.resolve_model(model if not model.endswith(".json") else str(path.parent / model))
+    except (ValueError, OSError) as e:
+        fail(f"sweep.model: {e}")
+    if "hbm_gb" in axes or "dram_gb" in axes:
         grid.model = m.name if not model.endswith(".json") else str(path.parent / model)
         grid.bytes_per_block = m.bytes_per_block(block_size)
     n = len(workloads) * math.prod(len(v) for v in axes.values())

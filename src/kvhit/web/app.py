@@ -40,6 +40,8 @@ __all__ = ["create_app", "MAX_BODY_BYTES", "MAX_UPLOAD_BYTES"]
 #: Largest JSON body (bytes) and largest uploaded file (bytes) the API accepts.
 MAX_BODY_BYTES = 1 << 20
 MAX_UPLOAD_BYTES = 512 << 20
+#: Most capacities one estimate request may ask for over HTTP (a 100,000-point answer is ~19 MB and 25 s).
+MAX_HTTP_CAPACITIES = 10_000
 
 #: Commands always run as jobs (long); ``plan`` is one unless it uses the paper's closed form (see ``handle``).
 JOB = ("simulate", "stream", "curve", "stats", "tiers", "block-stats", "trace-estimate", "fleet", "fleet-plan",
@@ -101,11 +103,11 @@ class _Limit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.limit_for(scope)
+        limit, what = self.limit_for(scope)
         headers = dict(scope.get("headers") or [])
         cl = headers.get(b"content-length")
         if cl is not None and cl.isdigit() and int(cl) > limit:
-            return await _send_413(send, limit)
+            return await _send_413(send, limit, what)
         seen = 0
 
         async def limited():
@@ -120,15 +122,23 @@ class _Limit:
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
-            await _send_413(send, limit)
+            await _send_413(send, limit, what)
 
 
 class _TooLarge(Exception):
     pass
 
 
-async def _send_413(send, limit: int) -> None:
-    body = json.dumps({"detail": f"request body: larger than the limit of {limit:,} bytes"}).encode()
+def _size(n: int) -> str:
+    """Bytes as a person reads them: 512 MiB, 1 MiB, 200,000 bytes."""
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k and n % (1 << k) == 0:
+            return f"{n >> k:,} {unit}"
+    return f"{n:,} bytes"
+
+
+async def _send_413(send, limit: int, what: str | None = None) -> None:
+    body = json.dumps({"detail": what or f"request body: larger than the limit of {_size(limit)}"}).encode()
     await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})
 
@@ -145,7 +155,14 @@ async def _parse(request: Request, command: str, max_upload: int) -> tuple[dict[
     ctype = request.headers.get("content-type", "")
     files: dict[str, UploadFile] = {}
     if ctype.startswith("multipart/form-data"):
-        form = await request.form(max_part_size=MAX_BODY_BYTES)
+        from starlette.formparsers import MultiPartException
+
+        try:
+            form = await request.form(max_part_size=MAX_BODY_BYTES)
+        except MultiPartException as e:
+            if "maximum size" in str(e):
+                raise Refused(413, f"multipart field: larger than the limit of {_size(MAX_BODY_BYTES)}") from None
+            raise Refused(422, f"request body: malformed multipart ({e})") from None
         raw = form.get("request", "{}")
         for k, v in form.multi_items():
             if k == "request":
@@ -157,13 +174,26 @@ async def _parse(request: Request, command: str, max_upload: int) -> tuple[dict[
         if isinstance(raw, UploadFile):
             raw = (await raw.read()).decode("utf-8", "replace")
     else:
-        raw = (await request.body()).decode("utf-8", "replace") or "{}"
+        body = await request.body()
+        mime = ctype.split(";", 1)[0].strip().lower()
+        if body.strip() and mime != "application/json":
+            raise Refused(415, f"request body: content-type {mime or '(none)'}; send application/json or multipart")
+        raw = body.decode("utf-8", "replace") or "{}"
     try:
         fields = json.loads(raw)
     except json.JSONDecodeError as e:
         raise Refused(422, f"request body: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise Refused(422, "request body: JSON nested too deeply") from None
     if not isinstance(fields, dict):
         raise Refused(422, "request body: expected a JSON object of request fields")
+    _strict_types(model, fields)
+    if command == "estimate" and isinstance(fields.get("N"), list) and len(fields["N"]) > MAX_HTTP_CAPACITIES:
+        raise Refused(
+            413,
+            f"N: {len(fields['N']):,} capacities; at most {MAX_HTTP_CAPACITIES:,} over HTTP (use kvhit estimate)",
+            "N",
+        )
     for name in path_fields(model):
         if fields.get(name) is not None:
             how = f"upload it as file part '{name}'" if name in UPLOADS[command] else "file outputs are CLI-only"
@@ -171,17 +201,20 @@ async def _parse(request: Request, command: str, max_upload: int) -> tuple[dict[
     m = fields.get("model")
     if isinstance(m, str) and (os.sep in m or m.endswith(".json") or os.path.exists(m)):
         raise Refused(422, "model: a preset name over HTTP; upload a config.json as file part 'model_config'", "model")
-    digest = hashlib.sha256()
-    digest.update(command.encode())
-    digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
+    digest = _digest(command, fields)
     tmpdir: Path | None = None
     rename: dict[str, str] = {}
     try:
         for name, up in files.items():
             if tmpdir is None:
                 tmpdir = Path(tempfile.mkdtemp(prefix="kvhit-upload-"))
-            (tmpdir / name).mkdir()
-            dest = tmpdir / name / _safe_name(up.filename, "config.json" if name == "model_config" else "upload")
+            if name == "model_config":  # the model is named after its directory: the client's file name
+                stem = _safe_name(up.filename, "config.json").removesuffix(".json") or "config"
+                (tmpdir / name / stem).mkdir(parents=True)
+                dest = tmpdir / name / stem / "config.json"
+            else:
+                (tmpdir / name).mkdir()
+                dest = tmpdir / name / _safe_name(up.filename, "upload")
             size = 0
             h = hashlib.sha256()
             with open(dest, "wb") as f:
@@ -201,6 +234,69 @@ async def _parse(request: Request, command: str, max_upload: int) -> tuple[dict[
     return fields, rename, tmpdir, digest.hexdigest()
 
 
+def _json_kinds(schema: dict, defs: dict) -> set[str]:
+    """The JSON types a (pydantic) schema accepts, following $ref and anyOf/oneOf/allOf."""
+    if "$ref" in schema:
+        return _json_kinds(defs.get(schema["$ref"].rsplit("/", 1)[-1], {}), defs)
+    kinds = set()
+    t = schema.get("type")
+    if isinstance(t, str):
+        kinds.add(t)
+    elif isinstance(t, list):
+        kinds.update(t)
+    if "enum" in schema or "const" in schema:
+        vals = schema.get("enum", [schema.get("const")])
+        kinds.update("boolean" if isinstance(v, bool) else "string" if isinstance(v, str) else "number" for v in vals)
+    for k in ("anyOf", "oneOf", "allOf"):
+        for sub in schema.get(k, []):
+            kinds |= _json_kinds(sub, defs)
+    if not kinds:
+        kinds = {"any"}
+    return kinds
+
+
+def _strict_types(model, fields: dict) -> None:
+    """Refuse a JSON boolean where a number or string is expected and a string where a number is expected (pydantic
+    would read ``true`` as 1.0 and ``"5"`` as 5): the JSON API takes its types as they are, never coerced."""
+    schema = model.model_json_schema()
+    defs, props = schema.get("$defs", {}), schema.get("properties", {})
+    for name, value in fields.items():
+        if name not in props:
+            continue  # unknown fields: refused by the model itself
+        sch = props[name]
+        kinds = _json_kinds(sch, defs)
+        values = [value]
+        if isinstance(value, list):
+            items = [s.get("items", {}) for s in [sch, *sch.get("anyOf", [])] if "items" in s]
+            if items:
+                kinds = set().union(*(_json_kinds(i, defs) for i in items))
+                values = value
+        for v in values:
+            if "any" in kinds:
+                break
+            if isinstance(v, bool) and "boolean" not in kinds:
+                raise Refused(422, f"{name}: expected {'/'.join(sorted(kinds - {'null'}))}, got {json.dumps(v)}", name)
+            if isinstance(v, str) and "string" not in kinds and kinds & {"number", "integer"}:
+                raise Refused(422, f"{name}: expected a number, got the string {json.dumps(v)[:40]}", name)
+
+
+def _digest(command: str, fields: dict):
+    """The input hash of a request (its uploads' bytes are added by the caller); with kvhit's version, so a persisted
+    answer of an older kvhit is never served."""
+    from kvhit import __version__
+
+    digest = hashlib.sha256()
+    digest.update(f"{__version__}\0{command}".encode())
+    digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
+    return digest
+
+
+#: The planner page's first question (``app.js``: ShareGPT, vLLM ≥ 0.24, the default grid): answered at start-up
+#: with ``warm`` so the first chart is a cache hit. The curve does not depend on the model (the GiB axis is drawn
+#: from /api/kv), so one answer per block size serves every model.
+FIRST_CHART = {"n_min": 100, "n_max": 100000, "points": 200, "policies": ["vllm"], "sharegpt": True}
+
+
 def _clean(msg: str, rename: dict[str, str]) -> str:
     for tmp, name in rename.items():
         msg = msg.replace(tmp, name)
@@ -217,15 +313,23 @@ def _warm_up() -> None:
 
 
 def create_app(
-    workers: int = 2, max_body: int = MAX_BODY_BYTES, max_upload: int = MAX_UPLOAD_BYTES, warm: bool = False
+    workers: int = 2,
+    max_body: int = MAX_BODY_BYTES,
+    max_upload: int = MAX_UPLOAD_BYTES,
+    warm: bool = False,
+    persist: Path | None = None,
 ) -> FastAPI:
     """The app: ``/`` the planner page, ``/api/...`` the JSON API, ``/docs`` its OpenAPI documentation;
-    ``warm``: answer a small estimate and plan in the background at start-up (imports, first compilations)."""
-    jobs = JobManager(workers=workers)
+    ``warm``: answer a small estimate and plan in the background at start-up (imports, first compilations) and
+    queue the page's first chart; ``persist``: a directory keeping the answers on the bundled workload across
+    restarts (``kvhit serve``: the kvhit cache directory)."""
+    jobs = JobManager(workers=workers, persist=persist)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if warm:  # imports and first compilations off the first user's request
+            with contextlib.suppress(Exception):
+                jobs.submit("curve", dict(FIRST_CHART), _digest("curve", FIRST_CHART).hexdigest())
             threading.Thread(target=_warm_up, daemon=True).start()
         yield
         jobs.shutdown()
@@ -267,13 +371,16 @@ def create_app(
             except QueueFull as e:
                 return error(429, str(e))
             return JSONResponse(job.view(), status_code=202, headers={"Location": f"/api/jobs/{job.id}"})
-        if key in sync_cache:
-            return JSONResponse(sync_cache[key])
-        try:
+        try:  # a synchronous answer: its uploads are deleted as soon as it is answered, on every path
+            if key in sync_cache:
+                return JSONResponse(sync_cache[key])
             res = await run_in_threadpool(run, command, fields)
         except InputError as e:
             msg = _clean(str(e), rename)
             return error(422, msg, _field_of(msg, model))
+        finally:
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
         out = res.to_jsonable()
         if len(sync_cache) >= 64:  # bounded: a 1,000-point curve is ~1 MiB of Python objects
             sync_cache.pop(next(iter(sync_cache)))
@@ -358,9 +465,14 @@ def create_app(
             return error(404, f"{name}: not found")
         return Response(f.read_bytes(), media_type=types[Path(name).suffix])
 
-    def limit_for(scope) -> int:
+    def limit_for(scope) -> tuple[int, str]:
         ctype = dict(scope.get("headers") or []).get(b"content-type", b"")
-        return max_upload * 3 + max_body if ctype.startswith(b"multipart/") else max_body
+        if ctype.startswith(b"multipart/"):  # at most three files (trace, blocks trace, config) and the fields
+            return max_upload * 3 + max_body, (
+                f"request body: larger than the upload limit ({_size(max_upload)} per file, "
+                f"{_size(max_body)} of fields)"
+            )
+        return max_body, f"request body: larger than the limit of {_size(max_body)}"
 
     app.add_middleware(_Limit, limit_for=limit_for)
     return app

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import special, stats
 
 __all__ = [
     "SpecError",
@@ -37,6 +36,13 @@ __all__ = [
     "int_dist_from_dict",
     "interarrival_from_dict",
 ]
+
+
+def _special():
+    """``scipy.special``, imported on first use (the CLI's cold start does not pay for scipy)."""
+    from scipy import special
+
+    return special
 
 
 class SpecError(ValueError):
@@ -355,6 +361,8 @@ def int_dist_from_dict(d: dict[str, Any] | int, where: str) -> IntDist:
         if kind == "empirical":
             return FinitePMF.from_samples(d["samples"])
         if kind == "scipy":
+            from scipy import stats  # lazy: scipy.stats costs ~1 s of import for every command
+
             dist = getattr(stats, d["name"])
             shift = integer(d, "shift", where) if "shift" in d else 0
             return ScipyInt(dist(*d.get("args", []), **d.get("kwds", {})), shift)
@@ -496,12 +504,12 @@ class GammaW(Interarrival):
 
     def cdf(self, t):
         t = np.maximum(np.asarray(t, dtype=float), 0.0)
-        return special.gammainc(self.shape, t / self.scale)
+        return _special().gammainc(self.shape, t / self.scale)
 
     def int_sf(self, t):
         t = np.maximum(np.asarray(t, dtype=float), 0.0)
         x = t / self.scale
-        return t * special.gammaincc(self.shape, x) + self.mean_ * special.gammainc(self.shape + 1, x)
+        return t * _special().gammaincc(self.shape, x) + self.mean_ * _special().gammainc(self.shape + 1, x)
 
     def sample(self, rng, size):
         return rng.gamma(self.shape, self.scale, size=size)
@@ -542,13 +550,13 @@ class LogNormalW(Interarrival):
         t = np.asarray(t, dtype=float)
         with np.errstate(divide="ignore"):
             z = (np.log(np.maximum(t, 0.0)) - self.mu) / self.sigma
-        return special.ndtr(z)
+        return _special().ndtr(z)
 
     def int_sf(self, t):
         t = np.maximum(np.asarray(t, dtype=float), 0.0)
         with np.errstate(divide="ignore"):
             lt = np.log(t)
-        return t * special.ndtr(-(lt - self.mu) / self.sigma) + self.mean * special.ndtr(
+        return t * _special().ndtr(-(lt - self.mu) / self.sigma) + self.mean * _special().ndtr(
             (lt - self.mu - self.sigma**2) / self.sigma
         )
 
@@ -710,6 +718,8 @@ def interarrival_from_dict(d: dict[str, Any], where: str = "interarrival") -> In
                 return LogNormalW.from_mean_cv(num(d, "mean", where), num(d, "cv", where))
             return LogNormalW(num(d, "mu", where), num(d, "sigma", where))
         if kind == "scipy":
+            from scipy import stats  # lazy: scipy.stats costs ~1 s of import for every command
+
             dist = getattr(stats, d["name"])
             return ScipyW(dist(*d.get("args", []), **d.get("kwds", {})))
         if kind == "empirical":

@@ -327,6 +327,10 @@ def _rechain_kernel(off, ids, out):  # pragma: no cover - compiled
             out[j] = h
 
 
+#: Largest Mooncake ``timestamp`` read (ms): 10^13 ms is the year 2286 as a Unix epoch, 317 years as a relative time.
+MAX_TIMESTAMP_MS = 1e13
+
+
 def rechain(hash_offsets: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     """Chained ids ``h_i = fmix64(h_{i−1}·M + fmix64(id_i ⊕ s))`` per request (``h_{−1}`` a constant).
 
@@ -545,8 +549,10 @@ def read_mooncake(
                     if k not in d:
                         raise _Skip(f"field '{k}': missing")
                 t = d["timestamp"]
-                if not _is_num(t) or t < 0:
-                    raise _Skip(f"field 'timestamp': expected a finite number >= 0 (ms), got {t!r}")
+                if not _is_num(t) or t < 0 or t > MAX_TIMESTAMP_MS:
+                    raise _Skip(
+                        f"field 'timestamp': expected a number of ms in [0, 10^13] (≤ year 2286 as an epoch), got {t!r}"
+                    )
                 T = d["input_length"]
                 if not _is_int(T) or T < 1:
                     raise _Skip(f"field 'input_length': expected an integer >= 1, got {T!r}")

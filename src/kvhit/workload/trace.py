@@ -112,6 +112,8 @@ class Trace:
                         raise TraceError(f"{where}: row {int(np.argmax(bad))}, column {name!r}: not an integer")
                 elif a.dtype.kind not in "iu":
                     raise TraceError(f"{where}: column {name!r} must be integer, got {a.dtype}")
+            elif a.dtype.kind not in "iuf":  # never coerced: strings or booleans in a numeric column are refused
+                raise TraceError(f"{where}: column {name!r} must be numeric, got {a.dtype}")
             out[name] = a.astype(dtype, copy=False)
         lists_out: dict[str, list[np.ndarray]] = {}
         for name, seq in (lists or {}).items():
