@@ -133,8 +133,14 @@ class _Local:
         """Pids of the broken pool's workers that died on their own (not stopped by the pool with SIGTERM)."""
         import signal
 
-        procs = getattr(self.pool, "_processes", None) or {}
-        return {p.pid for p in list(procs.values()) if p.exitcode not in (None, 0, -signal.SIGTERM)}
+        procs = list((getattr(self.pool, "_processes", None) or {}).values())
+        # the pool fails the futures before it terminates the survivors, and a worker that just died may not be
+        # reaped yet (exitcode None for a moment): wait until every worker has an exit code (bounded)
+        deadline = time.monotonic() + 10.0
+        for p in procs:
+            while p.exitcode is None and time.monotonic() < deadline:
+                p.join(0.05)
+        return {p.pid for p in procs if p.exitcode not in (None, 0, -signal.SIGTERM)}
 
     def _victims(self, dead: set[int]) -> set[str]:
         out = set()

@@ -207,8 +207,9 @@ class JobManager:
             if j.status in ("queued", "running"):
                 self.cancel(j.id)
         for j in jobs:  # the watcher threads are daemons: uploads must not outlive the server
-            if j.proc is not None:
-                j.proc.join(5)
+            proc = j.proc
+            if proc is not None and proc.pid is not None:  # published just before start(): join only started ones
+                proc.join(5)
             _rmtree(j.tmpdir)
 
     # -- the watcher thread of one job ------------------------------------------------------------------------
