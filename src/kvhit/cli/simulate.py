@@ -144,7 +144,7 @@ def simulate(
                 return []
             if not e or e.get("h") is None:
                 return ["–", "–"]
-            b = f"{e['h_lo']:.4f}–{e['h_hi']:.4f}" if e.get("h_lo") is not None else "–"
+            b = f"{e['h_lo']:.3f}–{e['h_hi']:.3f}" if e.get("h_lo") is not None else "–"
             return [f"{e['h']:.4f}" + ("" if e.get("validated") else " *"), b]
 
         rows = [
