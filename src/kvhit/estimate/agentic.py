@@ -120,7 +120,13 @@ class AgenticEstimate:
         } | (
             {}
             if self.h_lo is None
-            else {"h_lo": fl(self.h_lo), "h_hi": fl(self.h_hi), "h_mc": fl(self.h_mc), "level": self.level, "band": self.band}
+            else {
+                "h_lo": fl(self.h_lo),
+                "h_hi": fl(self.h_hi),
+                "h_mc": fl(self.h_mc),
+                "level": self.level,
+                "band": self.band,
+            }
         )
 
 

@@ -16,8 +16,9 @@ of a normal sample) the band at level ``1 − α`` is
 
     h_lo, h_hi = m ∓ t_{K−1, 1−α/2} · √(1 + 1/K) · s                                                      (B1)
 
-clipped to ``[0, h_max]``. ``m`` is itself an unbiased Monte Carlo estimate of ``E[h]`` (standard error
-``s/√K``), returned as ``h_mc`` beside the estimator's ``h``; their difference is a consistency check of the
+clipped to ``[0, h_max]``. Outside :data:`VALIDATED_REGION` (where the benchmark did not measure the targets)
+the band is widened by :data:`WIDEN` on each side and ``regime["validated"]`` is false. ``m`` is itself an
+unbiased Monte Carlo estimate of ``E[h]`` (standard error ``s/√K``), returned as ``h_mc`` beside the estimator's ``h``; their difference is a consistency check of the
 estimator's displacement model on this very trace (``|h − m|`` beyond ``tol`` + 2 standard errors widens the
 band to contain ``h`` and clears ``validated``).
 
@@ -41,7 +42,28 @@ import numpy as np
 
 from kvhit.estimate.agentic import AgenticError, estimate_trace
 
-__all__ = ["BandInfo", "draw_starts", "estimate_trace_band", "realisation_replays", "restart_sessions"]
+__all__ = [
+    "VALIDATED_REGION",
+    "WIDEN",
+    "BandInfo",
+    "draw_starts",
+    "estimate_trace_band",
+    "in_validated_region",
+    "realisation_replays",
+    "restart_sessions",
+]
+
+#: where ``benchmarks/agentic_accuracy.py --only band`` measured the targets (docs/estimators.md §4.1): WEKA
+#: pools of at least this many conversations at their own load (no ``lam0``, no warm-up mask)
+VALIDATED_REGION = {"min_sessions": 20, "formats": ("weka",)}
+#: added on each side of the band outside :data:`VALIDATED_REGION` (the largest band miss measured, rounded up)
+WIDEN = 0.03
+
+
+def in_validated_region(pt) -> bool:
+    """``pt`` (at its own load) is inside :data:`VALIDATED_REGION`."""
+    n_sess = int(pt.session.max()) + 1 if pt.session is not None and pt.n_requests else 0
+    return pt.format in VALIDATED_REGION["formats"] and n_sess >= VALIDATED_REGION["min_sessions"]
 
 
 @dataclass(frozen=True)
@@ -201,6 +223,14 @@ def estimate_trace_band(
             f"{int(off.sum())} capacities: band widened to contain it"
         )
         regime["validated"] = False
+    if not in_validated_region(pt):
+        lo = np.clip(lo - WIDEN, 0.0, est.h_max)
+        hi = np.clip(hi + WIDEN, 0.0, est.h_max)
+        regime["validated"] = False
+        notes.append(
+            f"outside the benchmarked region (WEKA pools of ≥ {VALIDATED_REGION['min_sessions']} conversations at "
+            f"their own load): band widened by ±{WIDEN}"
+        )
     regime["notes"] = notes
     band = {
         "method": "exact replays at redrawn start times (docs/estimators.md §4.1, eq. (B1))",

@@ -6,9 +6,9 @@ for each vLLM order, or the plain estimator where no band exists (a stationary `
 mask): then ``h_lo`` / ``h_hi`` are ``None`` and a note says why.
 
 Invariant: ``h``, ``h_lo``, ``h_hi`` are ``None`` at infeasible capacities (``N < N_min``); ``validated`` is the
-estimator's regime flag *and* the band's region (:data:`VALIDATED_REGION`); outside it the band is widened by
-:data:`WIDEN` on each side and the note says so. NOT modelled: whatever the estimator and the band do not model
-(their docstrings).
+estimator's regime flag *and* the band's region (:data:`kvhit.estimate.band.VALIDATED_REGION`); outside it the
+band is widened (:func:`kvhit.estimate.band.estimate_trace_band`) and the note says so. NOT modelled: whatever the
+estimator and the band do not model (their docstrings).
 """
 
 from __future__ import annotations
@@ -17,15 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["VALIDATED_REGION", "WIDEN", "agentic_estimates", "band_rows"]
-
-#: where benchmarks/agentic_accuracy.py --only band measured the targets (coverage ≥ 85 % of the 90 % band and the
-#: expected value within 0.01 of the 16-seed mean): WEKA-like pools of at least this many conversations, the
-#: trace's own load (no --lam0), no warm-up mask. See docs/estimators.md §4.1 for the table.
-VALIDATED_REGION = {"min_sessions": 20, "format": ("weka",)}
-#: half-width added on each side of the band outside :data:`VALIDATED_REGION` (the largest band-miss gap measured)
-WIDEN = 0.03
-
+__all__ = ["agentic_estimates", "band_rows"]
 
 def agentic_estimates(
     pt,
@@ -69,23 +61,11 @@ def agentic_estimates(
             lo = hi = np.full(Ns.shape[0], np.nan)
         regime = dict(est.regime)
         notes = list(regime.get("notes", []))
-        inside = (
-            lam0 is None and mask is None and pt.format in VALIDATED_REGION["format"]
-            and n_sess >= VALIDATED_REGION["min_sessions"]
-        )
         if why_no_band is not None and why_no_band != "no band asked" and n_sess >= 2:
             notes.append(why_no_band)
-        if not inside:
             regime["validated"] = False
-            if why_no_band is None:
-                lo = np.clip(lo - WIDEN, 0.0, est.h_max)
-                hi = np.clip(hi + WIDEN, 0.0, est.h_max)
-                notes.append(
-                    f"outside the benchmarked region (WEKA pools of ≥ {VALIDATED_REGION['min_sessions']} "
-                    f"conversations at their own load): band widened by ±{WIDEN}"
-                )
-            elif lam0 is not None:
-                notes.append("the stationary form (--lam0) is not validated against simulation")
+            if lam0 is not None:
+                notes.append("the stationary form (--lam0) is not validated against simulation (docs/estimators.md §4)")
         regime["notes"] = notes
         h = np.where(est.infeasible, np.nan, est.h)
         lo = np.where(est.infeasible, np.nan, lo)

@@ -74,7 +74,7 @@ class TraceEstimateRow(Response):
     refused_token_share: float = Field(description="Share of prompt tokens in refused requests.")
     h: dict[str, float | None] = Field(description="Predicted hit ratio per engine (None where infeasible).")
     h_lo: dict[str, float | None] = Field(
-        default_factory=dict, description="Lower end of the band for one realisation of the start times (--blocks-trace)."
+        default_factory=dict, description="Lower end of the band for one realisation of the starts (--blocks-trace)."
     )
     h_hi: dict[str, float | None] = Field(default_factory=dict, description="Upper end of that band.")
 
