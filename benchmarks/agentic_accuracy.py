@@ -272,9 +272,7 @@ def band_rows(
             continue
         C = draws.shape[0]
         for arrival in ("uniform", "poisson"):
-            traces = [
-                compose(base, draws, realisation_starts(arrival, C, s), {"seed": s}) for s in range(seeds_mean)
-            ]
+            traces = [compose(base, draws, realisation_starts(arrival, C, s), {"seed": s}) for s in range(seeds_mean)]
             Ns = grid(traces[0], points)
             for eng in engines:
                 t0 = time.perf_counter()
@@ -283,7 +281,12 @@ def band_rows(
                 for s, pt in enumerate(traces):
                     rq = pt.to_block_requests()
                     c = block_curve(
-                        rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns, engine=eng,
+                        rq.prompt_tokens,
+                        rq.hash_offsets,
+                        rq.hashes,
+                        block_size=rq.block_size,
+                        Ns=Ns,
+                        engine=eng,
                         fallback="nan",
                     )
                     sim = c["token_hit_ratio"]

@@ -18,9 +18,9 @@ of a normal sample) the band at level ``1 − α`` is
 
 clipped to ``[0, h_max]``. Outside :data:`VALIDATED_REGION` (where the benchmark did not measure the targets)
 the band is widened by :data:`WIDEN` on each side and ``regime["validated"]`` is false. ``m`` is itself an
-unbiased Monte Carlo estimate of ``E[h]`` (standard error ``s/√K``), returned as ``h_mc`` beside the estimator's ``h``; their difference is a consistency check of the
-estimator's displacement model on this very trace (``|h − m|`` beyond ``tol`` + 2 standard errors widens the
-band to contain ``h`` and clears ``validated``).
+unbiased Monte Carlo estimate of ``E[h]`` (standard error ``s/√K``), returned as ``h_mc`` beside the estimator's
+``h``; their difference is a consistency check of the estimator's displacement model on this very trace
+(``|h − m|`` beyond ``tol`` + 2 standard errors widens the band to contain ``h`` and clears ``validated``).
 
 Invariant: the band is computed only at feasible capacities (``N ≥ N_min``; NaN below, where vLLM refuses
 requests and the realisation's ratio is not a hit ratio of the workload). ``K`` replays at seed ``seed`` give the
@@ -157,7 +157,12 @@ def realisation_replays(
     for k in range(replays):
         rq = restart_sessions(pt, draw_starts(first, rng, bins)).to_block_requests()
         c = block_curve(
-            rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=Ns[ok], engine=engine,
+            rq.prompt_tokens,
+            rq.hash_offsets,
+            rq.hashes,
+            block_size=rq.block_size,
+            Ns=Ns[ok],
+            engine=engine,
             fallback="nan",
         )
         out[k, ok] = c[key]

@@ -547,7 +547,13 @@ def plan_production(
         if cap is not None:
             grid_b = np.append(grid_b, cap.N)
         band, _ = estimate_trace_band(
-            pt, np.unique(grid_b), engine=engine, metric=metric, level=band_level, replays=band_replays, seed=seed,
+            pt,
+            np.unique(grid_b),
+            engine=engine,
+            metric=metric,
+            level=band_level,
+            replays=band_replays,
+            seed=seed,
             reuse=reuse,
         )
         p.band_level = float(band_level)

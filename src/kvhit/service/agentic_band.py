@@ -19,6 +19,7 @@ import numpy as np
 
 __all__ = ["agentic_estimates", "band_rows"]
 
+
 def agentic_estimates(
     pt,
     Ns,
@@ -53,8 +54,9 @@ def agentic_estimates(
     out: dict[str, dict[str, Any]] = {}
     for e in engines:
         if why_no_band is None:
-            est, _ = estimate_trace_band(pt, Ns, engine=e, metric=metric, level=level, replays=replays, seed=seed,
-                                         reuse=reuse)
+            est, _ = estimate_trace_band(
+                pt, Ns, engine=e, metric=metric, level=level, replays=replays, seed=seed, reuse=reuse
+            )
             lo, hi = np.asarray(est.h_lo, float), np.asarray(est.h_hi, float)
         else:
             est = estimate_trace(reuse, Ns, engine=e, metric=metric, lam0=lam0, mask=mask)
