@@ -537,10 +537,12 @@ def plan_production(
         )
         est_ref = est_fn
     p.answered_by = "estimator" if est_fn is not None else ("resample" if stationary else "replay")
-    # the realisation band (own load only; docs/estimators.md §4.1) on the log grid of (b) plus the capacity
+    # the realisation band (own load only; docs/estimators.md §4.1) on the log grid of (b) plus the capacity: for
+    # another realisation of the start times (also where the answer is this realisation's exact replay)
     band = None
-    if est_fn is not None and not stationary and pool.n_conversations >= 2 and pt.session is not None:
+    if use_estimator and not stationary and pool.n_conversations >= 2 and pt.session is not None:
         from kvhit.estimate.band import estimate_trace_band
+        from kvhit.workload.reuse import request_reuse
 
         hi_b = max(int(d["distinct_blocks"]), pool.N_min + 1) * 2
         grid_b = np.geomspace(pool.N_min, hi_b, grid_points).astype(np.int64)
@@ -554,7 +556,7 @@ def plan_production(
             level=band_level,
             replays=band_replays,
             seed=seed,
-            reuse=reuse,
+            reuse=reuse if est_fn is not None else request_reuse(pt),
         )
         p.band_level = float(band_level)
         if not band.regime.get("validated", True):
