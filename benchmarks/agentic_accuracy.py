@@ -258,11 +258,19 @@ def realisation_starts(arrival: str, C: int, seed: int) -> np.ndarray:
 
 
 def band_rows(
-    out: list, quick: bool, seeds_mean: int, seeds_band: int, replays: int, level: float, points: int, pools=None
+    out: list,
+    quick: bool,
+    seeds_mean: int,
+    seeds_band: int,
+    replays: int,
+    level: float,
+    points: int,
+    pools=None,
+    engines=None,
 ):
     from kvhit.estimate.band import estimate_trace_band
 
-    engines = ENGINES[:1] if quick else ENGINES
+    engines = engines or (ENGINES[:1] if quick else ENGINES)
     print(
         f"\n{'pool':10s} {'set':8s} {'arrival':8s} {'engine':9s} {'pts':>5s} {'cover':>6s} {'width':>6s} "
         f"{'|E-sim|':>7s} {'se_sim':>6s} {'seed|E-sim|':>11s} {'|mc-sim|':>8s} {'validated':>9s} {'s':>6s}"
@@ -358,11 +366,14 @@ def main() -> None:
     ap.add_argument("--band-seeds", type=int, default=8, help="band: realisations with a band (target (a))")
     ap.add_argument("--band-replays", type=int, default=16, help="band: replays K behind each band")
     ap.add_argument("--level", type=float, default=0.9, help="band: level")
+    ap.add_argument("--engines", nargs="*", default=None, help="band: vllm vllm-0.23 (default both; --quick vllm)")
     ap.add_argument("--pools", nargs="*", default=None, help="band: design-27 held-35a held-35b all-34 (default all)")
     a = ap.parse_args()
     if a.only is not None and "band" in a.only:
         out_b: list[dict] = []
-        band_rows(out_b, a.quick, a.seeds, a.band_seeds, a.band_replays, a.level, 40 if a.quick else 80, a.pools)
+        band_rows(
+            out_b, a.quick, a.seeds, a.band_seeds, a.band_replays, a.level, 40 if a.quick else 80, a.pools, a.engines
+        )
         if a.json:
             a.json.write_text(json.dumps(out_b, indent=1))
         if a.only == ["band"]:

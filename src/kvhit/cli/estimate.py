@@ -59,7 +59,7 @@ def _print_trace_estimate(res) -> None:
     for e in engines:
         t.add_column(e, justify="right")
         if e in banded:
-            t.add_column(f"{e} {res.level:.0%} band", justify="right")
+            t.add_column(f"{e} {res.level:.0%} band", justify="right", overflow="fold")
 
     def cells(r) -> list[str]:
         out = []
