@@ -192,3 +192,23 @@ def test_cli_plan_confident_capacity(pool_dir):
     t = _run(*args, "--target", "0.5")
     flat = " ".join(t.output.replace("│", " ").split())
     assert "(b) KV memory for h ≥ 0.5 with 90%" in flat and "(90% band" in flat
+
+
+def test_cli_estimate_and_curve_blocks_trace_carry_the_band(pool_dir, pt):
+    N_min = int(pt.prompt_blocks.max())
+    base = ["--blocks-trace", str(pool_dir), "--arrival", "uniform", "--span", "600"]
+    r = _run("estimate", *base, "--N", f"{N_min - 1},{3 * N_min}", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["level"] == 0.9
+    lo, hi = out["rows"][1]["h_lo"], out["rows"][1]["h_hi"]
+    assert set(lo) == {"vllm", "vllm-0.23"} and all(lo[e] <= hi[e] for e in lo)
+    assert out["rows"][0]["h_lo"] == {"vllm": None, "vllm-0.23": None}
+    # the same seed gives the same band as the library call
+    e, _ = estimate_trace_band(pt, [N_min - 1, 3 * N_min], seed=0)
+    assert lo["vllm"] == pytest.approx(float(e.h_lo[1]), abs=1e-15)
+    c = _run("curve", *base, "--n-min", str(N_min), "--n-max", str(4 * N_min), "--points", "3", "--json")
+    assert c.exit_code == 0, c.output
+    curves = json.loads(c.stdout)  # the curves are top-level keys of the JSON
+    name = "estimate: vLLM ≥ 0.24 (agentic)"
+    assert all(a <= b for a, b in zip(curves[f"band low: {name}"], curves[f"band high: {name}"], strict=True))
