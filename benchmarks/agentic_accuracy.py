@@ -362,6 +362,8 @@ def main() -> None:
     ap.add_argument(
         "--only", nargs="*", default=None, help="pool resample stationary mooncake chat (default: all but chat)"
     )
+    ap.add_argument("--ci", type=float, default=None, help="resample-stat: replications until this 95%% half-width")
+    ap.add_argument("--ci-seconds", type=float, default=600.0, help="resample-stat --ci: time cap per λ0 (s)")
     ap.add_argument("--seeds", type=int, default=16, help="band: realisations for the expected-value target (b)")
     ap.add_argument("--band-seeds", type=int, default=8, help="band: realisations with a band (target (a))")
     ap.add_argument("--band-replays", type=int, default=16, help="band: replays K behind each band")
@@ -408,7 +410,27 @@ def main() -> None:
             hmax = up.ceiling()
             Ns = np.unique(np.geomspace(cp.N_min, 4 * up.distinct_blocks, points // 3).astype(np.int64))
             for lam0 in lams[1:]:
-                rr = resample_simulate(cp, Ns, lam0=lam0, horizon=a.horizon, replications=a.reps, seed=0)
+                if a.ci is None:
+                    rr = resample_simulate(cp, Ns, lam0=lam0, horizon=a.horizon, replications=a.reps, seed=0)
+                else:  # issue 23 §3: replications until the 95 % half-width <= --ci (or --ci-seconds)
+                    from kvhit.sim.resample_adaptive import resample_to_ci
+
+                    rr = resample_to_ci(
+                        cp,
+                        Ns,
+                        ci=a.ci,
+                        lam0=lam0,
+                        horizon=a.horizon,
+                        seed=0,
+                        max_seconds=a.ci_seconds,
+                        max_replications=400,
+                    )
+                    print(
+                        f"{'':16s} λ0={lam0:.3g}: {len(rr.seeds)} replications, half-width "
+                        f"{rr.extra['achieved_ci']:.4f} (target {a.ci}, reached {rr.extra['reached']}), "
+                        f"{rr.extra['elapsed_s']:.0f} s",
+                        flush=True,
+                    )
                 mc = rr.mean_ci()
                 for eng in ENGINES[:1]:
                     t0 = time.perf_counter()

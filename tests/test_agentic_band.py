@@ -212,3 +212,26 @@ def test_cli_estimate_and_curve_blocks_trace_carry_the_band(pool_dir, pt):
     curves = json.loads(c.stdout)  # the curves are top-level keys of the JSON
     name = "estimate: vLLM ≥ 0.24 (agentic)"
     assert all(a <= b for a, b in zip(curves[f"band low: {name}"], curves[f"band high: {name}"], strict=True))
+
+
+def test_resample_to_ci_is_the_single_call_with_the_final_count(pt):
+    """Issue 23 §3: replications added in batches until the 95 % half-width ≤ ci; the result is bit-identical to
+    one resample_simulate call with the final count (same seeds)."""
+    from kvhit.sim.resample import conversation_pool, resample_simulate
+    from kvhit.sim.resample_adaptive import resample_to_ci
+
+    pool = conversation_pool(pt)
+    Ns = [pool.N_min, 3 * pool.N_min]
+    kw = dict(lam0=0.01, n_conversations=8)
+    r = resample_to_ci(pool, Ns, ci=0.02, min_replications=3, batch=2, max_replications=9, seed=4, **kw)
+    n = len(r.seeds)
+    assert r.seeds == list(range(4, 4 + n)) and 3 <= n <= 9
+    ref = resample_simulate(pool, Ns, replications=n, seed=4, **kw)
+    assert np.array_equal(r.token_hit_ratio, ref.token_hit_ratio, equal_nan=True)
+    hw = ref.mean_ci()[1]
+    assert r.extra["achieved_ci"] == pytest.approx(float(np.nanmax(hw)), abs=1e-15)
+    assert r.extra["reached"] == (r.extra["achieved_ci"] <= 0.02)
+    if n < 9:  # stopped early: the target was met, and not one batch before
+        assert r.extra["reached"]
+        before = resample_simulate(pool, Ns, replications=n - 2, seed=4, **kw).mean_ci()[1]
+        assert n == 3 or float(np.nanmax(before)) > 0.02
