@@ -53,11 +53,13 @@ __all__ = [
     "restart_sessions",
 ]
 
-#: where ``benchmarks/agentic_accuracy.py --only band`` measured the targets (docs/estimators.md §4.1): WEKA
-#: pools of at least this many conversations at their own load (no ``lam0``, no warm-up mask)
-VALIDATED_REGION = {"min_sessions": 20, "formats": ("weka",)}
-#: added on each side of the band outside :data:`VALIDATED_REGION` (the largest band miss measured, rounded up)
-WIDEN = 0.03
+#: where ``benchmarks/agentic_accuracy.py --only band`` showed both targets hold (docs/estimators.md §4.1): nowhere a
+#: user's trace can be — on every held-out WEKA pool the expected value missed the 16-seed mean by 0.017–0.033
+#: (target 0.01), so no format is listed and every band is widened by :data:`WIDEN` and flagged not validated
+VALIDATED_REGION: dict = {"min_sessions": 20, "formats": ()}
+#: added on each side of the band outside :data:`VALIDATED_REGION`: about the largest distance of a realisation
+#: outside the band measured by the benchmark (0.0057 held-35a vLLM ≤ 0.23; see §4.1)
+WIDEN = 0.01
 
 
 def in_validated_region(pt) -> bool:
@@ -233,8 +235,9 @@ def estimate_trace_band(
         hi = np.clip(hi + WIDEN, 0.0, est.h_max)
         regime["validated"] = False
         notes.append(
-            f"outside the benchmarked region (WEKA pools of ≥ {VALIDATED_REGION['min_sessions']} conversations at "
-            f"their own load): band widened by ±{WIDEN}"
+            "not validated: on held-out WEKA pools the expected value missed the mean of 16 simulated realisations "
+            f"by 0.017–0.033 and the 90% band covered 82–100% of them (docs/estimators.md §4.1): band widened by "
+            f"±{WIDEN}; plan on the band"
         )
     regime["notes"] = notes
     band = {
