@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -65,10 +66,18 @@ def resample(pool: ProductionTrace, lam0: float, n_conv: int, seed: int) -> Prod
     """Whole conversations of ``pool`` drawn with replacement, Poisson starts at ``lam0`` (first at 0), relative
     timings kept, block ids re-namespaced per draw (``(draw << 32) | local id``: a chained stream)."""
     rng = np.random.default_rng(seed)
-    sess = pool.session
-    C = int(sess.max()) + 1
+    C = int(pool.session.max()) + 1
     draws = rng.integers(0, C, n_conv)
     starts = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / lam0, n_conv - 1))])
+    return compose(pool, draws, starts, {"resample": {"lam0": lam0, "n_conv": n_conv, "seed": seed}})
+
+
+def compose(pool: ProductionTrace, draws: np.ndarray, starts: np.ndarray, meta: dict) -> ProductionTrace:
+    """Conversations ``draws`` of ``pool`` (repeats allowed) started at ``starts``, relative timings kept, block
+    ids re-namespaced per draw (``(draw << 32) | local id``: each copy is a distinct conversation)."""
+    sess = pool.session
+    C = int(sess.max()) + 1
+    n_conv = draws.shape[0]
     first = np.full(C, np.inf)
     np.minimum.at(first, sess, pool.time)
     by = [np.flatnonzero(sess == k) for k in range(C)]
@@ -99,7 +108,7 @@ def resample(pool: ProductionTrace, lam0: float, n_conv: int, seed: int) -> Prod
         file_index=pool.file_index[r],
         record=pool.record[r],
         sub_record=pool.sub_record[r],
-        meta={"resample": {"lam0": lam0, "n_conv": n_conv, "seed": seed}},
+        meta=meta,
     )
 
 
@@ -216,6 +225,149 @@ def chat(out: list) -> None:
                 )
 
 
+# --------------------------------------------------------------------------------------------------
+# issue 23: the realisation band and the expected value over seeds
+# --------------------------------------------------------------------------------------------------
+
+
+def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray]]:
+    """(name, held_out, base trace read sequentially, draws). ``design-27``: trace_0001 … trace_0029 (the point
+    estimator's design set; the band was developed on it); ``held-35a/b``: 35 conversations drawn with replacement
+    (seeds 100 / 101) from the 7 held-out files trace_0030 … trace_0037, ids re-namespaced per draw (each copy is
+    a distinct conversation: only 7 held-out files exist, so a held-out pool of 30–40 must repeat shapes);
+    ``all-34``: every stored file (27 design + 7 held-out; not held out for the point estimator)."""
+    out = []
+    d = read_weka(weka_files(False))
+    out.append(("design-27", False, d, np.arange(int(d.session.max()) + 1)))
+    h = read_weka(weka_files(True))
+    Ch = int(h.session.max()) + 1
+    for tag, s in (("a", 100), ("b", 101))[: 1 if quick else 2]:
+        out.append((f"held-35{tag}", True, h, np.random.default_rng(s).integers(0, Ch, 35)))
+    if not quick:
+        a = read_weka(sorted(str(p) for p in WEKA.glob("trace_*.json")))
+        out.append(("all-34", False, a, np.arange(int(a.session.max()) + 1)))
+    return out
+
+
+def realisation_starts(arrival: str, C: int, seed: int) -> np.ndarray:
+    """Start times of one realisation: uniform on [0, 3600] s, or Poisson at C/3600 per s (first at 0)."""
+    rng = np.random.default_rng(seed)
+    if arrival == "uniform":
+        return rng.uniform(0.0, 3600.0, C)
+    return np.concatenate([[0.0], np.cumsum(rng.exponential(3600.0 / C, C - 1))])
+
+
+def band_rows(
+    out: list,
+    quick: bool,
+    seeds_mean: int,
+    seeds_band: int,
+    replays: int,
+    level: float,
+    points: int,
+    pools=None,
+    engines=None,
+):
+    from kvhit.estimate.band import estimate_trace_band
+
+    engines = engines or (ENGINES[:1] if quick else ENGINES)
+    print(
+        f"\n{'pool':10s} {'set':8s} {'arrival':8s} {'engine':9s} {'pts':>5s} {'cover':>6s} {'width':>6s} "
+        f"{'|E-sim|':>7s} {'se_sim':>6s} {'seed|E-sim|':>11s} {'|mc-sim|':>8s} {'validated':>9s} {'s':>6s}"
+    )
+    for name, held, base, draws in band_pools(quick):
+        if pools and name not in pools:
+            continue
+        C = draws.shape[0]
+        for arrival in ("uniform", "poisson"):
+            traces = [compose(base, draws, realisation_starts(arrival, C, s), {"seed": s}) for s in range(seeds_mean)]
+            Ns = grid(traces[0], points)
+            for eng in engines:
+                t0 = time.perf_counter()
+                sims, ests, mcs, cover, widths, val, gaps = [], [], [], [], [], [], []
+                h_max = N_min = None
+                for s, pt in enumerate(traces):
+                    rq = pt.to_block_requests()
+                    c = block_curve(
+                        rq.prompt_tokens,
+                        rq.hash_offsets,
+                        rq.hashes,
+                        block_size=rq.block_size,
+                        Ns=Ns,
+                        engine=eng,
+                        fallback="nan",
+                    )
+                    sim = c["token_hit_ratio"]
+                    if s < seeds_band:
+                        e, _ = estimate_trace_band(pt, Ns, engine=eng, level=level, replays=replays, seed=1000 + s)
+                        mcs.append(e.h_mc)
+                        h_max, N_min = e.h_max, e.N_min
+                        m = (Ns >= N_min) & (sim >= 0.1 * h_max) & (sim <= 0.9 * h_max) & np.isfinite(sim)
+                        cover.append(((sim >= e.h_lo) & (sim <= e.h_hi))[m])
+                        gaps.append(np.maximum(np.maximum(e.h_lo - sim, sim - e.h_hi), 0.0)[m])
+                        widths.append((e.h_hi - e.h_lo)[m])
+                        val.append(bool(e.regime.get("validated")))
+                    else:
+                        e = estimate_trace(pt, Ns, engine=eng)
+                        h_max, N_min = e.h_max, e.N_min
+                    sims.append(sim)
+                    ests.append(e.h)
+                S, E = np.array(sims), np.array(ests)
+                ms = S.mean(axis=0)
+                se = S.std(axis=0, ddof=1) / math.sqrt(S.shape[0])
+                mb = (Ns >= N_min) & (ms >= 0.1 * h_max) & (ms <= 0.9 * h_max) & np.isfinite(ms)
+                cov = np.concatenate(cover) if cover else np.zeros(0, bool)
+                wid = np.concatenate(widths) if widths else np.zeros(0)
+                nan = float("nan")
+                err_mean = float(np.abs(E.mean(axis=0) - ms)[mb].max()) if mb.any() else nan
+                err_seed = float(np.abs(E - ms)[:, mb].max()) if mb.any() else nan
+                err_mc = float(np.abs(np.array(mcs) - ms)[:, mb].max()) if mb.any() and mcs else nan
+                # per band seed: its flag, its estimate's max |E_s − 16-seed simulated mean|, its coverage
+                per_seed = [
+                    {
+                        "seed": s,
+                        "validated": val[s],
+                        "expected_err_max": float(np.abs(E[s] - ms)[mb].max()) if mb.any() else nan,
+                        "coverage": float(cover[s].mean()) if cover[s].size else nan,
+                    }
+                    for s in range(len(val))
+                ]
+                ev = [q["expected_err_max"] for q in per_seed if q["validated"]]
+                se_w = float(se[mb].max()) if mb.any() else nan
+                r = {
+                    "workload": "band",
+                    "pool": name,
+                    "held_out": held,
+                    "arrival": arrival,
+                    "engine": eng,
+                    "points": int(cov.size),
+                    "coverage": float(cov.mean()) if cov.size else nan,
+                    "mean_width": float(wid.mean()) if wid.size else nan,
+                    "expected_err_max": err_mean,
+                    "sim_mean_se_max": se_w,
+                    "per_seed_expected_err_max": err_seed,
+                    "replay_mean_err_max": err_mc,
+                    "validated_share": float(np.mean(val)) if val else nan,
+                    "expected_err_max_validated_seeds": max(ev) if ev else nan,
+                    "miss_gap_max": float(np.concatenate(gaps).max()) if gaps and np.concatenate(gaps).size else nan,
+                    "per_seed": per_seed,
+                    "seeds_mean": seeds_mean,
+                    "seeds_band": seeds_band,
+                    "replays": replays,
+                    "level": level,
+                    "elapsed_s": time.perf_counter() - t0,
+                }
+                out.append(r)
+                print(
+                    f"{name:10s} {'held-out' if held else 'design':8s} {arrival:8s} {eng:9s} {r['points']:5d} "
+                    f"{r['coverage']:6.3f} {r['mean_width']:6.3f} {err_mean:7.4f} {se_w:6.4f} {err_seed:11.4f} "
+                    f"{err_mc:8.4f} {r['validated_share']:9.2f} {r['elapsed_s']:6.0f}  "
+                    f"(validated seeds: max |E_s-sim| {r['expected_err_max_validated_seeds']:.4f}; "
+                    f"largest miss outside the band {r['miss_gap_max']:.4f})",
+                    flush=True,
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer capacities and resample rates")
@@ -227,7 +379,24 @@ def main() -> None:
     ap.add_argument(
         "--only", nargs="*", default=None, help="pool resample stationary mooncake chat (default: all but chat)"
     )
+    ap.add_argument("--ci", type=float, default=None, help="resample-stat: replications until this 95%% half-width")
+    ap.add_argument("--ci-seconds", type=float, default=600.0, help="resample-stat --ci: time cap per λ0 (s)")
+    ap.add_argument("--seeds", type=int, default=16, help="band: realisations for the expected-value target (b)")
+    ap.add_argument("--band-seeds", type=int, default=8, help="band: realisations with a band (target (a))")
+    ap.add_argument("--band-replays", type=int, default=16, help="band: replays K behind each band")
+    ap.add_argument("--level", type=float, default=0.9, help="band: level")
+    ap.add_argument("--engines", nargs="*", default=None, help="band: vllm vllm-0.23 (default both; --quick vllm)")
+    ap.add_argument("--pools", nargs="*", default=None, help="band: design-27 held-35a held-35b all-34 (default all)")
     a = ap.parse_args()
+    if a.only is not None and "band" in a.only:
+        out_b: list[dict] = []
+        band_rows(
+            out_b, a.quick, a.seeds, a.band_seeds, a.band_replays, a.level, 40 if a.quick else 80, a.pools, a.engines
+        )
+        if a.json:
+            a.json.write_text(json.dumps(out_b, indent=1))
+        if a.only == ["band"]:
+            return
     points = 120 if a.quick else 300
     forms = ("poisson", "replay") if a.replay else ("poisson",)
     out: list[dict] = []
@@ -258,7 +427,27 @@ def main() -> None:
             hmax = up.ceiling()
             Ns = np.unique(np.geomspace(cp.N_min, 4 * up.distinct_blocks, points // 3).astype(np.int64))
             for lam0 in lams[1:]:
-                rr = resample_simulate(cp, Ns, lam0=lam0, horizon=a.horizon, replications=a.reps, seed=0)
+                if a.ci is None:
+                    rr = resample_simulate(cp, Ns, lam0=lam0, horizon=a.horizon, replications=a.reps, seed=0)
+                else:  # issue 23 §3: replications until the 95 % half-width <= --ci (or --ci-seconds)
+                    from kvhit.sim.resample_adaptive import resample_to_ci
+
+                    rr = resample_to_ci(
+                        cp,
+                        Ns,
+                        ci=a.ci,
+                        lam0=lam0,
+                        horizon=a.horizon,
+                        seed=0,
+                        max_seconds=a.ci_seconds,
+                        max_replications=400,
+                    )
+                    print(
+                        f"{'':16s} λ0={lam0:.3g}: {len(rr.seeds)} replications, half-width "
+                        f"{rr.extra['achieved_ci']:.4f} (target {a.ci}, reached {rr.extra['reached']}), "
+                        f"{rr.extra['elapsed_s']:.0f} s",
+                        flush=True,
+                    )
                 mc = rr.mean_ci()
                 for eng in ENGINES[:1]:
                     t0 = time.perf_counter()

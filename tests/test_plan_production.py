@@ -185,14 +185,17 @@ def test_cli_curve_blocks_trace_has_estimator_lines(tmp_path):
             assert (h[k] is None) is (N < out["N_min"])
 
 
-def test_plan_stationary_answers_exactly_and_shows_the_estimate(pt):
+def test_plan_stationary_answers_by_the_flagged_estimator_and_verifies_exactly(pt):
+    """Issue 23: the stationary form answers (seconds, flagged NOT validated); --verify resamples (minutes)."""
     from kvhit.estimate.agentic import estimate_trace
 
     pool = conversation_pool(pt)
     N = 2 * pool.N_min
     p = plan_production(pt, _cap(N), lam0=0.01, verify=True, replications=2, n_conversations=10, seed=1)
     r = resample_simulate(pool, [N], lam0=0.01, n_conversations=10, replications=2, seed=1)
-    assert p.answered_by == "resample" and p.h_at_capacity == r.mean_ci()[0][0]
     est = estimate_trace(pt, [N], engine="vllm", metric="tokens", lam0=0.01)
+    assert p.answered_by == "estimator" and p.h_at_capacity == pytest.approx(est.h[0], abs=1e-12)
+    assert any("NOT validated" in n for n in p.notes)
+    assert p.verify["h_simulated"] == r.mean_ci()[0][0]
     assert p.verify["predictor"] == "estimator" and p.verify["h_predicted"] == pytest.approx(est.h[0], abs=1e-12)
-    assert p.verify["difference"] == pytest.approx(est.h[0] - p.h_at_capacity, abs=1e-12)
+    assert p.verify["difference"] == pytest.approx(est.h[0] - p.verify["h_simulated"], abs=1e-12)

@@ -55,16 +55,29 @@ def _print_trace_estimate(res) -> None:
         what = "SGLang token hit ratio"
     t = Table(title=f"predicted hit ratio ({what})")
     t.add_column(f"N ({res.unit})", justify="right")
+    banded = [e for e in engines if any(r.h_lo.get(e) is not None for r in res.rows)]
     for e in engines:
         t.add_column(e, justify="right")
+        if e in banded:
+            t.add_column(f"{e} {res.level:.0%} band", justify="right", overflow="fold")
+
+    def cells(r) -> list[str]:
+        out = []
+        for e in engines:
+            out.append(_fmt(r.h[e]))
+            if e in banded:
+                lo, hi = r.h_lo.get(e), r.h_hi.get(e)
+                out.append("–" if lo is None else f"{lo:.4f}–{hi:.4f}")
+        return out
+
     t.add_column("refused (requests / tokens)", justify="right")
     for r in res.rows:
         if r.feasible:
-            t.add_row(_fmt(r.N), *[_fmt(r.h[e]) for e in engines], "–")
+            t.add_row(_fmt(r.N), *cells(r), "–")
         else:
             t.add_row(
                 _fmt(r.N),
-                *["–" for _ in engines],
+                *["–" for _ in range(len(engines) + len(banded))],
                 f"[yellow]infeasible: {100 * r.refused_request_share:.2f}% / {100 * r.refused_token_share:.2f}%[/]",
             )
     console.print(t)

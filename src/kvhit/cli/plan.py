@@ -88,7 +88,8 @@ def plan(
     a target h, (c) the largest λ0 keeping the target, (d) prefill tokens saved per second.
 
     --blocks-trace plans from a Mooncake/WEKA block-id trace: at the trace's own load (exact by replay) or, with
-    --lam0/--scale, at a stationary load of its conversations (exact by resample-and-simulate: Poisson starts,
+    --lam0/--scale, at a stationary load of its conversations (the estimator's stationary form, not validated;
+    --verify adds the exact resample-and-simulate answer: Poisson starts,
     --replications runs of --conversations conversations each, 95% interval); --verify checks the estimator
     against that simulation. Capacities below the largest request are infeasible (refused shares, no ratio)."""
     res = _call(
@@ -150,13 +151,24 @@ def plan(
                 ]
             )
         else:
-            rows.append(["(a) hit ratio at this capacity", _fmt(res.h_at_capacity)])
+            band = ""
+            if res.h_band is not None:
+                band = f" ({res.band_level:.0%} band {res.h_band[0]:.4f}–{res.h_band[1]:.4f})"
+            rows.append(["(a) hit ratio at this capacity", _fmt(res.h_at_capacity) + band])
     rows.append(["workload ceiling h_max", _fmt(res.h_max)])
     if res.N_min is not None:
         rows.append(["smallest feasible capacity (largest request)", f"{res.N_min:,} blocks"])
     if res.target is not None:
         need = f"{res.N_for_target:,} blocks" + (f" = {res.gib_for_target:.2f} GiB" if res.gib_for_target else "")
         rows.append([f"(b) KV memory for h = {res.target:g}", need])
+        if res.band_level is not None:
+            conf = (
+                "not reached"
+                if res.N_for_target_confident is None
+                else f"{res.N_for_target_confident:,} blocks"
+                + (f" = {res.gib_for_target_confident:.2f} GiB" if res.gib_for_target_confident else "")
+            )
+            rows.append([f"(b) KV memory for h ≥ {res.target:g} with {res.band_level:.0%} confidence", conf])
         c_unanswered = any(n.startswith("(c)") for n in res.notes)  # block-id traces: see the note
         if res.capacity and res.feasible is not False and res.answered_by == "estimator" and not c_unanswered:
             lm = res.lam0_max_for_target
@@ -193,7 +205,9 @@ def plan(
         )
     by = {"estimator": f"predictor: {res.estimator}", "replay": "exact: trace replayed", "resample": "exact: resampled"}
     _table(
-        f"kvhit plan — {res.workload}, λ0 = {res.lam0:.4g}/s, {by.get(res.answered_by, res.answered_by)} "
+        f"kvhit plan — {res.workload}, "
+        + ("λ0 undefined (one conversation)" if res.lam0 is None else f"λ0 = {res.lam0:.4g}/s")
+        + f", {by.get(res.answered_by, res.answered_by)} "
         f"({'vLLM token hit ratio' if res.metric == 'tokens' else 'block-weighted h'})",
         ["question", "answer"],
         rows,

@@ -133,9 +133,22 @@ def simulate(
             f"{d['ideal_token_hit_ratio']:.4f}; largest request {d['min_N']:,} blocks",
             markup=False,
         )
-        cols = ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate"]
+        est = {(e["engine"], e["N"]): e for e in res.estimate}
+        lvl = next((e["level"] for e in res.estimate if e.get("level")), None)
+        cols = ["N", "engine", "token hit ratio", "block-weighted h", "request hit rate"] + (
+            ["estimate", f"{lvl:.0%} band" if lvl else "band"] if est else []
+        )
+
+        def _band(e: dict | None) -> list[str]:
+            if not est:
+                return []
+            if not e or e.get("h") is None:
+                return ["–", "–"]
+            b = f"{e['h_lo']:.3f}–{e['h_hi']:.3f}" if e.get("h_lo") is not None else "–"
+            return [f"{e['h']:.4f}" + ("" if e.get("validated") else " *"), b]
+
         rows = [
-            [_fmt(r["N"]), r["engine"], _refused(r), "–", "–"]
+            [_fmt(r["N"]), r["engine"], _refused(r), "–", "–"] + _band(None)
             if not r["feasible"]
             else [
                 _fmt(r["N"]),
@@ -144,6 +157,7 @@ def simulate(
                 _fmt(r["h_blocks"]),
                 _fmt(r["request_hit_rate"]),
             ]
+            + _band(est.get((r["engine"], r["N"])))
             for r in res.rows
         ]
         _table(
@@ -155,6 +169,8 @@ def simulate(
                 "(it refuses to start when max_model_len exceeds the KV cache); no hit ratio is reported there",
                 markup=False,
             )
+        if any(not e.get("validated") for e in res.estimate):
+            console.print("* outside the estimator's validated region (see the notes)", markup=False)
         for n in res.notes:
             console.print(f"note: {n}", markup=False)
         return

@@ -92,6 +92,12 @@ class AgenticEstimate:
     regime: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
     per_request: np.ndarray | None = None  #: with ``per_request=True``: expected hits (metric units), (n, len(N))
+    #: prediction band for one realisation of the start times (:mod:`kvhit.estimate.band`), else None
+    h_lo: np.ndarray | None = None
+    h_hi: np.ndarray | None = None
+    h_mc: np.ndarray | None = None  #: the band's replay mean (a Monte Carlo estimate of ``h``)
+    level: float | None = None
+    band: dict | None = None
 
     def to_dict(self) -> dict:
         def fl(x):
@@ -111,7 +117,17 @@ class AgenticEstimate:
             "lam0": self.lam0,
             "regime": self.regime,
             "elapsed_s": self.elapsed_s,
-        }
+        } | (
+            {}
+            if self.h_lo is None
+            else {
+                "h_lo": fl(self.h_lo),
+                "h_hi": fl(self.h_hi),
+                "h_mc": fl(self.h_mc),
+                "level": self.level,
+                "band": self.band,
+            }
+        )
 
 
 # --------------------------------------------------------------------------------------------------

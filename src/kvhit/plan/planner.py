@@ -252,6 +252,13 @@ class Plan:
     refused_request_share: float | None = None  #: at the capacity
     refused_token_share: float | None = None
     answered_by: str = "estimator"  #: estimator | replay (exact, the trace as read) | resample (exact, λ0)
+    #: block-id traces at their own load: prediction band for one realisation of the start times
+    #: (:mod:`kvhit.estimate.band`) at the capacity, its level, and the smallest N whose band's lower end reaches
+    #: the target ("N for h ≥ target with ``band_level`` confidence")
+    h_band: list[float] | None = None
+    band_level: float | None = None
+    N_for_target_confident: int | None = None
+    gib_for_target_confident: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -321,6 +328,8 @@ def plan(
             p.N_for_target = p.N_min
         if cap is not None:
             p.gib_for_target = p.N_for_target * cap.bytes_per_block / hardware.GIB
+            if p.N_for_target_confident is not None:
+                p.gib_for_target_confident = p.N_for_target_confident * cap.bytes_per_block / hardware.GIB
             if p.feasible is not False:
                 h_cap = h_at(cap.N)
                 if h_cap < target:
@@ -423,6 +432,8 @@ def plan_production(
     seed: int = 0,
     use_estimator: bool = True,
     grid_points: int = 200,
+    band_level: float = 0.9,
+    band_replays: int = 16,
 ) -> Plan:
     """Plan from a production block-id trace (:class:`~kvhit.workload.production.ProductionTrace`).
 
@@ -454,7 +465,12 @@ def plan_production(
     h_max = d["ideal_token_hit_ratio"] if metric == "tokens" else d["ideal_block_hit_ratio"]
     name = f"{Path(pt.files[0]).parent.name if pt.format == 'weka' else Path(pt.files[0]).name}"
     desc = f"{name} ({pt.format}, {pool.n_conversations:,} conversations, {pt.n_requests:,} requests)"
-    p = Plan(desc, engine, metric, float(lam), float(h_max))
+    p = Plan(desc, engine, metric, float(lam) if math.isfinite(lam) else None, float(h_max))
+    if not math.isfinite(lam):
+        p.notes.append(
+            f"λ0: undefined — the trace has {pool.n_conversations} conversation(s), no conversation rate to measure "
+            "(give --lam0 to plan a stream of it)"
+        )
     p.N_min = pool.N_min
     rs_kw = dict(
         engine=engine,
@@ -511,14 +527,40 @@ def plan_production(
                 est_fn = None
     est_ref = None
     if stationary and est_fn is not None:
-        # the stationary form (lam0=) is not tabulated against simulation (benchmarks/agentic_accuracy.py measures
-        # the trace's own load): the exact resampled answer is given, the estimate shown beside it by --verify
+        # the stationary form (lam0=) answers in seconds; resample-and-simulate took minutes (issue 23). It is NOT
+        # validated (benchmarks/agentic_accuracy.py resample-stat: errors up to 0.046 at λ0 = 1/600, the
+        # simulator's own 95 % half-width 0.05–0.22 with 4 replications): said here, exact answer by --verify
         p.notes.append(
-            "at a stationary λ0 the answers are resample-and-simulate (exact, mean of the replications); the "
-            "estimator's stationary form is not validated against simulation — --verify shows it beside them"
+            "at a stationary λ0 the answers are the estimator's stationary form — NOT validated against simulation "
+            "(measured errors up to 0.046, docs/estimators.md §4); --verify adds the exact resample-and-simulate "
+            "answer (minutes)"
         )
-        est_ref, est_fn = est_fn, None
+        est_ref = est_fn
     p.answered_by = "estimator" if est_fn is not None else ("resample" if stationary else "replay")
+    # the realisation band (own load only; docs/estimators.md §4.1) on the log grid of (b) plus the capacity: for
+    # another realisation of the start times (also where the answer is this realisation's exact replay)
+    band = None
+    if use_estimator and not stationary and pool.n_conversations >= 2 and pt.session is not None:
+        from kvhit.estimate.band import estimate_trace_band
+        from kvhit.workload.reuse import request_reuse
+
+        hi_b = max(int(d["distinct_blocks"]), pool.N_min + 1) * 2
+        grid_b = np.geomspace(pool.N_min, hi_b, grid_points).astype(np.int64)
+        if cap is not None:
+            grid_b = np.append(grid_b, cap.N)
+        band, _ = estimate_trace_band(
+            pt,
+            np.unique(grid_b),
+            engine=engine,
+            metric=metric,
+            level=band_level,
+            replays=band_replays,
+            seed=seed,
+            reuse=reuse if est_fn is not None else request_reuse(pt),
+        )
+        p.band_level = float(band_level)
+        if not band.regime.get("validated", True):
+            p.notes.append("band: " + "; ".join(band.regime.get("notes", [])))
     if cap is not None:
         p.capacity = asdict(cap) | {"kv_gib": cap.kv_gib}
         f = feasibility(pt.prompt_tokens, pt.block_size, [cap.N])
@@ -532,6 +574,9 @@ def plan_production(
             )
         else:
             p.h_at_capacity = float(est_fn([cap.N]).h[0]) if est_fn is not None else float(exact([cap.N])[0])
+            if band is not None:
+                k = int(np.searchsorted(band.N, cap.N))
+                p.h_band = [float(band.h_lo[k]), float(band.h_hi[k])]
             tok_rate = (
                 lam * float(np.add.reduceat(pool.prompt_tokens, pool.req_offsets[:-1]).mean())
                 if stationary
@@ -554,6 +599,20 @@ def plan_production(
                 return np.asarray(est_fn(np.maximum(Ns, 1)).h, float)
 
             p.N_for_target = max(_smallest_capacity(h_vec, target), pool.N_min)
+            if band is not None:
+                ok_b = np.flatnonzero(~band.infeasible & (band.h_lo >= target))
+                if ok_b.size:
+                    p.N_for_target_confident = max(int(band.N[ok_b[0]]), p.N_for_target)
+                    p.notes.append(
+                        f"(b) with {band_level:.0%} confidence: the smallest N of a {grid_points}-point log grid whose "
+                        f"band's lower end reaches {target:g} (one realisation of the start times, docs/estimators.md "
+                        "§4.1)"
+                    )
+                else:
+                    p.notes.append(
+                        f"(b) with {band_level:.0%} confidence: no capacity reaches h ≥ {target:g} (the band's lower "
+                        "end stays below it)"
+                    )
         else:
             hi = max(int(d["distinct_blocks"]), pool.N_min + 1) * 2
             grid = np.unique(np.geomspace(pool.N_min, hi, grid_points).astype(np.int64))
@@ -568,11 +627,13 @@ def plan_production(
             )
         if cap is not None:
             p.gib_for_target = p.N_for_target * cap.bytes_per_block / hardware.GIB
+            if p.N_for_target_confident is not None:
+                p.gib_for_target_confident = p.N_for_target_confident * cap.bytes_per_block / hardware.GIB
             if p.feasible:
                 p.notes.append(
                     "(c) the largest λ0 is not answered for a block-id trace: it needs the estimator's stationary "
                     "form, which is not validated against simulation (or one resampled simulation per trial λ0); "
-                    "plan at chosen loads with --lam0/--scale (exact by resample-and-simulate) instead"
+                    "plan at chosen loads with --lam0/--scale instead (--verify: exact by resample-and-simulate)"
                 )
     if verify and cap is not None and p.feasible:
         if stationary:

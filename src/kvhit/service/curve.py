@@ -158,6 +158,7 @@ def _curve_keys(data: dict) -> list[str]:
         and k != "N"
         and not k.startswith("refused")
         and not k.endswith("token ratio")
+        and not k.startswith("band ")
     ]
 
 
@@ -326,6 +327,11 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
 
             req.plot.parent.mkdir(parents=True, exist_ok=True)
             lines = _lines(data, Ns)
+            bands = {
+                k[len("band low: ") :]: (Ns, v, data["band high: " + k[len("band low: ") :]])
+                for k, v in data.items()
+                if k.startswith("band low: ")
+            }
             data["figures"] = plot_curves(
                 lines,
                 str(req.plot),
@@ -338,6 +344,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
                 title=f"{Path(req.blocks_trace).name} ({pt.format}): {'vLLM/SGLang' if sglang else 'vLLM'} token hit "
                 "ratio vs capacity "
                 f"(b = {pt.block_size}, {model.name} KV)",
+                bands=bands,
             )
         return _split_curves(data, model.name, "list" if req.capacities else "log")
 

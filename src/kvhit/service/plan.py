@@ -82,7 +82,7 @@ class PlanResponse(Response):
     workload: str
     estimator: str
     metric: str
-    lam0: float
+    lam0: float | None = Field(description="Conversation rate λ0 (1/s); null where undefined (one conversation).")
     h_max: float | None
     capacity: dict[str, Any] | None = None
     h_at_capacity: float | None = None
@@ -100,6 +100,12 @@ class PlanResponse(Response):
     refused_request_share: float | None = None
     refused_token_share: float | None = None
     answered_by: str = Field("estimator", description="estimator | replay (exact) | resample (exact, at λ0).")
+    h_band: list[float] | None = Field(
+        None, description="Block-id trace: [h_lo, h_hi] at the capacity, band for one realisation of the start times."
+    )
+    band_level: float | None = Field(None, description="Level of h_band and of N_for_target_confident.")
+    N_for_target_confident: int | None = Field(None, description="Smallest N whose band's lower end reaches target.")
+    gib_for_target_confident: float | None = None
 
 
 def _metric(engine: str, metric: str | None) -> str:

@@ -301,13 +301,25 @@ def _simulate_vllm(req: SimulateRequest, source: str, progress=None) -> Simulate
         production_mask(pt, req.warmup_time)  # refuses a warm-up that leaves nothing to measure
         with translating(f"--blocks-trace {req.blocks_trace}"):
             rows, feas = production_rows(pt, Ns, ["vllm", "vllm-0.23"], warmup_time=req.warmup_time)
+            est: list[dict] = []
+            notes = production_notes(pt)
+            if req.estimates:
+                from kvhit.service.agentic_band import agentic_estimates, band_rows
+                from kvhit.sim.tracerun import measured_mask
+
+                m = measured_mask(pt, req.warmup_time) if req.warmup_time is not None else None
+                ests = agentic_estimates(pt, Ns, mask=m, seed=req.seed)
+                est = band_rows(ests, Ns)
+                for e, d in ests.items():
+                    notes += [f"estimate ({e}): {n}" for n in d["regime"].get("notes", [])]
             return SimulateResponse(
                 N_min=feas.N_min,
                 policy="block",
                 blocks_trace=str(req.blocks_trace),
                 describe=pt.describe(),
                 rows=rows,
-                notes=production_notes(pt),
+                estimate=est,
+                notes=notes,
             )
 
     if source == "trace":

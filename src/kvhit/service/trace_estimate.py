@@ -73,6 +73,10 @@ class TraceEstimateRow(Response):
     refused_request_share: float = Field(description="Share of requests vLLM would refuse at N.")
     refused_token_share: float = Field(description="Share of prompt tokens in refused requests.")
     h: dict[str, float | None] = Field(description="Predicted hit ratio per engine (None where infeasible).")
+    h_lo: dict[str, float | None] = Field(
+        default_factory=dict, description="Lower end of the band for one realisation of the starts (--blocks-trace)."
+    )
+    h_hi: dict[str, float | None] = Field(default_factory=dict, description="Upper end of that band.")
 
 
 class TraceEstimateResponse(Response):
@@ -88,6 +92,7 @@ class TraceEstimateResponse(Response):
     N_min: int = Field(description="Largest request (blocks; SGLang: tokens): smaller capacities are infeasible.")
     unit: Literal["blocks", "tokens"] = Field("blocks", description="Unit of N and N_min.")
     regime: dict[str, Any] = Field(default_factory=dict, description="The estimator's own validity flag and notes.")
+    level: float | None = Field(None, description="Level of the h_lo–h_hi band (None: no band).")
     rows: list[TraceEstimateRow]
 
 
@@ -117,18 +122,19 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
     Ns = np.asarray(req.N, dtype=np.int64)
     h: dict[str, np.ndarray] = {}
     regime: dict[str, Any] = {}
+    lo: dict[str, np.ndarray] = {}
+    hi: dict[str, np.ndarray] = {}
+    level = None
     if req.blocks_trace is not None:
-        from kvhit.estimate.agentic import estimate_trace
-        from kvhit.workload.reuse import request_reuse
+        from kvhit.service.agentic_band import agentic_estimates
 
         pt = _read_blocks(req)
         with translating(str(req.blocks_trace)):
-            reuse = request_reuse(pt)
-            for e in engines:
-                est = estimate_trace(reuse, Ns, engine=e, metric=req.metric, lam0=req.lam0)
-                h[e] = np.where(est.infeasible, np.nan, est.h)
-                regime[e] = est.regime
-            h_max = float(est.h_max)
+            for e, d in agentic_estimates(pt, Ns, engines, metric=req.metric, lam0=req.lam0, seed=req.seed).items():
+                h[e], lo[e], hi[e] = d["h"], d["h_lo"], d["h_hi"]
+                regime[e] = d["regime"]
+                level = d["level"]
+                h_max = d["h_max"]
         T, b, fmt, src = pt.prompt_tokens, pt.block_size, pt.format, str(req.blocks_trace)
         estimator = "agentic (kvhit.estimate.agentic, compound Poisson displacement)"
         lam = req.lam0
@@ -155,6 +161,8 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
             TraceEstimateRow(
                 **feas.row(k) | {"N": N, "feasible": ok},
                 h={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in h.items()},
+                h_lo={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in lo.items()},
+                h_hi={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in hi.items()},
             )
         )
     return TraceEstimateResponse(
@@ -166,6 +174,7 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
         h_max=h_max if np.isfinite(h_max) else None,
         N_min=feas.N_min,
         regime=regime,
+        level=level,
         rows=rows,
     )
 
@@ -238,23 +247,26 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
     )
 
 
-def agentic_lines(pt, Ns, feasible, *, metric: str = "tokens", lam0: float | None = None) -> dict:
+def agentic_lines(pt, Ns, feasible, *, metric: str = "tokens", lam0: float | None = None, seed: int = 0) -> dict:
     """The agentic estimator's curves beside the simulated ones of ``kvhit curve --blocks-trace``: one array per
-    vLLM order (NaN where infeasible) labelled ``estimate: vLLM ≥ 0.24 (agentic)`` etc., and its regime flags
-    under ``estimator_regime``."""
-    from kvhit.estimate.agentic import estimate_trace
+    vLLM order (NaN where infeasible) labelled ``estimate: vLLM ≥ 0.24 (agentic)`` etc., its prediction band for
+    one realisation of the start times as ``band low: <label>`` / ``band high: <label>``
+    (:mod:`kvhit.service.agentic_band`), and its regime flags under ``estimator_regime``."""
+    from kvhit.service.agentic_band import agentic_estimates
     from kvhit.sim.tracerun import ENGINE_LABELS
-    from kvhit.workload.reuse import request_reuse
 
     Ns = np.asarray(Ns, dtype=np.int64)
     ok = np.asarray(feasible, bool)
-    reuse = request_reuse(pt)
     out: dict[str, Any] = {"estimator_regime": {}}
+    ests = agentic_estimates(pt, Ns[ok], tuple(ENGINE_LABELS), metric=metric, lam0=lam0, seed=seed) if ok.any() else {}
     for e, label in ENGINE_LABELS.items():
-        h = np.full(Ns.shape, np.nan)
-        if ok.any():
-            est = estimate_trace(reuse, Ns[ok], engine=e, metric=metric, lam0=lam0)
-            h[ok] = est.h
-            out["estimator_regime"][e] = est.regime
-        out[f"estimate: {label} (agentic)"] = h
+        h, lo, hi = np.full(Ns.shape, np.nan), np.full(Ns.shape, np.nan), np.full(Ns.shape, np.nan)
+        if e in ests:
+            h[ok], lo[ok], hi[ok] = ests[e]["h"], ests[e]["h_lo"], ests[e]["h_hi"]
+            out["estimator_regime"][e] = ests[e]["regime"] | {"band_level": ests[e]["level"]}
+        name = f"estimate: {label} (agentic)"
+        out[name] = h
+        if np.isfinite(lo).any():
+            out[f"band low: {name}"] = lo
+            out[f"band high: {name}"] = hi
     return out

@@ -1,0 +1,109 @@
+"""The agentic estimator with its realisation band, as every block-id (``--blocks-trace``) command shows it.
+
+One function, :func:`agentic_estimates`, runs :func:`kvhit.estimate.band.estimate_trace_band` (the expected hit
+ratio plus a prediction band for one realisation of the conversations' start times, ``docs/estimators.md`` §4.1)
+for each vLLM order, or the plain estimator where no band exists (a stationary ``--lam0``, a ``--warmup-time``
+mask): then ``h_lo`` / ``h_hi`` are ``None`` and a note says why.
+
+Invariant: ``h``, ``h_lo``, ``h_hi`` are ``None`` at infeasible capacities (``N < N_min``); ``validated`` is the
+estimator's regime flag *and* the band's region (:data:`kvhit.estimate.band.VALIDATED_REGION`); outside it the
+band is widened (:func:`kvhit.estimate.band.estimate_trace_band`) and the note says so. NOT modelled: whatever the
+estimator and the band do not model (their docstrings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["agentic_estimates", "band_rows"]
+
+
+def agentic_estimates(
+    pt,
+    Ns,
+    engines=("vllm", "vllm-0.23"),
+    *,
+    metric: str = "tokens",
+    lam0: float | None = None,
+    mask=None,
+    band: bool = True,
+    level: float = 0.9,
+    replays: int = 16,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Per engine: ``h``, ``h_lo``, ``h_hi`` (arrays over ``Ns``, NaN where infeasible or no band), ``level``,
+    ``regime`` (``validated``, ``notes``), ``band`` (how it was made) and ``h_max``."""
+    from kvhit.estimate.agentic import estimate_trace
+    from kvhit.estimate.band import estimate_trace_band
+    from kvhit.workload.reuse import request_reuse
+
+    Ns = np.asarray(Ns, dtype=np.int64)
+    reuse = request_reuse(pt)
+    n_sess = int(pt.session.max()) + 1 if pt.session is not None and pt.n_requests else 0
+    why_no_band = None
+    if not band:
+        why_no_band = "no band asked"
+    elif lam0 is not None:
+        why_no_band = "no realisation band for a stationary --lam0 (the band redraws the trace's own start times)"
+    elif mask is not None:
+        why_no_band = "no realisation band with a measurement warm-up (--warmup-time)"
+    elif n_sess < 2:
+        why_no_band = "one conversation: its hit ratio does not depend on when it starts (no band needed)"
+    out: dict[str, dict[str, Any]] = {}
+    for e in engines:
+        if why_no_band is None:
+            est, _ = estimate_trace_band(
+                pt, Ns, engine=e, metric=metric, level=level, replays=replays, seed=seed, reuse=reuse
+            )
+            lo, hi = np.asarray(est.h_lo, float), np.asarray(est.h_hi, float)
+        else:
+            est = estimate_trace(reuse, Ns, engine=e, metric=metric, lam0=lam0, mask=mask)
+            lo = hi = np.full(Ns.shape[0], np.nan)
+        regime = dict(est.regime)
+        notes = list(regime.get("notes", []))
+        if why_no_band is not None and why_no_band != "no band asked" and n_sess >= 2:
+            notes.append(why_no_band)
+            regime["validated"] = False
+            if lam0 is not None:
+                notes.append("the stationary form (--lam0) is not validated against simulation (docs/estimators.md §4)")
+        regime["notes"] = notes
+        h = np.where(est.infeasible, np.nan, est.h)
+        lo = np.where(est.infeasible, np.nan, lo)
+        hi = np.where(est.infeasible, np.nan, hi)
+        out[e] = {
+            "h": h,
+            "h_lo": lo,
+            "h_hi": hi,
+            "level": level if why_no_band is None else None,
+            "regime": regime,
+            "band": est.band,
+            "h_max": float(est.h_max),
+        }
+    return out
+
+
+def _f(x) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def band_rows(ests: dict[str, dict[str, Any]], Ns) -> list[dict[str, Any]]:
+    """One JSON row per (engine, N): ``N``, ``engine``, ``h``, ``h_lo``, ``h_hi``, ``level``, ``validated``."""
+    rows = []
+    for e, d in ests.items():
+        for k, N in enumerate(Ns):
+            rows.append(
+                {
+                    "N": int(N),
+                    "engine": e,
+                    "estimator": "agentic",
+                    "h": _f(d["h"][k]),
+                    "h_lo": _f(d["h_lo"][k]),
+                    "h_hi": _f(d["h_hi"][k]),
+                    "level": d["level"],
+                    "validated": bool(d["regime"].get("validated", False)),
+                }
+            )
+    return rows
