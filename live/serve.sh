@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Start one vLLM CPU server on 127.0.0.1 in the background and print its PID:
+#   live/serve.sh PYTHON PORT BLOCK_SIZE NUM_GPU_BLOCKS LOGFILE [extra vllm flags…]
+# The server holds NUM_GPU_BLOCKS blocks of BLOCK_SIZE tokens (vLLM's block 0 is its null block: N − 1 usable),
+# a tiny random-weight Llama (live/model/config.json, --load-format dummy), prompts as token ids
+# (--skip-tokenizer-init), prefix caching on, per-request cached_tokens (--enable-prompt-tokens-details) and
+# POST /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1). Every internal socket binds 127.0.0.1 (VLLM_HOST_IP).
+# --kv-cache-memory-bytes is always given (without it vLLM reserves 92 % of host RAM); the value leaves room for
+# NUM_GPU_BLOCKS, which --num-gpu-blocks-override then fixes.
+set -euo pipefail
+py=$1 port=$2 bs=$3 nblocks=$4 log=$5
+shift 5
+here=$(cd "$(dirname "$0")" && pwd)
+# bytes per block: 2 (K,V) × layers 2 × kv heads 2 × head_dim 32 × 2 bytes (bf16) × block size
+kvbytes=$(( (nblocks + 8) * 2 * 2 * 2 * 32 * 2 * bs ))
+[ "$kvbytes" -lt 16777216 ] && kvbytes=16777216
+VLLM_HOST_IP=127.0.0.1 VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=0 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO} \
+VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind} \
+  setsid "$py" -m vllm.entrypoints.openai.api_server --model "$here/model" --host 127.0.0.1 --port "$port" \
+  --served-model-name tiny --load-format dummy --skip-tokenizer-init --max-model-len 4096 --enforce-eager \
+  --dtype bfloat16 --enable-prefix-caching --block-size "$bs" --kv-cache-memory-bytes "$kvbytes" \
+  --num-gpu-blocks-override "$nblocks" --enable-prompt-tokens-details "$@" \
+  >"$log" 2>&1 < /dev/null &
+echo $!
