@@ -99,14 +99,19 @@ def recorded_trace(conv, turn, time, prompt_tokens, completion_tokens, block_siz
     conv = np.asarray(conv, np.int64)
     T = np.asarray(prompt_tokens, np.int64)
     b = int(block_size)
-    R = -(-T // b)
+    need = -(-T // b)
+    # Z_j ≥ 1 blocks per turn and R = cumsum Z (the trace schema); the estimator reads the prompts from cum_tokens
     order = np.lexsort((np.asarray(turn), conv))
-    Z = np.empty_like(R)
     first = np.ones(conv.size, bool)
     first[order[1:]] = conv[order[1:]] != conv[order[:-1]]
-    prevR = np.zeros_like(R)
-    prevR[order[1:]] = R[order[:-1]]
-    Z = np.where(first, R, np.maximum(R - prevR, 0))
+    prev = np.zeros_like(need)
+    prev[order[1:]] = need[order[:-1]]
+    Z = np.where(first, np.maximum(need, 1), np.maximum(need - prev, 1))
+    R = np.empty_like(Z)
+    run = 0
+    for r in order:
+        run = Z[r] if first[r] else run + Z[r]
+        R[r] = run
     _, inv, cnt = np.unique(conv, return_inverse=True, return_counts=True)
     tm = np.asarray(time, np.float64)
     first_time = np.full(cnt.size, np.inf)

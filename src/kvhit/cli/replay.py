@@ -1,0 +1,152 @@
+"""``kvhit replay``: a trace against a running vLLM server, checked request by request against kvhit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from ..service.replay import ReplayRequest, replay as replay_service
+from ._common import _call, _fmt, _opt, _print_json, _table, app, console, err_console
+
+RR = ReplayRequest
+
+
+@app.command()
+def replay(
+    endpoint: Annotated[str, _opt(RR, "endpoint", "--endpoint")],
+    trace: Annotated[Path | None, _opt(RR, "trace", "--trace")] = None,
+    blocks_trace: Annotated[Path | None, _opt(RR, "blocks_trace", "--blocks-trace")] = None,
+    model: Annotated[str | None, _opt(RR, "model", "--model")] = None,
+    check: Annotated[bool, _opt(RR, "check", "--check")] = False,
+    log: Annotated[Path | None, _opt(RR, "log", "--log", "-o")] = None,
+    concurrency: Annotated[int | None, _opt(RR, "concurrency", "--concurrency")] = None,
+    speedup: Annotated[float | None, _opt(RR, "speedup", "--speedup")] = None,
+    max_in_flight: Annotated[int, _opt(RR, "max_in_flight", "--max-in-flight")] = 64,
+    tokens_per_block: Annotated[int | None, _opt(RR, "tokens_per_block", "--tokens-per-block")] = None,
+    output_tokens: Annotated[int, _opt(RR, "output_tokens", "--output-tokens")] = 16,
+    max_output: Annotated[int | None, _opt(RR, "max_output", "--max-output")] = None,
+    system_prompt_tokens: Annotated[int, _opt(RR, "system_prompt_tokens", "--system-prompt-tokens")] = 0,
+    limit: Annotated[int | None, _opt(RR, "limit", "--limit")] = None,
+    warmup: Annotated[int, _opt(RR, "warmup", "--warmup")] = 0,
+    seed: Annotated[int, _opt(RR, "seed", "--seed")] = 0,
+    reset: Annotated[bool, _opt(RR, "reset", "--reset/--no-reset")] = True,
+    block_size: Annotated[int | None, _opt(RR, "block_size", "--block-size")] = None,
+    num_gpu_blocks: Annotated[int | None, _opt(RR, "num_gpu_blocks", "--num-gpu-blocks")] = None,
+    output_cached: Annotated[str, _opt(RR, "output_cached", "--output-cached")] = "m-1",
+    timeout_s: Annotated[float, _opt(RR, "timeout_s", "--timeout")] = 600.0,
+    retries: Annotated[int, _opt(RR, "retries", "--retries")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of tables.")] = False,
+) -> None:
+    """Replay a trace against a running vLLM server (OpenAI completions, token-id prompts) and record each
+    request's prefix-cache hit (usage.prompt_tokens_details.cached_tokens) and the server's counters.
+
+    --check simulates exactly the recorded sequence with kvhit's vLLM engine (block size and count read from the
+    server's vllm:cache_config_info, N = num_gpu_blocks − 1, prompt + first m − 1 generated tokens cached) and
+    prints measured vs simulated vs estimated; exit 1 on any per-request mismatch of a sequential replay. A replay
+    that fails midway keeps its --log, marked partial, and exits 1.
+    """
+    res = _call(
+        replay_service,
+        RR,
+        _progress_label="replaying",
+        endpoint=endpoint,
+        trace=trace,
+        blocks_trace=blocks_trace,
+        model=model,
+        check=check,
+        log=log,
+        concurrency=concurrency,
+        speedup=speedup,
+        max_in_flight=max_in_flight,
+        tokens_per_block=tokens_per_block,
+        output_tokens=output_tokens,
+        max_output=max_output,
+        system_prompt_tokens=system_prompt_tokens,
+        limit=limit,
+        warmup=warmup,
+        seed=seed,
+        reset=reset,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        output_cached=output_cached,
+        timeout_s=timeout_s,
+        retries=retries,
+    )
+    if as_json:
+        _print_json(res)
+    else:
+        _render(res)
+    if res.error is not None:
+        msg = res.error + (f"; partial log kept: {res.log}" if res.log else "")
+        err_console.print(Text.assemble(("error: ", "bold red"), msg), highlight=False)
+        raise typer.Exit(1)
+    if res.check is not None and res.check["per_request"] and res.check["mismatching_requests"]:
+        fm = res.check["first_mismatch"]
+        err_console.print(
+            Text.assemble(
+                ("mismatch: ", "bold red"),
+                f"{res.check['mismatching_requests']:,} of {res.check['requests_compared']:,} requests differ; first: "
+                f"request {fm['request']} (conversation {fm['conversation']}, turn {fm['turn']}): server cached "
+                f"{fm['measured_cached_tokens']:,} tokens, kvhit simulated {fm['simulated_hit_tokens']:,}",
+            ),
+            highlight=False,
+        )
+        raise typer.Exit(1)
+
+
+def _render(res) -> None:
+    s = res.server
+    console.print(
+        f"{res.endpoint} ({res.model}): blocks of {s['block_size']} tokens, {s['num_gpu_blocks']} blocks "
+        f"(incl. the null block), max_model_len {s['max_model_len']}; {res.mode}; "
+        f"{res.completed:,} of {res.requests:,} requests in {res.wall_s:,.1f} s",
+        markup=False,
+    )
+    c = res.counters
+    m = res.measured
+    rows = [
+        ["server counters (whole replay)", _fmt(c["queries"], 0), _fmt(c["hits"], 0), _fmt(c["ratio"])],
+        [
+            f"measured cached_tokens ({m['requests']:,} requests)",
+            _fmt(m["prompt_tokens"]),
+            _fmt(m["cached_tokens"]),
+            _fmt(m["token_hit_ratio"]),
+        ],
+    ]
+    ck = res.check
+    if ck is not None:
+        rows.append(
+            [
+                f"kvhit simulated (N = {ck['usable_blocks']} blocks)",
+                _fmt(m["prompt_tokens"]),
+                "–",
+                _fmt(ck["simulated_token_hit_ratio"]),
+            ]
+        )
+        rows.append(["kvhit engine-aware estimate", "–", "–", _fmt(ck["estimated_token_hit_ratio"])])
+    _table("prefix cache: token hit ratio", ["", "prompt tokens", "hit tokens", "ratio"], rows)
+    if ck is not None:
+        if ck["per_request"]:
+            console.print(
+                f"per request: {ck['mismatching_requests']:,} of {ck['requests_compared']:,} differ from kvhit's "
+                "simulation" + (" (exact)" if not ck["mismatching_requests"] else ""),
+                markup=False,
+            )
+        else:
+            console.print(
+                "concurrent replay: simulated with holds from the measured times; compared in aggregate only "
+                f"(simulated − measured = {ck['simulated_minus_measured']:+.4f})",
+                markup=False,
+            )
+    if not c["equal_to_per_request_sums"]:
+        console.print(
+            "note: the counter deltas differ from the sums of the responses (another client used the server?)",
+            markup=False,
+        )
+    for n in res.notes:
+        console.print(f"note: {n}", markup=False)
+    if res.log:
+        console.print(f"log: {res.log}" + (" (partial)" if res.partial else ""), markup=False)

@@ -1,0 +1,332 @@
+"""``replay``: send a trace to a running vLLM server, record every request's prefix-cache hit, and (``check``)
+compare it with kvhit's simulation of exactly the recorded sequence and with the engine-aware estimator.
+
+Invariant: what is compared is what was sent — the prompts as built at send time (chat history with the
+server's own outputs), the outputs as returned — and the server's configuration is read from the server
+(``vllm:cache_config_info``), never assumed silently: an assumed ``--block-size`` that differs from the
+server's is refused; an assumed ``--num-gpu-blocks`` is used for the simulation and reported (a negative
+control). A replay that cannot start is refused in one line (exit 2); one that fails midway keeps its log,
+marked partial, and says why in one line. NOT modelled here: the engine's scheduler (batching, chunked
+prefill, preemption) — a concurrent replay is simulated with holds from the measured times and compared in
+aggregate only (:mod:`kvhit.replay.check`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from .base import Request, Response
+from .errors import InputError, translating
+from .io import atomic_write, check_output_file
+
+__all__ = ["ReplayRequest", "ReplayResponse", "replay"]
+
+
+class ReplayRequest(Request):
+    endpoint: str = Field(description="Base URL of the server, e.g. http://127.0.0.1:8000; required.")
+    model: str | None = Field(None, description="Served model name; default: the server's only model.")
+    trace: Path | None = Field(None, description="kvhit Parquet trace (`kvhit trace generate/sharegpt`).")
+    blocks_trace: Path | None = Field(
+        None, description="Production block-id trace: Mooncake .jsonl, or WEKA .json file/directory."
+    )
+    tokens_per_block: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="Tokens per trace block (block-count traces, block-id traces); default: the trace's block size.",
+    )
+    output_tokens: int = Field(
+        16, ge=1, le=65536, description="Output tokens per request when the trace has none; 1–65,536; default 16."
+    )
+    max_output: int | None = Field(
+        None, ge=1, le=65536, description="Cap on the trace's output lengths; default: none."
+    )
+    system_prompt_tokens: int = Field(
+        0, ge=0, le=65536, description="Shared system prompt opening every conversation (chat traces); default 0."
+    )
+    concurrency: int | None = Field(
+        None, ge=1, le=4096, description="Closed loop with at most K requests in flight; default 1 (sequential)."
+    )
+    speedup: float | None = Field(
+        None, gt=0, le=1e6, description="Send at the trace's arrival times divided by S (instead of --concurrency)."
+    )
+    max_in_flight: int = Field(64, ge=1, le=4096, description="With --speedup: requests in flight at most; 64.")
+    limit: int | None = Field(None, ge=1, description="Replay only the first n requests; default: all.")
+    warmup: int = Field(
+        0, ge=0, description="Conversations (in arrival order) left out of the aggregate ratios; default 0."
+    )
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the token ids; integer ≥ 0; default 0.")
+    log: Path | None = Field(None, description="Parquet log of every request (kept, marked partial, on failure).")
+    check: bool = Field(False, description="Compare with kvhit's simulation and estimator (exit 1 on mismatch).")
+    reset: bool = Field(True, description="POST /reset_prefix_cache first (vLLM with VLLM_SERVER_DEV_MODE=1).")
+    block_size: int | None = Field(
+        None, ge=1, le=65536, description="Block size kvhit assumes; refused if the server's differs."
+    )
+    num_gpu_blocks: int | None = Field(
+        None, ge=2, description="Block count kvhit simulates (incl. the null block); default: the server's."
+    )
+    output_cached: Literal["m-1", "m", "0"] = Field(
+        "m-1", description="Generated tokens whose KV the simulation keeps: m-1 (vLLM) | m | 0 (controls)."
+    )
+    timeout_s: float = Field(600.0, gt=0, le=86400, description="Seconds to wait for one response; 600.")
+    retries: int = Field(3, ge=0, le=100, description="Retries of a connection that cannot be opened; 3.")
+
+    FLAGS = {"log": "--log", "trace": "--trace", "blocks_trace": "--blocks-trace"}
+
+
+class ReplayResponse(Response):
+    endpoint: str
+    model: str
+    mode: str = Field(description="sequential | closed-loop K | timed (speedup S)")
+    source: str
+    requests: int
+    completed: int
+    partial: bool
+    error: str | None = None
+    wall_s: float
+    server: dict[str, Any]
+    counters: dict[str, Any] = Field(description="Prefix-cache counter deltas over the replay (tokens).")
+    measured: dict[str, Any]
+    check: dict[str, Any] | None = None
+    log: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+def _load_plan(req: ReplayRequest):
+    from ..replay.tokens import plan_from_production, plan_from_trace
+    from .inputs import read_blocks_trace, read_trace
+
+    if (req.trace is None) == (req.blocks_trace is None):
+        raise InputError("--trace or --blocks-trace: give one workload source")
+    if req.trace is not None:
+        tr = read_trace(req.trace)
+        b = req.tokens_per_block or tr.block_size
+        if b is None and not ("cum_tokens" in tr.cols and "response_tokens" in tr.cols):
+            raise InputError(f"--tokens-per-block: required, the trace {req.trace} has block counts and no block size")
+        with translating(f"--trace {req.trace}"):
+            plan = plan_from_trace(
+                tr,
+                tokens_per_block=int(b or 1),
+                output_tokens=req.output_tokens,
+                max_output=req.max_output,
+                system_prompt_tokens=req.system_prompt_tokens,
+                seed=req.seed,
+            )
+    else:
+        if req.system_prompt_tokens:
+            raise InputError("--system-prompt-tokens: applies to chat traces (--trace), not to --blocks-trace")
+        pt = read_blocks_trace(req.blocks_trace, "sequential", None, None, req.seed)
+        with translating(f"--blocks-trace {req.blocks_trace}"):
+            plan = plan_from_production(
+                pt,
+                tokens_per_block=req.tokens_per_block,
+                output_tokens=req.output_tokens,
+                max_output=req.max_output,
+                seed=req.seed,
+            )
+    if req.limit is not None:
+        plan = plan.head(req.limit)
+    return plan
+
+
+def _write_log(path: Path, plan, run, sim, meta: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = plan.n
+    plen = np.array([-1 if p is None else p.shape[0] for p in run.prompts], np.int64)
+    cols = {
+        "request": pa.array(np.arange(n, dtype=np.int64)),
+        "conversation": pa.array(plan.conv),
+        "turn": pa.array(plan.turn),
+        "trace_time": pa.array(plan.time),
+        "prompt_tokens": pa.array(plen),
+        "max_tokens": pa.array(plan.max_tokens),
+        "completion_tokens": pa.array(run.completion_tokens),
+        "cached_tokens": pa.array(run.cached_tokens),
+        "simulated_hit_tokens": pa.array(sim if sim is not None else np.full(n, -1, np.int64)),
+        "t_send": pa.array(run.t_send),
+        "t_done": pa.array(run.t_done),
+        "status": pa.array(run.status),
+    }
+    table = pa.table(cols).replace_schema_metadata({b"kvhit_replay": json.dumps(meta).encode()})
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
+    """Replay, record and (``check``) compare; see the module docstring."""
+    from ..replay import check as ck
+    from ..replay.client import ReplayError, run_plan
+
+    if req.speedup is not None and req.concurrency is not None:
+        raise InputError("--speedup and --concurrency: give one timing (trace arrival times, or a closed loop)")
+    log = check_output_file(req.log, "--log")
+    plan = _load_plan(req)
+    notes = list(plan.notes)
+    sequential = req.speedup is None and (req.concurrency or 1) == 1
+    mode = (
+        "sequential"
+        if sequential
+        else f"closed loop, {req.concurrency} in flight"
+        if req.speedup is None
+        else f"trace timing, speedup {req.speedup:g}"
+    )
+    need = plan.prompt_bound() + plan.max_tokens
+    src = f"--trace {req.trace}" if req.trace is not None else f"--blocks-trace {req.blocks_trace}"
+
+    def on_probe(info, model):
+        if info.max_model_len is not None and (need > info.max_model_len).any():
+            r = int(np.argmax(need > info.max_model_len))
+            raise ReplayError(
+                f"{src}: request {r} (conversation {int(plan.conv[r])}, turn {int(plan.turn[r])}) needs "
+                f"{int(need[r]):,} tokens (prompt + output), more than the server's max_model_len "
+                f"{info.max_model_len:,} (replay fewer requests with --limit, or shorter ones)"
+            )
+        if req.block_size is not None and info.block_size is not None and info.block_size != req.block_size:
+            raise ReplayError(
+                f"--block-size {req.block_size}: the server at {req.endpoint} uses blocks of {info.block_size} tokens"
+            )
+        if req.check and info.block_size is None:
+            raise ReplayError(f"--check: the server at {req.endpoint} reports no block_size in vllm:cache_config_info")
+        if req.check and info.prefix_caching is False:
+            notes.append("the server reports enable_prefix_caching=False: it will hit nothing")
+
+    try:
+        info, run = run_plan(
+            plan,
+            req.endpoint,
+            req.model,
+            concurrency=req.concurrency or (1 if req.speedup is None else None),
+            speedup=req.speedup,
+            max_in_flight=req.max_in_flight,
+            retries=req.retries,
+            timeout_s=req.timeout_s,
+            reset=req.reset,
+            progress=progress,
+            on_probe=on_probe,
+        )
+    except ReplayError as e:
+        raise InputError(str(e)) from None
+    if not req.reset:
+        notes.append("the prefix cache was not reset first: the check assumes it was empty")
+    ok = np.array([s == "ok" for s in run.status], bool)
+    plen = np.array([0 if p is None else p.shape[0] for p in run.prompts], np.int64)
+    # conversations in arrival order; the first `warmup` are left out of the aggregates
+    first = {}
+    for r, c in enumerate(plan.conv.tolist()):
+        first.setdefault(c, len(first))
+    rank = np.array([first[c] for c in plan.conv.tolist()], np.int64)
+    window = ok & (rank >= req.warmup)
+    dq = dh = None
+    if run.counters_before is not None and run.counters_after is not None:
+        dq = run.counters_after[0] - run.counters_before[0]
+        dh = run.counters_after[1] - run.counters_before[1]
+    counters = {
+        "queries": dq,
+        "hits": dh,
+        "ratio": (dh / dq) if dq else None,
+        "sum_prompt_tokens": int(plen[ok].sum()),
+        "sum_cached_tokens": int(run.cached_tokens[ok].sum()),
+    }
+    counters["equal_to_per_request_sums"] = (
+        dq is not None and int(dq) == counters["sum_prompt_tokens"] and int(dh) == counters["sum_cached_tokens"]
+    )
+    meas_T = int(plen[window].sum())
+    measured = {
+        "requests": int(window.sum()),
+        "prompt_tokens": meas_T,
+        "cached_tokens": int(run.cached_tokens[window].sum()),
+        "token_hit_ratio": float(run.cached_tokens[window].sum() / meas_T) if meas_T else None,
+    }
+    sim = None
+    check = None
+    if req.check and ok.any():
+        b = int(info.block_size)
+        G = int(req.num_gpu_blocks or info.num_gpu_blocks)
+        if req.num_gpu_blocks is not None and req.num_gpu_blocks != info.num_gpu_blocks:
+            notes.append(f"simulated at --num-gpu-blocks {req.num_gpu_blocks}; the server has {info.num_gpu_blocks}")
+        idx = np.flatnonzero(ok)
+        sim_ok = ck.simulate_recorded(
+            [run.prompts[r] for r in idx],
+            [run.outputs[r] for r in idx],
+            block_size=b,
+            num_gpu_blocks=G,
+            output_cached=req.output_cached,
+            t_send=None if sequential else run.t_send[idx],
+            t_done=None if sequential else run.t_done[idx],
+        )
+        sim = np.full(plan.n, -1, np.int64)
+        sim[idx] = sim_ok
+        res = ck.compare(run.cached_tokens[idx], sim_ok, plen[idx], mask=window[idx])
+        allres = ck.compare(run.cached_tokens[idx], sim_ok, plen[idx])
+        tr = ck.recorded_trace(plan.conv[idx], plan.turn[idx], plan.time[idx], plen[idx], run.completion_tokens[idx], b)
+        est = None
+        try:
+            est = ck.estimate_recorded(tr, G - 1, b, rows=window[idx])
+        except ValueError as e:
+            notes.append(f"estimator not evaluated: {e}")
+        fm = allres.first_mismatch
+        first_mm = None
+        if fm is not None:
+            r = int(idx[fm])
+            first_mm = {
+                "request": r,
+                "conversation": int(plan.conv[r]),
+                "turn": int(plan.turn[r]),
+                "prompt_tokens": int(plen[r]),
+                "completion_tokens": int(run.completion_tokens[r]),
+                "measured_cached_tokens": int(run.cached_tokens[r]),
+                "simulated_hit_tokens": int(sim[r]),
+            }
+        check = {
+            "block_size": b,
+            "num_gpu_blocks": G,
+            "usable_blocks": G - 1,
+            "output_cached": req.output_cached,
+            "per_request": sequential,
+            "requests_compared": allres.n,
+            "mismatching_requests": allres.mismatches,
+            "first_mismatch": first_mm,
+            "simulated_rejected": allres.rejected,
+            "measured_token_hit_ratio": res.measured_ratio,
+            "simulated_token_hit_ratio": res.simulated_ratio,
+            "estimated_token_hit_ratio": est,
+            "simulated_minus_measured": res.simulated_ratio - res.measured_ratio,
+            "estimated_minus_measured": None if est is None else est - res.measured_ratio,
+            "simulated_hit_tokens_all": allres.simulated_hit_tokens,
+            "measured_hit_tokens_all": allres.measured_hit_tokens,
+            "passed": (allres.mismatches == 0) if sequential else None,
+        }
+    resp = ReplayResponse(
+        endpoint=req.endpoint,
+        model=run.model,
+        mode=mode,
+        source=plan.source,
+        requests=plan.n,
+        completed=run.n_ok,
+        partial=run.partial,
+        error=run.error,
+        wall_s=run.wall_s,
+        server={
+            "block_size": info.block_size,
+            "num_gpu_blocks": info.num_gpu_blocks,
+            "max_model_len": info.max_model_len,
+            "enable_prefix_caching": info.prefix_caching,
+        },
+        counters=counters,
+        measured=measured,
+        check=check,
+        log=str(log) if log is not None else None,
+        notes=notes,
+    )
+    if log is not None:
+        meta = resp.to_jsonable()
+        meta["created_unix"] = time.time()
+        _write_log(log, plan, run, sim, meta)
+    return resp
