@@ -7,8 +7,9 @@
 3. a prompt of exactly 2 blocks sent twice hits 1 block (the hit is capped at T − 1 tokens);
 4. a request of T prompt and m generated tokens leaves the KV of T + m − 1 tokens: the next turn hits the
    block that ends at T + m − 1, not the one that would end at T + m;
-5. block 0 is vLLM's null block: with num_gpu_blocks = G, only G − 1 blocks hold KV — a request of H full blocks
-   followed by one that needs G − 1 − H blocks evicts exactly one of the first request's blocks (its last).
+5. block 0 is vLLM's null block: with num_gpu_blocks = G, only G − 1 blocks hold KV — after a request of 2 full
+   blocks, fresh requests taking G − 3 more full blocks evict exactly one of its blocks (its last); with G usable
+   blocks they would evict none.
 """
 
 import json
@@ -74,12 +75,19 @@ def main(url: str, out: str) -> int:
     _, o = comp(p, m)
     facts["next_turn_hit_T_plus_m_minus_1_eq_3b"] = comp(p + o + fresh(5), 2)[0]
     facts["next_turn_hit_T_plus_m_minus_1_eq_3b_expected"] = 3 * b
-    # 5: null block (fresh cache; H + (G - 1 - H) = G - 1 blocks fit only when no block is missing)
+    # 5: null block. After a reset, A (H = 2 full blocks + 1 partial) is cached; fillers of fresh content then
+    # take Σ f = G − 3 full blocks (+ 1 partial each, returned to the free-queue head): the last filler needs one
+    # block more than is free when only G − 1 blocks hold KV, and evicts A's last block (tail first)
     c.post("/reset_prefix_cache")
-    H = (G - 1) // 2
-    a = fresh(H * b + 5)  # H full blocks + 1 partial
+    H = 2
+    a = fresh(H * b + 5)
     comp(a)
-    comp(fresh((G - 1 - H - 1) * b + 5 + b))  # needs G - H physical blocks: one more than is free if N = G - 1
+    left = G - 3
+    fmax = 4096 // b - 2
+    while left > 0:
+        f = min(fmax, left)
+        comp(fresh(f * b + 5))
+        left -= f
     facts["null_block_first_request_rehit"] = comp(a)[0]
     facts["null_block_expected_if_G_minus_1_usable"] = (H - 1) * b
     facts["null_block_expected_if_G_usable"] = H * b

@@ -19,7 +19,9 @@ CAP = 4096 - 256 - 64
 
 def main(argv):
     out, seed, n_conv = argv[0], int(argv[1]), int(argv[2])
-    mean_user, max_resp, lam0, w_mean, mean_turns = (float(x) for x in (argv[3:] + ["60", "40", "1", "8", "8"][len(argv) - 3 :]))
+    defaults = [60.0, 40.0, 1.0, 8.0, 8.0]
+    given = [float(x) for x in argv[3:]]
+    mean_user, max_resp, lam0, w_mean, mean_turns = given + defaults[len(given) :]
     rng = np.random.default_rng(seed)
     M = Geometric.from_mean(mean_turns).sample(rng, n_conv).astype(np.int64)
     rows_T, rows_resp, keepM = [], [], []
@@ -27,9 +29,9 @@ def main(argv):
         T, Ts, rs = 0, [], []
         prev_resp = 0
         for _j in range(int(m)):
-            u = 1 + int(rng.geometric(1.0 / mean_user)) - 1 + int(rng.integers(0, 2))
+            u = int(rng.geometric(1.0 / mean_user))
             r = int(rng.integers(1, int(max_resp) + 1))
-            nt = T + prev_resp + max(u, 1)
+            nt = T + prev_resp + u
             if nt + r > CAP:
                 break
             T = nt

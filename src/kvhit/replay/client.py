@@ -158,9 +158,15 @@ async def probe(client: httpx.AsyncClient, endpoint: str, model: str | None) -> 
     return info, model
 
 
-async def counters(client: httpx.AsyncClient, endpoint: str, model: str) -> tuple[float, float]:
+async def counters(client: httpx.AsyncClient, endpoint: str, model: str, timeout=None) -> tuple[float, float]:
     """``(queries, hits)`` token counters now."""
-    r = await _get(client, "/metrics", endpoint)
+    if timeout is not None:
+        try:
+            r = await client.get("/metrics", timeout=timeout)
+        except httpx.HTTPError as e:
+            raise ReplayError(f"--endpoint {endpoint}: GET /metrics failed ({_reason(e)})") from None
+    else:
+        r = await _get(client, "/metrics", endpoint)
     m = parse_metrics(r.text)
     q, h = _counter(m, QUERIES, model), _counter(m, HITS, model)
     if q is None or h is None:
@@ -380,9 +386,9 @@ async def _run_async(
             run.wall_s = time.monotonic() - t0
         if run.error is None:
             run.counters_after = await counters(client, endpoint, model)
-        else:
+        else:  # the server may be gone or hung: a short look, and no counters if it does not answer
             try:
-                run.counters_after = await counters(client, endpoint, model)
+                run.counters_after = await counters(client, endpoint, model, timeout=5.0)
             except ReplayError:
                 run.counters_after = None
         return info, run

