@@ -21,13 +21,14 @@ from kvhit.sim.vllm.curve import (
     block_curve_from_thresholds,
     block_hit_thresholds,
 )
+from kvhit.workload.requests import kv_tokens
 
 ENGINES = ["vllm", "vllm-0.23"]
 
 
 def _stream(T, conv, b, shared=0, resp=None):
     T = np.asarray(T, np.int64)
-    L = T if resp is None else T + np.asarray(resp, np.int64)
+    L = T if resp is None else kv_tokens(T, resp)
     return hashes_from_block_counts(np.asarray(conv), L // b, shared_prefix_blocks=shared)
 
 
@@ -205,7 +206,7 @@ def traces(draw, max_n=40, allow_dups=True):
 
 
 def _footprint(tr):
-    L = tr["T"] if tr["resp"] is None else tr["T"] + tr["resp"]
+    L = tr["T"] if tr["resp"] is None else kv_tokens(tr["T"], tr["resp"])
     return int((-(-L // tr["b"])).sum()) + 1
 
 
@@ -223,7 +224,7 @@ def test_equal_to_simulation_at_every_certified_capacity(tr, engine):
         elif N >= thr.min_exact_N:
             assert np.all(stack <= res.hit_blocks), N
         else:
-            assert N < int(np.max(-(-(tr["T"] if tr["resp"] is None else tr["T"] + tr["resp"]) // tr["b"])))
+            assert N < int(np.max(-(-(tr["T"] if tr["resp"] is None else kv_tokens(tr["T"], tr["resp"])) // tr["b"])))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,6 +12,7 @@ from kvhit.sim.registry import make_engine
 from kvhit.sim.vllm.block import simulate_block
 from kvhit.sim.vllm.blockids import hashes_from_block_counts
 from kvhit.sim.vllm.engine import VllmEngine
+from kvhit.workload.requests import kv_tokens
 
 ENGINES = ["vllm", "vllm-0.23"]
 
@@ -34,7 +35,7 @@ def traces(draw, max_n=40):
         last[c] = t + (y if colocated else draw(st.integers(0, 2 * b)))
     T = np.array(T, np.int64)
     resp = np.array(resp, np.int64)
-    L = T + resp if colocated else T
+    L = kv_tokens(T, resp) if colocated else T  # prompt + first m − 1 generated tokens
     off, h = hashes_from_block_counts(np.array(conv), L // b, shared_prefix_blocks=shared)
     return {"T": T, "resp": resp if colocated else None, "colocated": colocated, "off": off, "h": h, "b": b}
 

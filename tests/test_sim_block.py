@@ -21,6 +21,7 @@ from kvhit.sim.vllm.block import (
 )
 from kvhit.sim.vllm.blockids import block_id, hashes_from_block_counts, hashes_from_token_ids
 from kvhit.sim.vllm.reference import simulate_block_reference
+from kvhit.workload.requests import kv_tokens
 
 ENGINES = ["vllm", "vllm-0.23"]
 
@@ -118,16 +119,23 @@ def test_rejected_requests():
 
 
 def test_colocated_keeps_response_blocks():
-    # b=4: turn 1 prompt 6 + response 6 = 12 tokens = 3 full blocks, all hashed in colocated mode;
-    # turn 2 prompt (history 12 + 5 new = 17 tokens) hits 3 blocks. PD mode would hit only 1.
+    # b=4: turn 1 prompt 6 + 6 generated tokens: vLLM keeps the KV of 6 + 6 − 1 = 11 tokens (the last sampled token
+    # is never fed back), 2 full blocks hashed in colocated mode; turn 2 (history 12 + 5 new = 17 tokens) hits 2
+    # blocks, not 3. The same boundary (T + m = 3 blocks) on a live vLLM 0.32.0 server at b = 32, 64 and 128:
+    # the next turn hits 2 blocks (live/facts.py, `make live`). PD mode hits only 1.
     T = np.array([6, 17])
     resp = np.array([6, 4])
-    off, h = hashes_from_block_counts(np.array([0, 0]), (T + resp) // 4)
+    off, h = hashes_from_block_counts(np.array([0, 0]), (T + resp - 1) // 4)
     r = simulate_block(T, off, h, N=16, block_size=4, colocated=True, response_tokens=resp)
-    assert r.hit_blocks.tolist() == [0, 3]
-    assert r.new_blocks.tolist() == [3, 6 - 3]
+    assert r.hit_blocks.tolist() == [0, 2]
+    assert r.new_blocks.tolist() == [3, 5 - 2]
     rp = _sim([6, 17], [0, 0], b=4, N=16)
     assert rp.hit_blocks.tolist() == [0, 1]
+    # one generated token more completes the third block: T + m − 1 = 12
+    resp2 = np.array([7, 4])
+    off, h = hashes_from_block_counts(np.array([0, 0]), (np.array([6, 18]) + resp2 - 1) // 4)
+    r2 = simulate_block(np.array([6, 18]), off, h, N=16, block_size=4, colocated=True, response_tokens=resp2)
+    assert r2.hit_blocks.tolist() == [0, 3]
 
 
 def test_metric_helpers():
@@ -248,7 +256,7 @@ def traces(draw, max_n=40):
         last[c] = t + (y if colocated else draw(st.integers(0, 2 * b)))
     T = np.array(T, np.int64)
     resp = np.array(resp, np.int64)
-    L = T + resp if colocated else T
+    L = kv_tokens(T, resp) if colocated else T  # prompt + first m − 1 generated tokens
     off, h = hashes_from_block_counts(np.array(conv), L // b, shared_prefix_blocks=shared)
     return {"T": T, "resp": resp if colocated else None, "colocated": colocated, "off": off, "h": h, "b": b}
 

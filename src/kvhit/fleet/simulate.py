@@ -39,6 +39,7 @@ from kvhit.fleet.routers import RouteView, make_router
 from kvhit.sim.engine import Request
 from kvhit.sim.registry import make_engine
 from kvhit.sim.vllm.block import ENGINES, simulate_block
+from kvhit.workload.requests import kv_tokens
 
 __all__ = ["FleetResult", "simulate_fleet"]
 
@@ -116,7 +117,7 @@ def _stream(prompt_tokens, hash_offsets, hashes, response_tokens, colocated):
     off = np.asarray(hash_offsets, np.int64)
     hs = np.asarray(hashes)
     hs = hs.view(np.int64) if hs.dtype == np.uint64 else hs.astype(np.int64)
-    L = T + (np.asarray(response_tokens, np.int64) if colocated else 0)
+    L = kv_tokens(T, response_tokens) if colocated else T
     return T, L, off, hs
 
 

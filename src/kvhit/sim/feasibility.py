@@ -1,6 +1,6 @@
 """Which capacities can serve a workload at all: requests a KV pool of ``N`` blocks must refuse.
 
-A request needing ``ceil(L/b)`` blocks (``L = T`` prompt tokens; ``T + response`` colocated) can never be admitted
+A request needing ``ceil(L/b)`` blocks (``L = T`` prompt tokens; ``T + response − 1`` colocated) can never be admitted
 to a pool of ``N < ceil(L/b)`` usable blocks: vLLM refuses to start when ``max_model_len`` exceeds the KV cache, and
 the block simulator (:mod:`kvhit.sim.vllm.block`) *rejects* such a request. A hit ratio measured over the admitted
 requests only is not the workload's hit ratio — it leaves out the longest (and most reusable) prompts, can exceed
@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from kvhit.workload.requests import kv_tokens
 
 __all__ = ["Feasibility", "feasibility"]
 
@@ -57,7 +59,8 @@ class Feasibility:
 def feasibility(prompt_tokens, block_size: int, Ns, *, mask=None, response_tokens=None) -> Feasibility:
     """Refused shares at every capacity in ``Ns`` (any order) for requests of ``prompt_tokens`` tokens.
 
-    ``response_tokens`` (colocated serving) adds the response to the blocks a request holds. ``mask`` (bool per
+    ``response_tokens`` (colocated serving) adds the first ``m − 1`` generated tokens to the blocks a request
+    holds (:func:`~kvhit.workload.requests.kv_tokens`). ``mask`` (bool per
     request) selects the measured requests; ``N_min`` is over *all* requests (one refused request anywhere makes
     the capacity unable to serve the workload).
     """
@@ -65,7 +68,7 @@ def feasibility(prompt_tokens, block_size: int, Ns, *, mask=None, response_token
     b = int(block_size)
     if b < 1:
         raise ValueError(f"block_size: expected a positive integer, got {block_size!r}")
-    L = T if response_tokens is None else T + np.asarray(response_tokens, dtype=np.int64)
+    L = T if response_tokens is None else kv_tokens(T, response_tokens)
     need = -(-L // b)
     Ns = np.atleast_1d(np.asarray(Ns, dtype=np.int64))
     m = np.ones(T.shape[0], bool) if mask is None else np.asarray(mask, bool)

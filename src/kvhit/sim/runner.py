@@ -14,7 +14,7 @@ import numpy as np
 
 from kvhit.sim.metrics import HitStats, content_hit_stats, hit_stats, mean_ci
 from kvhit.workload.generate import generate
-from kvhit.workload.requests import BlockRequests
+from kvhit.workload.requests import BlockRequests, kv_tokens
 from kvhit.workload.spec import WorkloadSpec
 from kvhit.workload.trace import Trace, Window
 
@@ -149,7 +149,7 @@ def block_requests(
         conv_off, conv_hashes = hashes_from_token_ids(full_seqs, b)
         if "cum_tokens" in trace.cols and not np.array_equal(trace["cum_tokens"], T):
             raise ValueError("trace column cum_tokens disagrees with the lengths of new_tokens")
-        L = T + (resp if colocated else 0)
+        L = kv_tokens(T, resp) if colocated else T
         counts = L // b
         hashes = conv_hashes[_prefix_csr(conv_off, conv, counts)]
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -164,7 +164,7 @@ def block_requests(
         T = trace["R"].astype(np.int64) * b - 1
     else:
         raise ValueError(f"unknown source {source!r} (auto, tokens, counts, blocks)")
-    L = T + (resp if colocated else 0)
+    L = kv_tokens(T, resp) if colocated else T
     offsets, hashes = hashes_from_block_counts(conv, L // b)
     return BlockRequests(T, offsets, hashes, resp if colocated else None, b, source)
 

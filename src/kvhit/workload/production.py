@@ -72,6 +72,7 @@ import numpy as np
 from numba import njit
 
 from kvhit.workload.hashing import fmix64 as _fmix64
+from kvhit.workload.requests import kv_tokens
 
 __all__ = [
     "ProductionTrace",
@@ -199,10 +200,10 @@ class ProductionTrace:
         """The block simulator's input (:class:`kvhit.workload.requests.BlockRequests`, ``source="production"``).
 
         ``colocated=False`` (PD-disaggregated prefiller, paper Fig. 1): ``⌊T_j/b⌋`` ids per request, as read.
-        ``colocated=True`` (Remark B.1): the simulator also hashes the ``⌊(T_j+O_j)/b⌋ − ⌊T_j/b⌋`` blocks
-        completed by the response; the traces carry no id for them, so each gets a fresh, never-reused
-        negative id (a lower bound: in a real multi-turn chat the next turn's prompt would reuse them only
-        if it contained the response verbatim, which the ids cannot tell). Use with
+        ``colocated=True`` (Remark B.1): the simulator also hashes the ``⌊(T_j+O_j−1)/b⌋ − ⌊T_j/b⌋`` blocks
+        completed by the response (the last sampled token never gets KV); the traces carry no id for them,
+        so each gets a fresh, never-reused negative id (a lower bound: in a real multi-turn chat the next
+        turn's prompt would reuse them only if it contained the response verbatim, which the ids cannot tell). Use with
         ``simulate_block(..., colocated=True, response_tokens=rq.response_tokens)``.
         """
         from kvhit.workload.requests import BlockRequests
@@ -212,7 +213,7 @@ class ProductionTrace:
         if not colocated:
             return BlockRequests(T, self.hash_offsets, self.hashes, None, b, "production")
         O = self.output_tokens
-        extra = (T + O) // b - T // b
+        extra = kv_tokens(T, O) // b - T // b
         counts = self.full_blocks + extra
         off = np.zeros(self.n_requests + 1, np.int64)
         np.cumsum(counts, out=off[1:])

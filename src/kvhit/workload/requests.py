@@ -5,7 +5,8 @@ traces (:meth:`kvhit.workload.production.ProductionTrace.block_requests`) and fr
 (:func:`kvhit.sim.runner.block_requests`); the simulators only read it.
 
 Invariant: ``hashes[hash_offsets[r]:hash_offsets[r + 1]]`` are request r's chained full-block ids in prompt
-order (then, when ``response_tokens`` is set, the blocks its response completes). Not modelled here: anything
+order (then, when ``response_tokens`` is set, the blocks its response completes: ``kv_tokens(T, m) // b`` ids in all,
+the prompt and the first ``m − 1`` generated tokens, :func:`kv_tokens`). Not modelled here: anything
 about the cache itself.
 """
 
@@ -15,7 +16,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BlockRequests"]
+__all__ = ["BlockRequests", "kv_tokens"]
+
+
+def kv_tokens(prompt_tokens, response_tokens):
+    """Tokens whose KV a colocated vLLM request holds and caches: the prompt and the first ``m − 1`` of its ``m``
+    generated tokens. The last sampled token is returned to the client but never fed back through the model, so
+    it never gets KV (vLLM 0.32.0 on a live server: a next turn hits the block ending at ``T + m − 1``, never the
+    one ending at ``T + m``; ``live/facts.py``). ``m = 0`` keeps the prompt only. Scalars or arrays."""
+    T = np.asarray(prompt_tokens, dtype=np.int64)
+    m = np.asarray(response_tokens, dtype=np.int64)
+    out = T + np.maximum(m - 1, 0)
+    return int(out) if out.ndim == 0 else out
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ Semantics mirrored (vLLM ``vllm/v1/core``):
 * **Admission** – ``SingleTypeKVCacheManager.get_num_blocks_to_allocate``: the request needs
   ``ceil(L / b) - hit`` new blocks plus the hit blocks whose ``ref_cnt == 0`` (they leave the free
   queue when touched); ``allocate_slots`` refuses when this exceeds ``get_num_free_blocks()``.
-  Here ``L = T`` (PD-disaggregated prefiller, paper Fig. 1) or ``L = T + response`` (colocated,
-  Remark B.1).
+  Here ``L = T`` (PD-disaggregated prefiller, paper Fig. 1) or ``L = T + m − 1`` for ``m`` generated
+  tokens (colocated, Remark B.1: the last sampled token never gets KV, ``kvhit.workload.requests.kv_tokens``,
+  checked against a live vLLM 0.32.0 server by ``make live``).
 * **Touch** – ``BlockPool.touch``: a hit block with ``ref_cnt == 0`` is removed from the free queue;
   ``ref_cnt += 1``.
 * **Allocate** – ``BlockPool.get_new_blocks`` pops blocks from the free-queue head
@@ -73,6 +74,7 @@ import numpy as np
 from numba import njit
 
 from kvhit.workload.hashing import fmix64
+from kvhit.workload.requests import kv_tokens
 
 __all__ = [
     "ENGINES",
@@ -482,9 +484,10 @@ def request_stream(
 ):
     """Validate a request stream (shared by :func:`simulate_block` and :mod:`kvhit.sim.vllm.curve`).
 
-    Returns ``(T, L, resp, off, hs, b)``: prompt tokens, allocated tokens (``T`` or ``T + resp`` when
-    colocated), response tokens (or None), CSR offsets and int64 ids, block size. Every request must carry
-    exactly ``L // b`` ids (its full blocks). Errors are ``error`` instances naming the field (and request).
+    Returns ``(T, L, resp, off, hs, b)``: prompt tokens, allocated tokens (``T`` or ``T + resp − 1``
+    when colocated, :func:`~kvhit.workload.requests.kv_tokens`), response tokens (or None), CSR offsets and
+    int64 ids, block size. Every request must carry exactly ``L // b`` ids (its full blocks). Errors are
+    ``error`` instances naming the field (and request).
     """
     if engine not in ENGINES:
         raise error(f"engine: expected one of {sorted(ENGINES)}, got {engine!r}")
@@ -503,7 +506,7 @@ def request_stream(
             raise error(f"response_tokens: expected shape ({n},), got {resp.shape}")
         if n and resp.min() < 0:
             raise error("response_tokens: must be >= 0")
-        L = T + resp
+        L = kv_tokens(T, resp)
     else:
         if response_tokens is not None:
             raise error("response_tokens: only used with colocated=True (PD mode keeps no response KV)")
@@ -558,7 +561,7 @@ def simulate_block(
     hash_offsets, hashes : int[n+1], int64/uint64[...]
         CSR stream of chained block hashes (see :mod:`kvhit.sim.vllm.blockids`): request ``r`` owns
         ``hashes[hash_offsets[r]:hash_offsets[r+1]]``, exactly ``L // block_size`` of them, where
-        ``L = T`` (disaggregated) or ``L = T + response_tokens`` (``colocated=True``).
+        ``L = T`` (disaggregated) or ``L = T + max(response_tokens − 1, 0)`` (``colocated=True``).
     N : int
         Usable KV blocks in the pool (vLLM ``num_gpu_blocks - 1``).
     block_size : int
@@ -566,9 +569,10 @@ def simulate_block(
     engine : {"vllm", "vllm-0.23"}
         Free-queue order on free (see module docstring).
     colocated : bool
-        Keep the response KV (paper Remark B.1): allocate and hash blocks of prompt + response.
+        Keep the response KV (paper Remark B.1): allocate and hash blocks of the prompt and the first
+        ``m − 1`` generated tokens (the last sampled token never gets KV).
     response_tokens : int[n], optional
-        Response tokens per request; required iff ``colocated``.
+        Generated tokens ``m`` per request; required iff ``colocated``.
     times, hold : float[n], optional
         Arrival times (non-decreasing) and per-request hold durations (``>= 0``). Without ``hold``,
         requests are instantaneous and ``times`` is not used.

@@ -23,6 +23,7 @@ import math
 from kvhit.sim.engine import FinishOutcome, Request, RequestOutcome
 from kvhit.sim.vllm.block import ENGINES
 from kvhit.sim.vllm.reference import ReferenceBlockPool
+from kvhit.workload.requests import kv_tokens
 
 __all__ = ["VllmEngine"]
 
@@ -44,7 +45,8 @@ class _Pool(ReferenceBlockPool):
 class VllmEngine:
     """vLLM ``KVCacheManager`` + ``BlockPool`` over ``N`` usable blocks of ``block_size`` tokens.
 
-    ``colocated=True`` keeps the response KV (allocates and hashes ``T + output`` tokens, Remark B.1);
+    ``colocated=True`` keeps the response KV (allocates and hashes ``T + output − 1`` tokens, Remark B.1: the
+    last sampled token never gets KV, :func:`~kvhit.workload.requests.kv_tokens`);
     otherwise the pool is a PD-disaggregated prefiller (``L = T``).
     """
 
@@ -66,7 +68,7 @@ class VllmEngine:
 
     # ---- helpers --------------------------------------------------------------------------------
     def _tokens(self, req: Request) -> int:
-        return req.prompt_tokens + (req.output_tokens if self.colocated else 0)
+        return kv_tokens(req.prompt_tokens, req.output_tokens) if self.colocated else req.prompt_tokens
 
     def _check(self, req: Request) -> None:
         L = self._tokens(req)

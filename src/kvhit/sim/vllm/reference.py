@@ -16,6 +16,8 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
+from kvhit.workload.requests import kv_tokens
+
 
 class ReferenceBlockPool:
     """vLLM ``BlockPool`` + full-attention ``KVCacheManager`` for one KV-cache group, in pure Python."""
@@ -143,7 +145,7 @@ def simulate_block_reference(
     b = int(block_size)
     T = [int(x) for x in np.asarray(prompt_tokens)]
     n = len(T)
-    L = [T[r] + int(response_tokens[r]) for r in range(n)] if colocated else T
+    L = [kv_tokens(T[r], response_tokens[r]) for r in range(n)] if colocated else T
     off = [int(x) for x in np.asarray(hash_offsets)]
     hs = [int(x) for x in np.asarray(hashes).astype(np.int64)]
     req_hashes = [hs[off[r] : off[r + 1]] for r in range(n)]
