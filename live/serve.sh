@@ -15,7 +15,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 kvbytes=$(( (nblocks + 8) * 2 * 2 * 2 * 32 * 2 * bs ))
 [ "$kvbytes" -lt 16777216 ] && kvbytes=16777216
 VLLM_HOST_IP=127.0.0.1 VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=0 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO} \
-VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind} \
+VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind} OMP_NUM_THREADS=${KVHIT_LIVE_THREADS:-1} \
   setsid "$py" -m vllm.entrypoints.openai.api_server --model "$here/model" --host 127.0.0.1 --port "$port" \
   --served-model-name tiny --load-format dummy --skip-tokenizer-init --max-model-len 4096 --enforce-eager \
   --dtype bfloat16 --enable-prefix-caching --block-size "$bs" --kv-cache-memory-bytes "$kvbytes" \

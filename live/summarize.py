@@ -58,7 +58,9 @@ def main(out: Path, wall: int) -> int:
                 if not c["equal_to_per_request_sums"]:
                     problems.append(f"{label}: counter deltas differ from the sums of the responses")
                 if ck["simulated_hit_tokens_all"] != c["hits"]:
-                    problems.append(f"{label}: simulated hit tokens {ck['simulated_hit_tokens_all']} != counter {c['hits']}")
+                    problems.append(
+                        f"{label}: simulated hit tokens {ck['simulated_hit_tokens_all']} != counter {c['hits']}"
+                    )
         mm = ck.get("mismatching_requests")
         rows.append(
             [
@@ -113,7 +115,8 @@ def main(out: Path, wall: int) -> int:
     md.append(
         f"Sequential: {seq_req:,} requests over {len(settings)} settings, {seq_mm} per-request mismatches. "
         f"Concurrent (trace timing), simulated − measured: {gap(t.get('simulated_minus_measured'), 0.01)}. "
-        f"Estimator − measured (steady state, measured after the warm-up): {gap(e.get('estimated_minus_measured'), 0.02)}. "
+        "Estimator − measured (steady state, measured after the warm-up): "
+        f"{gap(e.get('estimated_minus_measured'), 0.02)}. "
         f"Token hit ratios: measured = Σ cached_tokens / Σ prompt tokens (after the run's --warmup conversations). "
         f"`make live` wall time: {wall} s."
     )

@@ -36,7 +36,7 @@ def _chat_trace(path=None, n_conv=6, turns=3, seed=0):
     T = np.array(T, np.int64)
     R = -(-T // 16)
     Z = np.maximum(np.diff(np.concatenate([[0], R])), 1)
-    Z[:: turns] = np.maximum(R[::turns], 1)
+    Z[::turns] = np.maximum(R[::turns], 1)
     tr = trace_from_conversations(
         M,
         Z,

@@ -22,6 +22,7 @@ def _load():
     # isort: off
     from kvhit.cli import estimate, simulate, stream, trace, demo, plan, reproduce, curve, tiers, serve, fleet, sweep  # noqa: F401
     from kvhit.cli import explain  # noqa: F401  (kvhit explain, kvhit trace chat)
+    from kvhit.cli import replay  # noqa: F401
 
     # isort: on
     from kvhit.cli._common import app

@@ -8,10 +8,9 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from ..service.replay import ReplayRequest, replay as replay_service
-from ._common import _call, _fmt, _opt, _print_json, _table, app, console, err_console
+from kvhit.cli._common import _call, _fmt, _opt, _print_json, _table, app, console, err_console, svc
 
-RR = ReplayRequest
+RR = svc.ReplayRequest
 
 
 @app.command()
@@ -49,7 +48,7 @@ def replay(
     that fails midway keeps its --log, marked partial, and exits 1.
     """
     res = _call(
-        replay_service,
+        svc.replay,
         RR,
         _progress_label="replaying",
         endpoint=endpoint,

@@ -1,7 +1,7 @@
 """Predict exactly what a replay recorded, and compare it request by request with what the server measured.
 
 The recorded sequence — each request's prompt ids as sent and the output ids the server returned — is run
-through kvhit's step-wise vLLM engine (:class:`kvhit.sim.engines.vllm.VllmEngine`) in the colocated mode, with
+through kvhit's step-wise vLLM engine (:class:`kvhit.sim.vllm.engine.VllmEngine`) in the colocated mode, with
 the server's own configuration read from its ``vllm:cache_config_info``:
 
 * ``N = num_gpu_blocks − 1`` usable blocks (vLLM's block 0 is the reserved null block);
@@ -12,7 +12,7 @@ the server's own configuration read from its ``vllm:cache_config_info``:
   conversation's history and the returned tokens hits exactly the blocks vLLM would find.
 
 Sequential replays are simulated request by request with nothing in flight; concurrent ones with holds from
-the measured send/finish times (:func:`kvhit.sim.engines.replay` with ``times``/``hold``): the engine's
+the measured send/finish times (:func:`kvhit.sim.engine.replay` with ``times``/``hold``): the engine's
 scheduler (batching, chunked prefill, decode allocation step by step, preemption) is not modelled, so there
 only the aggregate is compared.
 
@@ -58,9 +58,9 @@ def simulate_recorded(
     ``prompts``/``outputs``: per request the token ids sent and returned (request order = send order for a
     sequential replay); ``t_send``/``t_done`` (both or neither): measured times, simulated as holds.
     """
-    from kvhit.sim.blockids import hashes_from_token_ids
-    from kvhit.sim.engines import Request, replay
-    from kvhit.sim.engines.vllm import VllmEngine
+    from kvhit.sim.engine import Request, replay
+    from kvhit.sim.vllm.blockids import hashes_from_token_ids
+    from kvhit.sim.vllm.engine import VllmEngine
 
     n = len(prompts)
     if num_gpu_blocks < 2:
@@ -71,7 +71,8 @@ def simulate_recorded(
         o = np.asarray(outputs[r], np.int64)
         k = _cached_outputs(int(o.shape[0]), output_cached)
         seqs.append(np.concatenate([p, o[:k]]))
-        T[r], m[r] = p.shape[0], k
+        # the engine keeps the KV of output_tokens − 1 generated tokens (kvhit.workload.requests.kv_tokens)
+        T[r], m[r] = p.shape[0], k + 1
     off, hs = hashes_from_token_ids(seqs, int(block_size)) if n else (np.zeros(1, np.int64), np.zeros(0, np.int64))
     reqs = [Request(r, int(T[r]), tuple(int(x) for x in hs[off[r] : off[r + 1]]), int(m[r])) for r in range(n)]
     eng = VllmEngine(int(num_gpu_blocks) - 1, block_size=int(block_size), engine=engine, colocated=True)
@@ -82,7 +83,9 @@ def simulate_recorded(
         ts = np.asarray(t_send, np.float64)
         td = np.asarray(t_done, np.float64)
         order = np.argsort(ts, kind="stable")
-        sreqs = [Request(i, reqs[r].prompt_tokens, reqs[r].block_hashes, reqs[r].output_tokens) for i, r in enumerate(order)]
+        sreqs = [
+            Request(i, reqs[r].prompt_tokens, reqs[r].block_hashes, reqs[r].output_tokens) for i, r in enumerate(order)
+        ]
         res = replay(eng, sreqs, times=ts[order], hold=np.maximum(td[order] - ts[order], 0.0))
     hit = np.full(n, -1, np.int64)
     for i, r in enumerate(order):

@@ -43,6 +43,7 @@ from kvhit.service.fleet_plan import (
 )
 from kvhit.service.kv import HardwareFields, KvRequest, KvResponse, kv, list_presets
 from kvhit.service.plan import PlanRequest, PlanResponse, plan
+from kvhit.service.replay import ReplayRequest, ReplayResponse, replay
 from kvhit.service.runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
 from kvhit.service.simulate import SimulateRequest, SimulateResponse, simulate
 from kvhit.service.spec import SpecFields, TraceOrSpecFields, load_spec
@@ -85,6 +86,9 @@ __all__ = [
     "KvResponse",
     "kv",
     "list_presets",
+    "ReplayRequest",
+    "ReplayResponse",
+    "replay",
     "TraceEstimateRequest",
     "TraceEstimateResponse",
     "trace_estimate",

@@ -21,9 +21,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Request, Response
-from .errors import InputError, translating
-from .io import atomic_write, check_output_file
+from kvhit.service.base import Request, Response
+from kvhit.service.errors import InputError, translating
+from kvhit.service.io import atomic_write, check_output_file
 
 __all__ = ["ReplayRequest", "ReplayResponse", "replay"]
 
@@ -99,8 +99,8 @@ class ReplayResponse(Response):
 
 
 def _load_plan(req: ReplayRequest):
-    from ..replay.tokens import plan_from_production, plan_from_trace
-    from .inputs import read_blocks_trace, read_trace
+    from kvhit.replay.tokens import plan_from_production, plan_from_trace
+    from kvhit.service.inputs import read_blocks_trace, read_trace
 
     if (req.trace is None) == (req.blocks_trace is None):
         raise InputError("--trace or --blocks-trace: give one workload source")
@@ -161,8 +161,8 @@ def _write_log(path: Path, plan, run, sim, meta: dict) -> None:
 
 def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     """Replay, record and (``check``) compare; see the module docstring."""
-    from ..replay import check as ck
-    from ..replay.client import ReplayError, run_plan
+    from kvhit.replay import check as ck
+    from kvhit.replay.client import ReplayError, run_plan
 
     if req.speedup is not None and req.concurrency is not None:
         raise InputError("--speedup and --concurrency: give one timing (trace arrival times, or a closed loop)")
@@ -219,7 +219,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     plen = np.array([0 if p is None else p.shape[0] for p in run.prompts], np.int64)
     # conversations in arrival order; the first `warmup` are left out of the aggregates
     first = {}
-    for r, c in enumerate(plan.conv.tolist()):
+    for c in plan.conv.tolist():
         first.setdefault(c, len(first))
     rank = np.array([first[c] for c in plan.conv.tolist()], np.int64)
     window = ok & (rank >= req.warmup)
