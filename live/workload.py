@@ -1,5 +1,5 @@
-"""Write the chat traces `make live` replays (kvhit Parquet, token counts): live/workload.py OUT.parquet SEED N_CONV
-[MEAN_USER MAX_RESP LAM0 W_MEAN MEAN_TURNS].
+"""Write the chat traces `make live` replays (kvhit Parquet, token counts), one per argument:
+    live/workload.py OUT.parquet:SEED:N_CONV[:MEAN_USER:MAX_RESP:LAM0:W_MEAN:MEAN_TURNS] ...
 
 Conversations as in kvhit's generator (Poisson arrivals λ0, geometric turns, exponential think times W), each turn
 adding a user message of 1 + Geometric(mean_user) tokens, the previous answer of 1..max_resp tokens (uniform) in
@@ -17,11 +17,8 @@ from kvhit.workload.generate import trace_from_conversations
 CAP = 4096 - 256 - 64
 
 
-def main(argv):
-    out, seed, n_conv = argv[0], int(argv[1]), int(argv[2])
-    defaults = [60.0, 40.0, 1.0, 8.0, 8.0]
-    given = [float(x) for x in argv[3:]]
-    mean_user, max_resp, lam0, w_mean, mean_turns = given + defaults[len(given) :]
+def one(out, seed, n_conv, mean_user=60.0, max_resp=40.0, lam0=1.0, w_mean=8.0, mean_turns=8.0):
+    seed, n_conv = int(seed), int(n_conv)
     rng = np.random.default_rng(seed)
     M = Geometric.from_mean(mean_turns).sample(rng, n_conv).astype(np.int64)
     rows_T, rows_resp, keepM = [], [], []
@@ -64,6 +61,12 @@ def main(argv):
     assert isinstance(tr, Trace)
     tr.write(out)
     print(f"{out}: {tr.n_turns} requests, {tr.n_conversations} conversations, max prompt {int(T.max())} tokens")
+
+
+def main(argv):
+    for a in argv:
+        out, *rest = a.split(":")
+        one(out, *(float(x) for x in rest))
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ class ReplayPlan:
     prev: np.ndarray
     source: str
     notes: tuple[str, ...] = ()
+    asked: np.ndarray | None = None  #: output lengths before ``max_output`` (for the cap note)
 
     @property
     def n(self) -> int:
@@ -110,7 +111,12 @@ class ReplayPlan:
             self.prev[:n],
             self.source,
             self.notes,
+            None if self.asked is None else self.asked[:n],
         )
+
+    def capped(self) -> int:
+        """Requests whose trace output length was capped (``max_output``)."""
+        return 0 if self.asked is None else int((self.asked > self.max_tokens).sum())
 
     def prompt_bound(self) -> np.ndarray:
         """Prompt length of each request if every response is as long as asked (chat: history + outputs)."""
@@ -156,17 +162,12 @@ def plan_from_trace(
     _, dense = np.unique(conv, return_inverse=True)
     dense = dense.astype(np.int64)
     prev = _prev_in_conv(dense)
-    notes = []
     has_tokens = "cum_tokens" in trace.cols and "response_tokens" in trace.cols
     if "response_tokens" in trace.cols:
-        out = np.asarray(trace["response_tokens"], np.int64)[order]
-        out = np.maximum(out, 1)
-        if max_output is not None:
-            if (out > max_output).any():
-                notes.append(f"{int((out > max_output).sum()):,} response(s) capped at {max_output} tokens")
-            out = np.minimum(out, max_output)
+        asked = np.maximum(np.asarray(trace["response_tokens"], np.int64)[order], 1)
     else:
-        out = np.full(conv.shape[0], int(output_tokens), np.int64)
+        asked = np.full(conv.shape[0], int(output_tokens), np.int64)
+    out = asked if max_output is None else np.minimum(asked, max_output)
     if has_tokens:
         T = np.asarray(trace["cum_tokens"], np.int64)[order]
         resp = np.asarray(trace["response_tokens"], np.int64)[order]
@@ -185,7 +186,7 @@ def plan_from_trace(
         if sys_ids is not None and prev[r] < 0:
             ids = np.concatenate([sys_ids, ids])
         new_ids.append(ids)
-    return ReplayPlan(dense, turn, time, new_ids, out, True, prev, source, tuple(notes))
+    return ReplayPlan(dense, turn, time, new_ids, out, True, prev, source, (), asked)
 
 
 def plan_from_production(
@@ -216,14 +217,11 @@ def plan_from_production(
         new_ids.append(np.concatenate([head, _ids(tkey, tail, seed, vocab)[0]]) if tail else head)
     outs = np.asarray(pt.output_tokens, np.int64) if pt.output_tokens is not None else None
     if outs is None or (outs <= 0).all():
-        out = np.full(n, int(output_tokens), np.int64)
+        asked = np.full(n, int(output_tokens), np.int64)
     else:
-        out = np.maximum(outs, 1)
+        asked = np.maximum(outs, 1)
+    out = asked if max_output is None else np.minimum(asked, max_output)
     notes = []
-    if max_output is not None:
-        if (out > max_output).any():
-            notes.append(f"{int((out > max_output).sum()):,} output(s) capped at {max_output} tokens")
-        out = np.minimum(out, max_output)
     if k != b:
         notes.append(f"trace blocks of {b} tokens replayed as {k} tokens each (lengths scaled by {k}/{b})")
     conv = np.arange(n, dtype=np.int64)
@@ -237,4 +235,5 @@ def plan_from_production(
         np.full(n, -1, np.int64),
         "block-ids",
         tuple(notes),
+        asked,
     )

@@ -135,6 +135,14 @@ def _load_plan(req: ReplayRequest):
     return plan
 
 
+def _notes(req: ReplayRequest, plan) -> list[str]:
+    notes = list(plan.notes)
+    k = plan.capped()
+    if k:
+        notes.append(f"{k:,} of {plan.n:,} output lengths capped at --max-output {req.max_output} tokens")
+    return notes
+
+
 def _write_log(path: Path, plan, run, sim, meta: dict) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -168,7 +176,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
         raise InputError("--speedup and --concurrency: give one timing (trace arrival times, or a closed loop)")
     log = check_output_file(req.log, "--log")
     plan = _load_plan(req)
-    notes = list(plan.notes)
+    notes = _notes(req, plan)
     sequential = req.speedup is None and (req.concurrency or 1) == 1
     mode = (
         "sequential"
