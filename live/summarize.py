@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 RUNS = [
-    ("seq-b128", "sequential, heavy eviction"),
-    ("seq-b32", "sequential, heavy eviction"),
-    ("seq-b64-steady", "sequential, steady state (estimator)"),
+    ("seq-b128", "sequential, heavy eviction, shared system prompt"),
+    ("seq-b32", "sequential, heavy eviction, shared system prompt"),
+    ("seq-b64-steady", "sequential, steady state, no shared prompt (estimator)"),
     ("timed-b128", "trace timing (concurrent)"),
-    ("control-wrong-blocks", "negative control: kvhit at G − 3 blocks"),
+    ("control-no-null-block", "negative control: kvhit with block 0 usable (G + 1 simulated)"),
     ("control-all-m-cached", "negative control: all m generated tokens cached"),
 ]
 
