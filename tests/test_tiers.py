@@ -113,7 +113,7 @@ def test_native_store_threshold():
 
 def test_native_decode_chunks():
     # colocated, prompt_only=False: chunks of the response (up to T + out - 1 tokens) are stored too.
-    r = Request(0, 8, tuple(range(4)), output_tokens=8)  # 16 tokens, 4 blocks of 4; T+out-1=15 -> 3 chunks
+    r = Request(0, 8, tuple(range(3)), output_tokens=8)  # KV of T + out - 1 = 15 tokens: 3 full blocks of 4, 3 chunks
     e = make_tiered("native", gpu_blocks=8, host_capacity=8, block_size=4, colocated=True, prompt_only=False)
     replay(e, [r])
     assert sorted(e.host_eviction_order()) == [0, 1, 2]
