@@ -280,8 +280,10 @@ def test_feasibility_by_hand():
     # measured subset: shares over the measured requests, N_min over all
     g = feasibility(T, 4, [3], mask=np.array([True, True, True, True, False]))
     assert g.N_min == 4 and not g.feasible[0] and g.refused_requests[0] == 0.0
-    # colocated: the response counts
+    # colocated: the response counts, all but its last token (T + m − 1 tokens hold KV; vLLM 0.32.0, make live)
     h = feasibility(np.array([3]), 4, [1, 2], response_tokens=np.array([2]))
+    assert h.feasible.tolist() == [True, True]
+    h = feasibility(np.array([3]), 4, [1, 2], response_tokens=np.array([3]))
     assert h.feasible.tolist() == [False, True]
 
 
