@@ -83,7 +83,8 @@ def main(url: str, out: str) -> int:
     a = fresh(H * b + 5)
     comp(a)
     left = G - 3
-    fmax = 4096 // b - 2
+    max_len = int(c.get("/v1/models").json()["data"][0]["max_model_len"])
+    fmax = max_len // b - 2
     while left > 0:
         f = min(fmax, left)
         comp(fresh(f * b + 5))

@@ -42,14 +42,15 @@ trap cleanup EXIT
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 declare -A PORT
-start() {  # name block_size num_gpu_blocks
-  local port pid
+start() {  # name block_size num_gpu_blocks [extra vllm flags]
+  local port pid name=$1 bs=$2 nb=$3
+  shift 3
   port=$(free_port)
-  pid=$(live/serve.sh "$live_py" "$port" "$2" "$3" "$out/server-$1.log")
+  pid=$(live/serve.sh "$live_py" "$port" "$bs" "$nb" "$out/server-$name.log" "$@")
   pids+=("$pid")
-  PORT[$1]=$port
-  echo "$pid" >"$out/server-$1.pid"
-  say "server $1: block size $2, $3 blocks, pid $pid, http://127.0.0.1:$port"
+  PORT[$name]=$port
+  echo "$pid" >"$out/server-$name.pid"
+  say "server $name: block size $bs, $nb blocks, pid $pid, http://127.0.0.1:$port"
 }
 
 wait_health() {  # name
@@ -71,10 +72,12 @@ wait_health() {  # name
   say "server $name healthy"
 }
 
-# (name, block size, num_gpu_blocks): heavy eviction at 128 and at 32 (the largest request needs ~30 of 39 and
-# ~117 of 129 usable blocks), a larger pool at 64 for the steady-state estimator run
+# (name, block size, num_gpu_blocks): 128/40 (the largest of its first 300 sequential requests needs 10 of the 39
+# usable blocks; the timed replay's up to 18), heavy eviction at 32/40 (the largest request needs 31 of 39 usable
+# blocks; --max-model-len 1248 = 39 blocks, which vLLM needs to start), a larger pool at 64/300 for the 2,071-request
+# steady-state run (largest request 47 of 299 blocks)
 start b128 128 40
-start b32 32 130
+start b32 32 40 --max-model-len 1248
 start b64 64 300
 
 # the traces (kvhit Parquet with token counts), generated while the servers start
