@@ -346,3 +346,19 @@ def test_replay_closed_loop_concurrency_matches_in_aggregate(tmp_path):
     # nothing is evicted (1,000 blocks), so holds change nothing: equal in aggregate, not checked per request
     assert res.check["per_request"] is False and res.check["passed"] is None
     assert res.check["simulated_minus_measured"] == 0.0
+
+
+def test_replay_block_id_trace_against_fake_server(tmp_path):
+    f = tmp_path / "t.jsonl"
+    recs = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 3, "hash_ids": [1, 2, 3]},
+        {"timestamp": 5, "input_length": 1030, "output_length": 2, "hash_ids": [1, 2, 4]},
+        {"timestamp": 9, "input_length": 600, "output_length": 2, "hash_ids": [7, 8]},
+    ]
+    f.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    with FakeVllm(b=16) as srv:
+        res = replay(build(ReplayRequest, endpoint=srv.url, blocks_trace=f, tokens_per_block=32, check=True))
+    # request 1 is the two 512-token blocks it shares with request 0 (64 replayed tokens, its 6-token tail scales to
+    # none): 4 server blocks of 16, of which 3 hit (the hit is capped at T − 1 tokens)
+    assert res.source == "block-ids" and res.completed == 3
+    assert res.check["mismatching_requests"] == 0 and res.check["measured_hit_tokens_all"] == 48
