@@ -39,43 +39,60 @@ class ReplayRequest(Request):
         None,
         ge=1,
         le=65536,
-        description="Tokens per trace block (block-count traces, block-id traces); default: the trace's block size.",
+        description="Tokens per trace block (block-count and block-id traces); 1–65,536; "
+        "default: the trace's block size.",
     )
     output_tokens: int = Field(
         16, ge=1, le=65536, description="Output tokens per request when the trace has none; 1–65,536; default 16."
     )
     max_output: int | None = Field(
-        None, ge=1, le=65536, description="Cap on the trace's output lengths; default: none."
+        None, ge=1, le=65536, description="Cap on the trace's output lengths; 1–65,536; default: none."
     )
     system_prompt_tokens: int = Field(
-        0, ge=0, le=65536, description="Shared system prompt opening every conversation (chat traces); default 0."
+        0,
+        ge=0,
+        le=65536,
+        description="Shared system prompt tokens opening every conversation (chat traces); 0–65,536; default 0.",
     )
     concurrency: int | None = Field(
-        None, ge=1, le=4096, description="Closed loop with at most K requests in flight; default 1 (sequential)."
+        None,
+        ge=1,
+        le=4096,
+        description="Closed loop with at most K requests in flight; 1–4,096; default 1 (sequential).",
     )
     speedup: float | None = Field(
-        None, gt=0, le=1e6, description="Send at the trace's arrival times divided by S (instead of --concurrency)."
+        None,
+        gt=0,
+        le=1e6,
+        description="Send at the trace's arrival times divided by S (instead of --concurrency); > 0; default: none.",
     )
-    max_in_flight: int = Field(64, ge=1, le=4096, description="With --speedup: requests in flight at most; 64.")
-    limit: int | None = Field(None, ge=1, description="Replay only the first n requests; default: all.")
+    max_in_flight: int = Field(
+        64, ge=1, le=4096, description="With --speedup: requests in flight at most; 1–4,096; default 64."
+    )
+    limit: int | None = Field(None, ge=1, description="Replay only the first n requests; ≥ 1; default: all.")
     warmup: int = Field(
-        0, ge=0, description="Conversations (in arrival order) left out of the aggregate ratios; default 0."
+        0, ge=0, description="Conversations (in arrival order) left out of the aggregate ratios; ≥ 0; default 0."
     )
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the token ids; integer ≥ 0; default 0.")
     log: Path | None = Field(None, description="Parquet log of every request (kept, marked partial, on failure).")
     check: bool = Field(False, description="Compare with kvhit's simulation and estimator (exit 1 on mismatch).")
     reset: bool = Field(True, description="POST /reset_prefix_cache first (vLLM with VLLM_SERVER_DEV_MODE=1).")
     block_size: int | None = Field(
-        None, ge=1, le=65536, description="Block size kvhit assumes; refused if the server's differs."
+        None,
+        ge=1,
+        le=65536,
+        description="Block size kvhit assumes; 1–65,536; refused if the server's differs; default: the server's.",
     )
     num_gpu_blocks: int | None = Field(
-        None, ge=2, description="Block count kvhit simulates (incl. the null block); default: the server's."
+        None, ge=2, description="Block count kvhit simulates (incl. the null block); ≥ 2; default: the server's."
     )
     output_cached: Literal["m-1", "m", "0"] = Field(
         "m-1", description="Generated tokens whose KV the simulation keeps: m-1 (vLLM) | m | 0 (controls)."
     )
-    timeout_s: float = Field(600.0, gt=0, le=86400, description="Seconds to wait for one response; 600.")
-    retries: int = Field(3, ge=0, le=100, description="Retries of a connection that cannot be opened; 3.")
+    timeout_s: float = Field(600.0, gt=0, le=86400, description="Seconds to wait for one response; > 0; default 600.")
+    retries: int = Field(
+        3, ge=0, le=100, description="Retries of a connection that cannot be opened; 0–100; default 3."
+    )
 
     FLAGS = {"log": "--log", "trace": "--trace", "blocks_trace": "--blocks-trace"}
 
