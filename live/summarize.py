@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 RUNS = [
-    ("seq-b128", "sequential, heavy eviction, shared system prompt"),
+    ("seq-b128", "sequential, shared system prompt"),
     ("seq-b32", "sequential, heavy eviction, shared system prompt"),
     ("seq-b64-steady", "sequential, steady state, no shared prompt (estimator)"),
     ("timed-b128", "trace timing (concurrent)"),
