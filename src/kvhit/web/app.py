@@ -15,6 +15,7 @@ default and is meant for one user or a trusted network).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -280,13 +281,24 @@ def _strict_types(model, fields: dict) -> None:
                 raise Refused(422, f"{name}: expected a number, got the string {json.dumps(v)[:40]}", name)
 
 
+@functools.lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    """A hash of kvhit's own source files: a persisted answer is served only to the very code that computed it (the
+    version number alone does not change between commits — a stale answer missing newer fields was served)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def _digest(command: str, fields: dict):
-    """The input hash of a request (its uploads' bytes are added by the caller); with kvhit's version, so a persisted
-    answer of an older kvhit is never served."""
+    """The input hash of a request (its uploads' bytes are added by the caller); with kvhit's version and a hash of
+    its source, so a persisted answer of other kvhit code is never served."""
     from kvhit import __version__
 
     digest = hashlib.sha256()
-    digest.update(f"{__version__}\0{command}".encode())
+    digest.update(f"{__version__}\0{_code_fingerprint()}\0{command}".encode())
     digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
     return digest
 
