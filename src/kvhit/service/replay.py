@@ -29,6 +29,8 @@ __all__ = ["ReplayRequest", "ReplayResponse", "replay"]
 
 
 class ReplayRequest(Request):
+    """The inputs of ``kvhit replay``, validated: each field's description states its unit, range and default."""
+
     endpoint: str = Field(description="Base URL of the server, e.g. http://127.0.0.1:8000; required.")
     model: str | None = Field(None, description="Served model name; default: the server's only model.")
     trace: Path | None = Field(None, description="kvhit Parquet trace (`kvhit trace generate/sharegpt`).")
@@ -98,6 +100,9 @@ class ReplayRequest(Request):
 
 
 class ReplayResponse(Response):
+    """What ``kvhit replay`` measured on the server (counter deltas, per-request log) and, with ``--check``, kvhit's
+    simulation of the recorded sequence beside it."""
+
     endpoint: str
     model: str
     mode: str = Field(description="sequential | closed-loop K | timed (speedup S)")
