@@ -65,6 +65,7 @@ from kvhit.sim.content.stackdist import FIRST_TURN, content_curve_from_threshold
 from kvhit.sim.vllm.block import ENGINES, BlockSimError, request_stream
 from kvhit.sim.vllm.blockids import _MAX_POS, MAX_CONVERSATION_ID, _seedmix
 from kvhit.sim.vllm.blockids import _POS_BITS as _BLOCKID_POS_BITS
+from kvhit.sim.vllm.curve import _append, _prefix  # the position tree (Fenwick) of the exact pass
 from kvhit.workload.hashing import fmix64
 
 __all__ = [
@@ -225,33 +226,11 @@ def _select_kernel(T, L, off, hs, conv, seedmix, hot, measured, b, new_engine, t
 
 
 @njit(cache=True, inline="always")
-def _prefix(tree, P, LB):  # pragma: no cover - compiled
-    acc = 0
-    jj = np.uint64(P + 1)
-    for _ in range(LB):
-        acc += tree[jj]
-        jj &= jj - np.uint64(1)
-    return acc
-
-
-@njit(cache=True, inline="always")
 def _add(tree, P, F, w):  # pragma: no cover - compiled
     kk = P + 1
     while kk <= F:
         tree[kk] += w
         kk += kk & (-kk)
-
-
-@njit(cache=True, inline="always")
-def _append(tree, F, w):  # pragma: no cover - compiled
-    k = F + 1
-    ii = np.uint64(F)
-    lo = np.uint64(k & (k - 1))
-    acc = w
-    while ii > lo:
-        acc += tree[ii]
-        ii &= ii - np.uint64(1)
-    tree[k] = acc
 
 
 @njit(cache=True)

@@ -31,45 +31,9 @@ import numpy as np
 from numba import njit
 
 from kvhit.sim.vllm.block import ENGINES, BlockSimError
+from kvhit.sim.vllm.curve import _append, _prefix, _range_remove  # the position tree (Fenwick) of the exact pass
 
 __all__ = ["ConvThresholdHistogram", "conv_threshold_histogram"]
-
-
-@njit(cache=True, inline="always")
-def _prefix(tree, P, LB):  # pragma: no cover - compiled
-    acc = 0
-    jj = np.uint64(P + 1)
-    for _ in range(LB):
-        acc += tree[jj]
-        jj &= jj - np.uint64(1)
-    return acc
-
-
-@njit(cache=True, inline="always")
-def _append(tree, F, w):  # pragma: no cover - compiled
-    k = F + 1
-    ii = np.uint64(F)
-    lo = np.uint64(k & (k - 1))
-    acc = w
-    while ii > lo:
-        acc += tree[ii]
-        ii &= ii - np.uint64(1)
-    tree[k] = acc
-
-
-@njit(cache=True)
-def _range_remove(tree, a, c, F):  # pragma: no cover - compiled
-    for j in range(a + 1, c + 2):
-        lb = j & (-j)
-        lo = j - lb
-        tree[j] -= j - (lo if lo > a else a)
-    j = c + 1
-    j += j & (-j)
-    while j <= F:
-        lb = j & (-j)
-        lo = j - lb
-        tree[j] -= c + 1 - (lo if lo > a else a)
-        j += lb
 
 
 @njit(cache=True)
