@@ -145,7 +145,9 @@ def fleet_simulate(
             "rejected"]  # fmt: skip
     rows = [
         [
-            r["router"] + (" (collapsed: one replica)" if r.get("collapsed") else ""),
+            r["router"]
+            + (" (look-ahead sessions: upper bound)" if r.get("session_lookahead") else "")
+            + (" (collapsed: one replica)" if r.get("collapsed") else ""),
             _fmt(r["replicas"]),
             _fmt(r["token_hit_ratio"]),
             _fmt(r["estimate"]),

@@ -75,6 +75,7 @@ def tiers(
     workers: Annotated[int, typer.Option("--workers", help=_help(svc.TiersRequest, "workers"))] = 1,
     estimate: Annotated[str, typer.Option("--estimate", help=_help(svc.TiersRequest, "estimate"))] = "none",
     plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
+    measure: Annotated[str, typer.Option("--measure", help=_help(svc.TiersRequest, "measure"))] = "all",
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
 ) -> None:
     """Total hit ratio h(HBM, DRAM) of a trace behind a host-memory KV tier (vLLM native, simple eager/lazy, LMCache,
@@ -108,6 +109,7 @@ def tiers(
         workers=workers,
         estimate=estimate,
         plot=plot,
+        measure=measure,
     )
     if as_json:
         _print_json(res)
@@ -166,5 +168,7 @@ def tiers(
             f"cheapest split reaching the target: {c['hbm_blocks']:,} blocks ({c['hbm_gib']:.1f} GiB HBM) + "
             f"{c['dram_gib']:g} GiB DRAM, cost {c['cost']:.4g}, h = {c['h']:.4f}"
         )
+    for n in res.notes:
+        console.print("note: " + n)
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))

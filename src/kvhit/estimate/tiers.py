@@ -160,11 +160,13 @@ def estimate_tiers(
     chunk_tokens: int = 256,
     engine: str = "vllm",
     lam0: float | None = None,
+    measured: Any = None,
     **kw: Any,
 ) -> TierEstimate:
     """Estimated h(HBM, DRAM) over ``hbm_blocks`` (GPU blocks) × ``host_units`` (native/LMCache: chunks; simple:
     CPU blocks); see the module docstring. ``source``: a ProductionTrace or a kvhit Trace (as
-    :func:`~kvhit.estimate.agentic.estimate_trace`); ``lam0`` and ``kw`` go to that estimator."""
+    :func:`~kvhit.estimate.agentic.estimate_trace`); ``lam0`` and ``kw`` go to that estimator. ``measured``: a
+    boolean mask (arrival order) of the requests h counts, as ``hit_surface(measured=...)``; default all."""
     t0 = _time.perf_counter()
     if tier not in TIERS:
         raise TierEstimateError(f"tier: expected one of {list(TIERS)}, got {tier!r}")
@@ -199,9 +201,14 @@ def estimate_tiers(
     hit = np.zeros((Ns.shape[0], Cs.shape[0]))
     gpu = np.zeros(Ns.shape[0])
     host = np.zeros((Ns.shape[0], Cs.shape[0]))
+    meas = None if measured is None else np.asarray(measured, bool)
+    if meas is not None and meas.shape != (u.n,):
+        raise TierEstimateError(f"measured: expected one flag per request ({u.n}), got shape {meas.shape}")
     for k in np.unique(adm_key):
         sel = adm_key == k
         mask = None if k >= N_min else (R <= k)
+        if meas is not None:
+            mask = meas if mask is None else mask & meas
         if mask is not None and not mask.any():
             gpu[sel] = np.nan
             hit[sel] = np.nan

@@ -106,6 +106,9 @@ class FleetWorkloadFields(FleetRouterFields):
         description="Production block-id trace: Mooncake .jsonl (sessions derived from prefix sharing), or WEKA "
         ".json file/directory; instead of --trace.",
     )
+    sharegpt: bool = Field(
+        False, description="Workload: the bundled ShareGPT trace of `kvhit trace sharegpt` (defaults), built once."
+    )
     trace: Path | None = Field(
         None, description="kvhit trace (Parquet; e.g. from `kvhit trace sharegpt`); or give --blocks-trace."
     )
@@ -133,10 +136,11 @@ class FleetWorkloadFields(FleetRouterFields):
     @classmethod
     def _one_source(cls, v, info):
         other = info.data.get("blocks_trace")
-        if v is None and other is None:
-            raise ValueError("required (or give --blocks-trace)")
-        if v is not None and other is not None:
-            raise ValueError("give one workload source, --trace or --blocks-trace, not both")
+        given = (v is not None) + (other is not None) + bool(info.data.get("sharegpt"))
+        if given == 0:
+            raise ValueError("required (or give --blocks-trace or --sharegpt)")
+        if given > 1:
+            raise ValueError("give one workload source, --trace, --blocks-trace or --sharegpt, not several")
         return v
 
 
@@ -150,8 +154,9 @@ class FleetRequest(FleetWorkloadFields):
     router: Annotated[list[RouterName], Field(min_length=1, max_length=16)] = Field(
         ["round-robin"],
         description="Routers (one or more): round-robin | random | session | sticky | least-loaded | dynamo | "
-        "llm-d | sglang; "
-        "repeat or comma-separate; default: round-robin.",
+        "llm-d | sglang; repeat or comma-separate; default: round-robin. session keys on the conversation id (on a "
+        "Mooncake file, derived from prefix sharing over the whole file: a look-ahead no online router has, an "
+        "upper bound; dynamo/llm-d/sglang are the online alternatives).",
     )
     N: Annotated[list[Capacity], Field(min_length=1, max_length=4096)] = Field(
         description="Blocks per replica: one value for all, or one per replica (with a single R); required."
@@ -177,6 +182,9 @@ class FleetResponse(Response):
     per_replica: list[dict[str, Any]] = Field(description="Per (router, R, replica): requests, hit ratio, prefill.")
     notes: list[str] = Field(default_factory=list)
     figure: list[str] | None = Field(None, description="Figure files written.")
+    stationarity: dict | None = Field(
+        None, description="A kvhit trace: whether the measured window is in steady state (service/steady.py)."
+    )
 
 
 def router_params(req: FleetRouterFields, routers: list[str]) -> dict[str, dict]:
@@ -208,6 +216,7 @@ class FleetWorkload:
     conv_rows: Any = None
     lam0: float | None = None
     notes: list[str] = field(default_factory=list)
+    stationarity: dict | None = None  #: the measured window's report (a kvhit trace), else None
 
 
 def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
@@ -244,17 +253,25 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
         raise InputError("--arrival/--rate/--span: apply to --blocks-trace (WEKA), not to --trace")
     from kvhit.sim.runner import block_requests
 
-    tr = read_trace(req.trace)
-    window = window_for(tr, req.warmup, None, str(req.trace))
+    if req.sharegpt:
+        from kvhit.service.traces import bundled_sharegpt
+
+        with translating("ShareGPT"):
+            tr = bundled_sharegpt(req.block_size)
+        where = "ShareGPT"
+    else:
+        tr = read_trace(req.trace)
+        where = str(req.trace)
+    window = window_for(tr, req.warmup, None, where)
     mask = window.mask(tr)
     ca = np.asarray(tr["conv_arrival"], float)
     conv_rows = (ca >= window.start) & (ca <= window.end)  # the estimator's measured conversations
-    with translating(f"--trace {req.trace}"):
+    with translating(f"--trace {where}"):
         rq = block_requests(tr, block_size=req.block_size)
     times = np.asarray(tr["time"], np.float64)
     order = np.argsort(times, kind="stable")
     if not np.array_equal(order, np.arange(times.size)):
-        raise InputError(f"--trace {req.trace}: rows are not in arrival-time order")
+        raise InputError(f"--trace {where}: rows are not in arrival-time order")
     tm = times[mask]
     span = float(tm.max() - tm.min()) if tm.size else 0.0
     st = FleetStream(
@@ -263,7 +280,11 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
         int(rq.block_size), span,
     )  # fmt: skip
     lam0 = float(tr.meta["lam0"]) if "lam0" in tr.meta else None
-    return FleetWorkload(Path(req.trace).name, st, tr, tr=tr, conv_rows=conv_rows, lam0=lam0)
+    from kvhit.service.steady import steady_note, steady_report
+
+    rep = steady_report(tr, np.asarray(mask, bool))
+    label = "ShareGPT (bundled)" if req.sharegpt else Path(req.trace).name
+    return FleetWorkload(label, st, tr, tr=tr, conv_rows=conv_rows, lam0=lam0, notes=steady_note(rep), stationarity=rep)
 
 
 #: routers whose rows get :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing (no holds)
@@ -343,6 +364,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     st = wl.stream
     mask, conv, times = st.measured, st.conv, st.times
     hold = None if req.prefill_tokens_per_s is None else st.prompt_tokens / req.prefill_tokens_per_s
+    #: Mooncake sessions are derived from prefix sharing over the whole file: session routing sees the future
+    lookahead = getattr(wl.source, "format", None) == "mooncake"
     rows, per = [], []
     est_notes: list[str] = []
     queued: list[str] = []  # estimated rows whose run queued or rejected requests
@@ -387,6 +410,7 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
             rows.append(
                 {
                     **s,
+                    "session_lookahead": name == "session" and lookahead,
                     "estimate": est,
                     "N_total": int(sum(Ns)),
                     "params": params[name],
@@ -412,7 +436,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
             "the estimates do not model queueing or rejected requests, which these rows have: " + ", ".join(queued)
         )
     return FleetResponse(
-        trace=str(req.trace if req.trace is not None else req.blocks_trace),
+        trace="ShareGPT" if req.sharegpt else str(req.trace if req.trace is not None else req.blocks_trace),
+        stationarity=wl.stationarity,
         block_size=st.block_size,
         engine=req.engine,
         rows=rows,

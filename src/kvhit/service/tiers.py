@@ -6,8 +6,11 @@ or LMCache 0.5.6); DRAM sizes are converted to tier units as each engine does (:
 With ``--estimate also`` the two-tier estimator (:func:`kvhit.estimate.tiers.estimate_tiers`: the engine-aware
 single-tier estimator per tier, combined block by block) is reported beside the simulated h (``h_estimate``);
 with ``--estimate only`` nothing is simulated and ``h`` is the estimate (``h_source: "estimate"``): a fast surface.
+With ``--measure window`` (``--trace``) h counts the requests after the trace's warm-up only (every request still
+fills both tiers), and a kvhit trace's answer carries its ``stationarity`` report (service/steady.py); with the
+default ``--measure all`` every request counts from an empty cache, which is not a steady-state window.
 NOT modelled: what the tier models do not model (their docstrings), timing (``hold``); the estimator's own
-omissions are in :mod:`kvhit.estimate.tiers`.
+omissions are in :mod:`kvhit.estimate.tiers`; a warm-up window for ``--tier hicache``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ class TiersRequest(Request):
     """The inputs of ``kvhit tiers``, validated: each field's description states its unit, range and default."""
 
     trace: Path | None = Field(None, description="kvhit trace (Parquet) to replay; or --blocks-trace; default: none.")
+    sharegpt: bool = Field(
+        False, description="Workload: the bundled ShareGPT trace of `kvhit trace sharegpt` (defaults), built once."
+    )
     blocks_trace: Path | None = Field(
         None, description="Production block-id trace (Mooncake JSONL, WEKA dir/.json); or --trace; default: none."
     )
@@ -121,6 +127,11 @@ class TiersRequest(Request):
     plot: Path | None = Field(
         None, description="Write a heatmap with iso-hit contours to PLOT.png/.svg; default: none."
     )
+    measure: Literal["all", "window"] = Field(
+        "all",
+        description="Requests counted in h: all (every request from an empty cache) | window (--trace: after the "
+        "trace's warm-up conversations, its n_warm; every request still fills the caches); default all.",
+    )
 
     FLAGS = {
         "blocks_trace": "--blocks-trace",
@@ -178,19 +189,47 @@ class TiersResponse(Response):
         None, description="Cheapest grid pair reaching the target: hbm_blocks, hbm_gib, dram_gib, cost, h (or null)."
     )
     figure: list[str] | None = Field(None, description="Figure files written.")
+    measure: str = Field("all", description="Requests counted in h: all | window (after the trace's warm-up).")
+    stationarity: dict | None = Field(
+        None,
+        description="--trace: whether the measured requests are a steady-state window (service/steady.py); an h "
+        "whose window is not stationary is not an answer for that load. Null for a block-id trace.",
+    )
+    notes: list[str] = Field(default_factory=list, description="Caveats of this answer.")
+
+
+def _window(req: TiersRequest, src, n: int):
+    """The measured-request mask (None: all), its stationarity report and the notes (``--measure``)."""
+    from kvhit.service.inputs import window_for
+    from kvhit.service.steady import steady_note, steady_report
+
+    if req.blocks_trace is not None:
+        if req.measure == "window":
+            raise InputError("--measure window: a block-id trace has no warm-up (it is measured from an empty cache)")
+        return None, None, []
+    if req.measure == "window":
+        mask = np.asarray(window_for(src, None, None, "ShareGPT" if req.sharegpt else str(req.trace)).mask(src), bool)
+    else:
+        mask = np.ones(n, bool)
+    rep = steady_report(src, mask)
+    notes = steady_note(rep)
+    if req.measure == "all":
+        notes.append("--measure all: every request is counted from an empty cache (the warm-up included)")
+    return (None if req.measure == "all" else mask), rep, notes
 
 
 def _load(req: TiersRequest):
     from kvhit.service.inputs import load_production_file
     from kvhit.sim.runner import block_requests
 
-    if (req.trace is None) == (req.blocks_trace is None):
-        raise InputError("--trace and --blocks-trace: give exactly one")
-    if req.trace is not None:
+    if (req.trace is not None) + (req.blocks_trace is not None) + req.sharegpt != 1:
+        raise InputError(f"--trace{', --sharegpt' if req.sharegpt else ''} and --blocks-trace: give exactly one")
+    if req.trace is not None or req.sharegpt:
         from kvhit.service.inputs import load_trace_file
+        from kvhit.service.traces import bundled_sharegpt
 
-        with translating("--trace"):
-            tr = load_trace_file(req.trace)
+        with translating("ShareGPT" if req.sharegpt else "--trace"):
+            tr = bundled_sharegpt(req.block_size) if req.sharegpt else load_trace_file(req.trace)
             if req.estimate != "none":
                 # the estimator sees the trace as its block counts (no token-level sharing): so does the simulator
                 if req.block_size is not None and req.block_size != tr.block_size:
@@ -233,6 +272,7 @@ def tiers(req: TiersRequest) -> TiersResponse:
     if req.plot is not None:
         check_output_file(str(req.plot) + ".png", "--plot")
     br, src = _load(req)
+    measured, steady, notes = _window(req, src, len(br.prompt_tokens))
     b = int(br.block_size)
     kw: dict = {}
     if req.tier == "native":
@@ -285,11 +325,12 @@ def tiers(req: TiersRequest) -> TiersResponse:
                 tier=req.tier,
                 blocks_per_chunk=req.blocks_per_chunk,
                 chunk_tokens=req.chunk_tokens,
+                measured=measured,
             )
     if req.estimate == "only":
-        s = _estimated_surface(est, br)
+        s = _estimated_surface(est, br, measured)
     else:
-        s = _simulate(req, br, b, units, kw)
+        s = _simulate(req, br, b, units, kw, measured)
     figure = None
     if req.plot is not None:
         from kvhit.plots.tiers import plot_surface
@@ -344,10 +385,13 @@ def tiers(req: TiersRequest) -> TiersResponse:
         hbm_gib=hbm_gib,
         cheapest=cheapest,
         figure=figure,
+        measure=req.measure,
+        stationarity=steady,
+        notes=notes,
     )
 
 
-def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict):
+def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict, measured=None):
     from kvhit.sim.tiers.surface import hit_surface
 
     with translating("--hbm-blocks"):
@@ -360,20 +404,22 @@ def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict):
             host=units,
             block_size=b,
             workers=req.workers,
+            measured=measured,
             **kw,
         )
     return s
 
 
-def _estimated_surface(est, br):
+def _estimated_surface(est, br, measured=None):
     """A :class:`~kvhit.sim.tiers.surface.Surface` of the estimate (``--estimate only``): h and h_GPU estimated;
-    loaded tokens = (h − h_GPU) · admitted prompt tokens."""
+    loaded tokens = (h − h_GPU) · admitted (and measured) prompt tokens."""
     from kvhit.sim.tiers.surface import Surface
 
     T = np.asarray(br.prompt_tokens, np.int64)
     R = -(-T // int(br.block_size))
-    adm = np.array([int((R <= N).sum()) for N in est.hbm_blocks])
-    den = np.array([float(T[R <= N].sum()) for N in est.hbm_blocks])
+    m = np.ones(T.shape[0], bool) if measured is None else measured
+    adm = np.array([int(((R <= N) & m).sum()) for N in est.hbm_blocks])
+    den = np.array([float(T[(R <= N) & m].sum()) for N in est.hbm_blocks])
     load = np.rint((est.hit - est.gpu_hit[:, None]) * den[:, None]).astype(np.int64)
     return Surface(est.tier, est.hbm_blocks, est.host_units, est.hit, est.gpu_hit, load, int(T.sum()), adm)
 
@@ -400,6 +446,8 @@ def _hicache(req: TiersRequest) -> TiersResponse:
 
     if req.estimate != "none":
         raise InputError("--estimate: the two-tier estimator covers native, simple and lmcache, not hicache")
+    if req.measure != "all":
+        raise InputError("--measure window: not modelled for --tier hicache (it counts every request)")
     given = [x is not None for x in (req.hicache_ratio, req.dram_gb, req.host_units)]
     if sum(given) != 1:
         raise InputError("--hicache-ratio, --dram-gb and --host-units: give exactly one")

@@ -52,7 +52,7 @@ class Surface:
     gpu_hit: np.ndarray
     load_tokens: np.ndarray  #: Σ c_r per pair (admitted requests)
     prompt_tokens: int
-    admitted: np.ndarray  #: admitted requests per GPU size (a request larger than the GPU is rejected)
+    admitted: np.ndarray  #: admitted (and measured) requests per GPU size (a request larger than the GPU is rejected)
 
 
 def _host(tier: str, C: int, b: int, kw: dict):
@@ -155,9 +155,12 @@ def hit_surface(
     block_size: int,
     engine: str = "vllm",
     workers: int = 1,
+    measured=None,
     **kw,
 ) -> Surface:
-    """h(N, C) over ``gpu_blocks`` × ``host`` (see module docstring); ``kw`` go to the tier model."""
+    """h(N, C) over ``gpu_blocks`` × ``host`` (see module docstring); ``kw`` go to the tier model. ``measured``: a
+    boolean mask of the requests counted in h (every request still drives the caches: a warm-up window); default
+    all."""
     T = np.asarray(prompt_tokens, np.int64)
     off = np.asarray(hash_offsets, np.int64)
     h = np.asarray(hashes)
@@ -171,6 +174,10 @@ def hit_surface(
         raise ValueError(f"tier: expected one of ['lmcache', 'native', 'simple', 'simple-lazy'], got {tier!r}")
     b = int(block_size)
     gs, adms = zip(*(_gpu(T, off, h, N, b, engine) for N in Ns), strict=True)
+    meas = np.ones(T.shape[0], bool) if measured is None else np.asarray(measured, bool)
+    if meas.shape != T.shape:
+        raise ValueError(f"measured: expected one flag per request ({T.shape[0]}), got shape {meas.shape}")
+    counted = [a & meas for a in adms]  # admitted and measured: the rows h counts
     total = np.zeros((len(Ns), len(Cs)), np.int64)
     tasks = []
     if tier == "lmcache":
@@ -195,18 +202,18 @@ def hit_surface(
                 if adms[i].tobytes() != keys[m]:
                     continue
                 tot = np.maximum(gs[i], lt - full)
-                total[i, j] = tot[adms[i]].sum()
+                total[i, j] = tot[counted[i]].sum()
     elif tier == "native":
         for k, c in enumerate(outs):
             i, j = divmod(k, len(Cs))
-            total[i, j] = (gs[i] + c)[adms[i]].sum()
+            total[i, j] = (gs[i] + c)[counted[i]].sum()
     else:
         for k, hit in enumerate(outs):
             i, j = divmod(k, len(Cs))
-            total[i, j] = hit[adms[i]].sum()
-    den = np.array([T[a].sum() for a in adms], np.float64)
+            total[i, j] = hit[counted[i]].sum()
+    den = np.array([T[a].sum() for a in counted], np.float64)
     den = np.where(den > 0, den, np.nan)  # no admitted request at this N: NaN
-    gpu_hit = np.array([gs[i][adms[i]].sum() for i in range(len(Ns))], np.float64) / den
+    gpu_hit = np.array([gs[i][counted[i]].sum() for i in range(len(Ns))], np.float64) / den
     hit = total / den[:, None]
-    load = total - np.array([gs[i][adms[i]].sum() for i in range(len(Ns))])[:, None]
-    return Surface(tier, Ns, Cs, hit, gpu_hit, load, int(T.sum()), np.array([int(a.sum()) for a in adms]))
+    load = total - np.array([gs[i][counted[i]].sum() for i in range(len(Ns))])[:, None]
+    return Surface(tier, Ns, Cs, hit, gpu_hit, load, int(T.sum()), np.array([int(a.sum()) for a in counted]))
