@@ -28,7 +28,7 @@ test-fast: $(STAMP)
 
 # end-to-end tests of `kvhit serve` in Debian's Chromium (apt-get install chromium); not part of `make test`
 test-browser: $(STAMP)
-	KVHIT_BROWSER=1 $(BIN)/python -m pytest -q -m browser -p no:randomly tests/test_web_browser.py
+	KVHIT_BROWSER=1 $(BIN)/python -m pytest -q -m browser -p no:randomly tests/test_web_browser.py tests/test_web_panels.py
 
 # the planner page and JSON API on http://127.0.0.1:8765 (OpenAPI at /docs)
 serve: $(STAMP)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.test_tiers_surface import streams
+from test_tiers_surface import streams
 
 from kvhit import service as svc
 from kvhit.sim.engine import replay, requests_from_stream

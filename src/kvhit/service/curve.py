@@ -117,6 +117,7 @@ class CurveResponse(Response):
     h_max: float | None
     lam0: float | None = Field(description="λ0 (1/s); null for a production trace.")
     bytes_per_block: int
+    block_size: int | None = Field(None, description="Tokens per block of the curve's N (the workload's).")
     figures: list[str] = Field(default_factory=list)
     sample_rate: float | None = Field(None, description="SHARDS sampling rate (null: exact curves).")
     sample_salt: int | None = Field(None, description="Hash salt of the sample.")
@@ -244,6 +245,7 @@ def _split_curves(data: dict, model: str, grid: str = "log") -> CurveResponse:
         h_max=float(data["h_max"]),
         lam0=None if data.get("lam0") is None or not np.isfinite(data["lam0"]) else float(data["lam0"]),
         bytes_per_block=int(data["bytes_per_block"]),
+        block_size=None if data.get("block_size") is None else int(data["block_size"]),
         figures=[str(f) for f in data.get("figures", [])],
         sample_rate=data.get("sample_rate"),
         sample_salt=data.get("sample_salt"),
@@ -320,6 +322,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         data["refused_token_share"] = feas.refused_tokens
         data["describe"] = d
         data["bytes_per_block"] = model.bytes_per_block(pt.block_size)
+        data["block_size"] = int(pt.block_size)
         if req.kv_gb is not None:
             data["budget_N"] = int(hardware.blocks_from_bytes(hardware.gb_to_bytes(req.kv_gb), data["bytes_per_block"]))
         if req.plot is not None:
@@ -404,6 +407,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
             cb(0, 1, "SGLang radix cache: one simulation per capacity")
             data[SGLANG_LABEL] = _sglang_line(streams_from_trace(tr, block_size=b), Ns, b, page, evict, inp.mask, req)
     data["bytes_per_block"] = bpb
+    data["block_size"] = int(b)
     st = steady_report(tr, inp.mask, sp if source == "spec" else None)
     data["stationarity"] = st
     if req.plot is not None and not st["stationary"]:
@@ -504,6 +508,7 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
         data["lam0"] = None
         data["describe"] = pt.describe()
     data["bytes_per_block"] = model.bytes_per_block(b)
+    data["block_size"] = int(b)
     data["sample_rate"] = rate
     data["sample_salt"] = salt
     data.pop("events", None)

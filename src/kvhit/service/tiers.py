@@ -230,6 +230,10 @@ def _load(req: TiersRequest):
 
         with translating("ShareGPT" if req.sharegpt else "--trace"):
             tr = bundled_sharegpt(req.block_size) if req.sharegpt else load_trace_file(req.trace)
+            if tr.block_size is None and req.block_size is not None:  # a trace without one: the flag names it
+                import dataclasses
+
+                tr = dataclasses.replace(tr, meta={**tr.meta, "block_size": int(req.block_size)})
             if req.estimate != "none":
                 # the estimator sees the trace as its block counts (no token-level sharing): so does the simulator
                 if req.block_size is not None and req.block_size != tr.block_size:

@@ -274,7 +274,7 @@ async function init() {
   pick($("model"), "qwen3-8b"); pick($("accelerator"), "h100");
   readUrl();
   for (const el of document.querySelectorAll("#inputs input, #inputs select")) {
-    if (el.id === "trace" || el.id === "xunit") continue;
+    if (el.id === "trace" || el.id === "xunit" || el.closest("#tiers_box, #fleet_box")) continue;  // panels.js
     el.addEventListener(el.type === "range" ? "input" : "change", refresh);
   }
   $("trace").addEventListener("change", () => { setRadio("workload", "trace"); refresh(); });
