@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_tiers_surface import streams
 
 from kvhit import service as svc
 from kvhit.sim.engine import replay, requests_from_stream
 from kvhit.sim.tiers import make_tiered
 from kvhit.sim.tiers.surface import hit_surface
+from test_tiers_surface import streams
 
 SCM = {"lam0": 1.0, "mean_turns": 5.0, "x_mean": 4.0, "y_mean": 3.0, "w_mean": 135.0}
 

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 
 import pytest
-from test_web_browser import ARGS, page, server, settle  # noqa: F401  (fixtures)
 
 from kvhit import service as svc
+from test_web_browser import ARGS, page, server, settle  # noqa: F401  (fixtures)
 
 pytestmark = [
     pytest.mark.browser,
