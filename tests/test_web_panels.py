@@ -66,30 +66,30 @@ def kv_N(block_size: int, **kw) -> int:
     return svc.kv(svc.build(svc.KvRequest, model="Qwen3-8B", accelerator="H100", block_size=block_size, **kw)).N
 
 
-def load(page, url):
-    page.goto("about:blank")  # a fresh load: a hash change alone does not re-run the page
-    page.goto(url)
-    page.wait_for_selector("body[data-ready='1']", timeout=600_000)  # two shared cores: the first chart is slow
+def load(pg, url):
+    pg.goto("about:blank", timeout=300_000)  # a fresh load: a hash change alone does not re-run the page
+    pg.goto(url, timeout=300_000)
+    pg.wait_for_selector("body[data-ready='1']", timeout=600_000)  # two shared cores: the first chart is slow
 
 
-def upload(page, url, path):
-    load(page, url + "/#workload=scm")
-    page.set_input_files("#trace", str(path))
-    settle(page)
-    assert page.inner_text("#error") == ""
-    page.wait_for_function("!document.getElementById('fleet_run').disabled", timeout=60_000)
+def upload(pg, url, path):
+    load(pg, url + "/#workload=scm")
+    pg.set_input_files("#trace", str(path))
+    settle(pg)
+    assert pg.inner_text("#error") == ""
+    pg.wait_for_function("!document.getElementById('fleet_run').disabled", timeout=60_000)
 
 
-def wait_panel(page, slot: str):
-    page.wait_for_function(
+def wait_panel(pg, slot: str):
+    pg.wait_for_function(
         f"!window.kvhit.panels.busy.{slot} && (window.kvhit.panels.{slot} || "
         f"document.getElementById('{slot}_error').textContent)",
         timeout=600_000,
     )
 
 
-def panel_chart(page, slot: str) -> dict:
-    return page.evaluate(
+def panel_chart(pg, slot: str) -> dict:
+    return pg.evaluate(
         f"(() => {{ const d = document.getElementById('{slot}_chart'); return {{traces: (d.data || []).map(t => "
         "({name: t.name, x: t.x, y: t.y})), x: d.layout && d.layout.xaxis.title.text, "
         "y: d.layout && d.layout.yaxis.title.text}; })()"
