@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 export MPLBACKEND ?= Agg
 
-.PHONY: venv demo test test-fast test-browser serve bench bench-explain bench-large lint clean conformance docs docs-snippets live
+.PHONY: venv demo test test-fast test-browser screenshots serve bench bench-explain bench-large lint clean conformance docs docs-snippets live
 
 venv: $(STAMP)
 
@@ -29,6 +29,10 @@ test-fast: $(STAMP)
 # end-to-end tests of `kvhit serve` in Debian's Chromium (apt-get install chromium); not part of `make test`
 test-browser: $(STAMP)
 	KVHIT_BROWSER=1 $(BIN)/python -m pytest -q -m browser -p no:randomly tests/test_web_browser.py tests/test_web_panels.py
+
+# the README's screenshots of the planner page (docs/img/planner*.png): bundled ShareGPT, H100, Qwen3-8B, 1280 px wide
+screenshots: $(STAMP)
+	KVHIT_BROWSER=1 KVHIT_SCREENSHOTS=1 $(BIN)/python -m pytest -q -m browser -p no:randomly tests/test_web_panels.py -k screenshots
 
 # the planner page and JSON API on http://127.0.0.1:8765 (OpenAPI at /docs)
 serve: $(STAMP)

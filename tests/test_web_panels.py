@@ -4,8 +4,8 @@ service layer's own answers for the same inputs (grids rebuilt here, the KV budg
 Checked: the panels are disabled where they do not apply (the SCM workload has no trace to replay); the tier curve
 and the fleet curve on the page are the service's numbers; a router that collapses onto one replica and Mooncake's
 look-ahead sessions are named in the fleet table; an error, or a change of the main inputs, clears the panels'
-stale results. ``make screenshots`` (``KVHIT_SCREENSHOTS=1``) writes the README's images to docs/img/ from the
-bundled ShareGPT workload at a fixed viewport. Run with ``make test-browser``.
+stale results. ``make screenshots`` (``KVHIT_SCREENSHOTS=1``) writes the README's images to
+docs/figures/planner_*.png from the bundled ShareGPT workload at a fixed viewport. Run with ``make test-browser``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-IMG = ROOT / "docs" / "img"
+IMG = ROOT / "docs" / "figures"
 MC = ROOT / "tests" / "data" / "production" / "mooncake_small.jsonl"
 SCM = {"lam0": 1.0, "mean_turns": 5.0, "x_mean": 4.0, "y_mean": 3.0, "w_mean": 135.0}
 B = 16  # the generated trace's block size (written into its metadata)
@@ -129,8 +129,8 @@ def test_tiers_panel_is_the_service_and_errors_clear_it(server, page, steady_tra
     assert sim.stationarity["stationary"] is True, sim.stationarity["message"]
     names = [t["name"] for t in panel_chart(page, "tiers")["traces"]]
     assert names == [
-        "vLLM native CPU offloading — two-tier estimate",
         "native (vLLM 0.33.0 native) — simulated (exact)",
+        "vLLM native CPU offloading — two-tier estimate",
     ]
     cell = page.locator("#tiers_table td[data-k='h with 128 GiB DRAM (2×) — simulated']").inner_text()
     assert cell == f"{sim.h[0][sim.dram_gib.index(128.0)]:.4f}"
@@ -208,7 +208,7 @@ def test_readme_screenshots(server, page):  # noqa: F811
     settle(page)
     page.wait_for_function("!document.getElementById('fleet_run').disabled", timeout=60_000)
     IMG.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(IMG / "planner.png"), clip={"x": 0, "y": 0, "width": 1280, "height": 640})
+    page.screenshot(path=str(IMG / "planner_main.png"), clip={"x": 0, "y": 0, "width": 1280, "height": 640})
     page.click("#tiers_sim")
     wait_panel(page, "tiers")
     assert page.inner_text("#tiers_error") == ""

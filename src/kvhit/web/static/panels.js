@@ -102,16 +102,17 @@ function drawTiers() {
   const shown = sim && steadyOk(res), data = [], shapes = [], ann = [];
   const hover = (what) => `${what}<br>DRAM %{x:,.4g} GiB → h = %{y:.4f}<extra></extra>`;
   data.push({ name: `${TIER_NAME[$("tier").value] || res.tier} — two-tier estimate`, x: pos.map((i) => x[i]), y: pos.map((i) => est[i]),
-    mode: "lines+markers", line: { width: 3, color: "#d9480f" }, hovertemplate: hover("estimate") });
+    mode: "lines+markers", line: { width: 3, color: "#d9480f", dash: "dot" }, hovertemplate: hover("estimate") });
   if (shown) data.push({ name: `${res.tier} — simulated (exact)`, x: pos.map((i) => x[i]), y: pos.map((i) => res.h[0][i]),
     mode: "lines+markers", line: { width: 2, color: "#1c7ed6" }, hovertemplate: hover("simulated") });
+  data.reverse();  // the simulation under the dotted estimate: both stay visible where they agree
   const hb = shown ? res.h_gpu[0] : gpuEst;
   if (hb != null) {
     shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: hb, y1: hb, line: { dash: "dash", color: "#888" } });
     ann.push({ xref: "paper", x: 0.01, xanchor: "left", y: hb, yshift: 9, showarrow: false, text: `HBM only (no DRAM tier): h = ${hb.toFixed(3)}` });
   }
   shapes.push({ type: "line", yref: "paper", y0: 0, y1: 1, x0: d, x1: d, line: { color: "#c33" } });
-  ann.push({ yref: "paper", y: 1, x: Math.log10(d), yshift: 8, showarrow: false, text: `your DRAM: ${d} GiB` });
+  ann.push({ yref: "paper", y: 1, x: Math.log10(d), xanchor: "left", xshift: 4, yshift: 8, showarrow: false, text: `your DRAM: ${d} GiB` });
   if (sim && !shown) ann.push({ xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false, font: { color: "#c00" },
     bgcolor: "rgba(255,255,255,0.9)", bordercolor: "#c00", text: "simulation not shown: its window did not reach steady state" });
   $("tiers_panel").style.display = "";
@@ -119,7 +120,7 @@ function drawTiers() {
     margin: { t: 26, r: 20, b: 60, l: 70 }, shapes, annotations: ann, hovermode: "closest",
     legend: { orientation: "h", x: 0, y: -0.25, yanchor: "top" },
     xaxis: { type: "log", title: { text: `DRAM for the KV tier (GiB over all ${kv.model} ranks, log scale)` } },
-    yaxis: { title: { text: "token hit ratio, GPU + host (vLLM prefix + external hits / prompt tokens)" }, range: [0, 1] },
+    yaxis: { title: { text: "token hit ratio h (GPU + host)" }, range: [0, 1] },
   }, { displaylogo: false, responsive: true });
   const at = (k) => x.indexOf(g1(k)), f = (row, k) => at(k) < 0 ? "—" : f4(row[at(k)]);
   const rows = [
@@ -162,14 +163,14 @@ function drawFleet() {
     mode: "lines+markers", line: { width: 3, color: "#d9480f", dash: "dot" }, hovertemplate: hover("estimate") });
   if (!shown) ann.push({ xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false, font: { color: "#c00" },
     bgcolor: "rgba(255,255,255,0.9)", bordercolor: "#c00", text: "simulation not shown: its window did not reach steady state" });
-  ann.push({ yref: "paper", y: 1, x: Math.log10(R), yshift: 8, showarrow: false, text: `your fleet: R = ${R} (${R * tp} GPUs)` });
+  ann.push({ yref: "paper", y: 1, x: Math.log10(R), xanchor: "left", xshift: 4, yshift: 8, showarrow: false, text: `your fleet: R = ${R} (${R * tp} GPUs)` });
   $("fleet_panel").style.display = "";
   Plotly.react("fleet_chart", data, {
     margin: { t: 26, r: 20, b: 60, l: 70 }, hovermode: "closest", annotations: ann,
     shapes: [{ type: "line", yref: "paper", y0: 0, y1: 1, x0: R, x1: R, line: { color: "#c33" } }],
     legend: { orientation: "h", x: 0, y: -0.25, yanchor: "top" },
     xaxis: { type: "log", tickvals: x, ticktext: x.map(String), title: { text: `replicas R (each ${kv.N.toLocaleString()} blocks = ${kv.kv_gib.toFixed(1)} GiB KV, tp = ${tp}; log scale)` } },
-    yaxis: { title: { text: "fleet token hit ratio (Σ hits / Σ prompt tokens)" }, range: [0, 1] },
+    yaxis: { title: { text: "fleet token hit ratio h" }, range: [0, 1] },
   }, { displaylogo: false, responsive: true });
   $("fleet_table").querySelector("thead").innerHTML = "<tr><th>R</th><th>GPUs</th><th>fleet h — simulated</th><th>estimate</th><th>busiest replica share</th><th>note</th></tr>";
   $("fleet_table").querySelector("tbody").innerHTML = rows.map((r) => {
