@@ -58,3 +58,10 @@ def test_one_workload_source():
         svc.build(svc.FleetRequest, sharegpt=True, blocks_trace=MC, N=[10], replicas=[1])
     with pytest.raises(svc.InputError, match=r"required \(or give --blocks-trace or --sharegpt\)"):
         svc.build(svc.FleetRequest, N=[10], replicas=[1])
+
+
+def test_fleet_plan_says_its_mooncake_sessions_look_ahead():
+    res = svc.fleet_plan(
+        svc.build(svc.FleetPlanRequest, blocks_trace=MC, N=200, target=0.2, router=["session"], max_replicas=4)
+    )
+    assert any("look-ahead no online router has" in n and "upper bound" in n for n in res.notes)
