@@ -7,7 +7,8 @@
 #              tokens cached, block 0 the null block
 #   sequential `kvhit replay --check` of multi-turn chat traces sharing a system prompt: 0 per-request
 #              mismatches required, counter deltas equal to the sums of the responses
-#   estimator  the engine-aware estimator vs the measured ratio on a 2,000-request steady-state chat replay
+#   estimator  the engine-aware estimator vs the measured ratio on a steady-state chat replay (11,374 requests;
+#              measured after a 3-lifetime warm-up and before the population drains: 9,198)
 #   concurrent a replay at the trace's arrival times (speedup), simulated with holds from the measured times
 #   controls   the same check as if block 0 were usable (G + 1 blocks simulated) and with all m generated
 #              tokens cached: both must mismatch, or the run fails
@@ -74,15 +75,16 @@ wait_health() {  # name
 
 # (name, block size, num_gpu_blocks): 128/40 (the largest of its first 300 sequential requests needs 10 of the 39
 # usable blocks; the timed replay's up to 18), heavy eviction at 32/40 (the largest request needs 31 of 39 usable
-# blocks; --max-model-len 1248 = 39 blocks, which vLLM needs to start), a larger pool at 64/300 for the 2,071-request
-# steady-state run (largest request 47 of 299 blocks)
+# blocks; --max-model-len 1248 = 39 blocks, which vLLM needs to start), a larger pool at 64/300 for the
+# steady-state run (11,374 requests, largest 55 of 299 blocks)
 start b128 128 40
 start b32 32 40 --max-model-len 1248
 start b64 64 300
 
 # the traces (kvhit Parquet with token counts), generated while the servers start
 "$PY" live/workload.py "$out/chat-a.parquet:1:80:60:8" "$out/chat-b.parquet:2:80:60:8" \
-  "$out/chat-steady.parquet:3:230:60:8" "$out/chat-timed.parquet:4:40:60:8" >"$out/workload.txt"
+  "$out/chat-steady.parquet:3:230:60:8" "$out/chat-timed.parquet:4:40:60:8" \
+  "$out/chat-steady-long.parquet:3:1400:60:8" >"$out/workload.txt"
 cat "$out/workload.txt"
 
 for s in b128 b32 b64; do wait_health $s; done
@@ -106,11 +108,13 @@ replay() {  # label server expected_exit [kvhit replay flags...]
 }
 
 fail=0
-# The 2,071-request steady-state replay runs on its own server beside the others (sequential replays are exact
-# whatever the timing); the timed replay runs last, alone. The steady-state workload has no shared system prompt:
-# the estimator models independent conversations (a shared prefix is outside its model; the sequential replays
-# at 128 and 32 check kvhit's simulation with one).
-replay seq-b64-steady b64 0 --trace "$out/chat-steady.parquet" --warmup 30 &
+# The steady-state replay runs on its own server beside the others (sequential replays are exact whatever the
+# timing); the timed replay runs last, alone. The steady-state workload has no shared system prompt: the estimator
+# models independent conversations (a shared prefix is outside its model; the sequential replays at 128 and 32
+# check kvhit's simulation with one). λ0 = 1/s, E[M] = 8, E[W] = 8 s: a lifetime holds 64 conversations; the
+# first 192 (3 lifetimes) are the warm-up and the requests after the last arrival (the drain) are not measured —
+# the estimator is a steady-state model (benchmarks/live_estimator.py: the same rule over seeds 11–18).
+replay seq-b64-steady b64 0 --trace "$out/chat-steady-long.parquet" --warmup 192 --exclude-drain &
 steady=$!
 replay seq-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 || fail=1
 replay seq-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 --system-prompt-tokens 200 || fail=1

@@ -78,6 +78,7 @@ def main(out: Path, wall: int) -> int:
         )
     t = res["runs"].get("timed-b128", {}).get("check") or {}
     e = res["runs"].get("seq-b64-steady", {}).get("check") or {}
+    est_st = (res["runs"].get("seq-b64-steady", {}).get("measured") or {}).get("stationarity") or {}
     targets = {
         "sequential requests compared (≥ 2,000)": seq_req,
         "sequential settings (≥ 3)": len(settings),
@@ -115,7 +116,8 @@ def main(out: Path, wall: int) -> int:
     md.append(
         f"Sequential: {seq_req:,} requests over {len(settings)} settings, {seq_mm} per-request mismatches. "
         f"Concurrent (trace timing), simulated − measured: {gap(t.get('simulated_minus_measured'), 0.01)}. "
-        "Estimator − measured (steady state, measured after the warm-up): "
+        "Estimator − measured (steady state: measured after a 3-lifetime warm-up, drain excluded; window "
+        f"{'stationary' if est_st.get('stationary') else 'NOT stationary'}): "
         f"{gap(e.get('estimated_minus_measured'), 0.02)}. "
         f"Token hit ratios: measured = Σ cached_tokens / Σ prompt tokens (after the run's --warmup conversations). "
         f"`make live` wall time: {wall} s."

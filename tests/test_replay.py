@@ -362,3 +362,27 @@ def test_replay_block_id_trace_against_fake_server(tmp_path):
     # none): 4 server blocks of 16, of which 3 hit (the hit is capped at T − 1 tokens)
     assert res.source == "block-ids" and res.completed == 3
     assert res.check["mismatching_requests"] == 0 and res.check["measured_hit_tokens_all"] == 48
+
+
+def test_replay_exclude_drain_and_stationarity(tmp_path):
+    """--exclude-drain keeps exactly the requests at or before the last conversation's arrival (counted here from
+    the trace itself); a 6-conversation trace is no steady state, and the estimator's number is flagged."""
+    path = tmp_path / "t.parquet"
+    tr = _chat_trace(path, n_conv=6, turns=3)
+    t = np.asarray(tr["time"])
+    conv = np.asarray(tr["conv"])
+    last_arrival = max(t[conv == c].min() for c in np.unique(conv))
+    first_conv = conv[np.argmin(t)]
+    keep = (t <= last_arrival) & (conv != first_conv)
+    T = np.asarray(tr["cum_tokens"])
+    with FakeVllm() as srv:
+        full = _run(srv.url, path, check=True, warmup=1)
+        res = _run(srv.url, path, check=True, warmup=1, exclude_drain=True)
+    assert full.measured["requests"] == int((conv != first_conv).sum()) == 15
+    assert res.measured["requests"] == int(keep.sum()) < 15
+    assert res.measured["prompt_tokens"] == int(T[keep].sum())
+    assert res.check["mismatching_requests"] == 0  # the per-request check still covers every request
+    st = res.measured["stationarity"]
+    assert st["stationary"] is False and st["message"].startswith("NOT STATIONARY")
+    assert res.check["estimator_applies"] is False
+    assert any("steady-state model" in n for n in res.notes)

@@ -30,6 +30,7 @@ def replay(
     system_prompt_tokens: Annotated[int, _opt(RR, "system_prompt_tokens", "--system-prompt-tokens")] = 0,
     limit: Annotated[int | None, _opt(RR, "limit", "--limit")] = None,
     warmup: Annotated[int, _opt(RR, "warmup", "--warmup")] = 0,
+    exclude_drain: Annotated[bool, _opt(RR, "exclude_drain", "--exclude-drain")] = False,
     seed: Annotated[int, _opt(RR, "seed", "--seed")] = 0,
     reset: Annotated[bool, _opt(RR, "reset", "--reset/--no-reset")] = True,
     block_size: Annotated[int | None, _opt(RR, "block_size", "--block-size")] = None,
@@ -66,6 +67,7 @@ def replay(
         system_prompt_tokens=system_prompt_tokens,
         limit=limit,
         warmup=warmup,
+        exclude_drain=exclude_drain,
         seed=seed,
         reset=reset,
         block_size=block_size,
@@ -140,6 +142,9 @@ def _render(res) -> None:
                 f"(simulated − measured = {ck['simulated_minus_measured']:+.4f})",
                 markup=False,
             )
+    st = m.get("stationarity")
+    if st is not None and not st["stationary"]:
+        console.print(f"warning: measured window {st['message']}", markup=False)
     if not c["equal_to_per_request_sums"]:
         console.print(
             "note: the counter deltas differ from the sums of the responses (another client used the server?)",

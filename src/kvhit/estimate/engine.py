@@ -623,11 +623,14 @@ def engine_accounting(
     mom = trace_moments(trace, mask, rows=rows, incomplete=incomplete)
     sel = mom.per_conversation["conv"]
     order, conv, starts, counts, conv_ptr, first, last, offsets = _conv_layout(trace, sel)
+    W, lam0_hat = mom.W, mom.lam0_hat
+    del mom, sel, conv
     R = np.asarray(trace["R"], dtype=np.int64)[order]
-    Z = np.where(first, R, R - np.concatenate([[0], R[:-1]]))
     b = int(block_size or trace.block_size or 0)
+    # memory: at 10⁷ turns each per-row array is 80 MB; temporaries are dropped as soon as they are used (a curve's
+    # peak is here) and vLLM's reuse and size, equal arrays, are one
     if accounting == "paper" or engine == "content":
-        new = Z.astype(float)
+        new = np.where(first, R, R - np.concatenate([[0], R[:-1]])).astype(float)  # Z_j
         hist = (R - 1 if accounting == "paper" else R).astype(float)
         reuse = (R - 1).astype(float)
         size = R.astype(float)
@@ -649,22 +652,28 @@ def engine_accounting(
             raise EstimateError("cum_tokens: every prompt needs at least one token")
         if (np.diff(T)[~first[1:]] < 0).any():
             raise EstimateError("cum_tokens: the prompt T_j must not shrink within a conversation (cumulative)")
+        del R
         need = -(-T // b)  # ⌈T_j/b⌉ blocks: vLLM rejects the request when this exceeds N
         Hf = T // b
-        Hprev = np.where(first, 0, np.concatenate([[0], Hf[:-1]]))
-        new = (Hf - Hprev).astype(float)
+        new = (Hf - np.where(first, 0, np.concatenate([[0], Hf[:-1]]))).astype(float)
         if engine == "vllm-0.23":
-            new = new + (T % b != 0)
+            new += T % b != 0
         hist = Hf.astype(float)
-        reuse = hist.copy()
-        size = hist.copy()
+        del Hf
+        reuse = size = hist  # both ⌊T_j/b⌋ (sliced below: size is reuse's array)
         unit = float(b) if metric == "tokens" else 1.0
-        demand = T.astype(float) if metric == "tokens" else (-(-T // b)).astype(float)
+        demand = T.astype(float) if metric == "tokens" else need.astype(float)
+        del T
         cap_offset = 1 if engine == "vllm" else 0
         mode = "prefix"
         engine_, metric_ = engine, metric
     L = int(starts.size)
     nl = ~last
+    reuse_nl = reuse[nl]
+    size_nl = reuse_nl if size is reuse else size[nl]
+    del reuse, size
+    cs = np.cumsum(new)
+    cs -= np.repeat(cs[starts] - new[starts], counts)
     return EngineAccounting(
         engine=engine_,
         metric=metric_,
@@ -674,17 +683,17 @@ def engine_accounting(
         E_B=float(new.sum() / L),
         A=float(hist[nl].sum() / L),
         A_R=float(demand.sum() / L),
-        A_hit=float(unit * reuse[nl].sum() / L),
+        A_hit=float(unit * reuse_nl.sum() / L),
         unit=unit,
         cap_offset=cap_offset,
         mode=mode,
-        reuse=reuse[nl],
-        size=size[nl],
-        W=mom.W,
-        lam0_hat=mom.lam0_hat,
+        reuse=reuse_nl,
+        size=size_nl,
+        W=W,
+        lam0_hat=lam0_hat,
         conv_ptr=conv_ptr,
         offsets=offsets,
-        cum_new=np.cumsum(new) - np.repeat(np.cumsum(new)[starts] - new[starts], counts),
+        cum_new=cs,
         hist_all=hist,
         need=need,
         new_all=new,

@@ -314,12 +314,16 @@ def curve_data(
     conv = tr.conversations()
     measured = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)
     mom = trace_moments(tr, conv["conv"][measured])
+    del conv
     lam0 = float(tr.meta["lam0"]) if "lam0" in tr.meta else mom.lam0_hat
+    h_max = mom.h_max_hash
     if estimates:
         F = empirical_F(mom)
         cb(step, steps, "estimate: paper eq. (39)")
         out["estimate: paper eq. (39), F̂"] = np.asarray(estimate(mom, Ns.astype(float), lam0, F).h)
         step += 1
+    del mom  # the engine accountings below read the trace again: at 10⁷ turns this is ~0.2 GB of the peak
+    if estimates:
         for p in policies:
             cb(step, steps, f"estimate: {_EST_LABEL[p]}")
             acc = engine_accounting(tr, engine=p, metric="blocks", mask=measured)
@@ -328,10 +332,11 @@ def curve_data(
             if ok.any():
                 h[ok] = np.asarray(estimate_engine(acc, Ns[ok], lam0, F).h)
             out[f"estimate: {_EST_LABEL[p]} (engine-aware)"] = h
+            del acc  # one accounting (~10 per-row arrays) alive at a time: the next is built after this one is freed
             step += 1
     cb(steps, steps, "done")
     out["feasible"] = feasible
     out["N_min"] = inp.N_min
-    out["h_max"] = mom.h_max_hash
+    out["h_max"] = h_max
     out["lam0"] = lam0
     return out

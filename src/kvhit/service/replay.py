@@ -75,6 +75,11 @@ class ReplayRequest(Request):
     warmup: int = Field(
         0, ge=0, description="Conversations (in arrival order) left out of the aggregate ratios; ≥ 0; default 0."
     )
+    exclude_drain: bool = Field(
+        False,
+        description="Leave out of the aggregates the requests after the last conversation's arrival (trace time): "
+        "the population drains there, a lighter load than the trace's rate; default: kept.",
+    )
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the token ids; integer ≥ 0; default 0.")
     log: Path | None = Field(None, description="Parquet log of every request (kept, marked partial, on failure).")
     check: bool = Field(False, description="Compare with kvhit's simulation and estimator (exit 1 on mismatch).")
@@ -189,6 +194,18 @@ def _write_log(path: Path, plan, run, sim, meta: dict) -> None:
     atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
+def _stationarity(plan, window: np.ndarray) -> dict[str, Any]:
+    """Whether the measured window saw the conversation population at a steady level
+    (:func:`kvhit.workload.stationarity.check_window` on the trace times: the reference level is the median
+    active count over the measured requests, the warm-up must last one mean conversation)."""
+    from kvhit.workload.stationarity import check_window
+
+    st = check_window(plan.time, plan.conv, window)
+    keep = ("stationary", "message", "in_band_share", "reference_active", "warmup_s", "mean_duration_s", "window")
+    d = st.to_dict()
+    return {k: d[k] for k in keep}
+
+
 def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     """Replay, record and (``check``) compare; see the module docstring."""
     from kvhit.replay import check as ck
@@ -253,6 +270,13 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
         first.setdefault(c, len(first))
     rank = np.array([first[c] for c in plan.conv.tolist()], np.int64)
     window = ok & (rank >= req.warmup)
+    if req.exclude_drain and plan.n:
+        # the last conversation's first turn: after it no conversation arrives and the active population drains
+        t_first = {}
+        for c, t in zip(plan.conv.tolist(), plan.time.tolist(), strict=True):
+            t_first[c] = min(t, t_first.get(c, t))
+        window &= plan.time <= max(t_first.values())
+    steady = _stationarity(plan, window)
     dq = dh = None
     if run.counters_before is not None and run.counters_after is not None:
         dq = run.counters_after[0] - run.counters_before[0]
@@ -273,6 +297,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
         "prompt_tokens": meas_T,
         "cached_tokens": int(run.cached_tokens[window].sum()),
         "token_hit_ratio": float(run.cached_tokens[window].sum() / meas_T) if meas_T else None,
+        "stationarity": steady,
     }
     sim = None
     check = None
@@ -301,6 +326,12 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             est = ck.estimate_recorded(tr, G - 1, b, rows=window[idx])
         except ValueError as e:
             notes.append(f"estimator not evaluated: {e}")
+        if est is not None and not steady["stationary"]:
+            notes.append(
+                "the engine-aware estimator is a steady-state model and the measured window is not stationary "
+                f"({steady['message']}): its number is not a prediction for this window "
+                "(--warmup K and --exclude-drain measure the steady part of a long enough trace)"
+            )
         fm = allres.first_mismatch
         first_mm = None
         if fm is not None:
@@ -329,6 +360,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             "estimated_token_hit_ratio": est,
             "simulated_minus_measured": res.simulated_ratio - res.measured_ratio,
             "estimated_minus_measured": None if est is None else est - res.measured_ratio,
+            "estimator_applies": bool(steady["stationary"]),
             "simulated_hit_tokens_all": allres.simulated_hit_tokens,
             "measured_hit_tokens_all": allres.measured_hit_tokens,
             "passed": (allres.mismatches == 0) if sequential else None,
