@@ -67,8 +67,24 @@ KV_POINTS = [("dynamo", 10_000.0, R, {"overlap_score_weight": w}) for R in (2, 4
 ]
 
 
+#: issue 23 part 5 (seeds 11–14, never used before): Dynamo (defaults) at R = 2–16, the README's ``fleet curve`` load
+#: (R = 8, holds T/500 s) and the other KV-aware routers at R = 4 — run with ``--lam0 1.5 --w-mean 90`` (the issue's
+#: setting: the old estimator missed by 0.0164 at Dynamo R = 2, seed 7)
+NEW_POINTS = [("dynamo", 10_000.0, R, {}) for R in (2, 4, 8, 16)] + [
+    ("dynamo", 500.0, 8, {}),
+    ("llm-d", 10_000.0, 4, {}),
+    ("sglang", 10_000.0, 4, {}),
+    ("sticky", 10_000.0, 4, {}),
+]
+LAM0, W_MEAN = 1.0, 135.0
+
+
 def setting(seed: int):
-    tr, _ = build_sharegpt_trace(n_warm=1000, n_meas=5000, seed=seed, lam0=1.0, block_size=128)
+    from kvhit.workload.dists import Exponential
+
+    tr, _ = build_sharegpt_trace(
+        n_warm=1000, n_meas=5000, seed=seed, lam0=LAM0, block_size=128, interarrival=Exponential(W_MEAN)
+    )
     win = Window.warmup_conversations(tr, 1000)
     mask = win.mask(tr)
     ca = np.asarray(tr["conv_arrival"], float)
@@ -188,6 +204,9 @@ def main(argv=None) -> None:
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--only", nargs="+", default=["oblivious", "kv"], choices=["oblivious", "kv", "credit"])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--kv-points", choices=["all", "new"], default="all", help="kv: KV_POINTS or NEW_POINTS")
+    ap.add_argument("--lam0", type=float, default=1.0, help="conversations/s of the ShareGPT sample (default 1)")
+    ap.add_argument("--w-mean", type=float, default=135.0, help="mean gap between turns, s (default 135)")
     ap.add_argument("--from-json", nargs="+", default=None, help="print the tables of saved runs (no simulation)")
     a = ap.parse_args(argv)
     if a.from_json:
@@ -197,6 +216,8 @@ def main(argv=None) -> None:
             if sel:
                 print(table(sel) + "\n")
         return
+    global LAM0, W_MEAN
+    LAM0, W_MEAN = a.lam0, a.w_mean
     if set(a.design) & set(a.report):
         ap.error("--design and --report seeds must differ (the report seeds are held out)")
     t0 = time.time()
@@ -210,7 +231,7 @@ def main(argv=None) -> None:
     if "kv" in a.only:
         for role, seeds in (("design", a.design), ("report", a.report)):
             for s in seeds:
-                rows += kv(s, role)
+                rows += kv(s, role, NEW_POINTS if a.kv_points == "new" else None)
         print()
         print(table_kv([r for r in rows if r["part"] == "kv"]))
     if "credit" in a.only:  # the README's fleet curve setting, design seed(s) only

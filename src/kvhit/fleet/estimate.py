@@ -317,6 +317,42 @@ def stay_probabilities(
     whenever x > 0). Precise modes take the history as present (if it was evicted the turn misses wherever it
     goes, and the next turn follows it either way).
     """
+    b = int(block_size or trace.block_size or 0)
+    if b < 1:
+        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
+    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
+    prev = _prev_rows(trace)
+    first = prev < 0
+    H = np.where(first, 0, T[np.maximum(prev, 0)] // b)
+    t = np.asarray(trace["time"], float)
+    W = np.where(first, np.inf, t - t[np.maximum(prev, 0)])
+    return stay_probabilities_arrays(
+        T, H, W, first, t, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=b, samples=samples,
+        seed=seed,
+    )  # fmt: skip
+
+
+def stay_probabilities_arrays(
+    T,
+    H,
+    W,
+    first,
+    t,
+    router: str,
+    R: int,
+    *,
+    hold=None,
+    Ns=None,
+    params: dict | None = None,
+    rate: float | None = None,
+    block_size: int,
+    samples: int = 2048,
+    seed: int = 0,
+) -> np.ndarray:
+    """:func:`stay_probabilities` on plain arrays (one entry per request, any order): prompt tokens ``T``, the overlap
+    ``H`` (blocks) the router sees on the home replica, the gap ``W`` since the home request, ``first`` (no home:
+    NaN), arrival times ``t`` (for the default rate). Shared by the kvhit-trace form and the block-id form
+    (:func:`kvhit.fleet.blocks.stay_probabilities_blocks`)."""
     if router not in KV_ROUTERS:
         raise ValueError(f"router: the KV-aware model covers {sorted(KV_ROUTERS)}, got {router!r}")
     p = dict(params or {})
@@ -325,23 +361,21 @@ def stay_probabilities(
         raise ValueError(f"router {router}: unknown parameter(s) {bad}")
     if router == "dynamo" and float(p.get("temperature", 0.0)) != 0.0:
         raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
-    b = int(block_size or trace.block_size or 0)
-    if b < 1:
-        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
+    b = int(block_size)
     Ns = [1] * R if Ns is None else [int(x) for x in Ns]
-    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
-    prev = _prev_rows(trace)
-    first = prev < 0
-    H = np.where(first, 0, T[np.maximum(prev, 0)] // b)
-    t = np.asarray(trace["time"], float)
-    W = np.where(first, np.inf, t - t[np.maximum(prev, 0)])
+    T = np.asarray(T, np.int64)
+    H = np.asarray(H, np.int64)
+    W = np.asarray(W, float)
+    first = np.asarray(first, bool)
+    t = np.asarray(t, float)
+    n = T.shape[0]
     nb = np.maximum(T // b, 1)
     if rate is None:
-        span = float(t.max() - t.min())
-        rate = trace.n_turns / span if span > 0 else 0.0
+        span = float(t.max() - t.min()) if n else 0.0
+        rate = n / span if span > 0 else 0.0
     rng = np.random.default_rng(seed)
     I, P, A, U = _load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
-    q = np.full(trace.n_turns, np.nan)
+    q = np.full(n, np.nan)
     rev = ~first
     if R == 1:
         q[rev] = 1.0
