@@ -46,6 +46,7 @@ import numpy as np
 __all__ = [
     "FleetBlocksEstimate",
     "estimate_fleet_blocks",
+    "estimate_fleet_blocks_curve",
     "fleet_band_blocks",
     "kv_routes_blocks",
     "route_oblivious",
@@ -79,6 +80,48 @@ def route_oblivious(conv, router: str, R: int, seed: int = 0, **params) -> np.nd
     return np.array([rt.route(RouteView(0.0, int(c), 1, 1, (), 1, caps, z, z, z, z, None)) for c in cv], np.int64)
 
 
+def estimate_fleet_blocks_curve(
+    pt,
+    replica,
+    R: int,
+    Ns,
+    *,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    form: str = "poisson",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """Fleet hit ratio at every capacity in ``Ns`` when *each* of the ``R`` replicas has that capacity: one agentic
+    estimate per replica on its routed sub-trace (all capacities in one call), demand-weighted. Returns ``(h,
+    h_k, infeasible, notes)``: ``h`` (len(Ns)), ``h_k`` (R × len(Ns), NaN for an idle replica), ``infeasible``
+    (some replica's largest prompt exceeds N) and the estimator's notes, prefixed by the replica."""
+    from kvhit.estimate.agentic import estimate_trace
+
+    Ns = np.asarray([int(x) for x in np.atleast_1d(Ns)], np.int64)
+    rep = np.asarray(replica, np.int64)
+    if rep.shape != (pt.n_requests,):
+        raise ValueError(f"replica: expected one replica per request ({pt.n_requests}), got shape {rep.shape}")
+    if R < 1 or (rep < 0).any() or (rep >= R).any():
+        raise ValueError(f"replica: every entry must be in [0, {R})")
+    h_k = np.full((R, Ns.shape[0]), np.nan)
+    den_k = np.zeros(R)
+    infeasible = np.zeros(Ns.shape[0], bool)
+    notes: list[str] = []
+    T = np.asarray(pt.prompt_tokens, np.int64)
+    nb = np.asarray(pt.prompt_blocks, np.int64)
+    for k in range(R):
+        on = rep == k
+        if not on.any():
+            continue
+        e = estimate_trace(pt.select(on), Ns, engine=engine, metric=metric, form=form)
+        h_k[k] = e.h
+        den_k[k] = float(T[on].sum() if metric == "tokens" else nb[on].sum())
+        infeasible |= np.asarray(e.infeasible, bool)
+        notes += [f"replica {k}: {n}" for n in e.regime.get("notes", []) if not any(n in m for m in notes)]
+    ok = den_k > 0
+    h = (h_k[ok] * den_k[ok, None]).sum(axis=0) / den_k[ok].sum() if ok.any() else np.full(Ns.shape[0], np.nan)
+    return h, h_k, infeasible, notes
+
+
 def estimate_fleet_blocks(
     pt,
     replica,
@@ -96,6 +139,13 @@ def estimate_fleet_blocks(
 
     Ns = [int(x) for x in Ns]
     R = len(Ns)
+    if len(set(Ns)) == 1:
+        h, h_k, inf, notes = estimate_fleet_blocks_curve(pt, replica, R, Ns[:1], engine=engine, metric=metric,
+                                                         form=form)  # fmt: skip
+        rep = np.asarray(replica, np.int64)
+        T = np.asarray(pt.prompt_tokens if metric == "tokens" else pt.prompt_blocks, float)
+        den_k = np.bincount(rep, weights=T, minlength=R)
+        return FleetBlocksEstimate(float(h[0]), h_k[:, 0], den_k, not bool(inf[0]), notes)
     rep = np.asarray(replica, np.int64)
     if rep.shape != (pt.n_requests,):
         raise ValueError(f"replica: expected one replica per request ({pt.n_requests}), got shape {rep.shape}")
@@ -111,15 +161,11 @@ def estimate_fleet_blocks(
         on = rep == k
         if not on.any():
             continue
-        sub = pt.select(on)
-        e = estimate_trace(sub, [Ns[k]], engine=engine, metric=metric, form=form)
+        e = estimate_trace(pt.select(on), [Ns[k]], engine=engine, metric=metric, form=form)
         h_k[k] = float(e.h[0])
         den_k[k] = float(T[on].sum() if metric == "tokens" else nb[on].sum())
         feasible &= not bool(e.infeasible[0])
-        for n in e.regime.get("notes", []):
-            msg = f"replica {k}: {n}"
-            if n not in " ".join(notes):
-                notes.append(msg)
+        notes += [f"replica {k}: {n}" for n in e.regime.get("notes", []) if not any(n in m for m in notes)]
     ok = den_k > 0
     h = float((h_k[ok] * den_k[ok]).sum() / den_k[ok].sum()) if ok.any() else float("nan")
     return FleetBlocksEstimate(h, h_k, den_k, bool(feasible), notes)
