@@ -460,6 +460,77 @@ def kv_routes(trace: Trace, q: np.ndarray, R: int, seed: int = 0) -> np.ndarray:
     return rep
 
 
+def dynamo_routes(
+    trace: Trace,
+    R: int,
+    *,
+    hold=None,
+    Ns=None,
+    params: dict | None = None,
+    rate: float | None = None,
+    block_size: int | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+) -> np.ndarray:
+    """A routing drawn by Dynamo's own rule (temperature 0) with the destination's overlap: turns in time order; turn
+    j of conversation c sees on every replica k the overlap ``x_k`` = the full blocks ``⌊T_i/b⌋`` of the last turn i
+    of c routed to k (0 if none; approx mode: only while ``t_j − t_i < ttl``, the shadow entry's life) and one load
+    snapshot row (:func:`_load_samples`, drawn uniformly among ``samples`` independent M/G/∞ snapshots), and goes to
+    ``argmin_k w·max(0, (P_k + T_j)/b − c·x_k) + A_k + w_r·I_k`` (random ties). The stay model
+    (:func:`stay_probabilities` + :func:`kv_routes`) is its special case where only the home replica has an
+    overlap: a turn that leaves its home goes there uniformly, while Dynamo prefers a replica still holding an
+    older prefix of the conversation (docs/estimators.md §6, "destination overlap"). Seeded."""
+    p = dict(params or {})
+    bad = sorted(set(p) - set(KV_ROUTERS["dynamo"]))
+    if bad:
+        raise ValueError(f"router dynamo: unknown parameter(s) {bad}")
+    if float(p.get("temperature", 0.0)) != 0.0:
+        raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
+    b = int(block_size or trace.block_size or 0)
+    if b < 1:
+        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
+    Ns = [1] * R if Ns is None else [int(x) for x in Ns]
+    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
+    t = np.asarray(trace["time"], float)
+    prev = _prev_rows(trace)
+    H = np.where(prev < 0, 0, T[np.maximum(prev, 0)] // b)
+    if rate is None:
+        span = float(t.max() - t.min())
+        rate = trace.n_turns / span if span > 0 else 0.0
+    rng = np.random.default_rng(seed)
+    I, P, A, _ = _load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
+    w, wr = float(p.get("overlap_score_weight", 1.0)), float(p.get("request_weight", 0.0))
+    c = float(p.get("overlap_score_credit", 1.0))
+    approx = p.get("mode", "precise") == "approx"
+    ttl = float(p.get("ttl", 120.0))
+    base = w * P / b + A + wr * I  # (S, R): the load terms, prefill without the request's own T
+    n = trace.n_turns
+    srow = rng.integers(0, base.shape[0], size=n)
+    tie_u = rng.random(n)
+    conv = trace.dense_conv().astype(np.int64)
+    n_conv = int(conv.max()) + 1 if n else 0
+    last_x = np.zeros((n_conv, R))  # full blocks of the conversation's last turn on each replica
+    last_t = np.full((n_conv, R), -np.inf)
+    order = np.argsort(t, kind="stable")
+    rep = np.empty(n, np.int64)
+    Tb = T / b
+    for r in order:
+        cv = conv[r]
+        x = last_x[cv]
+        if approx:
+            x = np.where(t[r] - last_t[cv] < ttl, x, 0.0)
+        s = srow[r]
+        pre = np.maximum(P[s] / b + Tb[r] - c * x, 0.0) if w else 0.0
+        cost = w * pre + A[s] + wr * I[s] if w else base[s]
+        m = cost.min()
+        cand = np.flatnonzero(np.isclose(cost, m, rtol=0, atol=1e-9))
+        k = int(cand[int(tie_u[r] * cand.size)]) if cand.size > 1 else int(cand[0])
+        rep[r] = k
+        last_x[cv, k] = T[r] // b
+        last_t[cv, k] = t[r]
+    return rep
+
+
 def estimate_fleet_kv(
     trace: Trace,
     router: str,
@@ -474,11 +545,19 @@ def estimate_fleet_kv(
     block_size: int | None = None,
     samples: int = 2048,
     seed: int = 0,
+    destination: str = "uniform",
 ) -> float:
     """Fleet hit ratio under a KV-aware (or sticky) router: :func:`stay_probabilities` → a routing drawn by
     :func:`kv_routes` → :func:`estimate_fleet` on its fragments. Between the two oblivious limits: every
     q = 1 is affinity, q = 1/R (no overlap weight, symmetric loads) is random routing."""
     R = len(Ns)
+    if destination not in ("uniform", "overlap"):
+        raise ValueError(f"destination: expected 'uniform' or 'overlap', got {destination!r}")
+    if router == "dynamo" and destination == "overlap":
+        rep = dynamo_routes(
+            trace, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=block_size, samples=samples, seed=seed
+        )
+        return estimate_fleet(trace, rep, Ns, window=window, engine=engine, lam0=lam0, block_size=block_size)
     q = stay_probabilities(
         trace, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=block_size, samples=samples,
         seed=seed,
