@@ -137,15 +137,23 @@ def kv(seed: int, role: str, points=None, part: str = "kv") -> list[dict]:
         est = estimate_fleet_kv(
             tr, router, Ns, hold=hold, params=params, window=mask, rate=rate, block_size=rq.block_size
         )
+        ov = None
+        if router == "dynamo":  # the destination-overlap routing (dynamo_routes), issue 23 part 5
+            ov = estimate_fleet_kv(
+                tr, router, Ns, hold=hold, params=params, window=mask, rate=rate, block_size=rq.block_size,
+                destination="overlap",
+            )  # fmt: skip
         stay_sim = float((res.replica[rev] == res.replica[prev[rev]]).mean())
         stay_mod = float(np.nanmean(q[rev]))
         out.append(
             {"part": part, "role": role, "seed": seed, "router": router, "speed": speed, "R": R, "params": params,
-             "simulated": sim, "estimate": est, "error": est - sim, "stay_simulated": stay_sim, "stay_model": stay_mod}
+             "simulated": sim, "estimate": est, "error": est - sim, "stay_simulated": stay_sim, "stay_model": stay_mod,
+             "estimate_overlap": ov, "error_overlap": None if ov is None else ov - sim}
         )  # fmt: skip
         print(
             f"{role:6s} seed {seed} {router} {params} {speed:g} tok/s R={R}: simulated {sim:.4f} estimate {est:.4f} "
-            f"({est - sim:+.4f}); stay {stay_sim:.3f} simulated, {stay_mod:.3f} model",
+            f"({est - sim:+.4f}); stay {stay_sim:.3f} simulated, {stay_mod:.3f} model"
+            + ("" if ov is None else f"; destination overlap {ov:.4f} ({ov - sim:+.4f})"),
             flush=True,
         )
     return out
