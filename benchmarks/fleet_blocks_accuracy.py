@@ -1,6 +1,6 @@
 """Accuracy of the block-id fleet estimator (:mod:`kvhit.fleet.blocks`) against kvhit's exact fleet simulation.
 
-Workloads (issue 23 part 5; docs/estimators.md §6.4):
+Workloads (issue 23 part 5; docs/estimators.md §6, block-id traces):
 
 * ``weka``: the held-out WEKA pool ``held-35a`` of ``benchmarks/agentic_accuracy.py`` (35 conversations drawn with
   replacement, seed 100, from the held-out files trace_0030, trace_0032 … trace_0037 — never used to design the
@@ -76,9 +76,9 @@ def check_once(pt, router, R, N) -> None:
     assert abs(a - b) < 1e-12, (a, b)
 
 
-def oblivious_rows(out, name, pt_of_seed, seeds, Ns_of, replicas, arrival):
+def oblivious_rows(out, name, pt_of_seed, seeds, Ns_of, replicas, arrival, routers=ROUTERS):
     for R in replicas:
-        for router in ROUTERS:
+        for router in routers:
             sims, ests = [], []
             for s in seeds:
                 pt = pt_of_seed(s)
@@ -138,6 +138,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     ap.add_argument("--arrivals", nargs="+", default=["uniform", "poisson"])
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     t0 = time.time()
@@ -154,11 +155,13 @@ def main(argv=None) -> None:
     if "weka" in a.only:
         check_once(weka("uniform")(0), "random", 4, grid(weka("uniform")(0))[0])
         for arrival in a.arrivals:
-            oblivious_rows(rows, "held-35a", weka(arrival), a.seeds, grid, a.replicas, arrival)
+            oblivious_rows(rows, "held-35a", weka(arrival), a.seeds, grid, a.replicas, arrival, a.routers)
     if "mooncake" in a.only:
         mc = read_mooncake(MOON)
         check_once(mc, "round-robin", 2, 4000)
-        oblivious_rows(rows, "mooncake", lambda s: mc, [0], lambda pt: [1000, 4000, 16000, 64000], a.replicas, "own")
+        oblivious_rows(
+            rows, "mooncake", lambda s: mc, [0], lambda pt: [1000, 4000, 16000, 64000], a.replicas, "own", a.routers
+        )
     if "kv" in a.only:
         for s in (0, 1):
             pt = weka("uniform")(s)

@@ -169,8 +169,8 @@ def fleet_simulate(
     if any(r.get("estimate_band") for r in res.rows):
         console.print(
             Text(
-                "note: band 90% = one realisation of the start times (exact fleet replays, docs/estimators.md §6.4); "
-                "* = not validated",
+                "note: band 90% = one realisation of the start times (exact fleet replays, docs/estimators.md §6, "
+                "block-id traces); * = not validated",
                 style="italic",
             )
         )

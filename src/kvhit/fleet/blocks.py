@@ -1,4 +1,4 @@
-"""Fleet estimates on production block-id traces (WEKA, Mooncake): docs/estimators.md §6.4.
+"""Fleet estimates on production block-id traces (WEKA, Mooncake): docs/estimators.md §6, block-id traces.
 
 Idea (the block-id form of :mod:`kvhit.fleet.estimate`). Replica k's cache sees only the requests routed to it, in
 time order; under the vLLM model a replica is an independent single-replica engine (:mod:`kvhit.fleet.simulate`),
@@ -284,6 +284,6 @@ def fleet_band_blocks(
         "replays": int(replays),
         "seed": int(seed),
         "validated": False,
-        "method": "exact fleet replays at redrawn start times (docs/estimators.md §4.1 eq. (B1), §6.4)",
+        "method": "exact fleet replays at redrawn start times (docs/estimators.md §4.1 eq. (B1); §6, block-id traces)",
         "notes": notes,
     }

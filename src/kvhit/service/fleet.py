@@ -13,11 +13,11 @@ Estimates (docs/estimators.md §6): round-robin/random/session rows without hold
 :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
 :func:`kvhit.fleet.estimate.estimate_fleet_kv` (the stay model, with the run's holds, capacities, parameters and
 seed). On ``--blocks-trace`` the same rows get :func:`kvhit.fleet.blocks.estimate_fleet_blocks` (the agentic
-estimator per replica on the routed sub-trace; §6.4), oblivious rows also a band for one realisation of the start
-times (``estimate_band``: :data:`BAND_REPLAYS` exact fleet replays, :func:`kvhit.fleet.blocks.fleet_band_blocks`),
-and ``estimate_validated`` false. A row the estimators do not model (least-loaded, Dynamo temperature > 0, a load
-lag under holds, oblivious routers under holds, a block-id capacity below N_min) has ``estimate`` None and a note
-saying why — never an estimate of a different setting.
+estimator per replica on the routed sub-trace; §6, block-id traces), oblivious rows also a band for one realisation
+of the start times (``estimate_band``: :data:`BAND_REPLAYS` exact fleet replays,
+:func:`kvhit.fleet.blocks.fleet_band_blocks`), and ``estimate_validated`` false. A row the estimators do not model
+(least-loaded, Dynamo temperature > 0, a load lag under holds, oblivious routers under holds, a block-id capacity
+below N_min) has ``estimate`` None and a note saying why — never an estimate of a different setting.
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
     return est, None
 
 
-#: exact fleet replays behind the realisation band of a block-id row (docs/estimators.md §6.4)
+#: exact fleet replays behind the realisation band of a block-id row (docs/estimators.md §6, block-id traces)
 BAND_REPLAYS = 16
 
 
