@@ -472,20 +472,28 @@ def dynamo_routes(
     samples: int = 2048,
     seed: int = 0,
 ) -> np.ndarray:
-    """A routing for Dynamo (temperature 0) with the destination's overlap: turns in time order; turn j stays on the
-    replica of turn j − 1 with the stay probability q_j of :func:`stay_probabilities` (the home overlap against
-    load, as :func:`kv_routes`); a turn that moves goes, among the R − 1 other replicas, to the one Dynamo's own
-    cost prefers, ``argmin_k w·max(0, (P_k + T_j)/b − c·x_k) + A_k + w_r·I_k`` (random ties), evaluated on one load
-    snapshot row (drawn uniformly among the :func:`_load_samples` snapshots) with ``x_k`` = the full blocks
-    ``⌊T_i/b⌋`` of the last turn i of the conversation routed to k (0 if none; approx mode: only while ``t_j − t_i <
-    ttl``, the shadow entry's life) — where :func:`kv_routes` sends it uniformly. Older prefixes are taken as present
-    (as the home history is). With R = 2 it has the law of :func:`kv_routes` (one other replica). Seeded."""
+    """A routing drawn by Dynamo's own rule (temperature 0) with every replica's overlap, evictions included: turns
+    in time order; turn j of conversation c sees on every replica k the overlap ``x_k`` = the full blocks
+    ``⌊T_i/b⌋`` of the last turn i of c routed to k, cut to what survived there by the block-tail rule (A1) —
+    ``min(x_k, N_k − 1 − D_k)`` with ``D_k`` the blocks replica k allocated since turn i (the routing's own running
+    count: each turn on k allocates its full blocks minus its overlap there; approx mode: 0 once ``t_j − t_i ≥
+    ttl``) — and one load snapshot row (:func:`_load_samples`, drawn uniformly), and goes to ``argmin_k
+    w·max(0, (P_k + T_j)/b − c·x_k) + A_k + w_r·I_k`` (random ties). The stay model (:func:`stay_probabilities` +
+    :func:`kv_routes`) keeps the home history whole and sends a moved turn uniformly; here a moved turn prefers a
+    replica still holding an older prefix of c, and an evicted home history no longer holds the turn. ``D_k``
+    counts allocations only (hits that revive older blocks are left out: survival is over-estimated a little).
+    Seeded."""
     p = dict(params or {})
+    bad = sorted(set(p) - set(KV_ROUTERS["dynamo"]))
+    if bad:
+        raise ValueError(f"router dynamo: unknown parameter(s) {bad}")
+    if float(p.get("temperature", 0.0)) != 0.0:
+        raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
     b = int(block_size or trace.block_size or 0)
-    q = stay_probabilities(
-        trace, "dynamo", R, hold=hold, Ns=Ns, params=p, rate=rate, block_size=block_size, samples=samples, seed=seed
-    )
+    if b < 1:
+        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
     Ns = [1] * R if Ns is None else [int(x) for x in Ns]
+    Nv = np.asarray(Ns, float)
     T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
     t = np.asarray(trace["time"], float)
     prev = _prev_rows(trace)
@@ -493,42 +501,44 @@ def dynamo_routes(
     if rate is None:
         span = float(t.max() - t.min())
         rate = trace.n_turns / span if span > 0 else 0.0
-    rng = np.random.default_rng(seed + 1)
+    rng = np.random.default_rng(seed)
     I, P, A, _ = _load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
     w, wr = float(p.get("overlap_score_weight", 1.0)), float(p.get("request_weight", 0.0))
     c = float(p.get("overlap_score_credit", 1.0))
     approx = p.get("mode", "precise") == "approx"
     ttl = float(p.get("ttl", 120.0))
     n = trace.n_turns
-    u = rng.random(n)
-    d = rng.integers(0, R, size=n)
     srow = rng.integers(0, P.shape[0], size=n)
     tie_u = rng.random(n)
     conv = trace.dense_conv().astype(np.int64)
     n_conv = int(conv.max()) + 1 if n else 0
     last_x = np.zeros((n_conv, R))  # full blocks of the conversation's last turn on each replica
     last_t = np.full((n_conv, R), -np.inf)
+    last_a = np.zeros((n_conv, R))  # the replica's allocation count just after that turn
+    alloc = np.zeros(R)
     rep = np.empty(n, np.int64)
     Tb = T / b
+    Fb = T // b
+    nb = -(-T // b)
     for r in np.argsort(t, kind="stable"):
         cv = conv[r]
-        if prev[r] < 0:
-            k = int(d[r])
-        elif u[r] < q[r]:
-            k = int(rep[prev[r]])
-        else:
-            h = int(rep[prev[r]])
-            x = last_x[cv]
-            if approx:
-                x = np.where(t[r] - last_t[cv] < ttl, x, 0.0)
-            s = srow[r]
-            cost = w * np.maximum(P[s] / b + Tb[r] - c * x, 0.0) + A[s] + wr * I[s]
-            cost[h] = np.inf
-            cand = np.flatnonzero(np.isclose(cost, cost.min(), rtol=0, atol=1e-9))
-            k = int(cand[int(tie_u[r] * cand.size)])
+        x = np.clip(np.minimum(last_x[cv], Nv - 1.0 - (alloc - last_a[cv])), 0.0, None)
+        if approx:
+            x = np.where(t[r] - last_t[cv] < ttl, last_x[cv], 0.0)
+        s = srow[r]
+        cost = w * np.maximum(P[s] / b + Tb[r] - c * x, 0.0) + A[s] + wr * I[s]
+        cand = np.flatnonzero(np.isclose(cost, cost.min(), rtol=0, atol=1e-9))
+        k = int(cand[int(tie_u[r] * cand.size)]) if cand.size > 1 else int(cand[0])
         rep[r] = k
-        last_x[cv, k] = T[r] // b
+        hit = (
+            min(float(x[k]), float(max((T[r] - 1) // b, 0)))
+            if not approx
+            else float(np.clip(min(last_x[cv, k], Nv[k] - 1.0 - (alloc[k] - last_a[cv, k])), 0.0, None))
+        )
+        alloc[k] += nb[r] - hit
+        last_x[cv, k] = Fb[r]
         last_t[cv, k] = t[r]
+        last_a[cv, k] = alloc[k]
     return rep
 
 
