@@ -40,11 +40,15 @@ snapshots (independent M/G/∞ per replica, holds as given); :func:`kv_routes` d
 goes to one of the other replicas uniformly) and :func:`estimate_fleet_kv` runs :func:`estimate_fleet` on it.
 q ≡ 1 is affinity, q ≡ 1/R random routing: the KV routers lie between, as a function of their weights and load.
 
+:func:`dynamo_routes` (``estimate_fleet_kv(..., destination="overlap")``, opt-in) runs Dynamo's rule on every
+replica's overlap instead, evictions cut by the block-tail rule: measured better at a heavy load, worse at R = 2
+(docs/estimators.md §6, "KV-aware routers on new ShareGPT samples"), so not the default.
+
 NOT modelled: in-flight holds in the cache (blocks of running requests are not evictable), shared prefixes across
-conversations (as the engine-aware estimator); for the KV routers: the destination's overlap (a turn moved off its
-replica, or whose history was evicted there, goes preferably where an older prefix of it survives; modelled as
-uniform), correlation between the replicas' loads (the router itself balances them), queueing, load-snapshot lag,
-Dynamo's softmax (temperature > 0).
+conversations (as the engine-aware estimator); for the KV routers (default form): the destination's overlap (a turn
+moved off its replica, or whose history was evicted there, goes preferably where an older prefix of it survives;
+modelled as uniform — 0.012–0.028 low at the README's ``fleet curve`` load), correlation between the replicas'
+loads (the router itself balances them), queueing, load-snapshot lag, Dynamo's softmax (temperature > 0).
 """
 
 from __future__ import annotations
@@ -54,7 +58,17 @@ import numpy as np
 from kvhit.estimate.engine import estimate_engine
 from kvhit.workload.trace import Trace
 
-__all__ = ["fragment_trace", "routes", "estimate_fleet", "estimate_fleet_oblivious"]
+__all__ = [
+    "dynamo_routes",
+    "estimate_fleet",
+    "estimate_fleet_kv",
+    "estimate_fleet_oblivious",
+    "fragment_trace",
+    "kv_routes",
+    "routes",
+    "stay_probabilities",
+    "stay_probabilities_arrays",
+]
 
 
 def routes(trace: Trace, router: str, R: int, seed: int = 0, **params) -> np.ndarray:
