@@ -21,6 +21,10 @@ Parts:
   (TTL) indexer, a request weight, llm-d (precise and approximate), SGLang cache-aware and sticky sessions — the
   simulated ratio and stay fraction (turns on the replica of the previous turn), the model's stay probability
   and :func:`kvhit.fleet.estimate.estimate_fleet_kv` (docs/estimators.md §6, "KV-aware routers").
+* ``kv --kv-points new --lam0 1.5 --w-mean 90`` (issue 23 part 5; seeds 11–16, never used before): ``NEW_POINTS``
+  in the issue's setting; Dynamo points also print ``estimate_fleet_kv(..., destination="overlap")``
+  (:func:`kvhit.fleet.estimate.dynamo_routes`). Results: docs/estimators.md §6, "KV-aware routers on new ShareGPT
+  samples".
 * ``credit`` (design seeds only): the README's ``kvhit fleet curve`` setting — R = 8, holds T/500 s, Dynamo's
   ``overlap_score_credit`` 0, 1, 2, 4, 16 (the clamp max(0, ·) saturates the hit ratio).
 
