@@ -21,6 +21,10 @@ Parts:
   (TTL) indexer, a request weight, llm-d (precise and approximate), SGLang cache-aware and sticky sessions — the
   simulated ratio and stay fraction (turns on the replica of the previous turn), the model's stay probability
   and :func:`kvhit.fleet.estimate.estimate_fleet_kv` (docs/estimators.md §6, "KV-aware routers").
+* ``kv --kv-points new --lam0 1.5 --w-mean 90`` (issue 23 part 5; seeds 11–16, never used before): ``NEW_POINTS``
+  in the issue's setting; Dynamo points also print ``estimate_fleet_kv(..., destination="overlap")``
+  (:func:`kvhit.fleet.estimate.dynamo_routes`). Results: docs/estimators.md §6, "KV-aware routers on new ShareGPT
+  samples".
 * ``credit`` (design seeds only): the README's ``kvhit fleet curve`` setting — R = 8, holds T/500 s, Dynamo's
   ``overlap_score_credit`` 0, 1, 2, 4, 16 (the clamp max(0, ·) saturates the hit ratio).
 
@@ -67,8 +71,24 @@ KV_POINTS = [("dynamo", 10_000.0, R, {"overlap_score_weight": w}) for R in (2, 4
 ]
 
 
+#: issue 23 part 5 (seeds 11–14, never used before): Dynamo (defaults) at R = 2–16, the README's ``fleet curve`` load
+#: (R = 8, holds T/500 s) and the other KV-aware routers at R = 4 — run with ``--lam0 1.5 --w-mean 90`` (the issue's
+#: setting: the old estimator missed by 0.0164 at Dynamo R = 2, seed 7)
+NEW_POINTS = [("dynamo", 10_000.0, R, {}) for R in (2, 4, 8, 16)] + [
+    ("dynamo", 500.0, 8, {}),
+    ("llm-d", 10_000.0, 4, {}),
+    ("sglang", 10_000.0, 4, {}),
+    ("sticky", 10_000.0, 4, {}),
+]
+LAM0, W_MEAN = 1.0, 135.0
+
+
 def setting(seed: int):
-    tr, _ = build_sharegpt_trace(n_warm=1000, n_meas=5000, seed=seed, lam0=1.0, block_size=128)
+    from kvhit.workload.dists import Exponential
+
+    tr, _ = build_sharegpt_trace(
+        n_warm=1000, n_meas=5000, seed=seed, lam0=LAM0, block_size=128, interarrival=Exponential(W_MEAN)
+    )
     win = Window.warmup_conversations(tr, 1000)
     mask = win.mask(tr)
     ca = np.asarray(tr["conv_arrival"], float)
@@ -121,15 +141,23 @@ def kv(seed: int, role: str, points=None, part: str = "kv") -> list[dict]:
         est = estimate_fleet_kv(
             tr, router, Ns, hold=hold, params=params, window=mask, rate=rate, block_size=rq.block_size
         )
+        ov = None
+        if router == "dynamo":  # the destination-overlap routing (dynamo_routes), issue 23 part 5
+            ov = estimate_fleet_kv(
+                tr, router, Ns, hold=hold, params=params, window=mask, rate=rate, block_size=rq.block_size,
+                destination="overlap",
+            )  # fmt: skip
         stay_sim = float((res.replica[rev] == res.replica[prev[rev]]).mean())
         stay_mod = float(np.nanmean(q[rev]))
         out.append(
             {"part": part, "role": role, "seed": seed, "router": router, "speed": speed, "R": R, "params": params,
-             "simulated": sim, "estimate": est, "error": est - sim, "stay_simulated": stay_sim, "stay_model": stay_mod}
+             "simulated": sim, "estimate": est, "error": est - sim, "stay_simulated": stay_sim, "stay_model": stay_mod,
+             "estimate_overlap": ov, "error_overlap": None if ov is None else ov - sim}
         )  # fmt: skip
         print(
             f"{role:6s} seed {seed} {router} {params} {speed:g} tok/s R={R}: simulated {sim:.4f} estimate {est:.4f} "
-            f"({est - sim:+.4f}); stay {stay_sim:.3f} simulated, {stay_mod:.3f} model",
+            f"({est - sim:+.4f}); stay {stay_sim:.3f} simulated, {stay_mod:.3f} model"
+            + ("" if ov is None else f"; destination overlap {ov:.4f} ({ov - sim:+.4f})"),
             flush=True,
         )
     return out
@@ -188,6 +216,9 @@ def main(argv=None) -> None:
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--only", nargs="+", default=["oblivious", "kv"], choices=["oblivious", "kv", "credit"])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--kv-points", choices=["all", "new"], default="all", help="kv: KV_POINTS or NEW_POINTS")
+    ap.add_argument("--lam0", type=float, default=1.0, help="conversations/s of the ShareGPT sample (default 1)")
+    ap.add_argument("--w-mean", type=float, default=135.0, help="mean gap between turns, s (default 135)")
     ap.add_argument("--from-json", nargs="+", default=None, help="print the tables of saved runs (no simulation)")
     a = ap.parse_args(argv)
     if a.from_json:
@@ -197,6 +228,8 @@ def main(argv=None) -> None:
             if sel:
                 print(table(sel) + "\n")
         return
+    global LAM0, W_MEAN
+    LAM0, W_MEAN = a.lam0, a.w_mean
     if set(a.design) & set(a.report):
         ap.error("--design and --report seeds must differ (the report seeds are held out)")
     t0 = time.time()
@@ -210,7 +243,7 @@ def main(argv=None) -> None:
     if "kv" in a.only:
         for role, seeds in (("design", a.design), ("report", a.report)):
             for s in seeds:
-                rows += kv(s, role)
+                rows += kv(s, role, NEW_POINTS if a.kv_points == "new" else None)
         print()
         print(table_kv([r for r in rows if r["part"] == "kv"]))
     if "credit" in a.only:  # the README's fleet curve setting, design seed(s) only

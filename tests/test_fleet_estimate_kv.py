@@ -144,3 +144,23 @@ def test_refusals(setting):
         stay_probabilities(tr, "dynamo", 2, params={"temperature": 0.5}, block_size=B)
     with pytest.raises(ValueError, match="unknown parameter"):
         stay_probabilities(tr, "sticky", 2, params={"prefix_weight": 1.0}, block_size=B)
+
+
+def test_dynamo_routes_limits(setting):
+    """dynamo_routes (Dynamo's rule on every replica's overlap, evictions by the block-tail rule): without load and
+    with room for everything (N = 10⁹), every turn with a cached history (H > 0) goes where its conversation's last
+    turn went — affinity, the stay model's q = 1; with a tiny N (no history ever survives: N − 1 − D < 0 after one
+    allocation) and no load, every turn is a tie over all replicas (stay fraction 1/R). Seeded: the same routing
+    twice."""
+    tr, _, _, _ = setting
+    from kvhit.fleet.estimate import dynamo_routes
+
+    prev, rev, H, _ = _H_W(tr)
+    rep = dynamo_routes(tr, 3, Ns=[10**9] * 3, block_size=B)
+    keep = rev & (H > 0)
+    np.testing.assert_array_equal(rep[keep], rep[prev[keep]])
+    np.testing.assert_array_equal(rep, dynamo_routes(tr, 3, Ns=[10**9] * 3, block_size=B))
+    rep = dynamo_routes(tr, 4, Ns=[1] * 4, block_size=B, seed=3)
+    stay = float((rep[rev] == rep[prev[rev]]).mean())
+    n = int(rev.sum())
+    assert abs(stay - 0.25) < 4 * np.sqrt(0.25 * 0.75 / n)

@@ -82,6 +82,13 @@ def _router_values(**kw: Any) -> dict[str, Any]:
     return {ren.get(k, k): v for k, v in kw.items()}
 
 
+def _band(b: dict | None) -> str:
+    """``lo–hi`` of a block-id row's realisation band (``*``: not validated), or ``-``."""
+    if not b:
+        return "–"
+    return f"{_fmt(b['h_lo'])}–{_fmt(b['h_hi'])}" + ("" if b.get("validated") else "*")
+
+
 @fleet_app.command("simulate")
 def fleet_simulate(
     replicas: Annotated[list[str], _fopt("replicas", "--replicas")],
@@ -141,8 +148,8 @@ def fleet_simulate(
     if as_json:
         _print_json(res)
         return
-    cols = ["router", "R", "token h", "estimate", "imbalance req", "imbalance prefill", "prefill tokens", "mean wait s",
-            "rejected"]  # fmt: skip
+    cols = ["router", "R", "token h", "estimate", "band 90%", "imbalance req", "imbalance prefill", "prefill tokens",
+            "mean wait s", "rejected"]  # fmt: skip
     rows = [
         [
             r["router"]
@@ -151,6 +158,7 @@ def fleet_simulate(
             _fmt(r["replicas"]),
             _fmt(r["token_hit_ratio"]),
             _fmt(r["estimate"]),
+            _band(r.get("estimate_band")),
             _fmt(r["imbalance_requests"], 3),
             _fmt(r["imbalance_prefill_tokens"], 3),
             _fmt(r["prefill_tokens"]),
@@ -160,6 +168,14 @@ def fleet_simulate(
         for r in res.rows
     ]
     _table(f"fleet on {res.trace} — engine {res.engine}, block size {res.block_size}", cols, rows)
+    if any(r.get("estimate_band") for r in res.rows):
+        console.print(
+            Text(
+                "note: band 90% = one realisation of the start times (exact fleet replays, docs/estimators.md §6, "
+                "block-id traces); * = not validated",
+                style="italic",
+            )
+        )
     for n in res.notes:
         console.print(Text("note: " + n, style="italic"))
     if res.figure:

@@ -40,11 +40,15 @@ snapshots (independent M/G/∞ per replica, holds as given); :func:`kv_routes` d
 goes to one of the other replicas uniformly) and :func:`estimate_fleet_kv` runs :func:`estimate_fleet` on it.
 q ≡ 1 is affinity, q ≡ 1/R random routing: the KV routers lie between, as a function of their weights and load.
 
+:func:`dynamo_routes` (``estimate_fleet_kv(..., destination="overlap")``, opt-in) runs Dynamo's rule on every
+replica's overlap instead, evictions cut by the block-tail rule: measured better at a heavy load, worse at R = 2
+(docs/estimators.md §6, "KV-aware routers on new ShareGPT samples"), so not the default.
+
 NOT modelled: in-flight holds in the cache (blocks of running requests are not evictable), shared prefixes across
-conversations (as the engine-aware estimator); for the KV routers: the destination's overlap (a turn moved off its
-replica, or whose history was evicted there, goes preferably where an older prefix of it survives; modelled as
-uniform), correlation between the replicas' loads (the router itself balances them), queueing, load-snapshot lag,
-Dynamo's softmax (temperature > 0).
+conversations (as the engine-aware estimator); for the KV routers (default form): the destination's overlap (a turn
+moved off its replica, or whose history was evicted there, goes preferably where an older prefix of it survives;
+modelled as uniform — 0.012–0.028 low at the README's ``fleet curve`` load), correlation between the replicas'
+loads (the router itself balances them), queueing, load-snapshot lag, Dynamo's softmax (temperature > 0).
 """
 
 from __future__ import annotations
@@ -54,7 +58,17 @@ import numpy as np
 from kvhit.estimate.engine import estimate_engine
 from kvhit.workload.trace import Trace
 
-__all__ = ["fragment_trace", "routes", "estimate_fleet", "estimate_fleet_oblivious"]
+__all__ = [
+    "dynamo_routes",
+    "estimate_fleet",
+    "estimate_fleet_kv",
+    "estimate_fleet_oblivious",
+    "fragment_trace",
+    "kv_routes",
+    "routes",
+    "stay_probabilities",
+    "stay_probabilities_arrays",
+]
 
 
 def routes(trace: Trace, router: str, R: int, seed: int = 0, **params) -> np.ndarray:
@@ -317,6 +331,42 @@ def stay_probabilities(
     whenever x > 0). Precise modes take the history as present (if it was evicted the turn misses wherever it
     goes, and the next turn follows it either way).
     """
+    b = int(block_size or trace.block_size or 0)
+    if b < 1:
+        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
+    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
+    prev = _prev_rows(trace)
+    first = prev < 0
+    H = np.where(first, 0, T[np.maximum(prev, 0)] // b)
+    t = np.asarray(trace["time"], float)
+    W = np.where(first, np.inf, t - t[np.maximum(prev, 0)])
+    return stay_probabilities_arrays(
+        T, H, W, first, t, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=b, samples=samples,
+        seed=seed,
+    )  # fmt: skip
+
+
+def stay_probabilities_arrays(
+    T,
+    H,
+    W,
+    first,
+    t,
+    router: str,
+    R: int,
+    *,
+    hold=None,
+    Ns=None,
+    params: dict | None = None,
+    rate: float | None = None,
+    block_size: int,
+    samples: int = 2048,
+    seed: int = 0,
+) -> np.ndarray:
+    """:func:`stay_probabilities` on plain arrays (one entry per request, any order): prompt tokens ``T``, the overlap
+    ``H`` (blocks) the router sees on the home replica, the gap ``W`` since the home request, ``first`` (no home:
+    NaN), arrival times ``t`` (for the default rate). Shared by the kvhit-trace form and the block-id form
+    (:func:`kvhit.fleet.blocks.stay_probabilities_blocks`)."""
     if router not in KV_ROUTERS:
         raise ValueError(f"router: the KV-aware model covers {sorted(KV_ROUTERS)}, got {router!r}")
     p = dict(params or {})
@@ -325,23 +375,21 @@ def stay_probabilities(
         raise ValueError(f"router {router}: unknown parameter(s) {bad}")
     if router == "dynamo" and float(p.get("temperature", 0.0)) != 0.0:
         raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
-    b = int(block_size or trace.block_size or 0)
-    if b < 1:
-        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
+    b = int(block_size)
     Ns = [1] * R if Ns is None else [int(x) for x in Ns]
-    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
-    prev = _prev_rows(trace)
-    first = prev < 0
-    H = np.where(first, 0, T[np.maximum(prev, 0)] // b)
-    t = np.asarray(trace["time"], float)
-    W = np.where(first, np.inf, t - t[np.maximum(prev, 0)])
+    T = np.asarray(T, np.int64)
+    H = np.asarray(H, np.int64)
+    W = np.asarray(W, float)
+    first = np.asarray(first, bool)
+    t = np.asarray(t, float)
+    n = T.shape[0]
     nb = np.maximum(T // b, 1)
     if rate is None:
-        span = float(t.max() - t.min())
-        rate = trace.n_turns / span if span > 0 else 0.0
+        span = float(t.max() - t.min()) if n else 0.0
+        rate = n / span if span > 0 else 0.0
     rng = np.random.default_rng(seed)
     I, P, A, U = _load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
-    q = np.full(trace.n_turns, np.nan)
+    q = np.full(n, np.nan)
     rev = ~first
     if R == 1:
         q[rev] = 1.0
@@ -426,6 +474,88 @@ def kv_routes(trace: Trace, q: np.ndarray, R: int, seed: int = 0) -> np.ndarray:
     return rep
 
 
+def dynamo_routes(
+    trace: Trace,
+    R: int,
+    *,
+    hold=None,
+    Ns=None,
+    params: dict | None = None,
+    rate: float | None = None,
+    block_size: int | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+) -> np.ndarray:
+    """A routing drawn by Dynamo's own rule (temperature 0) with every replica's overlap, evictions included: turns
+    in time order; turn j of conversation c sees on every replica k the overlap ``x_k`` = the full blocks
+    ``⌊T_i/b⌋`` of the last turn i of c routed to k, cut to what survived there by the block-tail rule (A1) —
+    ``min(x_k, N_k − 1 − D_k)`` with ``D_k`` the blocks replica k allocated since turn i (the routing's own running
+    count: each turn on k allocates its full blocks minus its overlap there; approx mode: 0 once ``t_j − t_i ≥
+    ttl``) — and one load snapshot row (:func:`_load_samples`, drawn uniformly), and goes to ``argmin_k
+    w·max(0, (P_k + T_j)/b − c·x_k) + A_k + w_r·I_k`` (random ties). The stay model (:func:`stay_probabilities` +
+    :func:`kv_routes`) keeps the home history whole and sends a moved turn uniformly; here a moved turn prefers a
+    replica still holding an older prefix of c, and an evicted home history no longer holds the turn. ``D_k``
+    counts allocations only (hits that revive older blocks are left out: survival is over-estimated a little).
+    Seeded."""
+    p = dict(params or {})
+    bad = sorted(set(p) - set(KV_ROUTERS["dynamo"]))
+    if bad:
+        raise ValueError(f"router dynamo: unknown parameter(s) {bad}")
+    if float(p.get("temperature", 0.0)) != 0.0:
+        raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
+    b = int(block_size or trace.block_size or 0)
+    if b < 1:
+        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
+    Ns = [1] * R if Ns is None else [int(x) for x in Ns]
+    Nv = np.asarray(Ns, float)
+    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
+    t = np.asarray(trace["time"], float)
+    prev = _prev_rows(trace)
+    H = np.where(prev < 0, 0, T[np.maximum(prev, 0)] // b)
+    if rate is None:
+        span = float(t.max() - t.min())
+        rate = trace.n_turns / span if span > 0 else 0.0
+    rng = np.random.default_rng(seed)
+    I, P, A, _ = _load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
+    w, wr = float(p.get("overlap_score_weight", 1.0)), float(p.get("request_weight", 0.0))
+    c = float(p.get("overlap_score_credit", 1.0))
+    approx = p.get("mode", "precise") == "approx"
+    ttl = float(p.get("ttl", 120.0))
+    n = trace.n_turns
+    srow = rng.integers(0, P.shape[0], size=n)
+    tie_u = rng.random(n)
+    conv = trace.dense_conv().astype(np.int64)
+    n_conv = int(conv.max()) + 1 if n else 0
+    last_x = np.zeros((n_conv, R))  # full blocks of the conversation's last turn on each replica
+    last_t = np.full((n_conv, R), -np.inf)
+    last_a = np.zeros((n_conv, R))  # the replica's allocation count just after that turn
+    alloc = np.zeros(R)
+    rep = np.empty(n, np.int64)
+    Tb = T / b
+    Fb = T // b
+    nb = -(-T // b)
+    for r in np.argsort(t, kind="stable"):
+        cv = conv[r]
+        x = np.clip(np.minimum(last_x[cv], Nv - 1.0 - (alloc - last_a[cv])), 0.0, None)
+        if approx:
+            x = np.where(t[r] - last_t[cv] < ttl, last_x[cv], 0.0)
+        s = srow[r]
+        cost = w * np.maximum(P[s] / b + Tb[r] - c * x, 0.0) + A[s] + wr * I[s]
+        cand = np.flatnonzero(np.isclose(cost, cost.min(), rtol=0, atol=1e-9))
+        k = int(cand[int(tie_u[r] * cand.size)]) if cand.size > 1 else int(cand[0])
+        rep[r] = k
+        hit = (
+            min(float(x[k]), float(max((T[r] - 1) // b, 0)))
+            if not approx
+            else float(np.clip(min(last_x[cv, k], Nv[k] - 1.0 - (alloc[k] - last_a[cv, k])), 0.0, None))
+        )
+        alloc[k] += nb[r] - hit
+        last_x[cv, k] = Fb[r]
+        last_t[cv, k] = t[r]
+        last_a[cv, k] = alloc[k]
+    return rep
+
+
 def estimate_fleet_kv(
     trace: Trace,
     router: str,
@@ -440,11 +570,19 @@ def estimate_fleet_kv(
     block_size: int | None = None,
     samples: int = 2048,
     seed: int = 0,
+    destination: str = "uniform",
 ) -> float:
     """Fleet hit ratio under a KV-aware (or sticky) router: :func:`stay_probabilities` → a routing drawn by
     :func:`kv_routes` → :func:`estimate_fleet` on its fragments. Between the two oblivious limits: every
     q = 1 is affinity, q = 1/R (no overlap weight, symmetric loads) is random routing."""
     R = len(Ns)
+    if destination not in ("uniform", "overlap"):
+        raise ValueError(f"destination: expected 'uniform' or 'overlap', got {destination!r}")
+    if router == "dynamo" and destination == "overlap":
+        rep = dynamo_routes(
+            trace, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=block_size, samples=samples, seed=seed
+        )
+        return estimate_fleet(trace, rep, Ns, window=window, engine=engine, lam0=lam0, block_size=block_size)
     q = stay_probabilities(
         trace, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=block_size, samples=samples,
         seed=seed,

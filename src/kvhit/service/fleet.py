@@ -9,12 +9,15 @@ single R). Without ``--prefill-tokens-per-s`` requests are instantaneous (no hol
 load and fall back to their tie-breaks); with it request r holds its blocks for ``T_r / speed`` seconds (the whole
 prompt's prefill time — cache savings do not shorten it). NOT modelled: see :mod:`kvhit.fleet.simulate`.
 
-Estimates (``--trace`` only, docs/estimators.md §6): round-robin/random/session rows without holds get
+Estimates (docs/estimators.md §6): round-robin/random/session rows without holds get
 :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
 :func:`kvhit.fleet.estimate.estimate_fleet_kv` (the stay model, with the run's holds, capacities, parameters and
-seed). A row the estimators do not model (least-loaded, Dynamo temperature > 0, a load lag under holds, oblivious
-routers under holds, a block-id trace) has ``estimate`` None and a note saying why — never an estimate of a
-different setting.
+seed). On ``--blocks-trace`` the same rows get :func:`kvhit.fleet.blocks.estimate_fleet_blocks` (the agentic
+estimator per replica on the routed sub-trace; §6, block-id traces), oblivious rows also a band for one realisation
+of the start times (``estimate_band``: :data:`BAND_REPLAYS` exact fleet replays,
+:func:`kvhit.fleet.blocks.fleet_band_blocks`), and ``estimate_validated`` false. A row the estimators do not model
+(least-loaded, Dynamo temperature > 0, a load lag under holds, oblivious routers under holds, a block-id capacity
+below N_min) has ``estimate`` None and a note saying why — never an estimate of a different setting.
 """
 
 from __future__ import annotations
@@ -311,7 +314,7 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
     under holds or Dynamo's softmax (temperature > 0), which the model does not have."""
     st = wl.stream
     if wl.tr is None:
-        return None, "no estimate: the fleet estimators need a kvhit trace (--trace), not --blocks-trace"
+        return _row_estimate_blocks(req, wl, name, params, res, Ns, hold)
     kw = dict(engine=req.engine, window=st.measured, lam0=wl.lam0, block_size=st.block_size)
     if name in OBLIVIOUS_ESTIMATED:
         if hold is not None:
@@ -341,6 +344,59 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
             wl.tr, name, Ns, hold=hold, params=params, rate=measured_rate(st.times, st.measured), seed=req.seed, **kw
         )
     return est, None
+
+
+#: exact fleet replays behind the realisation band of a block-id row (docs/estimators.md §6, block-id traces)
+BAND_REPLAYS = 16
+
+
+def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params: dict, res, Ns, hold):
+    """A ``--blocks-trace`` row: ``(estimate, None)`` with the estimate a dict (``h``, the band for one realisation
+    of the start times where it applies, ``validated``), or ``(None, reason)``. Oblivious routers: the simulated
+    routing; KV-aware: the stay model's routing (:mod:`kvhit.fleet.blocks`)."""
+    from kvhit.fleet.blocks import estimate_fleet_blocks, fleet_band_blocks, kv_routes_blocks, stay_probabilities_blocks
+
+    pt = wl.source
+    st = wl.stream
+    if name in OBLIVIOUS_ESTIMATED:
+        if hold is not None:
+            return None, (
+                "no estimate for round-robin/random/session with --prefill-tokens-per-s: the oblivious fleet "
+                "estimator is measured without holds only (docs/estimators.md §6)"
+            )
+        rep = res.replica
+    elif name in KV_ESTIMATED:
+        if name == "dynamo" and float(params.get("temperature", 0.0)) != 0.0:
+            return None, (
+                "no estimate for dynamo with --temperature > 0: the KV-aware estimator models Dynamo's argmin "
+                "(temperature 0) only"
+            )
+        if req.lag > 0 and hold is not None:
+            return None, (
+                f"no estimate for {name} with --lag > 0: the KV-aware estimator does not model lagged load snapshots"
+            )
+        with translating("estimate"):
+            q, prev = stay_probabilities_blocks(
+                pt, name, len(Ns), hold=hold, Ns=Ns, params=params, rate=measured_rate(st.times, st.measured),
+                seed=req.seed,
+            )  # fmt: skip
+            rep = kv_routes_blocks(prev, q, len(Ns), seed=req.seed + 1)
+    else:
+        return None, f"no estimate for {name}: no fleet estimator models it"
+    with translating("estimate"):
+        e = estimate_fleet_blocks(pt, rep, Ns, engine=req.engine)
+    if not e.feasible:
+        return None, (
+            "no estimate below N_min (a replica's largest prompt does not fit: the simulator drops refused requests "
+            "from its ratio, the estimator counts them as misses)"
+        )
+    out = {"h": e.h, "validated": False, "band": None}
+    if name in OBLIVIOUS_ESTIMATED and pt.session is not None:
+        with translating("estimate"):
+            out["band"] = fleet_band_blocks(
+                pt, name, Ns, e.h, engine=req.engine, router_params=params, replays=BAND_REPLAYS, seed=req.seed
+            )
+    return out, None
 
 
 def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
@@ -394,9 +450,12 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                     lag=req.lag,
                 )
             s = res.summary(mask)
-            est = None
+            est = band = None
+            validated = None
             if req.estimates:
                 est, why = _row_estimate(req, wl, name, params[name], res, Ns, hold)
+                if isinstance(est, dict):  # a block-id row: the point, its band and the validation flag
+                    est, band, validated = est["h"], est["band"], est["validated"]
                 if why is not None and why not in est_notes:
                     est_notes.append(why)
                 if est is not None and (s["rejected"] > 0 or s["mean_wait"] > 0):
@@ -412,6 +471,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                     **s,
                     "session_lookahead": name == "session" and lookahead,
                     "estimate": est,
+                    "estimate_band": band,
+                    "estimate_validated": validated,
                     "N_total": int(sum(Ns)),
                     "params": params[name],
                     "busiest_replica_share": share,

@@ -1,0 +1,190 @@
+"""Accuracy of the block-id fleet estimator (:mod:`kvhit.fleet.blocks`) against kvhit's exact fleet simulation.
+
+Workloads (issue 23 part 5; docs/estimators.md §6, block-id traces):
+
+* ``weka``: the held-out WEKA pool ``held-35a`` of ``benchmarks/agentic_accuracy.py`` (35 conversations drawn with
+  replacement, seed 100, from the held-out files trace_0030, trace_0032 … trace_0037 — never used to design the
+  agentic estimator), started uniformly on [0, 3600] s or as a Poisson process at 35/3600 per s, start seeds
+  ``--seeds`` (default 0–7); capacities per replica N_min·{1, 1.5, 2} (N_min = the pool's largest prompt, in
+  blocks); oblivious routers round-robin, random (router seed 0) and session at R = 2, 4, 8, 16, no holds.
+* ``mooncake``: the Mooncake FAST'25 conversation trace at its own timestamps (sessions derived from prefix
+  sharing), capacities 1,000 / 4,000 / 16,000 / 64,000 blocks per replica, same routers and R.
+* ``kv``: the stay-model estimate (Dynamo, temperature 0, precise) against the step-wise fleet simulation with holds
+  ``T/speed`` on held-35a (uniform, start seeds 0–1) and Mooncake, R = 2, 4.
+
+The simulated ratio of an oblivious fleet is computed per replica by :func:`kvhit.sim.vllm.curve.block_curve` on
+the routed sub-trace (the fleet is exactly R independent replicas; checked once per run against
+:func:`kvhit.fleet.simulate.simulate_fleet`). For each (workload, arrival, R, router, N) the table gives the mean
+over the start seeds of the simulated realisations and of the estimates, the worst |estimate − realisation| and
+|mean estimate − mean simulated| (issue 23 target (b): ≤ 0.01). Capacities whose estimate is infeasible (a
+replica's largest prompt > N) are skipped.
+
+Run (nice; ≈ 10 min for ``weka`` with 8 seeds on one free core)::
+
+    NUMBA_CACHE_DIR=.numba_cache python benchmarks/fleet_blocks_accuracy.py --only weka mooncake kv [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from agentic_accuracy import MOON, band_pools, compose, realisation_starts  # noqa: E402
+from kvhit.fleet.blocks import (  # noqa: E402
+    estimate_fleet_blocks,
+    estimate_fleet_blocks_curve,
+    kv_routes_blocks,
+    route_oblivious,
+    stay_probabilities_blocks,
+)
+from kvhit.fleet.simulate import simulate_fleet  # noqa: E402
+from kvhit.sim.vllm.curve import block_curve  # noqa: E402
+from kvhit.workload.production import read_mooncake  # noqa: E402
+
+ROUTERS = ("round-robin", "random", "session")
+
+
+def simulate_curve(pt, rep, R, Ns) -> np.ndarray:
+    """Exact fleet token hit ratio at each N (every replica N): block_curve per replica, demand-weighted."""
+    hits = np.zeros(len(Ns))
+    den = 0.0
+    for k in range(R):
+        on = rep == k
+        if not on.any():
+            continue
+        rq = pt.select(on).to_block_requests()
+        c = block_curve(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=np.asarray(Ns))
+        d = float(rq.prompt_tokens.sum())
+        hits += np.asarray(c["token_hit_ratio"]) * d
+        den += d
+    return hits / den
+
+
+def check_once(pt, router, R, N) -> None:
+    rep = route_oblivious(pt.session, router, R, seed=0)
+    res = simulate_fleet(pt.prompt_tokens, pt.hash_offsets, pt.hashes, pt.session, Ns=[N] * R,
+                         block_size=pt.block_size, router=router, times=pt.time, seed=0)  # fmt: skip
+    assert np.array_equal(res.replica, rep)
+    a, b = res.token_hit_ratio(), float(simulate_curve(pt, rep, R, [N])[0])
+    assert abs(a - b) < 1e-12, (a, b)
+
+
+def oblivious_rows(out, name, pt_of_seed, seeds, Ns_of, replicas, arrival, routers=ROUTERS):
+    for R in replicas:
+        for router in routers:
+            sims, ests = [], []
+            for s in seeds:
+                pt = pt_of_seed(s)
+                Ns = Ns_of(pt)
+                rep = route_oblivious(pt.session, router, R, seed=0)
+                h, _, inf, _ = estimate_fleet_blocks_curve(pt, rep, R, Ns)
+                sim = simulate_curve(pt, rep, R, Ns)
+                h = np.where(inf, np.nan, h)
+                sims.append(sim)
+                ests.append(h)
+            S, E = np.array(sims), np.array(ests)
+            for j, N in enumerate(Ns):
+                if np.isnan(E[:, j]).any():
+                    continue
+                r = {
+                    "workload": name, "arrival": arrival, "R": R, "router": router, "N": int(N), "seeds": len(seeds),
+                    "sim_mean": float(S[:, j].mean()), "est_mean": float(E[:, j].mean()),
+                    "worst_point": float(np.abs(E[:, j] - S[:, j]).max()),
+                    "mean_gap": float(E[:, j].mean() - S[:, j].mean()),
+                    "errors": [float(x) for x in E[:, j] - S[:, j]],
+                }  # fmt: skip
+                out.append(r)
+                print(
+                    f"{name:9s} {arrival:8s} R={R:2d} {router:11s} N={int(N):6d}: sim {r['sim_mean']:.4f} est "
+                    f"{r['est_mean']:.4f} mean gap {r['mean_gap']:+.4f} worst point {r['worst_point']:.4f}",
+                    flush=True,
+                )
+
+
+def kv_rows(out, name, pt, N, replicas, speed, seed):
+    hold = pt.prompt_tokens / speed
+    rate = pt.n_requests / float(pt.time.max() - pt.time.min())
+    for R in replicas:
+        t0 = time.time()
+        res = simulate_fleet(pt.prompt_tokens, pt.hash_offsets, pt.hashes, pt.session, Ns=[N] * R,
+                             block_size=pt.block_size, router="dynamo", times=pt.time, hold=hold,
+                             seed=seed)  # fmt: skip
+        sim = res.token_hit_ratio()
+        q, prev = stay_probabilities_blocks(pt, "dynamo", R, hold=hold, Ns=[N] * R, rate=rate, seed=seed)
+        rep = kv_routes_blocks(prev, q, R, seed=seed + 1)
+        est = estimate_fleet_blocks(pt, rep, [N] * R).h
+        has = prev >= 0
+        stay_sim = float((res.replica[has] == res.replica[prev[has]]).mean())
+        r = {"workload": name, "R": R, "N": int(N), "speed": speed, "seed": seed, "simulated": sim, "estimate": est,
+             "error": est - sim, "stay_simulated": stay_sim, "stay_model": float(np.nanmean(q[has]))}  # fmt: skip
+        out.append(r)
+        print(
+            f"kv {name:10s} R={R} N={N} seed {seed}: sim {sim:.4f} est {est:.4f} ({est - sim:+.4f}); stay sim "
+            f"{stay_sim:.3f} model {r['stay_model']:.3f} ({time.time() - t0:.0f} s)",
+            flush=True,
+        )
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", default=["weka", "mooncake", "kv"], choices=["weka", "mooncake", "kv"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
+    ap.add_argument("--arrivals", nargs="+", default=["uniform", "poisson"])
+    ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16])
+    ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    rows: list = []
+    _, _, base, draws = [p for p in band_pools(True) if p[0] == "held-35a"][0]
+
+    def weka(arrival):
+        return lambda s: compose(base, draws, realisation_starts(arrival, draws.size, s), {})
+
+    def grid(pt):
+        m = int(pt.prompt_blocks.max())
+        return [m, int(1.5 * m), 2 * m]
+
+    if "weka" in a.only:
+        check_once(weka("uniform")(0), "random", 4, grid(weka("uniform")(0))[0])
+        for arrival in a.arrivals:
+            oblivious_rows(rows, "held-35a", weka(arrival), a.seeds, grid, a.replicas, arrival, a.routers)
+    if "mooncake" in a.only:
+        mc = read_mooncake(MOON)
+        check_once(mc, "round-robin", 2, 4000)
+        oblivious_rows(
+            rows, "mooncake", lambda s: mc, [0], lambda pt: [1000, 4000, 16000, 64000], a.replicas, "own", a.routers
+        )
+    if "kv" in a.only:
+        for s in (0, 1):
+            pt = weka("uniform")(s)
+            kv_rows(rows, "held-35a", pt, int(1.5 * pt.prompt_blocks.max()), [2, 4], 50_000.0, s)
+        kv_rows(rows, "mooncake", read_mooncake(MOON), 4000, [2, 4], 10_000.0, 0)
+    ob = [r for r in rows if "sim_mean" in r]
+    if ob:
+        print("\n| workload | arrival | points | worst |mean est − mean sim| | mean |gap| | worst single point |")
+        print("|---|---|---:|---:|---:|---:|")
+        for w in sorted({(r["workload"], r["arrival"]) for r in ob}):
+            sel = [r for r in ob if (r["workload"], r["arrival"]) == w]
+            g = np.abs([r["mean_gap"] for r in sel])
+            print(f"| {w[0]} | {w[1]} | {len(sel)} | {g.max():.4f} | {g.mean():.4f} | "
+                  f"{max(r['worst_point'] for r in sel):.4f} |")  # fmt: skip
+    kv = [r for r in rows if "error" in r]
+    if kv:
+        e = np.abs([r["error"] for r in kv])
+        print(f"\nkv: {len(kv)} points, worst |error| {e.max():.4f}, mean {e.mean():.4f}")
+    print(f"\n({time.time() - t0:.0f} s)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

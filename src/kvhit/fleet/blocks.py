@@ -1,0 +1,289 @@
+"""Fleet estimates on production block-id traces (WEKA, Mooncake): docs/estimators.md §6, block-id traces.
+
+Idea (the block-id form of :mod:`kvhit.fleet.estimate`). Replica k's cache sees only the requests routed to it, in
+time order; under the vLLM model a replica is an independent single-replica engine (:mod:`kvhit.fleet.simulate`),
+so replica k's hit ratio is the single-replica agentic estimate (:func:`kvhit.estimate.agentic.estimate_trace`,
+eq. (A1): block i of a reuse segment of age a hits iff N_k ≥ 1 + e + i + D_k(a)) applied to the *routed
+sub-trace* ``pt.select(replica == k)``. The thinning by the router therefore enters twice, exactly as the paper's
+fragment argument (eq. (38)/(47) per replica, docs/estimators.md §6): (i) a request's reuse segments are recomputed on
+the sub-trace, so a request hits only blocks an earlier request *on the same replica* touched (its age is the time
+since that request: the thinned gap); (ii) the displacement D_k(a) counts only the other requests on replica k
+(the background templates and the start-time intensity of the estimator are those of the replica's fragments).
+The fleet ratio is the demand-weighted mean ``Σ_k h_k·den_k / Σ_k den_k`` (den = prompt tokens, or prompt blocks
+for ``metric="blocks"``), the simulator's ``hits/queries``.
+
+Routing (the per-replica thinning, from each router's rule):
+
+* round-robin, random, session (oblivious): the router is run on the request stream (it reads only the request
+  index, its own seeded generator, or the session id) — :func:`route_oblivious`; no cache simulation is needed;
+* dynamo (temperature 0), llm-d, sglang, sticky (KV-aware): a request's *home* is the replica of the previous
+  request of its stream (RequestReuse ``prev``: same session and agent), where its common prefix ``L_own`` with
+  that request sits; the router keeps it there with the stay probability of
+  :func:`kvhit.fleet.estimate.stay_probabilities_arrays` (the router's own rule, overlap x = min(L_own, (T−1)//b)
+  blocks, gap W = t_r − t_prev, independent M/G/∞ load snapshots) and otherwise sends it to one of the R − 1 others
+  uniformly (:func:`kv_routes_blocks`); a request without a previous one goes to a uniform replica.
+
+Band for one realisation (oblivious routers): ``K`` exact fleet replays at start times redrawn from the estimator's
+start density (:func:`kvhit.estimate.band.draw_starts`, the single-replica machinery of docs/estimators.md §4.1),
+combined by eq. (B1), widened by :data:`kvhit.estimate.band.WIDEN` and flagged not validated (the fleet band was
+not shown to meet issue 23's targets).
+
+NOT modelled: everything :mod:`kvhit.estimate.agentic` does not (request durations, in-flight holds, queueing);
+the simulator leaves rejected requests out of its ratio while the estimate counts them as misses, so below
+``N_min`` the two are different quantities (the estimate is flagged infeasible there). For the KV-aware routers:
+the destination's overlap (a moved request goes preferably where an older prefix or a shared system prompt of it
+survives; modelled as uniform), prefixes shared across sessions in the stay rule (Mooncake's hot prompts: the
+router sees them on several replicas), correlated loads, load-snapshot lag, Dynamo's softmax.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "FleetBlocksEstimate",
+    "estimate_fleet_blocks",
+    "estimate_fleet_blocks_curve",
+    "fleet_band_blocks",
+    "kv_routes_blocks",
+    "route_oblivious",
+    "stay_probabilities_blocks",
+]
+
+
+@dataclass(frozen=True)
+class FleetBlocksEstimate:
+    """A fleet estimate on a block-id trace: ``h`` (fleet), per-replica ``h_k`` and demand ``den_k``, whether the
+    capacity is feasible for every replica (``N_k ≥`` its largest prompt), and notes."""
+
+    h: float
+    h_k: np.ndarray
+    den_k: np.ndarray
+    feasible: bool
+    notes: list = field(default_factory=list)
+
+
+def route_oblivious(conv, router: str, R: int, seed: int = 0, **params) -> np.ndarray:
+    """Replica of every request (arrival order) under an oblivious router (round-robin, random, session), by running
+    the router itself (:mod:`kvhit.fleet.routers`; the same draws as :func:`kvhit.fleet.simulate.simulate_fleet`)."""
+    from kvhit.fleet.routers import RouteView, make_router
+
+    rt = make_router(router, R, seed, **params)
+    if not rt.oblivious:
+        raise ValueError(f"router {router}: route_oblivious needs round-robin, random or session")
+    cv = np.asarray(conv, np.int64)
+    z = np.zeros(R)
+    caps = (1,) * R
+    return np.array([rt.route(RouteView(0.0, int(c), 1, 1, (), 1, caps, z, z, z, z, None)) for c in cv], np.int64)
+
+
+def estimate_fleet_blocks_curve(
+    pt,
+    replica,
+    R: int,
+    Ns,
+    *,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    form: str = "poisson",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """Fleet hit ratio at every capacity in ``Ns`` when *each* of the ``R`` replicas has that capacity: one agentic
+    estimate per replica on its routed sub-trace (all capacities in one call), demand-weighted. Returns ``(h,
+    h_k, infeasible, notes)``: ``h`` (len(Ns)), ``h_k`` (R × len(Ns), NaN for an idle replica), ``infeasible``
+    (some replica's largest prompt exceeds N) and the estimator's notes, prefixed by the replica."""
+    from kvhit.estimate.agentic import estimate_trace
+
+    Ns = np.asarray([int(x) for x in np.atleast_1d(Ns)], np.int64)
+    rep = np.asarray(replica, np.int64)
+    if rep.shape != (pt.n_requests,):
+        raise ValueError(f"replica: expected one replica per request ({pt.n_requests}), got shape {rep.shape}")
+    if R < 1 or (rep < 0).any() or (rep >= R).any():
+        raise ValueError(f"replica: every entry must be in [0, {R})")
+    h_k = np.full((R, Ns.shape[0]), np.nan)
+    den_k = np.zeros(R)
+    infeasible = np.zeros(Ns.shape[0], bool)
+    notes: list[str] = []
+    T = np.asarray(pt.prompt_tokens, np.int64)
+    nb = np.asarray(pt.prompt_blocks, np.int64)
+    for k in range(R):
+        on = rep == k
+        if not on.any():
+            continue
+        e = estimate_trace(pt.select(on), Ns, engine=engine, metric=metric, form=form)
+        h_k[k] = e.h
+        den_k[k] = float(T[on].sum() if metric == "tokens" else nb[on].sum())
+        infeasible |= np.asarray(e.infeasible, bool)
+        notes += [f"replica {k}: {n}" for n in e.regime.get("notes", []) if not any(n in m for m in notes)]
+    ok = den_k > 0
+    h = (h_k[ok] * den_k[ok, None]).sum(axis=0) / den_k[ok].sum() if ok.any() else np.full(Ns.shape[0], np.nan)
+    return h, h_k, infeasible, notes
+
+
+def estimate_fleet_blocks(
+    pt,
+    replica,
+    Ns,
+    *,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    form: str = "poisson",
+) -> FleetBlocksEstimate:
+    """Fleet hit ratio of the block-id trace ``pt`` (a :class:`~kvhit.workload.production.ProductionTrace`, requests
+    in time order) when request ``r`` went to ``replica[r]`` and replica k has ``Ns[k]`` blocks: the agentic
+    estimator on each replica's routed sub-trace, demand-weighted (module docstring). ``form="replay"`` uses the
+    estimator's working-set identity per replica (exact window footprints; a reference, not a model)."""
+    from kvhit.estimate.agentic import estimate_trace
+
+    Ns = [int(x) for x in Ns]
+    R = len(Ns)
+    if len(set(Ns)) == 1:
+        h, h_k, inf, notes = estimate_fleet_blocks_curve(pt, replica, R, Ns[:1], engine=engine, metric=metric,
+                                                         form=form)  # fmt: skip
+        rep = np.asarray(replica, np.int64)
+        T = np.asarray(pt.prompt_tokens if metric == "tokens" else pt.prompt_blocks, float)
+        den_k = np.bincount(rep, weights=T, minlength=R)
+        return FleetBlocksEstimate(float(h[0]), h_k[:, 0], den_k, not bool(inf[0]), notes)
+    rep = np.asarray(replica, np.int64)
+    if rep.shape != (pt.n_requests,):
+        raise ValueError(f"replica: expected one replica per request ({pt.n_requests}), got shape {rep.shape}")
+    if R < 1 or (rep < 0).any() or (rep >= R).any():
+        raise ValueError(f"replica: every entry must be in [0, {R}) (one capacity per replica in Ns)")
+    h_k = np.full(R, np.nan)
+    den_k = np.zeros(R)
+    feasible = True
+    notes: list[str] = []
+    T = np.asarray(pt.prompt_tokens, np.int64)
+    nb = np.asarray(pt.prompt_blocks, np.int64)
+    for k in range(R):
+        on = rep == k
+        if not on.any():
+            continue
+        e = estimate_trace(pt.select(on), [Ns[k]], engine=engine, metric=metric, form=form)
+        h_k[k] = float(e.h[0])
+        den_k[k] = float(T[on].sum() if metric == "tokens" else nb[on].sum())
+        feasible &= not bool(e.infeasible[0])
+        notes += [f"replica {k}: {n}" for n in e.regime.get("notes", []) if not any(n in m for m in notes)]
+    ok = den_k > 0
+    h = float((h_k[ok] * den_k[ok]).sum() / den_k[ok].sum()) if ok.any() else float("nan")
+    return FleetBlocksEstimate(h, h_k, den_k, bool(feasible), notes)
+
+
+def stay_probabilities_blocks(
+    pt,
+    router: str,
+    R: int,
+    *,
+    hold=None,
+    Ns=None,
+    params: dict | None = None,
+    rate: float | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+    reuse=None,
+):
+    """Per request, the probability that a KV-aware (or sticky) router keeps it on the replica of the previous
+    request of its stream (NaN without one), and that previous request (−1 without): the rules of
+    :func:`kvhit.fleet.estimate.stay_probabilities_arrays` with overlap ``x = min(L_own, (T−1)//b)`` (the common
+    prefix with the previous request, capped as vLLM) and gap ``W = t_r − t_prev``."""
+    from kvhit.fleet.estimate import stay_probabilities_arrays
+    from kvhit.workload.reuse import request_reuse
+
+    u = reuse if reuse is not None else request_reuse(pt)
+    prev = np.asarray(u.prev, np.int64)
+    first = prev < 0
+    x = np.where(first, 0, np.minimum(u.L_own, u.hit_cap)).astype(np.int64)
+    t = np.asarray(pt.time, float)
+    W = np.where(first, np.inf, t - t[np.maximum(prev, 0)])
+    T = np.asarray(pt.prompt_tokens, np.int64)
+    q = stay_probabilities_arrays(
+        T, x, W, first, t, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=int(pt.block_size),
+        samples=samples, seed=seed,
+    )  # fmt: skip
+    return q, prev
+
+
+def kv_routes_blocks(prev, q, R: int, seed: int = 0) -> np.ndarray:
+    """A routing drawn from the stay model (requests in time order, ``prev[r] < r``): a request without a previous
+    one goes to a uniform replica; request r stays on ``prev[r]``'s replica with probability ``q[r]``, else goes to
+    one of the R − 1 others uniformly. Seeded (one uniform, one destination and one jump per request)."""
+    prev = np.asarray(prev, np.int64)
+    n = prev.shape[0]
+    if (prev >= np.arange(n)).any():
+        raise ValueError("prev: every previous request must come earlier in time order")
+    rng = np.random.default_rng(seed)
+    u = rng.random(n)
+    d = rng.integers(0, R, size=n)
+    jump = rng.integers(1, max(R, 2), size=n)
+    qa = np.asarray(q, float)
+    out = np.empty(n, np.int64)
+    for r in range(n):
+        p = prev[r]
+        if p < 0:
+            out[r] = d[r]
+        elif u[r] < qa[r]:
+            out[r] = out[p]
+        else:
+            out[r] = (out[p] + jump[r]) % R
+    return out
+
+
+def fleet_band_blocks(
+    pt,
+    router: str,
+    Ns,
+    est: float,
+    *,
+    engine: str = "vllm",
+    router_params: dict | None = None,
+    level: float = 0.9,
+    replays: int = 16,
+    seed: int = 0,
+    tol: float = 0.01,
+) -> dict:
+    """Band (B1) for one realisation of the start times of a fleet on ``pt`` behind an oblivious router: ``replays``
+    exact fleet simulations (:func:`kvhit.fleet.simulate.simulate_fleet`, router seed ``seed``) of ``pt`` re-timed
+    at start times redrawn from the estimator's start density (:func:`kvhit.estimate.band.draw_starts`, seeded),
+    then ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to contain ``est`` when they disagree by more than ``tol`` + 2
+    standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side (not validated). Returns ``h_lo``,
+    ``h_hi``, ``h_mc`` (the replays' mean), ``level``, ``replays``, ``seed``, ``validated`` (False) and ``notes``."""
+    from kvhit.estimate.band import WIDEN, _session_ids, _t_quantile, draw_starts, restart_sessions
+    from kvhit.fleet.simulate import simulate_fleet
+
+    Ns = [int(x) for x in Ns]
+    sess = _session_ids(pt)
+    C = int(sess.max()) + 1 if sess.size else 0
+    first = np.full(C, np.inf)
+    np.minimum.at(first, sess, pt.time)
+    rng = np.random.default_rng(seed)
+    H = np.empty(replays)
+    for j in range(replays):
+        p2 = restart_sessions(pt, draw_starts(first, rng))
+        res = simulate_fleet(
+            p2.prompt_tokens, p2.hash_offsets, p2.hashes, np.asarray(p2.session, np.int64), Ns=Ns,
+            block_size=int(p2.block_size), router=router, router_params=router_params, engine=engine,
+            times=np.asarray(p2.time, float), seed=seed,
+        )  # fmt: skip
+        H[j] = res.token_hit_ratio()
+    m, s = float(H.mean()), float(H.std(ddof=1))
+    q = _t_quantile(0.5 + float(level) / 2.0, replays - 1) * math.sqrt(1.0 + 1.0 / replays)
+    lo, hi = m - q * s, m + q * s
+    notes = []
+    if math.isfinite(est) and abs(est - m) > tol + 2.0 * s / math.sqrt(replays):
+        lo, hi = min(lo, est), max(hi, est)
+        notes.append(f"the estimate differs from the mean of {replays} exact fleet replays by {abs(est - m):.3f}")
+    lo, hi = max(lo - WIDEN, 0.0), min(hi + WIDEN, 1.0)
+    notes.append(f"not validated (no benchmark measured the fleet band's coverage): widened by ±{WIDEN}")
+    return {
+        "h_lo": lo,
+        "h_hi": hi,
+        "h_mc": m,
+        "level": float(level),
+        "replays": int(replays),
+        "seed": int(seed),
+        "validated": False,
+        "method": "exact fleet replays at redrawn start times (docs/estimators.md §4.1 eq. (B1); §6, block-id traces)",
+        "notes": notes,
+    }

@@ -1,0 +1,150 @@
+"""Fleet estimates on block-id traces (kvhit.fleet.blocks): a two-replica trace computed by hand, the KV stay model's
+closed forms, and ``fleet simulate --blocks-trace`` printing the library's numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvhit.cli import app
+from kvhit.fleet.blocks import (
+    estimate_fleet_blocks,
+    estimate_fleet_blocks_curve,
+    fleet_band_blocks,
+    kv_routes_blocks,
+    route_oblivious,
+    stay_probabilities_blocks,
+)
+from kvhit.fleet.simulate import simulate_fleet
+from kvhit.workload.production import ProductionTrace, read_production
+
+runner = CliRunner()
+DATA = Path(__file__).parent / "data" / "production"
+B = 4
+
+
+def _pt(rows):
+    """rows: (time, session, block ids); T = 4·len(ids) (every prompt a whole number of blocks)."""
+    n = len(rows)
+    ids = [list(r[2]) for r in rows]
+    off = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
+    return ProductionTrace(
+        time=np.array([r[0] for r in rows], float),
+        prompt_tokens=np.array([B * len(x) for x in ids], np.int64),
+        output_tokens=np.ones(n, np.int64),
+        hash_offsets=off,
+        hashes=np.array([h for x in ids for h in x], np.int64),
+        block_size=B,
+        session=np.array([r[1] for r in rows], np.int64),
+        agent=np.zeros(n, np.int32),
+        model=None,
+        models=(),
+        file_index=np.zeros(n, np.int32),
+        record=np.arange(n, dtype=np.int64),
+        sub_record=np.full(n, -1, np.int32),
+        files=("hand",),
+        format="weka",
+        session_source="file",
+        rechained=False,
+        n_partial_dropped=0,
+    )
+
+
+#: A0, B0, B1, C0, A1 at t = 0…4. Round-robin over 2 replicas: replica 0 serves A0, B1, A1; replica 1 B0, C0.
+HAND = [(0.0, 0, [1, 2]), (1.0, 1, [10, 11]), (2.0, 1, [10, 11, 12]), (3.0, 2, [20, 21]), (4.0, 0, [1, 2, 3])]
+
+
+def test_round_robin_two_replicas_by_hand():
+    """Replica 0: A1 can reuse A0's 2 blocks (vLLM caps a 12-token prompt at (12 − 1)//4 = 2); in between B1 touched
+    3 blocks *there* (its prefix [10, 11] was cached on replica 1, so B1 reuses nothing on replica 0). (A1): block i
+    of A1 survives iff N ≥ 1 + e + i + D = 1 + 0 + i + 3. Replica 1 reuses nothing. Prompt tokens: 32 + 16 = 48.
+    So h = 0 (N = 3), 4/48 (N = 4), 8/48 (N ≥ 5) — the replay form by (A1) and the exact fleet simulation."""
+    pt = _pt(HAND)
+    rep = route_oblivious(pt.session, "round-robin", 2)
+    assert rep.tolist() == [0, 1, 0, 1, 0]
+    want = {3: 0.0, 4: 4 / 48, 5: 8 / 48, 9: 8 / 48}
+    h, h_k, inf, _ = estimate_fleet_blocks_curve(pt, rep, 2, list(want), form="replay")
+    assert h == pytest.approx(list(want.values()), abs=1e-12)
+    assert h_k[1] == pytest.approx([0, 0, 0, 0], abs=1e-12) and not inf.any()
+    for N, w in want.items():
+        res = simulate_fleet(pt.prompt_tokens, pt.hash_offsets, pt.hashes, pt.session, Ns=[N, N], block_size=B,
+                             router="round-robin", times=pt.time)  # fmt: skip
+        assert res.token_hit_ratio() == pytest.approx(w, abs=1e-12)
+        e = estimate_fleet_blocks(pt, rep, [N, N], form="replay")
+        assert e.h == pytest.approx(w, abs=1e-12) and e.den_k.tolist() == [32, 16]
+    # the model form (compound Poisson background): at a capacity no window can fill, every reusable block hits
+    e = estimate_fleet_blocks(pt, rep, [1000, 1000])
+    assert e.h == pytest.approx(8 / 48, abs=1e-9)
+    # unequal capacities: replica 0 at 4 blocks, replica 1 at 2 (its largest prompt): 4/48 again
+    assert estimate_fleet_blocks(pt, rep, [4, 2], form="replay").h == pytest.approx(4 / 48, abs=1e-12)
+    # session affinity (every session on one replica) at R = 1: the single-replica estimate, A1 behind B0, B1, C0
+    one = estimate_fleet_blocks(pt, np.zeros(5, np.int64), [9], form="replay")
+    # R = 1: B1 hits [10, 11] (2 blocks, nothing in between); A1's window holds B0/B1 (3 distinct) + C0 (2): block i
+    # survives iff 9 ≥ 1 + i + 5 → both; hits 4·(2 + 2) = 16 of 48 tokens
+    assert one.h == pytest.approx(16 / 48, abs=1e-12)
+
+
+def test_stay_model_closed_forms_without_load():
+    """No holds (no load): Dynamo keeps a request with an overlap x > 0 on its home (cost −w·x < 0 elsewhere), so
+    q = 1 and the routing keeps every session on one replica; sticky with ttl = 2 keeps B1 (gap 1 < 2) and sends A1
+    (gap 4) to the least loaded of 2 equally idle replicas, home with probability 1/2."""
+    pt = _pt(HAND)
+    q, prev = stay_probabilities_blocks(pt, "dynamo", 2)
+    assert prev.tolist() == [-1, -1, 1, -1, 0]
+    assert np.isnan(q[[0, 1, 3]]).all() and q[[2, 4]].tolist() == [1.0, 1.0]
+    rep = kv_routes_blocks(prev, q, 2, seed=5)
+    assert rep[2] == rep[1] and rep[4] == rep[0]
+    q, _ = stay_probabilities_blocks(pt, "sticky", 2, params={"ttl": 2.0})
+    assert q[2] == 1.0 and q[4] == pytest.approx(0.5, abs=0)
+    with pytest.raises(ValueError, match="prev"):
+        kv_routes_blocks(np.array([1, -1]), np.array([1.0, np.nan]), 2)
+
+
+def test_band_of_a_single_session_is_the_replay_widened():
+    """One session: redrawn start times only shift it, so every replay gives the same ratio (sd 0): the band is that
+    ratio ± WIDEN and its mean the simulated ratio."""
+    from kvhit.estimate.band import WIDEN
+
+    rows = [(float(t), 0, list(range(1, 3 + t))) for t in range(6)]
+    pt = _pt(rows)
+    res = simulate_fleet(pt.prompt_tokens, pt.hash_offsets, pt.hashes, pt.session, Ns=[9, 9], block_size=B,
+                         router="round-robin", times=pt.time)  # fmt: skip
+    b = fleet_band_blocks(pt, "round-robin", [9, 9], res.token_hit_ratio(), replays=4, seed=3)
+    assert b["h_mc"] == pytest.approx(res.token_hit_ratio(), abs=1e-12)
+    assert b["h_lo"] == pytest.approx(b["h_mc"] - WIDEN) and b["h_hi"] == pytest.approx(b["h_mc"] + WIDEN)
+    assert b["validated"] is False and b == fleet_band_blocks(pt, "round-robin", [9, 9], res.token_hit_ratio(),
+                                                              replays=4, seed=3)  # fmt: skip
+
+
+def test_fleet_simulate_blocks_trace_prints_the_estimate():
+    path = DATA / "mooncake_small.jsonl"
+    base = ["fleet", "simulate", "--blocks-trace", str(path), "--replicas", "2", "--N", "300"]
+    r = runner.invoke(app, [*base, "--router", "round-robin,least-loaded", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    rows = {x["router"]: x for x in out["rows"]}
+    pt = read_production(path)
+    rep = route_oblivious(pt.session, "round-robin", 2)
+    want = estimate_fleet_blocks(pt, rep, [300, 300]).h
+    assert 0 < want < 1 and rows["round-robin"]["estimate"] == pytest.approx(want, abs=0, rel=0)
+    band = rows["round-robin"]["estimate_band"]
+    assert band["h_lo"] <= band["h_mc"] <= band["h_hi"] and band["validated"] is False
+    assert rows["round-robin"]["estimate_validated"] is False
+    assert rows["least-loaded"]["estimate"] is None and any("least-loaded" in n for n in out["notes"])
+    # KV-aware: the stay model's routing (holds T/speed, the measured rate, seed) → the same per-replica estimator
+    r = runner.invoke(app, [*base, "--router", "dynamo", "--prefill-tokens-per-s", "20000", "--seed", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)["rows"][0]
+    hold = pt.prompt_tokens / 20000.0
+    rate = pt.n_requests / float(pt.time.max() - pt.time.min())
+    q, prev = stay_probabilities_blocks(pt, "dynamo", 2, hold=hold, Ns=[300, 300], rate=rate, seed=2)
+    want = estimate_fleet_blocks(pt, kv_routes_blocks(prev, q, 2, seed=3), [300, 300]).h
+    assert row["estimate"] == pytest.approx(want, abs=0, rel=0) and row["estimate_band"] is None
+    # the table prints the estimate and the band
+    r = runner.invoke(app, [*base, "--router", "round-robin"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "band 90%" in r.output and f"{rows['round-robin']['estimate']:.4f}" in r.output
