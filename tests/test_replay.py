@@ -342,10 +342,25 @@ def test_replay_closed_loop_concurrency_matches_in_aggregate(tmp_path):
     path = tmp_path / "t.parquet"
     _chat_trace(path, n_conv=8)
     with FakeVllm() as srv:
-        res = _run(srv.url, path, check=True, concurrency=4)
-    # nothing is evicted (1,000 blocks), so holds change nothing: equal in aggregate, not checked per request
+        res = _run(srv.url, path, check=True, concurrency=4, log=tmp_path / "log.parquet")
+    # nothing is evicted (1,000 blocks): neither the scheduler model nor holds changes a hit; reported per request
+    # for both models, gating nothing
     assert res.check["per_request"] is False and res.check["passed"] is None
     assert res.check["simulated_minus_measured"] == 0.0
+    cc = res.check["concurrent"]
+    assert cc["model"] == "scheduler"
+    for name in ("scheduler", "holds"):
+        assert cc[name]["mismatching_requests"] == 0 and cc[name]["simulated_minus_measured"] == 0.0
+    assert cc["scheduler"]["step_time_fitted"] and cc["scheduler"]["preemptions"] == 0
+    # the log holds the ids as sent and returned, so the check can be re-run from it alone
+    t = pq.read_table(tmp_path / "log.parquet").to_pydict()
+    assert t["simulated_hit_tokens_scheduler"] == t["cached_tokens"] == t["simulated_hit_tokens_holds"]
+    assert [len(x) for x in t["prompt_ids"]] == t["prompt_tokens"]
+    assert [len(x) for x in t["output_ids"]] == t["completion_tokens"]
+    for r, pv in enumerate(t["prev_request"]):
+        if pv >= 0:
+            prompt, prev = t["prompt_ids"][r], t["prompt_ids"][pv] + t["output_ids"][pv]
+            assert prompt[: len(prev)] == prev
 
 
 def test_replay_block_id_trace_against_fake_server(tmp_path):
