@@ -351,7 +351,7 @@ def test_replay_closed_loop_concurrency_matches_in_aggregate(tmp_path):
     assert cc["model"] == "scheduler"
     for name in ("scheduler", "holds"):
         assert cc[name]["mismatching_requests"] == 0 and cc[name]["simulated_minus_measured"] == 0.0
-    assert cc["scheduler"]["step_time_fitted"] and cc["scheduler"]["preemptions"] == 0
+    assert cc["scheduler"]["clock"] == "measured" and cc["scheduler"]["preemptions"] == 0
     # the log holds the ids as sent and returned, so the check can be re-run from it alone
     t = pq.read_table(tmp_path / "log.parquet").to_pydict()
     assert t["simulated_hit_tokens_scheduler"] == t["cached_tokens"] == t["simulated_hit_tokens_holds"]

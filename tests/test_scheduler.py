@@ -85,6 +85,26 @@ def test_preempted_request_hits_its_own_blocks_when_they_survive():
     assert res.finished.tolist() == [5.0, 7.0]
 
 
+def test_measured_clock_paces_steps_to_the_deadlines():
+    # A as in the chunked-prefill test (4 steps: chunks 8, 8, 4, then a decode) with deadline 8: every step lasts
+    # 8 / 4 = 2 s and A finishes exactly at 8. B (deadline 3.5) arrives at 0.5, admitted at step 2 (t = 4 > 3.5:
+    # late) — the step it runs in lasts min over A and B of (deadline − now) / steps left, floored at min_step.
+    a = list(range(100, 120)) + [900]
+    res = simulate_schedule(_reqs([(a, 20, 2, 0.0)], 4), N=50, block_size=4, max_num_batched_tokens=8, deadlines=[8.0])
+    assert res.steps[:, 1].tolist() == [2.0, 2.0, 2.0, 2.0] and res.finished.tolist() == [8.0]
+    bb = list(range(100, 104)) + [7]
+    res = simulate_schedule(
+        _reqs([(a, 20, 2, 0.0), (bb, 5, 1, 0.5)], 4),
+        N=50,
+        block_size=4,
+        max_num_batched_tokens=8,
+        deadlines=[8.0, 3.5],
+        min_step=0.25,
+    )
+    assert res.steps[:, 1].tolist() == [2.0, 2.0, 0.25, (8.0 - 4.25) / 1]
+    assert res.finished.tolist() == [8.0, 4.25] and res.hit_tokens.tolist() == [0, 4]
+
+
 def test_prompt_longer_than_the_pool_is_refused():
     reqs = _reqs([(list(range(100, 121)), 21, 1, 0.0)], 4)
     with pytest.raises(ValueError, match="usable blocks"):

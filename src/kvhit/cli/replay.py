@@ -48,10 +48,10 @@ def replay(
     --check simulates exactly the recorded sequence with kvhit's vLLM engine (block size and count read from the
     server's vllm:cache_config_info, N = num_gpu_blocks − 1, prompt + first m − 1 generated tokens cached) and
     prints measured vs simulated vs estimated; exit 1 on any per-request mismatch of a sequential replay. A concurrent
-    replay is simulated with kvhit's model of vLLM's scheduler (step time fitted to the measured latencies;
-    --max-num-batched-tokens and --max-num-seqs as the server runs) and with holds from the measured times, both
-    reported per request and in aggregate (not gating the exit status). A replay that fails midway keeps its --log,
-    marked partial, and exits 1.
+    replay is simulated with kvhit's model of vLLM's scheduler (arrivals at the measured send times, steps paced by
+    the measured finish times; --max-num-batched-tokens and --max-num-seqs as the server runs) and with holds from
+    the measured times, both reported per request and in aggregate (not gating the exit status). A replay that fails
+    midway keeps its --log, marked partial, and exits 1.
     """
     res = _call(
         svc.replay,
@@ -146,7 +146,7 @@ def _render(res) -> None:
         else:
             cc = ck["concurrent"]
             for name, what in (
-                ("scheduler", "vLLM's scheduler, step time fitted"),
+                ("scheduler", "vLLM's scheduler"),
                 ("holds", "holds from measured times"),
             ):
                 x = cc[name]
@@ -157,12 +157,17 @@ def _render(res) -> None:
                     markup=False,
                 )
             sc = cc["scheduler"]
-            t = sc["step_time"]
-            how = "fitted to the measured latencies" if sc["step_time_fitted"] else "given"
+            if sc["clock"] == "measured":
+                how = "steps paced by the measured finish times"
+            else:
+                t = sc["step_time"]
+                how = (
+                    f"step = {t['a'] * 1e3:.2f} ms + {t['b'] * 1e6:.2f} µs/token, HTTP overhead "
+                    f"{(t['d_in'] + t['d_out']) * 1e3:.2f} ms" + (", fitted" if sc["step_time_fitted"] else "")
+                )
             console.print(
-                f"scheduler model: step = {t['a'] * 1e3:.2f} ms + {t['b'] * 1e6:.2f} µs/token, HTTP overhead "
-                f"{(t['d_in'] + t['d_out']) * 1e3:.2f} ms ({how}); "
-                f"{sc['preemptions']:,} preemptions; latency error {sc['latency_mean_abs_error_s'] * 1e3:.1f} ms "
+                f"scheduler model: {how}; {sc['preemptions']:,} preemptions "
+                f"({sc['preempted_requests']:,} requests); latency error {sc['latency_mean_abs_error_s'] * 1e3:.1f} ms "
                 f"(mean abs; measured mean {sc['measured_latency_mean_s'] * 1e3:.1f} ms)",
                 markup=False,
             )

@@ -17,8 +17,10 @@ Sequential replays are simulated request by request with nothing in flight. Conc
   scheduler at their measured send times (a chat turn never before the previous turn finished in the
   simulation) and run through :mod:`kvhit.sim.vllm.scheduler` — chunked prefill under the token budget,
   admission when the whole prompt fits, decode blocks step by step, preemption of the last running request —
-  with a step time ``a + b·tokens`` and an HTTP overhead fitted to the measured latencies of the same replay
-  (timings only, never the hits; :func:`kvhit.sim.vllm.scheduler.fit_step_time`), or given;
+  with each step paced so that the requests it runs finish by their measured finish times (the same measured
+  times the holds model uses, no fitted parameter); a step-time line fitted to the measured latencies
+  (:func:`kvhit.sim.vllm.scheduler.fit_step_time`) is the alternative (``clock="fitted"``) — on a loaded
+  machine, where step times vary a lot, it predicts the latencies poorly and the hits worse;
 * or with holds (``times``/``hold`` of :func:`kvhit.sim.engine.replay`): each request holds all its blocks
   from its measured send time to its measured finish time — the older, coarser model.
 
@@ -119,6 +121,7 @@ def simulate_recorded_scheduler(
     t_done,
     prev=None,
     step_time=None,
+    clock: str = "measured",
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 128,
     engine: str = "vllm",
@@ -127,12 +130,15 @@ def simulate_recorded_scheduler(
 
     ``t_send``/``t_done``: measured send and answer times; ``prev[r]``: the request whose answer request ``r``'s
     prompt contains (-1: none) — ``r`` then arrives no earlier than that request's simulated finish plus the
-    measured gap. ``step_time``: a :class:`~kvhit.sim.vllm.scheduler.StepTime`, or None to fit one to the
+    measured gap. ``clock="measured"`` (default): each step lasts just long enough for the requests it schedules
+    to finish by their measured finish times (:func:`~kvhit.sim.vllm.scheduler.simulate_schedule` with
+    ``deadlines``; no fitted parameter: the same measured times the holds model uses); ``clock="fitted"``: a
+    step-time line ``step_time`` (:class:`~kvhit.sim.vllm.scheduler.StepTime`), or None to fit one to the
     measured latencies. Returns the hits (-1: a request kvhit cannot run: more tokens than blocks) and a dict
     with the step time used, whether it was fitted, the preemptions and the simulated/measured latencies.
     """
     from kvhit.sim.vllm.blockids import hashes_from_token_ids
-    from kvhit.sim.vllm.scheduler import SchedRequest, fit_step_time, simulate_schedule
+    from kvhit.sim.vllm.scheduler import SchedRequest, StepTime, fit_step_time, simulate_schedule
 
     n = len(prompts)
     if num_gpu_blocks < 2:
@@ -174,11 +180,18 @@ def simulate_recorded_scheduler(
     kw = dict(
         N=N, block_size=b, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, engine=engine
     )
-    fitted = step_time is None
-    if fitted:
+    if clock not in ("measured", "fitted"):
+        raise ValueError(f"clock: expected 'measured' or 'fitted', got {clock!r}")
+    deadlines = None
+    fitted = False
+    if clock == "measured":
+        step_time = StepTime(a=0.0, b=0.0)
+        deadlines = np.array([td[r] for r in order], np.float64)
+    elif step_time is None:
+        fitted = True
         lat = np.array([td[r] - ts[r] for r in order], np.float64)
         step_time = fit_step_time(reqs, lat, **kw)
-    res = simulate_schedule(reqs, step_time=step_time, **kw)
+    res = simulate_schedule(reqs, step_time=step_time, deadlines=deadlines, **kw)
     hit = np.full(n, -1, np.int64)
     sim_lat = np.full(n, np.nan)
     pre = np.zeros(n, np.int64)
@@ -187,6 +200,7 @@ def simulate_recorded_scheduler(
         sim_lat[r] = res.finished[i] + step_time.d_out - ts[r]
         pre[r] = res.preemptions[i]
     info = {
+        "clock": clock,
         "step_time": {k: getattr(step_time, k) for k in ("a", "b", "c", "d_in", "d_out")},
         "step_time_fitted": fitted,
         "max_num_batched_tokens": int(max_num_batched_tokens),

@@ -8,7 +8,7 @@ server's is refused; an assumed ``--num-gpu-blocks`` is used for the simulation 
 control). A replay that cannot start is refused in one line (exit 2); one that fails midway keeps its log,
 marked partial, and says why in one line. A concurrent replay is simulated with kvhit's model of vLLM's
 scheduler (``concurrent_model="scheduler"``, the default: chunked prefill, decode blocks step by step,
-preemption; arrivals at the measured send times, step time fitted to the measured latencies) and with holds from
+preemption; arrivals at the measured send times, steps paced by the measured finish times) and with holds from
 the measured times (``"holds"``); both are reported, per request and in aggregate, and neither gates the exit
 status — only a sequential replay is exact by construction (:mod:`kvhit.replay.check`).
 """
@@ -96,7 +96,8 @@ class ReplayRequest(Request):
     concurrent_model: Literal["scheduler", "holds"] = Field(
         "scheduler",
         description="Concurrent replays: the model whose hits are the simulated column: scheduler (vLLM's "
-        "scheduler, step time fitted) | holds (blocks held from send to finish); both are reported.",
+        "scheduler, steps paced by the measured finish times) | holds (blocks held from send to finish); both are "
+        "reported.",
     )
     max_num_batched_tokens: int = Field(
         2048,

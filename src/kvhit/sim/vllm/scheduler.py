@@ -291,9 +291,16 @@ def simulate_schedule(
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 128,
     engine: str = "vllm",
+    deadlines=None,
+    min_step: float = 1e-6,
 ) -> SchedResult:
     """Run every request through :class:`VllmScheduler` at its arrival time (``+ step_time.d_in``; later if its
-    ``after`` request has not finished by then) and return what happened (:class:`SchedResult`)."""
+    ``after`` request has not finished by then) and return what happened (:class:`SchedResult`).
+
+    ``deadlines`` (per request, optional) replaces the step-time line by the *measured clock*: each step lasts
+    ``min over the requests it schedules of (deadline − now) / (steps that request still needs, this one
+    included)`` (at least ``min_step``) — the engine runs just fast enough for every request to finish by its
+    deadline (its measured finish time) if nothing is preempted; ``step_time.a, b, c`` are then unused."""
     sch = VllmScheduler(
         N,
         block_size=block_size,
@@ -314,6 +321,7 @@ def simulate_schedule(
             qs[r].arrival = q.arrival + step_time.d_in
             heapq.heappush(heap, (qs[r].arrival, r))
     steps: list[tuple[float, float, int, int]] = []
+    dl = None if deadlines is None else [float(x) for x in np.asarray(deadlines, np.float64)]
     now = 0.0
     left = n
     empty = 0
@@ -334,7 +342,17 @@ def simulate_schedule(
             continue
         empty = 0
         tok = sum(k for _, k in out)
-        dur = step_time.duration(tok, len(out))
+        if deadlines is None:
+            dur = step_time.duration(tok, len(out))
+        else:
+            dur = math.inf
+            for q, _k in out:
+                k = q.req.output_tokens - q.outputs  # steps that sample (this one, if its prompt is done)
+                rest = q.num_tokens - q.num_computed
+                if rest > 0:  # prefill continues: more chunks, and this step samples nothing
+                    k += -(-rest // sch.max_tokens)
+                dur = min(dur, (dl[q.index] - now) / k)
+            dur = max(dur, min_step)
         steps.append((now, dur, tok, len(out)))
         now += dur
         for q in sch.finish_step(out, now):
