@@ -38,12 +38,17 @@ def load(path):
         "t_done": np.asarray(d["t_done"], np.float64)[idx],
         "cached": np.asarray(d["cached_tokens"], np.int64)[idx],
         "prev": np.where(pv >= 0, pos[np.maximum(pv, 0)], -1),
+        "server_ms": tuple(
+            np.asarray(d.get(k, [np.nan] * ok.size), np.float64)[idx]
+            for k in ("server_queue_ms", "server_ttft_ms", "server_generation_ms")
+        ),
     }
 
 
 def check(L, step_time=None, **kw):  # noqa: D103
     T = np.array([p.shape[0] for p in L["prompts"]], np.int64)
     common = dict(block_size=L["b"], num_gpu_blocks=L["G"], t_send=L["t_send"], t_done=L["t_done"])
+    kw.setdefault("server_ms", L["server_ms"])
     sched, info = simulate_recorded_scheduler(
         L["prompts"], L["outputs"], prev=L["prev"], step_time=step_time, **common, **kw
     )

@@ -242,6 +242,8 @@ class FakeVllm:
                             "completion_tokens": m,
                             "prompt_tokens_details": {"cached_tokens": hit},
                         },
+                        # vLLM --enable-per-request-metrics
+                        "metrics": {"queue_time_ms": 0.0, "time_to_first_token_ms": 0.2, "generation_time_ms": 0.1},
                     },
                 )
 
@@ -351,12 +353,13 @@ def test_replay_closed_loop_concurrency_matches_in_aggregate(tmp_path):
     assert cc["model"] == "scheduler"
     for name in ("scheduler", "holds"):
         assert cc[name]["mismatching_requests"] == 0 and cc[name]["simulated_minus_measured"] == 0.0
-    assert cc["scheduler"]["clock"] == "measured" and cc["scheduler"]["preemptions"] == 0
+    assert cc["scheduler"]["clock"] == "measured (server timings)" and cc["scheduler"]["preemptions"] == 0
     # the log holds the ids as sent and returned, so the check can be re-run from it alone
     t = pq.read_table(tmp_path / "log.parquet").to_pydict()
     assert t["simulated_hit_tokens_scheduler"] == t["cached_tokens"] == t["simulated_hit_tokens_holds"]
     assert [len(x) for x in t["prompt_ids"]] == t["prompt_tokens"]
     assert [len(x) for x in t["output_ids"]] == t["completion_tokens"]
+    assert set(t["server_ttft_ms"]) == {0.2} and set(t["server_generation_ms"]) == {0.1}
     for r, pv in enumerate(t["prev_request"]):
         if pv >= 0:
             prompt, prev = t["prompt_ids"][r], t["prompt_ids"][pv] + t["output_ids"][pv]

@@ -122,6 +122,7 @@ def simulate_recorded_scheduler(
     prev=None,
     step_time=None,
     clock: str = "measured",
+    server_ms=None,
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 128,
     engine: str = "vllm",
@@ -134,7 +135,12 @@ def simulate_recorded_scheduler(
     to finish by their measured finish times (:func:`~kvhit.sim.vllm.scheduler.simulate_schedule` with
     ``deadlines``; no fitted parameter: the same measured times the holds model uses); ``clock="fitted"``: a
     step-time line ``step_time`` (:class:`~kvhit.sim.vllm.scheduler.StepTime`), or None to fit one to the
-    measured latencies. Returns the hits (-1: a request kvhit cannot run: more tokens than blocks) and a dict
+    measured latencies. ``server_ms``: optional ``(queue, ttft, generation)`` milliseconds per request as the
+    server measured them (vLLM ``--enable-per-request-metrics``); when every request has them, the measured clock
+    uses the server's own timeline: the HTTP overhead ``o = (t_done − t_send) − (queue + ttft + generation)`` is
+    split evenly between sending and answering, the request reaches the scheduler at ``t_send + o/2``, its first
+    token is due at that plus queue + ttft, its last at ``t_done − o/2``.
+    Returns the hits (-1: a request kvhit cannot run: more tokens than blocks) and a dict
     with the step time used, whether it was fitted, the preemptions and the simulated/measured latencies.
     """
     from kvhit.sim.vllm.blockids import hashes_from_token_ids
@@ -184,23 +190,38 @@ def simulate_recorded_scheduler(
         raise ValueError(f"clock: expected 'measured' or 'fitted', got {clock!r}")
     deadlines = None
     fitted = False
+    first = None
     if clock == "measured":
         step_time = StepTime(a=0.0, b=0.0)
         deadlines = np.array([td[r] for r in order], np.float64)
+        if server_ms is not None:
+            qm, fm, gm = (np.asarray(x, np.float64)[order] / 1e3 for x in server_ms)
+            if np.all(np.isfinite(qm) & np.isfinite(fm) & np.isfinite(gm)):
+                o = np.maximum((td[order] - ts[order]) - (qm + fm + gm), 0.0)
+                arrive = ts[order] + o / 2
+                first = arrive + qm + fm
+                deadlines = td[order] - o / 2
+                reqs = [
+                    SchedRequest(
+                        q.rid, q.prompt_tokens, q.output_tokens, q.block_hashes, float(arrive[i]), q.after, q.gap
+                    )
+                    for i, q in enumerate(reqs)
+                ]
     elif step_time is None:
         fitted = True
         lat = np.array([td[r] - ts[r] for r in order], np.float64)
         step_time = fit_step_time(reqs, lat, **kw)
-    res = simulate_schedule(reqs, step_time=step_time, deadlines=deadlines, **kw)
+    res = simulate_schedule(reqs, step_time=step_time, deadlines=deadlines, first_deadlines=first, **kw)
     hit = np.full(n, -1, np.int64)
     sim_lat = np.full(n, np.nan)
     pre = np.zeros(n, np.int64)
     for i, r in enumerate(order):
         hit[r] = res.hit_tokens[i]
-        sim_lat[r] = res.finished[i] + step_time.d_out - ts[r]
+        tail = td[r] - deadlines[i] if deadlines is not None else step_time.d_out
+        sim_lat[r] = res.finished[i] + tail - ts[r]
         pre[r] = res.preemptions[i]
     info = {
-        "clock": clock,
+        "clock": clock if first is None else "measured (server timings)",
         "step_time": {k: getattr(step_time, k) for k in ("a", "b", "c", "d_in", "d_out")},
         "step_time_fitted": fitted,
         "max_num_batched_tokens": int(max_num_batched_tokens),

@@ -210,6 +210,10 @@ def _write_log(path: Path, plan, run, sim, meta: dict, sims: dict | None = None)
         "prompt_ids": pa.array([None if p is None else p.tolist() for p in run.prompts], pa.list_(pa.int64())),
         "output_ids": pa.array([None if o is None else o.tolist() for o in run.outputs], pa.list_(pa.int64())),
         "prev_request": pa.array(np.asarray(plan.prev, np.int64)),
+        # the server's own timings (vLLM --enable-per-request-metrics; NaN when it does not return them)
+        "server_queue_ms": pa.array(run.queue_ms),
+        "server_ttft_ms": pa.array(run.ttft_ms),
+        "server_generation_ms": pa.array(run.gen_ms),
     }
     for name, v in (sims or {}).items():
         cols[name] = pa.array(v)
@@ -292,6 +296,8 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
         "sum_prompt_tokens": int(plen[ok].sum()),
         "sum_cached_tokens": int(run.cached_tokens[ok].sum()),
     }
+    pb, pa_ = run.preemptions_before, run.preemptions_after
+    counters["preemptions"] = None if pb is None or pa_ is None else int(pa_ - pb)
     counters["equal_to_per_request_sums"] = (
         dq is not None and int(dq) == counters["sum_prompt_tokens"] and int(dh) == counters["sum_cached_tokens"]
     )
@@ -340,6 +346,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                 t_send=run.t_send[idx],
                 t_done=run.t_done[idx],
                 prev=prev_ok,
+                server_ms=(run.queue_ms[idx], run.ttft_ms[idx], run.gen_ms[idx]),
                 max_num_batched_tokens=req.max_num_batched_tokens,
                 max_num_seqs=req.max_num_seqs,
             )

@@ -292,6 +292,7 @@ def simulate_schedule(
     max_num_seqs: int = 128,
     engine: str = "vllm",
     deadlines=None,
+    first_deadlines=None,
     min_step: float = 1e-6,
 ) -> SchedResult:
     """Run every request through :class:`VllmScheduler` at its arrival time (``+ step_time.d_in``; later if its
@@ -322,6 +323,7 @@ def simulate_schedule(
             heapq.heappush(heap, (qs[r].arrival, r))
     steps: list[tuple[float, float, int, int]] = []
     dl = None if deadlines is None else [float(x) for x in np.asarray(deadlines, np.float64)]
+    fdl = None if first_deadlines is None else [float(x) for x in np.asarray(first_deadlines, np.float64)]
     now = 0.0
     left = n
     empty = 0
@@ -352,6 +354,8 @@ def simulate_schedule(
                 if rest > 0:  # prefill continues: more chunks, and this step samples nothing
                     k += -(-rest // sch.max_tokens)
                 dur = min(dur, (dl[q.index] - now) / k)
+                if fdl is not None and q.outputs == 0 and q.preemptions == 0:
+                    dur = min(dur, (fdl[q.index] - now) / (1 + (-(-rest // sch.max_tokens) if rest > 0 else 0)))
             dur = max(dur, min_step)
         steps.append((now, dur, tok, len(out)))
         now += dur
