@@ -123,6 +123,7 @@ def simulate_recorded_scheduler(
     step_time=None,
     clock: str = "measured",
     server_ms=None,
+    in_share: float = 0.5,
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 128,
     engine: str = "vllm",
@@ -138,8 +139,9 @@ def simulate_recorded_scheduler(
     measured latencies. ``server_ms``: optional ``(queue, ttft, generation)`` milliseconds per request as the
     server measured them (vLLM ``--enable-per-request-metrics``); when every request has them, the measured clock
     uses the server's own timeline: the HTTP overhead ``o = (t_done − t_send) − (queue + ttft + generation)`` is
-    split evenly between sending and answering, the request reaches the scheduler at ``t_send + o/2``, its first
-    token is due at that plus queue + ttft, its last at ``t_done − o/2``.
+    split between sending (``in_share``, default one half) and answering, the request reaches the scheduler at
+    ``t_send + in_share·o``, its first token is due at that plus queue + ttft, its last at
+    ``t_done − (1 − in_share)·o``.
     Returns the hits (-1: a request kvhit cannot run: more tokens than blocks) and a dict
     with the step time used, whether it was fitted, the preemptions and the simulated/measured latencies.
     """
@@ -198,9 +200,9 @@ def simulate_recorded_scheduler(
             qm, fm, gm = (np.asarray(x, np.float64)[order] / 1e3 for x in server_ms)
             if np.all(np.isfinite(qm) & np.isfinite(fm) & np.isfinite(gm)):
                 o = np.maximum((td[order] - ts[order]) - (qm + fm + gm), 0.0)
-                arrive = ts[order] + o / 2
+                arrive = ts[order] + in_share * o
                 first = arrive + qm + fm
-                deadlines = td[order] - o / 2
+                deadlines = td[order] - (1.0 - in_share) * o
                 reqs = [
                     SchedRequest(
                         q.rid, q.prompt_tokens, q.output_tokens, q.block_hashes, float(arrive[i]), q.after, q.gap
