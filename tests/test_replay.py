@@ -315,6 +315,9 @@ def test_replay_server_dies_midway_keeps_partial_log(tmp_path):
         ({"max_len": 40}, {}, "max_model_len"),
         ({}, {"block_size": 32}, "--block-size 32"),
         ({}, {"speedup": 2.0, "concurrency": 2}, "--speedup and --concurrency"),
+        ({}, {"concurrent_model": "exact"}, "--concurrent-model"),
+        ({}, {"max_num_batched_tokens": 0}, "--max-num-batched-tokens"),
+        ({}, {"max_num_seqs": 0}, "--max-num-seqs"),
     ],
 )
 def test_replay_refusals_are_one_line(tmp_path, fake_kw, req_kw, needle):
