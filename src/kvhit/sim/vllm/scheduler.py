@@ -30,11 +30,13 @@ and full-attention ``KVCacheManager``). One call of :meth:`VllmScheduler.step` i
    ones to the tail — :mod:`kvhit.sim.vllm.block`). The last sampled token is never fed back, so a request
    keeps the KV of ``T + m − 1`` tokens, as in the rest of kvhit.
 
-Time: a step that schedules ``k`` tokens over ``s`` requests lasts ``StepTime.duration(k, s) = a + b·k + c·s``
-seconds; requests enter ``waiting`` when their arrival time is ≤ the step's start (vLLM's engine core drains
-its input queue before each step); an idle engine jumps to the next arrival. ``after[r]`` (optional) holds a
-request until another one has finished plus a gap (a chat turn is sent only after the previous turn's
-answer came back).
+Time: either a step that schedules ``k`` tokens over ``s`` requests lasts ``StepTime.duration(k, s)
+= a + b·k + c·s`` seconds, or (``deadlines``, the *measured clock* a replay check uses) each step lasts just
+long enough for the requests it runs to finish by their measured finish times (:func:`simulate_schedule`).
+Requests enter ``waiting`` when their arrival time is ≤ the step's start (vLLM's engine core drains its input
+queue before each step); an idle engine jumps to the next arrival. ``after[r]`` (optional) holds a request
+until another one has finished plus a gap (a chat turn is sent only after the previous turn's answer came
+back).
 
 Invariants (checked by ``tests/test_scheduler.py``): at most ``max_num_batched_tokens`` tokens and
 ``max_num_seqs`` requests per step; ``Σ`` blocks held by running requests + free blocks = ``N``; a request's
