@@ -105,6 +105,17 @@ def test_measured_clock_paces_steps_to_the_deadlines():
     assert res.finished.tolist() == [8.0, 4.25] and res.hit_tokens.tolist() == [0, 4]
 
 
+def test_hold_to_deadline_keeps_blocks_until_the_measured_finish():
+    # N = 2 blocks of 4. A and B (4 tokens, 1 output, 1 block each) arrive at 0 with deadlines 2 and 10: the one
+    # step lasts min(2, 10) = 2 s and both finish at 2. C (8 tokens: 2 blocks, deadline 20) arrives at 1: admitted
+    # at 2 when both blocks are freed at once, or at 10 when B keeps its block until its deadline.
+    specs = [(list(range(10, 14)), 4, 1, 0.0), (list(range(20, 24)), 4, 1, 0.0), (list(range(30, 38)), 8, 1, 1.0)]
+    kw = dict(N=2, block_size=4, deadlines=[2.0, 10.0, 20.0])
+    assert simulate_schedule(_reqs(specs, 4), **kw).admitted.tolist() == [0.0, 0.0, 2.0]
+    held = simulate_schedule(_reqs(specs, 4), hold_to_deadline=True, **kw)
+    assert held.admitted.tolist() == [0.0, 0.0, 10.0] and held.finished.tolist() == [2.0, 2.0, 20.0]
+
+
 def test_prompt_longer_than_the_pool_is_refused():
     reqs = _reqs([(list(range(100, 121)), 21, 1, 0.0)], 4)
     with pytest.raises(ValueError, match="usable blocks"):

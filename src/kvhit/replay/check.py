@@ -124,6 +124,7 @@ def simulate_recorded_scheduler(
     clock: str = "measured",
     server_ms=None,
     in_share: float = 0.5,
+    hold_to_deadline: bool = False,
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 128,
     engine: str = "vllm",
@@ -213,7 +214,9 @@ def simulate_recorded_scheduler(
         fitted = True
         lat = np.array([td[r] - ts[r] for r in order], np.float64)
         step_time = fit_step_time(reqs, lat, **kw)
-    res = simulate_schedule(reqs, step_time=step_time, deadlines=deadlines, first_deadlines=first, **kw)
+    res = simulate_schedule(
+        reqs, step_time=step_time, deadlines=deadlines, first_deadlines=first, hold_to_deadline=hold_to_deadline, **kw
+    )
     hit = np.full(n, -1, np.int64)
     sim_lat = np.full(n, np.nan)
     pre = np.zeros(n, np.int64)

@@ -163,6 +163,9 @@ class VllmScheduler:
         self.pool = ReferenceBlockPool(N, block_size, ENGINES[engine])
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
+        #: optional ``release(request) -> time``: a request done before that time keeps its blocks until then
+        self.release = None
+        self.held: list[tuple[float, int, _Req]] = []
 
     # ---- KVCacheManager.allocate_slots --------------------------------------------------------------
     def _cache(self, q: _Req, upto_tokens: int) -> None:
@@ -258,7 +261,11 @@ class VllmScheduler:
                 q.outputs += 1
                 if q.outputs >= q.req.output_tokens:
                     q.finished = now
-                    self._free(q)
+                    t = now if self.release is None else self.release(q)
+                    if t > now:
+                        heapq.heappush(self.held, (t, q.index, q))
+                    else:
+                        self._free(q)
                     done.append(q)
                 else:
                     q.num_tokens += 1
@@ -266,6 +273,11 @@ class VllmScheduler:
             gone = {id(q) for q in done}
             self.running = [q for q in self.running if id(q) not in gone]
         return done
+
+    def release_held(self, now: float) -> None:
+        """Free the blocks of held requests whose release time is ≤ ``now`` (in time order)."""
+        while self.held and self.held[0][0] <= now:
+            self._free(heapq.heappop(self.held)[2])
 
 
 def _check_requests(reqs: Sequence[SchedRequest], b: int, N: int) -> None:
@@ -295,6 +307,7 @@ def simulate_schedule(
     engine: str = "vllm",
     deadlines=None,
     first_deadlines=None,
+    hold_to_deadline: bool = False,
     min_step: float = 1e-6,
 ) -> SchedResult:
     """Run every request through :class:`VllmScheduler` at its arrival time (``+ step_time.d_in``; later if its
@@ -329,16 +342,23 @@ def simulate_schedule(
     now = 0.0
     left = n
     empty = 0
+    if hold_to_deadline and dl is not None:
+        sch.release = lambda q: dl[q.index]
     while left:
+        sch.release_held(now)
         while heap and heap[0][0] <= now:
             _, r = heapq.heappop(heap)
             sch.waiting.append(qs[r])
         if not sch.running and not sch.waiting:
-            if not heap:  # cannot happen: every request is reachable through `after`
+            nxt = min(heap[0][0] if heap else math.inf, sch.held[0][0] if sch.held else math.inf)
+            if nxt == math.inf:  # cannot happen: every request is reachable through `after`
                 raise RuntimeError("scheduler idle with requests left")
-            now = max(now, heap[0][0])
+            now = max(now, nxt)
             continue
         out = sch.schedule(now)
+        if not out and sch.held and not sch.running:  # waiting for held blocks
+            now = max(now, min(sch.held[0][0], heap[0][0] if heap else math.inf))
+            continue
         if not out:  # a step that only preempted (vLLM runs it empty); admission comes at the next one
             empty += 1
             if empty > 1:
@@ -365,7 +385,8 @@ def simulate_schedule(
             left -= 1
             for d in dependents.get(q.index, ()):
                 rq = reqs[d]
-                t = max(rq.arrival, q.finished + step_time.d_out + rq.gap) + step_time.d_in
+                answered = q.finished if sch.release is None else max(q.finished, sch.release(q))
+                t = max(rq.arrival, answered + step_time.d_out + rq.gap) + step_time.d_in
                 qs[d].arrival = t
                 heapq.heappush(heap, (t, d))
     return SchedResult(
