@@ -369,6 +369,20 @@ def test_replay_closed_loop_concurrency_matches_in_aggregate(tmp_path):
             assert prompt[: len(prev)] == prev
 
 
+def test_replay_cli_prints_both_concurrent_models(tmp_path):
+    from clihelp import kvhit
+
+    path = tmp_path / "t.parquet"
+    _chat_trace(path, n_conv=4)
+    with FakeVllm() as srv:
+        r = kvhit("replay", "--endpoint", srv.url, "--trace", str(path), "--check", "--concurrency", "3")
+    assert r.code == 0, r.err
+    out = " ".join(r.out.split())
+    assert "concurrent, vLLM's scheduler (the simulated row): 0 of 12 requests differ" in out
+    assert "concurrent, holds from measured times: 0 of 12 requests differ" in out
+    assert "steps paced by the measured finish times and the server's own timings; 0 preemptions" in out
+
+
 def test_replay_block_id_trace_against_fake_server(tmp_path):
     f = tmp_path / "t.jsonl"
     recs = [

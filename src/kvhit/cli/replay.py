@@ -157,8 +157,10 @@ def _render(res) -> None:
                     markup=False,
                 )
             sc = cc["scheduler"]
-            if sc["clock"] == "measured":
-                how = "steps paced by the measured finish times"
+            if sc["clock"].startswith("measured"):
+                how = "steps paced by the measured finish times" + (
+                    " and the server's own timings" if "server" in sc["clock"] else ""
+                )
             else:
                 t = sc["step_time"]
                 how = (
