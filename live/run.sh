@@ -9,7 +9,9 @@
 #              mismatches required, counter deltas equal to the sums of the responses
 #   estimator  the engine-aware estimator vs the measured ratio on a steady-state chat replay (11,374 requests;
 #              measured after a 3-lifetime warm-up and before the population drains: 9,198)
-#   concurrent a replay at the trace's arrival times (speedup), simulated with holds from the measured times
+#   concurrent a replay at the trace's arrival times (speedup) and closed-loop replays at 4 and 8 in flight, simulated
+#              with kvhit's model of vLLM's scheduler and with holds; reported per request and in aggregate, not
+#              gating (only a replay error or counters unequal to the responses' sums fail)
 #   controls   the same check as if block 0 were usable (G + 1 blocks simulated) and with all m generated
 #              tokens cached: both must mismatch, or the run fails
 # then writes out/live/results.md and results.json (live/summarize.py). Every server is stopped by its PID
@@ -116,18 +118,25 @@ fail=0
 # the estimator is a steady-state model (benchmarks/live_estimator.py: the same rule over seeds 11–18).
 replay seq-b64-steady b64 0 --trace "$out/chat-steady-long.parquet" --warmup 192 --exclude-drain &
 steady=$!
+# the 32/40 server's chain (sequential, then 8 in flight) runs beside the 128/40 server's
+{
+  replay seq-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 --system-prompt-tokens 200 &&
+    replay conc8-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 --system-prompt-tokens 200 --concurrency 8
+} &
+b32chain=$!
 replay seq-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 || fail=1
-replay seq-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 --system-prompt-tokens 200 || fail=1
 # negative controls: exit 1 (per-request mismatches) is the expected outcome
 replay control-no-null-block b128 1 --trace "$out/chat-a.parquet" --limit 150 --system-prompt-tokens 200 \
   --num-gpu-blocks 41 || fail=1
 wait "$steady" || fail=1
+wait "$b32chain" || fail=1
 # all m generated tokens cached instead of m − 1: visible only when a next turn reuses the block that the m-th
 # token would complete before it is evicted — on 32/40 (150 requests) it never was (a run with 0 mismatches);
 # on the 64/300 server the first 300 steady-state requests have 2 such turns (kvhit's simulation of the plan)
 replay control-all-m-cached b64 1 --trace "$out/chat-steady.parquet" --limit 300 --output-cached m || fail=1
 replay timed-b128 b128 0 --trace "$out/chat-timed.parquet" --limit 300 --system-prompt-tokens 200 \
   --speedup "${KVHIT_LIVE_SPEEDUP:-2}" || fail=1
+replay conc4-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 --concurrency 4 || fail=1
 
 cleanup
 for p in "${pids[@]}"; do

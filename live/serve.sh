@@ -3,7 +3,8 @@
 #   live/serve.sh PYTHON PORT BLOCK_SIZE NUM_GPU_BLOCKS LOGFILE [extra vllm flags…]
 # The server holds NUM_GPU_BLOCKS blocks of BLOCK_SIZE tokens (vLLM's block 0 is its null block: N − 1 usable),
 # a tiny random-weight Llama (live/model/config.json, --load-format dummy), prompts as token ids
-# (--skip-tokenizer-init), prefix caching on, per-request cached_tokens (--enable-prompt-tokens-details) and
+# (--skip-tokenizer-init), prefix caching on, per-request cached_tokens (--enable-prompt-tokens-details) and timings
+# (--enable-per-request-metrics: queue, first-token and generation times, for the scheduler check) and
 # POST /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1). Every internal socket binds 127.0.0.1 (VLLM_HOST_IP).
 # --kv-cache-memory-bytes is always given (without it vLLM reserves 92 % of host RAM); the value leaves room for
 # NUM_GPU_BLOCKS, which --num-gpu-blocks-override then fixes.
@@ -19,6 +20,6 @@ VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_TH
   setsid "$py" -m vllm.entrypoints.openai.api_server --model "$here/model" --host 127.0.0.1 --port "$port" \
   --served-model-name tiny --load-format dummy --skip-tokenizer-init --max-model-len 4096 --enforce-eager \
   --dtype bfloat16 --enable-prefix-caching --block-size "$bs" --kv-cache-memory-bytes "$kvbytes" \
-  --num-gpu-blocks-override "$nblocks" --enable-prompt-tokens-details "$@" \
+  --num-gpu-blocks-override "$nblocks" --enable-prompt-tokens-details --enable-per-request-metrics "$@" \
   >"$log" 2>&1 < /dev/null &
 echo $!

@@ -1,8 +1,10 @@
 """Summarize `make live`: live/summarize.py OUT_DIR WALL_SECONDS -> OUT_DIR/results.md, OUT_DIR/results.json.
 
 Exit 1 when a requirement fails: a fact of live/facts.py, a per-request mismatch or an unequal counter total in a
-sequential replay, a negative control that does not mismatch. The concurrent (±0.01) and estimator (±0.02) targets
-are reported as met or missed with the measured gap; they do not fail the run.
+sequential replay, a negative control that does not mismatch, a concurrent replay whose counters differ from the
+sums of its responses. The concurrent targets (aggregate within 0.01 at trace timing; ≤ 1 % of requests differing
+and aggregate within 0.003 at 4–8 in flight, for kvhit's scheduler model) and the estimator's (±0.02) are
+reported as met or missed with the measured gap, for the scheduler model and for holds; they do not fail the run.
 """
 
 import json
@@ -14,6 +16,8 @@ RUNS = [
     ("seq-b32", "sequential, heavy eviction, shared system prompt"),
     ("seq-b64-steady", "sequential, steady state, no shared prompt (estimator)"),
     ("timed-b128", "trace timing (concurrent)"),
+    ("conc4-b128", "closed loop, 4 in flight, shared system prompt"),
+    ("conc8-b32", "closed loop, 8 in flight, heavy eviction, shared system prompt"),
     ("control-no-null-block", "negative control: kvhit with block 0 usable (G + 1 simulated)"),
     ("control-all-m-cached", "negative control: all m generated tokens cached"),
 ]
@@ -32,6 +36,7 @@ def main(out: Path, wall: int) -> int:
             if not v:
                 problems.append(f"fact does not hold on {fp.stem[6:]}: {k}")
     seq_req = seq_mm = 0
+    conc = []
     settings = set()
     for label, what in RUNS:
         fp = out / f"{label}.json"
@@ -62,6 +67,11 @@ def main(out: Path, wall: int) -> int:
                         f"{label}: simulated hit tokens {ck['simulated_hit_tokens_all']} != counter {c['hits']}"
                     )
         mm = ck.get("mismatching_requests")
+        cc = ck.get("concurrent")
+        if cc:
+            if not c["equal_to_per_request_sums"]:
+                problems.append(f"{label}: counter deltas differ from the sums of the responses")
+            conc.append((label, cc, ck, c.get("preemptions")))
         rows.append(
             [
                 label,
@@ -72,7 +82,12 @@ def main(out: Path, wall: int) -> int:
                 f4(ck.get("measured_token_hit_ratio")),
                 f4(ck.get("simulated_token_hit_ratio")),
                 f4(ck.get("estimated_token_hit_ratio")),
-                (f"{mm:,} of {ck['requests_compared']:,}" if ck.get("per_request") else "aggregate only"),
+                (
+                    f"{mm:,} of {ck['requests_compared']:,}"
+                    + ("" if ck.get("per_request") else f" ({(cc or {}).get('model', 'holds')}; not gating)")
+                    if mm is not None
+                    else "–"
+                ),
                 "yes" if c["equal_to_per_request_sums"] else "no",
             ]
         )
@@ -122,6 +137,36 @@ def main(out: Path, wall: int) -> int:
         f"Token hit ratios: measured = Σ cached_tokens / Σ prompt tokens (after the run's --warmup conversations). "
         f"`make live` wall time: {wall} s."
     )
+    if conc:
+        md += [
+            "",
+            "Concurrent replays, kvhit's scheduler model against holds (per request: requests whose simulated hit "
+            "differs from the server's cached_tokens; aggregate: simulated − measured token hit ratio):",
+            "",
+            "| run | measured | scheduler: differ | scheduler: sim − meas | holds: differ | holds: sim − meas "
+            "| preemptions server / scheduler model | scheduler clock |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for label, cc, ck, pre in conc:
+            sc, ho = cc["scheduler"], cc["holds"]
+            n = sc["requests_compared"]
+            md.append(
+                f"| {label} | {f4(ck['measured_token_hit_ratio'])} | {sc['mismatching_requests']} of {n} "
+                f"| {sc['simulated_minus_measured']:+.4f} | {ho['mismatching_requests']} of {n} "
+                f"| {ho['simulated_minus_measured']:+.4f} | {'–' if pre is None else pre} / {sc['preemptions']} "
+                f"| {sc['clock']} |"
+            )
+            tol = 0.01 if label.startswith("timed") else 0.003
+            ok_agg = abs(sc["simulated_minus_measured"]) <= tol
+            ok_req = label.startswith("timed") or sc["mismatching_requests"] <= 0.01 * n
+            targets[
+                f"{label}: scheduler model (aggregate ±{tol}" + ("" if label.startswith("timed") else ", ≤ 1 %") + ")"
+            ] = "met" if ok_agg and ok_req else "MISSED"
+        md.append("")
+        md.append(
+            "Targets (reported, not gating): "
+            + "; ".join(f"{k}: {v}" for k, v in targets.items() if k.endswith(")") and ": scheduler" in k)
+        )
     if problems:
         md.append("")
         md.append("FAILED: " + "; ".join(problems))

@@ -242,6 +242,8 @@ class FakeVllm:
                             "completion_tokens": m,
                             "prompt_tokens_details": {"cached_tokens": hit},
                         },
+                        # vLLM --enable-per-request-metrics
+                        "metrics": {"queue_time_ms": 0.0, "time_to_first_token_ms": 0.2, "generation_time_ms": 0.1},
                     },
                 )
 
@@ -313,6 +315,9 @@ def test_replay_server_dies_midway_keeps_partial_log(tmp_path):
         ({"max_len": 40}, {}, "max_model_len"),
         ({}, {"block_size": 32}, "--block-size 32"),
         ({}, {"speedup": 2.0, "concurrency": 2}, "--speedup and --concurrency"),
+        ({}, {"concurrent_model": "exact"}, "--concurrent-model"),
+        ({}, {"max_num_batched_tokens": 0}, "--max-num-batched-tokens"),
+        ({}, {"max_num_seqs": 0}, "--max-num-seqs"),
     ],
 )
 def test_replay_refusals_are_one_line(tmp_path, fake_kw, req_kw, needle):
@@ -342,10 +347,40 @@ def test_replay_closed_loop_concurrency_matches_in_aggregate(tmp_path):
     path = tmp_path / "t.parquet"
     _chat_trace(path, n_conv=8)
     with FakeVllm() as srv:
-        res = _run(srv.url, path, check=True, concurrency=4)
-    # nothing is evicted (1,000 blocks), so holds change nothing: equal in aggregate, not checked per request
+        res = _run(srv.url, path, check=True, concurrency=4, log=tmp_path / "log.parquet")
+    # nothing is evicted (1,000 blocks): neither the scheduler model nor holds changes a hit; reported per request
+    # for both models, gating nothing
     assert res.check["per_request"] is False and res.check["passed"] is None
     assert res.check["simulated_minus_measured"] == 0.0
+    cc = res.check["concurrent"]
+    assert cc["model"] == "scheduler"
+    for name in ("scheduler", "holds"):
+        assert cc[name]["mismatching_requests"] == 0 and cc[name]["simulated_minus_measured"] == 0.0
+    assert cc["scheduler"]["clock"] == "measured (server timings)" and cc["scheduler"]["preemptions"] == 0
+    # the log holds the ids as sent and returned, so the check can be re-run from it alone
+    t = pq.read_table(tmp_path / "log.parquet").to_pydict()
+    assert t["simulated_hit_tokens_scheduler"] == t["cached_tokens"] == t["simulated_hit_tokens_holds"]
+    assert [len(x) for x in t["prompt_ids"]] == t["prompt_tokens"]
+    assert [len(x) for x in t["output_ids"]] == t["completion_tokens"]
+    assert set(t["server_ttft_ms"]) == {0.2} and set(t["server_generation_ms"]) == {0.1}
+    for r, pv in enumerate(t["prev_request"]):
+        if pv >= 0:
+            prompt, prev = t["prompt_ids"][r], t["prompt_ids"][pv] + t["output_ids"][pv]
+            assert prompt[: len(prev)] == prev
+
+
+def test_replay_cli_prints_both_concurrent_models(tmp_path):
+    from clihelp import kvhit
+
+    path = tmp_path / "t.parquet"
+    _chat_trace(path, n_conv=4)
+    with FakeVllm() as srv:
+        r = kvhit("replay", "--endpoint", srv.url, "--trace", str(path), "--check", "--concurrency", "3")
+    assert r.code == 0, r.err
+    out = " ".join(r.out.split())
+    assert "concurrent, vLLM's scheduler (the simulated row): 0 of 12 requests differ" in out
+    assert "concurrent, holds from measured times: 0 of 12 requests differ" in out
+    assert "steps paced by the measured finish times and the server's own timings; 0 preemptions" in out
 
 
 def test_replay_block_id_trace_against_fake_server(tmp_path):

@@ -36,6 +36,9 @@ def replay(
     block_size: Annotated[int | None, _opt(RR, "block_size", "--block-size")] = None,
     num_gpu_blocks: Annotated[int | None, _opt(RR, "num_gpu_blocks", "--num-gpu-blocks")] = None,
     output_cached: Annotated[str, _opt(RR, "output_cached", "--output-cached")] = "m-1",
+    concurrent_model: Annotated[str, _opt(RR, "concurrent_model", "--concurrent-model")] = "scheduler",
+    max_num_batched_tokens: Annotated[int, _opt(RR, "max_num_batched_tokens", "--max-num-batched-tokens")] = 2048,
+    max_num_seqs: Annotated[int, _opt(RR, "max_num_seqs", "--max-num-seqs")] = 128,
     timeout_s: Annotated[float, _opt(RR, "timeout_s", "--timeout")] = 600.0,
     retries: Annotated[int, _opt(RR, "retries", "--retries")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of tables.")] = False,
@@ -45,8 +48,11 @@ def replay(
 
     --check simulates exactly the recorded sequence with kvhit's vLLM engine (block size and count read from the
     server's vllm:cache_config_info, N = num_gpu_blocks − 1, prompt + first m − 1 generated tokens cached) and
-    prints measured vs simulated vs estimated; exit 1 on any per-request mismatch of a sequential replay. A replay
-    that fails midway keeps its --log, marked partial, and exits 1.
+    prints measured vs simulated vs estimated; exit 1 on any per-request mismatch of a sequential replay. A concurrent
+    replay is simulated with kvhit's model of vLLM's scheduler (arrivals at the measured send times, steps paced by
+    the measured finish times; --max-num-batched-tokens and --max-num-seqs as the server runs) and with holds from
+    the measured times, both reported per request and in aggregate (not gating the exit status). A replay that fails
+    midway keeps its --log, marked partial, and exits 1.
     """
     res = _call(
         svc.replay,
@@ -73,6 +79,9 @@ def replay(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         output_cached=output_cached,
+        concurrent_model=concurrent_model,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
         timeout_s=timeout_s,
         retries=retries,
     )
@@ -137,9 +146,33 @@ def _render(res) -> None:
                 markup=False,
             )
         else:
+            cc = ck["concurrent"]
+            for name, what in (
+                ("scheduler", "vLLM's scheduler"),
+                ("holds", "holds from measured times"),
+            ):
+                x = cc[name]
+                mark = " (the simulated row)" if cc["model"] == name else ""
+                console.print(
+                    f"concurrent, {what}{mark}: {x['mismatching_requests']:,} of {x['requests_compared']:,} requests "
+                    f"differ; simulated − measured = {x['simulated_minus_measured']:+.4f}",
+                    markup=False,
+                )
+            sc = cc["scheduler"]
+            if sc["clock"].startswith("measured"):
+                how = "steps paced by the measured finish times" + (
+                    " and the server's own timings" if "server" in sc["clock"] else ""
+                )
+            else:
+                t = sc["step_time"]
+                how = (
+                    f"step = {t['a'] * 1e3:.2f} ms + {t['b'] * 1e6:.2f} µs/token, HTTP overhead "
+                    f"{(t['d_in'] + t['d_out']) * 1e3:.2f} ms" + (", fitted" if sc["step_time_fitted"] else "")
+                )
             console.print(
-                "concurrent replay: simulated with holds from the measured times; compared in aggregate only "
-                f"(simulated − measured = {ck['simulated_minus_measured']:+.4f})",
+                f"scheduler model: {how}; {sc['preemptions']:,} preemptions "
+                f"({sc['preempted_requests']:,} requests); latency error {sc['latency_mean_abs_error_s'] * 1e3:.1f} ms "
+                f"(mean abs; measured mean {sc['measured_latency_mean_s'] * 1e3:.1f} ms)",
                 markup=False,
             )
     st = m.get("stationarity")

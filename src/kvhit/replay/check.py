@@ -11,10 +11,18 @@ the server's own configuration read from its ``vllm:cache_config_info``:
 * block hashes are chained over the token ids (``prompt + output[:m−1]``), so a later prompt that repeats a
   conversation's history and the returned tokens hits exactly the blocks vLLM would find.
 
-Sequential replays are simulated request by request with nothing in flight; concurrent ones with holds from
-the measured send/finish times (:func:`kvhit.sim.engine.replay` with ``times``/``hold``): the engine's
-scheduler (batching, chunked prefill, decode allocation step by step, preemption) is not modelled, so there
-only the aggregate is compared.
+Sequential replays are simulated request by request with nothing in flight. Concurrent ones either
+
+* with vLLM's scheduler (:func:`simulate_recorded_scheduler`, the default): the requests arrive at the
+  scheduler at their measured send times (a chat turn never before the previous turn finished in the
+  simulation) and run through :mod:`kvhit.sim.vllm.scheduler` — chunked prefill under the token budget,
+  admission when the whole prompt fits, decode blocks step by step, preemption of the last running request —
+  with each step paced so that the requests it runs finish by their measured finish times (the same measured
+  times the holds model uses, no fitted parameter); a step-time line fitted to the measured latencies
+  (:func:`kvhit.sim.vllm.scheduler.fit_step_time`) is the alternative (``clock="fitted"``) — on a loaded
+  machine, where step times vary a lot, it predicts the latencies poorly and the hits worse;
+* or with holds (``times``/``hold`` of :func:`kvhit.sim.engine.replay`): each request holds all its blocks
+  from its measured send time to its measured finish time — the older, coarser model.
 
 The engine-aware estimator (:func:`kvhit.estimate.estimate_engine`) is evaluated on the recorded prompts
 (``cum_tokens`` = the prompt length sent) at the same ``N``.
@@ -26,7 +34,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CheckResult", "OUTPUT_RULES", "compare", "estimate_recorded", "recorded_trace", "simulate_recorded"]
+__all__ = [
+    "CheckResult",
+    "OUTPUT_RULES",
+    "compare",
+    "estimate_recorded",
+    "recorded_trace",
+    "simulate_recorded",
+    "simulate_recorded_scheduler",
+]
 
 #: how many generated tokens keep KV: vLLM caches ``m − 1`` (the default); ``m`` and ``0`` are controls
 OUTPUT_RULES = ("m-1", "m", "0")
@@ -93,6 +109,136 @@ def simulate_recorded(
         if o is not None:
             hit[r] = o.hit_tokens
     return hit
+
+
+def simulate_recorded_scheduler(
+    prompts,
+    outputs,
+    *,
+    block_size: int,
+    num_gpu_blocks: int,
+    t_send,
+    t_done,
+    prev=None,
+    step_time=None,
+    clock: str = "measured",
+    server_ms=None,
+    in_share: float = 0.5,
+    hold_to_deadline: bool = False,
+    max_num_batched_tokens: int = 2048,
+    max_num_seqs: int = 128,
+    engine: str = "vllm",
+) -> tuple[np.ndarray, dict]:
+    """Simulated hit tokens of each recorded request under vLLM's scheduler (:mod:`kvhit.sim.vllm.scheduler`).
+
+    ``t_send``/``t_done``: measured send and answer times; ``prev[r]``: the request whose answer request ``r``'s
+    prompt contains (-1: none) — ``r`` then arrives no earlier than that request's simulated finish plus the
+    measured gap. ``clock="measured"`` (default): each step lasts just long enough for the requests it schedules
+    to finish by their measured finish times (:func:`~kvhit.sim.vllm.scheduler.simulate_schedule` with
+    ``deadlines``; no fitted parameter: the same measured times the holds model uses); ``clock="fitted"``: a
+    step-time line ``step_time`` (:class:`~kvhit.sim.vllm.scheduler.StepTime`), or None to fit one to the
+    measured latencies. ``server_ms``: optional ``(queue, ttft, generation)`` milliseconds per request as the
+    server measured them (vLLM ``--enable-per-request-metrics``); when every request has them, the measured clock
+    uses the server's own timeline: the HTTP overhead ``o = (t_done − t_send) − (queue + ttft + generation)`` is
+    split between sending (``in_share``, default one half) and answering, the request reaches the scheduler at
+    ``t_send + in_share·o``, its first token is due at that plus queue + ttft, its last at
+    ``t_done − (1 − in_share)·o``.
+    Returns the hits (-1: a request kvhit cannot run: more tokens than blocks) and a dict
+    with the step time used, whether it was fitted, the preemptions and the simulated/measured latencies.
+    """
+    from kvhit.sim.vllm.blockids import hashes_from_token_ids
+    from kvhit.sim.vllm.scheduler import SchedRequest, StepTime, fit_step_time, simulate_schedule
+
+    n = len(prompts)
+    if num_gpu_blocks < 2:
+        raise ValueError(f"num_gpu_blocks: expected ≥ 2 (one is vLLM's null block), got {num_gpu_blocks}")
+    b = int(block_size)
+    N = int(num_gpu_blocks) - 1
+    ts = np.asarray(t_send, np.float64)
+    td = np.asarray(t_done, np.float64)
+    pv = np.full(n, -1, np.int64) if prev is None else np.asarray(prev, np.int64)
+    seqs, T, m = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for r in range(n):
+        p = np.asarray(prompts[r], np.int64)
+        o = np.asarray(outputs[r], np.int64)
+        seqs.append(np.concatenate([p, o[: max(o.shape[0] - 1, 0)]]))
+        T[r], m[r] = p.shape[0], max(o.shape[0], 1)
+    off, hs = hashes_from_token_ids(seqs, b) if n else (np.zeros(1, np.int64), np.zeros(0, np.int64))
+    runnable = -(-(T + m - 1) // b) <= N
+    # simulate in send order; `after` must point to an earlier (runnable) request in that order
+    order = [int(r) for r in np.argsort(ts, kind="stable") if runnable[r]]
+    pos = {r: i for i, r in enumerate(order)}
+    reqs = []
+    for i, r in enumerate(order):
+        p = int(pv[r])
+        after = pos.get(p, -1) if p >= 0 else -1
+        if after >= i:
+            after = -1
+        gap = float(max(ts[r] - td[p], 0.0)) if after >= 0 else 0.0
+        reqs.append(
+            SchedRequest(
+                rid=i,
+                prompt_tokens=int(T[r]),
+                output_tokens=int(m[r]),
+                block_hashes=tuple(int(x) for x in hs[off[r] : off[r + 1]]),
+                arrival=float(ts[r]),
+                after=after,
+                gap=gap,
+            )
+        )
+    kw = dict(
+        N=N, block_size=b, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, engine=engine
+    )
+    if clock not in ("measured", "fitted"):
+        raise ValueError(f"clock: expected 'measured' or 'fitted', got {clock!r}")
+    deadlines = None
+    fitted = False
+    first = None
+    if clock == "measured":
+        step_time = StepTime(a=0.0, b=0.0)
+        deadlines = np.array([td[r] for r in order], np.float64)
+        if server_ms is not None:
+            qm, fm, gm = (np.asarray(x, np.float64)[order] / 1e3 for x in server_ms)
+            if np.all(np.isfinite(qm) & np.isfinite(fm) & np.isfinite(gm)):
+                o = np.maximum((td[order] - ts[order]) - (qm + fm + gm), 0.0)
+                arrive = ts[order] + in_share * o
+                first = arrive + qm + fm
+                deadlines = td[order] - (1.0 - in_share) * o
+                reqs = [
+                    SchedRequest(
+                        q.rid, q.prompt_tokens, q.output_tokens, q.block_hashes, float(arrive[i]), q.after, q.gap
+                    )
+                    for i, q in enumerate(reqs)
+                ]
+    elif step_time is None:
+        fitted = True
+        lat = np.array([td[r] - ts[r] for r in order], np.float64)
+        step_time = fit_step_time(reqs, lat, **kw)
+    res = simulate_schedule(
+        reqs, step_time=step_time, deadlines=deadlines, first_deadlines=first, hold_to_deadline=hold_to_deadline, **kw
+    )
+    hit = np.full(n, -1, np.int64)
+    sim_lat = np.full(n, np.nan)
+    pre = np.zeros(n, np.int64)
+    for i, r in enumerate(order):
+        hit[r] = res.hit_tokens[i]
+        tail = td[r] - deadlines[i] if deadlines is not None else step_time.d_out
+        sim_lat[r] = res.finished[i] + tail - ts[r]
+        pre[r] = res.preemptions[i]
+    info = {
+        "clock": clock if first is None else "measured (server timings)",
+        "step_time": {k: getattr(step_time, k) for k in ("a", "b", "c", "d_in", "d_out")},
+        "step_time_fitted": fitted,
+        "max_num_batched_tokens": int(max_num_batched_tokens),
+        "max_num_seqs": int(max_num_seqs),
+        "preemptions": int(res.total_preemptions),
+        "preempted_requests": int((res.preemptions > 0).sum()),
+        "steps": int(res.steps.shape[0]),
+        "evictions": int(res.evictions),
+        "simulated_latency": sim_lat,
+        "preemptions_per_request": pre,
+    }
+    return hit, info
 
 
 def recorded_trace(conv, turn, time, prompt_tokens, completion_tokens, block_size: int):

@@ -36,6 +36,7 @@ from .tokens import ReplayPlan, chat_prompt
 __all__ = ["ReplayError", "ReplayRun", "ServerInfo", "parse_metrics", "probe", "run_plan"]
 
 QUERIES = "vllm:prefix_cache_queries_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
 HITS = "vllm:prefix_cache_hits_total"
 CACHE_INFO = "vllm:cache_config_info"
 
@@ -174,6 +175,15 @@ async def counters(client: httpx.AsyncClient, endpoint: str, model: str, timeout
     return q, h
 
 
+async def _preemptions(client: httpx.AsyncClient, model: str) -> float | None:
+    """``vllm:num_preemptions_total`` now (None if the server does not export it or does not answer)."""
+    try:
+        r = await client.get("/metrics", timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    return _counter(parse_metrics(r.text), PREEMPTIONS, model)
+
+
 async def reset_prefix_cache(client: httpx.AsyncClient, endpoint: str) -> None:
     try:
         r = await client.post("/reset_prefix_cache")
@@ -203,6 +213,14 @@ class ReplayRun:
     status: list[str]
     counters_before: tuple[float, float] | None = None
     counters_after: tuple[float, float] | None = None
+    #: per request, the server's own timings when it returns them (vLLM ``--enable-per-request-metrics``:
+    #: ``metrics.queue_time_ms``, ``time_to_first_token_ms`` from first scheduling, ``generation_time_ms``); NaN if not
+    queue_ms: np.ndarray | None = None
+    ttft_ms: np.ndarray | None = None
+    gen_ms: np.ndarray | None = None
+    #: ``vllm:num_preemptions_total`` before and after (None when the server does not export it)
+    preemptions_before: float | None = None
+    preemptions_after: float | None = None
     error: str | None = None
     wall_s: float = 0.0
 
@@ -260,11 +278,18 @@ async def _complete(client, model, r, prompt, max_tokens, retries, backoff, endp
     out = ch.get("token_ids")
     if out is None:
         raise _Fatal(f"request {r}: the response has no choices[0].token_ids (a vLLM without return_token_ids)")
+    met = d.get("metrics") or {}
+
+    def _ms(k):
+        v = met.get(k)
+        return float(v) if isinstance(v, int | float) else float("nan")
+
     return (
         np.asarray(out, np.int64),
         int(details["cached_tokens"]),
         int(usage.get("prompt_tokens", -1)),
         int(usage.get("completion_tokens", len(out))),
+        (_ms("queue_time_ms"), _ms("time_to_first_token_ms"), _ms("generation_time_ms")),
     )
 
 
@@ -299,11 +324,15 @@ async def _run_async(
             t_send=np.full(n, np.nan),
             t_done=np.full(n, np.nan),
             cached_tokens=np.full(n, -1, np.int64),
+            queue_ms=np.full(n, np.nan),
+            ttft_ms=np.full(n, np.nan),
+            gen_ms=np.full(n, np.nan),
             prompt_tokens_reported=np.full(n, -1, np.int64),
             completion_tokens=np.full(n, -1, np.int64),
             status=["not-sent"] * n,
         )
         run.counters_before = await counters(client, endpoint, model)
+        run.preemptions_before = await _preemptions(client, model)
         done_ev = [asyncio.Event() for _ in range(n)]
         t0 = time.monotonic()
         finished = 0
@@ -318,7 +347,7 @@ async def _run_async(
             run.prompts[r] = prompt
             run.status[r] = "in-flight"
             run.t_send[r] = time.monotonic() - t0
-            out, cached, pt, ct = await _complete(
+            out, cached, pt, ct, tm = await _complete(
                 client, model, r, prompt, plan.max_tokens[r], retries, backoff, endpoint
             )
             run.t_done[r] = time.monotonic() - t0
@@ -326,6 +355,7 @@ async def _run_async(
             run.cached_tokens[r] = cached
             run.prompt_tokens_reported[r] = pt
             run.completion_tokens[r] = ct
+            run.queue_ms[r], run.ttft_ms[r], run.gen_ms[r] = tm
             run.status[r] = "ok"
             done_ev[r].set()
             finished += 1
@@ -386,6 +416,7 @@ async def _run_async(
             run.wall_s = time.monotonic() - t0
         if run.error is None:
             run.counters_after = await counters(client, endpoint, model)
+            run.preemptions_after = await _preemptions(client, model)
         else:  # the server may be gone or hung: a short look, and no counters if it does not answer
             try:
                 run.counters_after = await counters(client, endpoint, model, timeout=5.0)

@@ -6,9 +6,11 @@ server's own outputs), the outputs as returned — and the server's configuratio
 (``vllm:cache_config_info``), never assumed silently: an assumed ``--block-size`` that differs from the
 server's is refused; an assumed ``--num-gpu-blocks`` is used for the simulation and reported (a negative
 control). A replay that cannot start is refused in one line (exit 2); one that fails midway keeps its log,
-marked partial, and says why in one line. NOT modelled here: the engine's scheduler (batching, chunked
-prefill, preemption) — a concurrent replay is simulated with holds from the measured times and compared in
-aggregate only (:mod:`kvhit.replay.check`).
+marked partial, and says why in one line. A concurrent replay is simulated with kvhit's model of vLLM's
+scheduler (``concurrent_model="scheduler"``, the default: chunked prefill, decode blocks step by step,
+preemption; arrivals at the measured send times, steps paced by the measured finish times) and with holds from
+the measured times (``"holds"``); both are reported, per request and in aggregate, and neither gates the exit
+status — only a sequential replay is exact by construction (:mod:`kvhit.replay.check`).
 """
 
 from __future__ import annotations
@@ -96,6 +98,26 @@ class ReplayRequest(Request):
     output_cached: Literal["m-1", "m", "0"] = Field(
         "m-1", description="Generated tokens whose KV the simulation keeps: m-1 (vLLM) | m | 0 (controls)."
     )
+    concurrent_model: Literal["scheduler", "holds"] = Field(
+        "scheduler",
+        description="Concurrent replays: the model whose hits are the simulated column: scheduler (vLLM's "
+        "scheduler, steps paced by the measured finish times) | holds (blocks held from send to finish); both are "
+        "reported.",
+    )
+    max_num_batched_tokens: int = Field(
+        2048,
+        ge=1,
+        le=1 << 24,
+        description="The server's token budget per step (vLLM --max-num-batched-tokens), for the scheduler model; "
+        "default 2048 (vLLM's OpenAI-server default on CPU; 8192 on H100/H200).",
+    )
+    max_num_seqs: int = Field(
+        128,
+        ge=1,
+        le=1 << 20,
+        description="The server's --max-num-seqs, for the scheduler model; default 128 (vLLM's OpenAI-server default "
+        "on CPU; 1024 on H100/H200).",
+    )
     timeout_s: float = Field(600.0, gt=0, le=86400, description="Seconds to wait for one response; > 0; default 600.")
     retries: int = Field(
         3, ge=0, le=100, description="Retries of a connection that cannot be opened; 0–100; default 3."
@@ -170,7 +192,7 @@ def _notes(req: ReplayRequest, plan) -> list[str]:
     return notes
 
 
-def _write_log(path: Path, plan, run, sim, meta: dict) -> None:
+def _write_log(path: Path, plan, run, sim, meta: dict, sims: dict | None = None) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -189,7 +211,17 @@ def _write_log(path: Path, plan, run, sim, meta: dict) -> None:
         "t_send": pa.array(run.t_send),
         "t_done": pa.array(run.t_done),
         "status": pa.array(run.status),
+        # the ids as sent and returned: a log is enough to re-run any check offline (kvhit.replay.check)
+        "prompt_ids": pa.array([None if p is None else p.tolist() for p in run.prompts], pa.list_(pa.int64())),
+        "output_ids": pa.array([None if o is None else o.tolist() for o in run.outputs], pa.list_(pa.int64())),
+        "prev_request": pa.array(np.asarray(plan.prev, np.int64)),
+        # the server's own timings (vLLM --enable-per-request-metrics; NaN when it does not return them)
+        "server_queue_ms": pa.array(run.queue_ms),
+        "server_ttft_ms": pa.array(run.ttft_ms),
+        "server_generation_ms": pa.array(run.gen_ms),
     }
+    for name, v in (sims or {}).items():
+        cols[name] = pa.array(v)
     table = pa.table(cols).replace_schema_metadata({b"kvhit_replay": json.dumps(meta).encode()})
     atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
@@ -288,6 +320,8 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
         "sum_prompt_tokens": int(plen[ok].sum()),
         "sum_cached_tokens": int(run.cached_tokens[ok].sum()),
     }
+    pb, pa_ = run.preemptions_before, run.preemptions_after
+    counters["preemptions"] = None if pb is None or pa_ is None else int(pa_ - pb)
     counters["equal_to_per_request_sums"] = (
         dq is not None and int(dq) == counters["sum_prompt_tokens"] and int(dh) == counters["sum_cached_tokens"]
     )
@@ -301,21 +335,71 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     }
     sim = None
     check = None
+    sims_log = None
     if req.check and ok.any():
         b = int(info.block_size)
         G = int(req.num_gpu_blocks or info.num_gpu_blocks)
         if req.num_gpu_blocks is not None and req.num_gpu_blocks != info.num_gpu_blocks:
             notes.append(f"simulated at --num-gpu-blocks {req.num_gpu_blocks}; the server has {info.num_gpu_blocks}")
         idx = np.flatnonzero(ok)
-        sim_ok = ck.simulate_recorded(
-            [run.prompts[r] for r in idx],
-            [run.outputs[r] for r in idx],
-            block_size=b,
-            num_gpu_blocks=G,
-            output_cached=req.output_cached,
-            t_send=None if sequential else run.t_send[idx],
-            t_done=None if sequential else run.t_done[idx],
-        )
+        prompts = [run.prompts[r] for r in idx]
+        outputs = [run.outputs[r] for r in idx]
+        concurrent = None
+        if sequential:
+            sim_ok = ck.simulate_recorded(
+                prompts, outputs, block_size=b, num_gpu_blocks=G, output_cached=req.output_cached
+            )
+        else:
+            holds = ck.simulate_recorded(
+                prompts,
+                outputs,
+                block_size=b,
+                num_gpu_blocks=G,
+                output_cached=req.output_cached,
+                t_send=run.t_send[idx],
+                t_done=run.t_done[idx],
+            )
+            pos = np.full(plan.n, -1, np.int64)
+            pos[idx] = np.arange(idx.size)
+            pv = np.asarray(plan.prev, np.int64)[idx]
+            prev_ok = np.where(pv >= 0, pos[np.maximum(pv, 0)], -1)
+            sched, info_s = ck.simulate_recorded_scheduler(
+                prompts,
+                outputs,
+                block_size=b,
+                num_gpu_blocks=G,
+                t_send=run.t_send[idx],
+                t_done=run.t_done[idx],
+                prev=prev_ok,
+                server_ms=(run.queue_ms[idx], run.ttft_ms[idx], run.gen_ms[idx]),
+                max_num_batched_tokens=req.max_num_batched_tokens,
+                max_num_seqs=req.max_num_seqs,
+            )
+            use = req.concurrent_model
+            if use == "scheduler" and req.output_cached != "m-1":
+                use = "holds"
+                notes.append(f"--output-cached {req.output_cached}: a control of the holds model; simulated with holds")
+            sim_ok = sched if use == "scheduler" else holds
+            lat = run.t_done[idx] - run.t_send[idx]
+            concurrent = {"model": use}
+            for name, h in (("scheduler", sched), ("holds", holds)):
+                rr = ck.compare(run.cached_tokens[idx], h, plen[idx], mask=window[idx])
+                ra = ck.compare(run.cached_tokens[idx], h, plen[idx])
+                concurrent[name] = {
+                    "mismatching_requests": ra.mismatches,
+                    "requests_compared": ra.n,
+                    "simulated_token_hit_ratio": rr.simulated_ratio,
+                    "simulated_minus_measured": rr.simulated_ratio - rr.measured_ratio,
+                }
+            sl = info_s.pop("simulated_latency")
+            info_s.pop("preemptions_per_request")
+            info_s["latency_mean_abs_error_s"] = float(np.nanmean(np.abs(sl - lat)))
+            info_s["measured_latency_mean_s"] = float(np.mean(lat))
+            concurrent["scheduler"].update(info_s)
+            sims_log = {"simulated_hit_tokens_holds": np.full(plan.n, -1, np.int64)}
+            sims_log["simulated_hit_tokens_holds"][idx] = holds
+            sims_log["simulated_hit_tokens_scheduler"] = np.full(plan.n, -1, np.int64)
+            sims_log["simulated_hit_tokens_scheduler"][idx] = sched
         sim = np.full(plan.n, -1, np.int64)
         sim[idx] = sim_ok
         res = ck.compare(run.cached_tokens[idx], sim_ok, plen[idx], mask=window[idx])
@@ -364,6 +448,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             "simulated_hit_tokens_all": allres.simulated_hit_tokens,
             "measured_hit_tokens_all": allres.measured_hit_tokens,
             "passed": (allres.mismatches == 0) if sequential else None,
+            "concurrent": concurrent,
         }
     resp = ReplayResponse(
         endpoint=req.endpoint,
@@ -390,5 +475,5 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     if log is not None:
         meta = resp.to_jsonable()
         meta["created_unix"] = time.time()
-        _write_log(log, plan, run, sim, meta)
+        _write_log(log, plan, run, sim, meta, sims_log)
     return resp
