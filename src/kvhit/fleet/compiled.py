@@ -147,26 +147,26 @@ def _argmax(vals, R, rng, cand):
 
 @njit(cache=True)
 def _dense_ids(hashes):
-    """Dense ids ``0..M-1`` of ``hashes`` in first-seen order (open addressing, linear probing)."""
+    """Dense ids ``0..M-1`` of ``hashes`` in first-seen order (open addressing, linear probing; key and id share a
+    row, ``id + 1`` stored so that a zeroed row is empty)."""
     H = hashes.shape[0]
     cap = 16
     while cap < 2 * H:
         cap *= 2
     m = cap - 1
-    keys = np.empty(cap, np.int64)
-    vals = np.full(cap, -1, np.int64)
+    tab = np.zeros((cap, 2), np.int64)
     ids = np.empty(H, np.int64)
     M = 0
     for i in range(H):
         key = hashes[i]
         j = np.int64(np.uint64(key) * np.uint64(0x9E3779B97F4A7C15) >> np.uint64(20)) & m
-        while vals[j] != -1 and keys[j] != key:
+        while tab[j, 1] != 0 and tab[j, 0] != key:
             j = (j + 1) & m
-        if vals[j] == -1:
-            keys[j] = key
-            vals[j] = M
+        if tab[j, 1] == 0:
+            tab[j, 0] = key
             M += 1
-        ids[i] = vals[j]
+            tab[j, 1] = M
+        ids[i] = tab[j, 1] - 1
     return ids, M
 
 
@@ -182,54 +182,59 @@ def _precise_overlap(hashes, off, maxhit, tab, mask):
 
 
 @njit(cache=True)
-def _shadow_overlap(ids, off, nh, k, R, sh_exp, t):
-    """``_Shadow.overlap``: leading routed hashes whose entry exists and has not expired (``exp > t``)."""
-    n = 0
-    for i in range(nh):
-        if not (sh_exp[ids[off + i] * R + k] > t):
-            break
-        n += 1
-    return n
+def _shadow_overlaps(ids, off, nh, R, sh_exp, t, ov, alive):
+    """``_Shadow.overlap`` on every replica in one walk: ``ov[k]`` = leading routed hashes whose entry on replica
+    ``k`` exists and has not expired (``exp > t``); a hash's ``R`` entries are adjacent, so one row per hash."""
+    na = R
+    for j in range(R):
+        alive[j] = j
+        ov[j] = nh
+    i = 0
+    while i < nh and na > 0:
+        row = ids[off + i] * R
+        m = 0
+        for a in range(na):
+            j = alive[a]
+            if sh_exp[row + j] > t:
+                alive[m] = j
+                m += 1
+            else:
+                ov[j] = i
+        na = m
+        i += 1
 
 
 @njit(cache=True)
-def _shadow_add(ids, off, nh, k, R, sh_exp, cnt, exp, lru, lprev, lnext, lhead, ltail, size):
-    """``_Shadow.add``: set every hash's expiry, move it to the LRU tail, then evict the LRU head while over size."""
+def _shadow_add(ids, off, nh, k, R, sh_exp, cnt, exp, lru, stamp, e_node, e_next, qh, qt, ne, size):
+    """``_Shadow.add``: set every hash's expiry (moving it to the LRU tail), then, with ``lru``, evict the LRU head
+    while over ``size``. The LRU order is a per-replica queue of entries with lazy deletion: entry ``e`` of a hash is
+    live iff it is the hash's latest (``stamp == e``), so the live entries are in the ``OrderedDict``'s order."""
     for i in range(nh):
         node = ids[off + i] * R + k
         if sh_exp[node] == _NEG:
             cnt[k] += 1
-        elif lru:  # unlink
-            p, q = lprev[node], lnext[node]
-            if p >= 0:
-                lnext[p] = q
-            else:
-                lhead[k] = q
-            if q >= 0:
-                lprev[q] = p
-            else:
-                ltail[k] = p
         sh_exp[node] = exp
-        if lru:  # append at the tail
-            t = ltail[k]
-            lprev[node] = t
-            lnext[node] = -1
-            if t >= 0:
-                lnext[t] = node
+        if lru:
+            stamp[node] = ne
+            e_node[ne] = node
+            e_next[ne] = -1
+            if qt[k] >= 0:
+                e_next[qt[k]] = ne
             else:
-                lhead[k] = node
-            ltail[k] = node
+                qh[k] = ne
+            qt[k] = ne
+            ne += 1
     if lru:
         while cnt[k] > size:
-            node = lhead[k]
-            q = lnext[node]
-            lhead[k] = q
-            if q >= 0:
-                lprev[q] = -1
-            else:
-                ltail[k] = -1
-            sh_exp[node] = _NEG
-            cnt[k] -= 1
+            e = qh[k]
+            qh[k] = e_next[e]
+            if qh[k] < 0:
+                qt[k] = -1
+            node = e_node[e]
+            if stamp[node] == e:
+                sh_exp[node] = _NEG
+                cnt[k] -= 1
+    return ne
 
 
 # ---- the kernel -------------------------------------------------------------------------------------------------
@@ -311,10 +316,13 @@ def _fleet_kernel(
     lru = kind == 3 and approx
     sh_exp = np.full(M * R if approx else 1, _NEG)
     sh_cnt = np.zeros(R, np.int64)
-    lprev = np.full(M * R if lru else 1, -1, np.int64)
-    lnext = np.full(M * R if lru else 1, -1, np.int64)
-    lhead = np.full(R, -1, np.int64)
-    ltail = np.full(R, -1, np.int64)
+    stamp = np.full(M * R if lru else 1, -1, np.int64)
+    H = hashes.shape[0] if lru else 1
+    e_node = np.empty(H, np.int64)
+    e_next = np.empty(H, np.int64)
+    qh = np.full(R, -1, np.int64)
+    qt = np.full(R, -1, np.int64)
+    ne = 0
     bind_k = np.zeros(max(nconv, 1), np.int64)
     bind_exp = np.full(max(nconv, 1), _NEG)
     router_ops = 0
@@ -375,9 +383,11 @@ def _fleet_kernel(
             elif kind == 2:  # dynamo
                 w, credit, wr, temp = fp[1], fp[2], fp[3], fp[4]
                 nbr = nb_arr[r]
+                if approx:
+                    _shadow_overlaps(ids, o, nh, R, sh_exp, t, ov, cand)
                 for j in range(R):
                     if approx:
-                        x = _shadow_overlap(ids, o, nh, j, R, sh_exp, t)
+                        x = ov[j]
                     else:
                         x = _precise_overlap(hashes, o, maxhit, tab[j], mask)
                         router_ops += x + (1 if x < maxhit else 0)
@@ -414,9 +424,11 @@ def _fleet_kernel(
                         qmin = l_inf[j]
                     if l_inf[j] > qmax:
                         qmax = l_inf[j]
+                if approx:
+                    _shadow_overlaps(ids, o, nh, R, sh_exp, t, ov, cand)
                 for j in range(R):
                     if approx:
-                        x = _shadow_overlap(ids, o, nh, j, R, sh_exp, t)
+                        x = ov[j]
                     else:
                         x = _precise_overlap(hashes, o, maxhit, tab[j], mask)
                         router_ops += x + (1 if x < maxhit else 0)
@@ -437,9 +449,11 @@ def _fleet_kernel(
                     k = _argmin(l_inf, R, rng, cand)
                 else:
                     best = 0
+                    if approx:
+                        _shadow_overlaps(ids, o, nh, R, sh_exp, t, ov, cand)
                     for j in range(R):
                         if approx:
-                            x = _shadow_overlap(ids, o, nh, j, R, sh_exp, t)
+                            x = ov[j]
                         else:
                             x = _precise_overlap(hashes, o, maxhit, tab[j], mask)
                             router_ops += x + (1 if x < maxhit else 0)
@@ -455,7 +469,9 @@ def _fleet_kernel(
                     else:
                         k = _argmin(l_inf, R, rng, cand)
             if approx and kind >= 2:
-                _shadow_add(ids, o, nh, k, R, sh_exp, sh_cnt, t + ttl, lru, lprev, lnext, lhead, ltail, Ns[k])
+                ne = _shadow_add(
+                    ids, o, nh, k, R, sh_exp, sh_cnt, t + ttl, lru, stamp, e_node, e_next, qh, qt, ne, Ns[k]
+                )
             rep_out[r] = k
             retry = True
             if nb_arr[r] > Ns[k]:
