@@ -74,7 +74,7 @@ def run(sizes=(5_000, 10_000, 20_000, 40_000), R: int = 8, n_per: int = 2_000) -
         base = {}
         for held in (False, True):
             kw = dict(times=p["times"], hold=hold) if held else {}
-            t1, r1 = _cpu(lambda kw=kw: simulate_block(*args, N=R * n_per, block_size=b, **kw))
+            t1, r1 = _cpu(lambda kw=kw, args=args: simulate_block(*args, N=R * n_per, block_size=b, **kw))
             base[held] = (t1, r1.block_ops)
             rows.append({"requests": n, "router": "single replica" + (" +hold" if held else ""), "cpu_s": t1,
                          "block_ops": r1.block_ops, "router_ops": 0, "ratio": 1.0, "ratio_all": 1.0,
@@ -82,7 +82,7 @@ def run(sizes=(5_000, 10_000, 20_000, 40_000), R: int = 8, n_per: int = 2_000) -
         for router, params, held in ROUTERS:
             kw = dict(times=p["times"], hold=hold) if held else {}
             tf, rf = _cpu(
-                lambda router=router, params=params, kw=kw: simulate_fleet(
+                lambda router=router, params=params, kw=kw, args=args, p=p: simulate_fleet(
                     *args, p["conv"], Ns=[n_per] * R, block_size=b, router=router, router_params=params, **kw
                 )
             )

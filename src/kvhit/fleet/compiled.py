@@ -148,11 +148,9 @@ def _argmax(vals, R, rng, cand):
 @njit(cache=True)
 def _dense_ids(hashes):
     """Dense ids ``0..M-1`` of ``hashes`` in first-seen order (open addressing, linear probing; key and id share a
-    row, ``id + 1`` stored so that a zeroed row is empty)."""
+    row, ``id + 1`` stored so that a zeroed row is empty; the table doubles past half full, so it stays ~2M rows)."""
     H = hashes.shape[0]
-    cap = 16
-    while cap < 2 * H:
-        cap *= 2
+    cap = 1 << 12
     m = cap - 1
     tab = np.zeros((cap, 2), np.int64)
     ids = np.empty(H, np.int64)
@@ -162,11 +160,25 @@ def _dense_ids(hashes):
         j = np.int64(np.uint64(key) * np.uint64(0x9E3779B97F4A7C15) >> np.uint64(20)) & m
         while tab[j, 1] != 0 and tab[j, 0] != key:
             j = (j + 1) & m
-        if tab[j, 1] == 0:
-            tab[j, 0] = key
-            M += 1
-            tab[j, 1] = M
-        ids[i] = tab[j, 1] - 1
+        if tab[j, 1] != 0:
+            ids[i] = tab[j, 1] - 1
+            continue
+        tab[j, 0] = key
+        M += 1
+        tab[j, 1] = M
+        ids[i] = M - 1
+        if 2 * M > cap:  # grow: re-insert every key
+            old = tab
+            cap *= 2
+            m = cap - 1
+            tab = np.zeros((cap, 2), np.int64)
+            for q in range(old.shape[0]):
+                if old[q, 1] != 0:
+                    jj = np.int64(np.uint64(old[q, 0]) * np.uint64(0x9E3779B97F4A7C15) >> np.uint64(20)) & m
+                    while tab[jj, 1] != 0:
+                        jj = (jj + 1) & m
+                    tab[jj, 0] = old[q, 0]
+                    tab[jj, 1] = old[q, 1]
     return ids, M
 
 
@@ -195,7 +207,7 @@ def _shadow_overlaps(ids, off, nh, R, sh_exp, t, ov, alive):
         m = 0
         for a in range(na):
             j = alive[a]
-            if sh_exp[row + j] > t:
+            if sh_exp[row + j, 0] > t:
                 alive[m] = j
                 m += 1
             else:
@@ -205,17 +217,18 @@ def _shadow_overlaps(ids, off, nh, R, sh_exp, t, ov, alive):
 
 
 @njit(cache=True)
-def _shadow_add(ids, off, nh, k, R, sh_exp, cnt, exp, lru, stamp, e_node, e_next, qh, qt, ne, size):
+def _shadow_add(ids, off, nh, k, R, sh_exp, cnt, exp, lru, e_node, e_next, qh, qt, ne, size):
     """``_Shadow.add``: set every hash's expiry (moving it to the LRU tail), then, with ``lru``, evict the LRU head
     while over ``size``. The LRU order is a per-replica queue of entries with lazy deletion: entry ``e`` of a hash is
-    live iff it is the hash's latest (``stamp == e``), so the live entries are in the ``OrderedDict``'s order."""
+    live iff it is the hash's latest (``sh_exp[node, 1] == e``, beside the expiry: one cache line), so the live entries
+    are in the ``OrderedDict``'s order."""
     for i in range(nh):
         node = ids[off + i] * R + k
-        if sh_exp[node] == _NEG:
+        if sh_exp[node, 0] == _NEG:
             cnt[k] += 1
-        sh_exp[node] = exp
+        sh_exp[node, 0] = exp
         if lru:
-            stamp[node] = ne
+            sh_exp[node, 1] = ne
             e_node[ne] = node
             e_next[ne] = -1
             if qt[k] >= 0:
@@ -231,8 +244,8 @@ def _shadow_add(ids, off, nh, k, R, sh_exp, cnt, exp, lru, stamp, e_node, e_next
             if qh[k] < 0:
                 qt[k] = -1
             node = e_node[e]
-            if stamp[node] == e:
-                sh_exp[node] = _NEG
+            if sh_exp[node, 1] == e:
+                sh_exp[node, 0] = _NEG
                 cnt[k] -= 1
     return ne
 
@@ -314,9 +327,8 @@ def _fleet_kernel(
     size = np.zeros(R, np.int64)
     ttl = fp[0]
     lru = kind == 3 and approx
-    sh_exp = np.full(M * R if approx else 1, _NEG)
+    sh_exp = np.full((M * R if approx else 1, 2 if lru else 1), _NEG)  # expiry (and the LRU stamp)
     sh_cnt = np.zeros(R, np.int64)
-    stamp = np.full(M * R if lru else 1, -1, np.int64)
     H = hashes.shape[0] if lru else 1
     e_node = np.empty(H, np.int64)
     e_next = np.empty(H, np.int64)
@@ -469,9 +481,7 @@ def _fleet_kernel(
                     else:
                         k = _argmin(l_inf, R, rng, cand)
             if approx and kind >= 2:
-                ne = _shadow_add(
-                    ids, o, nh, k, R, sh_exp, sh_cnt, t + ttl, lru, stamp, e_node, e_next, qh, qt, ne, Ns[k]
-                )
+                ne = _shadow_add(ids, o, nh, k, R, sh_exp, sh_cnt, t + ttl, lru, e_node, e_next, qh, qt, ne, Ns[k])
             rep_out[r] = k
             retry = True
             if nb_arr[r] > Ns[k]:
