@@ -15,8 +15,10 @@ generator, so ties and softmax draws consume the same stream; Dynamo's softmax s
 pairwise order, :func:`_np_sum`).
 
 How the router state is kept. Precise overlaps probe each replica's own hash table (no router-side copy);
-the approximate indexes (Dynamo's TTL shadow, llm-d's LRU shadow sized to ``N_k``, SGLang's never-evicted
-tree) are one array per (block hash, replica), the hashes first mapped to dense ids in first-seen order.
+the unbounded approximate indexes (Dynamo's TTL shadow, SGLang's never-evicted tree) are one expiry per (block hash,
+replica), the hashes first mapped to dense ids (a table as large as the distinct hashes: their cost, see
+``benchmarks/bench_fleet_kv.py``); llm-d's LRU shadow, bounded by ``N_k``, is per replica a small hash table and a
+doubly linked LRU order, like a block pool.
 ``router_ops`` counts the router's probes of the replicas' hash tables (precise modes), so ``block_ops +
 router_ops`` is the step-wise path's pool counter.
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvhit.sim.vllm.block import _free, _heap_pop, _heap_push, _ht_find, _lookup, _start
+from kvhit.sim.vllm.block import _free, _heap_pop, _heap_push, _ht_delete_slot, _ht_find, _lookup, _start
 
 __all__ = ["COMPILED_ROUTERS", "simulate_compiled"]
 
@@ -217,37 +219,65 @@ def _shadow_overlaps(ids, off, nh, R, sh_exp, t, ov, alive):
 
 
 @njit(cache=True)
-def _shadow_add(ids, off, nh, k, R, sh_exp, cnt, exp, lru, e_node, e_next, qh, qt, ne, size):
-    """``_Shadow.add``: set every hash's expiry (moving it to the LRU tail), then, with ``lru``, evict the LRU head
-    while over ``size``. The LRU order is a per-replica queue of entries with lazy deletion: entry ``e`` of a hash is
-    live iff it is the hash's latest (``sh_exp[node, 1] == e``, beside the expiry: one cache line), so the live entries
-    are in the ``OrderedDict``'s order."""
+def _shadow_add(ids, off, nh, k, R, sh_exp, cnt, exp):
+    """``_Shadow.add`` without a size bound (Dynamo's TTL index, SGLang's tree): set every hash's expiry; count the
+    new entries (SGLang's tree size)."""
     for i in range(nh):
         node = ids[off + i] * R + k
         if sh_exp[node, 0] == _NEG:
             cnt[k] += 1
         sh_exp[node, 0] = exp
-        if lru:
-            sh_exp[node, 1] = ne
-            e_node[ne] = node
-            e_next[ne] = -1
-            if qt[k] >= 0:
-                e_next[qt[k]] = ne
-            else:
-                qh[k] = ne
-            qt[k] = ne
-            ne += 1
-    if lru:
-        while cnt[k] > size:
-            e = qh[k]
-            qh[k] = e_next[e]
-            if qh[k] < 0:
-                qt[k] = -1
-            node = e_node[e]
-            if sh_exp[node, 1] == e:
-                sh_exp[node, 0] = _NEG
-                cnt[k] -= 1
-    return ne
+
+
+@njit(cache=True)
+def _lru_overlap(hashes, off, nh, ltab, mask):
+    """llm-d's shadow overlap on one replica: leading routed hashes present in its bounded LRU table."""
+    n = 0
+    while n < nh:
+        if _ht_find(hashes[off + n], ltab, mask) < 0:
+            break
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def _lru_add(hashes, off, nh, ltab, mask, skey, lnk, sfree, lst, size):
+    """llm-d's ``_Shadow.add`` on one replica: every hash to the LRU tail (inserted if absent), then evict the LRU
+    head while more than ``size`` entries. Slots ``0..C-1`` hold keys; ``lnk`` rows ``C``/``C + 1`` are the
+    head/tail sentinels of the doubly linked LRU order; ``lst`` = (entries, free slots on the ``sfree`` stack)."""
+    C = skey.shape[0]
+    head = C
+    tail = C + 1
+    for i in range(nh):
+        key = hashes[off + i]
+        q = _ht_find(key, ltab, mask)
+        if q >= 0:
+            x = ltab[q, 1]
+            a = lnk[x, 1]
+            c = lnk[x, 0]
+            lnk[a, 0] = c
+            lnk[c, 1] = a
+        else:
+            lst[1] -= 1
+            x = sfree[lst[1]]
+            skey[x] = key
+            ltab[-q - 1, 0] = key
+            ltab[-q - 1, 1] = x
+            lst[0] += 1
+        a = lnk[tail, 1]
+        lnk[a, 0] = x
+        lnk[x, 1] = a
+        lnk[x, 0] = tail
+        lnk[tail, 1] = x
+    while lst[0] > size:
+        x = lnk[head, 0]
+        c = lnk[x, 0]
+        lnk[head, 0] = c
+        lnk[c, 1] = head
+        _ht_delete_slot(_ht_find(skey[x], ltab, mask), ltab, mask)
+        sfree[lst[1]] = x
+        lst[1] += 1
+        lst[0] -= 1
 
 
 # ---- the kernel -------------------------------------------------------------------------------------------------
@@ -327,14 +357,31 @@ def _fleet_kernel(
     size = np.zeros(R, np.int64)
     ttl = fp[0]
     lru = kind == 3 and approx
-    sh_exp = np.full((M * R if approx else 1, 2 if lru else 1), _NEG)  # expiry (and the LRU stamp)
+    sh_exp = np.full((M * R if approx and not lru else 1, 1), _NEG)  # expiry per (hash, replica)
     sh_cnt = np.zeros(R, np.int64)
-    H = hashes.shape[0] if lru else 1
-    e_node = np.empty(H, np.int64)
-    e_next = np.empty(H, np.int64)
-    qh = np.full(R, -1, np.int64)
-    qt = np.full(R, -1, np.int64)
-    ne = 0
+    # llm-d's LRU shadow: per replica a table bounded by N_k + the longest request (it overflows during one add)
+    mxh = 1
+    for q in range(n):
+        if off[q + 1] - off[q] > mxh:
+            mxh = off[q + 1] - off[q]
+    C = Nmax + mxh if lru else 1
+    lcap = 16
+    while lcap < 2 * C:
+        lcap *= 2
+    lmask = np.uint64(lcap - 1)
+    ltab = np.zeros((R if lru else 1, lcap, 2), np.int64)
+    ltab[:, :, 1] = -1
+    skey = np.zeros((R if lru else 1, C), np.int64)
+    lnk = np.zeros((R if lru else 1, C + 2, 2), np.int64)
+    sfree = np.zeros((R if lru else 1, C), np.int64)
+    lst = np.zeros((R if lru else 1, 2), np.int64)
+    if lru:
+        for k in range(R):
+            lnk[k, C, 0] = C + 1
+            lnk[k, C + 1, 1] = C
+            for q in range(C):
+                sfree[k, q] = C - 1 - q
+            lst[k, 1] = C
     bind_k = np.zeros(max(nconv, 1), np.int64)
     bind_exp = np.full(max(nconv, 1), _NEG)
     router_ops = 0
@@ -436,11 +483,9 @@ def _fleet_kernel(
                         qmin = l_inf[j]
                     if l_inf[j] > qmax:
                         qmax = l_inf[j]
-                if approx:
-                    _shadow_overlaps(ids, o, nh, R, sh_exp, t, ov, cand)
                 for j in range(R):
                     if approx:
-                        x = ov[j]
+                        x = _lru_overlap(hashes, o, nh, ltab[j], lmask)
                     else:
                         x = _precise_overlap(hashes, o, maxhit, tab[j], mask)
                         router_ops += x + (1 if x < maxhit else 0)
@@ -480,8 +525,10 @@ def _fleet_kernel(
                         k = _argmin(size, R, rng, cand)
                     else:
                         k = _argmin(l_inf, R, rng, cand)
-            if approx and kind >= 2:
-                ne = _shadow_add(ids, o, nh, k, R, sh_exp, sh_cnt, t + ttl, lru, e_node, e_next, qh, qt, ne, Ns[k])
+            if lru:
+                _lru_add(hashes, o, nh, ltab[k], lmask, skey[k], lnk[k], sfree[k], lst[k], Ns[k])
+            elif approx and kind >= 2:
+                _shadow_add(ids, o, nh, k, R, sh_exp, sh_cnt, t + ttl)
             rep_out[r] = k
             retry = True
             if nb_arr[r] > Ns[k]:
@@ -551,7 +598,7 @@ def simulate_compiled(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine_flag, lag):
         fp[0] = np.inf
     else:
         fp[:4] = (np.inf, rt.th, rt.abs, rt.rel)
-    if approx:
+    if approx and kind != 3:  # llm-d's LRU shadow is bounded and keyed by hash per replica: no dense ids
         ids, M = _dense_ids(hs)
     else:
         ids, M = np.zeros(1, np.int64), 0
