@@ -1,6 +1,6 @@
 """The compiled fleet pass of the KV-aware routers (:mod:`kvhit.fleet.compiled`) against the compiled single replica.
 
-On prefixes of :func:`bench_block.make_trace` (synthetic multi-turn; 5,000 to 40,000 requests, ~85 block ops per
+On prefixes of :func:`bench_block.make_trace` (synthetic multi-turn; 5,000 to 40,000 requests, ~210 block ops per
 request), R = 8 replicas of ``n = 2,000`` blocks, the single replica :func:`kvhit.sim.vllm.block.simulate_block` at
 ``N = R·n`` timed in the same run, each router timed as :func:`kvhit.fleet.simulate.simulate_fleet` (its default,
 compiled path: input checks, the router's index set-up and the event loop included). Without holds (every request

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 from kvhit.fleet.compiled import _np_sum
 from kvhit.fleet.simulate import simulate_fleet
@@ -118,3 +119,19 @@ def test_colocated_one_replica_is_the_block_simulator(f, resp):
         np.testing.assert_array_equal(res.hit_blocks, ref.hit_blocks)
         np.testing.assert_array_equal(res.new_blocks, ref.new_blocks)
         np.testing.assert_array_equal(res.wait, ref.wait)
+
+
+@njit(cache=True)
+def _nb_exp(x, out):
+    for i in range(x.shape[0]):
+        out[i] = np.exp(x[i])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(-1e3, 0.0), min_size=1, max_size=200))
+def test_numba_exp_is_numpys(xs):
+    """The one assumption of softmax equality: numba's exp returns NumPy's value on the softmax's arguments."""
+    x = np.array(xs, np.float64)
+    out = np.empty_like(x)
+    _nb_exp(x, out)
+    np.testing.assert_array_equal(out, np.exp(x))

@@ -24,8 +24,9 @@ router_ops`` is the step-wise path's pool counter.
 
 NOT modelled here beyond the step-wise fleet (same NOT-modelled list as :mod:`kvhit.fleet.simulate`); the
 oblivious routers keep their own compiled path (route, then :func:`kvhit.sim.vllm.block.simulate_block` per
-replica). Equality with temperature > 0 also assumes numba's ``np.exp`` returns NumPy's value (checked on
-this machine; a last-bit difference could flip a draw only when it lands on a cumulative-weight boundary).
+replica). Equality with temperature > 0 also assumes numba's ``np.exp`` returns NumPy's value (tested on the
+softmax's argument range, ``test_numba_exp_is_numpys``; a last-bit difference could flip a draw only when it lands
+on a cumulative-weight boundary).
 """
 
 from __future__ import annotations
