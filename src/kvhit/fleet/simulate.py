@@ -11,7 +11,9 @@ then always zero, so load-based routers fall back to their tie-breaks). So, for 
 and cache (``oblivious``: round-robin, random, session ring), the fleet is exactly R independent
 single-replica simulations of the routed sub-streams: :func:`simulate_fleet` then routes first and runs the
 compiled :func:`kvhit.sim.vllm.block.simulate_block` per replica (``fast=True``, tested equal to the step-wise
-path).
+path). The load- and cache-aware routers (sticky, least-loaded, Dynamo, llm-d, SGLang) run by default in one
+compiled pass over R compiled pools (:mod:`kvhit.fleet.compiled`, tested equal request by request to the
+step-wise path, which stays as the reference: ``fast=False``).
 
 Load signals the router reads (per replica): in-flight requests (routed, not finished), outstanding prefill
 tokens (``T`` while waiting, ``T − hit`` while running), active blocks (``⌈L/b⌉`` of in-flight requests),
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvhit.fleet.compiled import COMPILED_ROUTERS, simulate_compiled
 from kvhit.fleet.routers import RouteView, make_router
 from kvhit.sim.engine import Request
 from kvhit.sim.registry import make_engine
@@ -58,6 +61,7 @@ class FleetResult:
     Ns: tuple
     router: str
     block_ops: int = 0  #: fast path: simulate_block's count; step-wise: the pools' counters (router probes too)
+    router_ops: int = 0  #: compiled KV-aware pass: the router's probes of the replicas' caches (not in block_ops)
 
     @property
     def R(self) -> int:
@@ -143,8 +147,9 @@ def simulate_fleet(
     """Route a request stream over ``len(Ns)`` replicas (``Ns[k]`` usable blocks each) and simulate them.
 
     The stream is :func:`kvhit.sim.vllm.block.simulate_block`'s (CSR block hashes, ``L // b`` per request);
-    ``conv[r]`` is request ``r``'s conversation id (session routers key on it). ``fast=None`` uses the
-    compiled per-replica path when the router is oblivious; ``fast=False`` forces the step-wise path.
+    ``conv[r]`` is request ``r``'s conversation id (session routers key on it). ``fast=None`` (or ``True``)
+    uses a compiled path: per replica when the router is oblivious, else the compiled fleet pass
+    (:mod:`kvhit.fleet.compiled`); ``fast=False`` forces the step-wise path (the reference).
     """
     Ns = tuple(int(x) for x in Ns)
     if not Ns or any(x < 1 for x in Ns):
@@ -164,12 +169,18 @@ def simulate_fleet(
     tm = np.zeros(n) if times is None else np.asarray(times, np.float64)
     if hold is not None and times is None:
         raise ValueError("times: required when hold is given")
+    compiled = rt.oblivious or rt.name in COMPILED_ROUTERS
     if fast is None:
-        fast = rt.oblivious
-    if fast and not rt.oblivious:
-        raise ValueError(f"router {router}: the fast path needs an oblivious router (round-robin, random, session)")
-    if fast:
+        fast = compiled
+    if fast and not compiled:
+        raise ValueError(f"router {router}: no compiled path (fast=True); use fast=False")
+    if fast and rt.oblivious:
         return _fast(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, response_tokens, router)
+    if fast:
+        rep, hit, new, wait, rej, ops, rops = simulate_compiled(
+            rt, T, L, off, hs, cv, tm, hold, Ns, b, ENGINES[engine], lag
+        )
+        return FleetResult(rep, hit, new, wait, rej, T, b, Ns, router, ops, rops)
     return _stepwise(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, router, lag)
 
 
@@ -218,9 +229,10 @@ def _fast(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, resp, name)
 def _stepwise(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, name, lag) -> FleetResult:
     n, R = T.shape[0], len(Ns)
     engines = [make_engine(engine, N, block_size=b, colocated=colocated) for N in Ns]
+    # the engine allocates kv_tokens(T, m) = T + max(m - 1, 0) = L: m = L - T + 1 when L > T (the response)
     reqs = [
         Request(rid=r, prompt_tokens=int(T[r]), block_hashes=tuple(int(x) for x in hs[off[r] : off[r + 1]]),
-                output_tokens=int(L[r] - T[r]))
+                output_tokens=int(L[r] - T[r] + 1) if L[r] > T[r] else 0)
         for r in range(n)
     ]  # fmt: skip
     rep = np.full(n, -1, np.int64)
