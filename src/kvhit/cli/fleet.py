@@ -16,6 +16,7 @@ from kvhit.cli._common import (
     _fmt,
     _help,
     _print_json,
+    _print_notes,
     _split,
     _table,
     app,
@@ -158,8 +159,7 @@ def fleet_simulate(
         for r in res.rows
     ]
     _table(f"fleet on {res.trace} — engine {res.engine}, block size {res.block_size}", cols, rows)
-    for n in res.notes:
-        console.print(Text("note: " + n, style="italic"))
+    _print_notes(res.notes, style="italic")
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))
 
@@ -353,7 +353,6 @@ def fleet_curve(
         cols,
         rows,
     )
-    for n in res.notes:
-        console.print(Text("note: " + n, style="italic"), soft_wrap=True)
+    _print_notes(res.notes, style="italic")
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))

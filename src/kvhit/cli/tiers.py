@@ -13,6 +13,7 @@ from kvhit.cli._common import (
     _help,
     _list_of,
     _print_json,
+    _print_notes,
     _table,
     app,
     console,
@@ -73,6 +74,7 @@ def tiers(
         float | None, typer.Option("--price-dram-per-gib", help=_help(svc.TiersRequest, "price_dram_per_gib"))
     ] = None,
     workers: Annotated[int, typer.Option("--workers", help=_help(svc.TiersRequest, "workers"))] = 1,
+    warmup: Annotated[int | None, typer.Option("--warmup", help=_help(svc.TiersRequest, "warmup"))] = None,
     estimate: Annotated[str, typer.Option("--estimate", help=_help(svc.TiersRequest, "estimate"))] = "none",
     plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
@@ -106,6 +108,7 @@ def tiers(
         price_hbm_per_gib=price_hbm,
         price_dram_per_gib=price_dram,
         workers=workers,
+        warmup=warmup,
         estimate=estimate,
         plot=plot,
     )
@@ -166,5 +169,6 @@ def tiers(
             f"cheapest split reaching the target: {c['hbm_blocks']:,} blocks ({c['hbm_gib']:.1f} GiB HBM) + "
             f"{c['dram_gib']:g} GiB DRAM, cost {c['cost']:.4g}, h = {c['h']:.4f}"
         )
+    _print_notes(res.notes)
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))

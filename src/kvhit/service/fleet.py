@@ -30,6 +30,7 @@ from kvhit.service.base import Request, Response, check_capacity_memory
 from kvhit.service.common import BlockEngine, Capacity, Seed
 from kvhit.service.errors import InputError, translating
 from kvhit.service.inputs import read_trace, window_for
+from kvhit.service.steady import STEADY_WARNING, steady_note, steady_report
 
 __all__ = [
     "FleetRouterFields",
@@ -177,6 +178,11 @@ class FleetResponse(Response):
     per_replica: list[dict[str, Any]] = Field(description="Per (router, R, replica): requests, hit ratio, prefill.")
     notes: list[str] = Field(default_factory=list)
     figure: list[str] | None = Field(None, description="Figure files written.")
+    stationarity: dict[str, Any] | None = Field(
+        None,
+        description="Whether the measured window reached steady state (active conversations over time, "
+        "kvhit.workload.stationarity); null where not judged (a production block-id trace).",
+    )
 
 
 def router_params(req: FleetRouterFields, routers: list[str]) -> dict[str, dict]:
@@ -342,6 +348,7 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     wl = load_fleet_workload(req)
     st = wl.stream
     mask, conv, times = st.measured, st.conv, st.times
+    steady = None if wl.tr is None else steady_report(wl.tr, mask)  # a block-id trace: not judged (as simulate)
     hold = None if req.prefill_tokens_per_s is None else st.prompt_tokens / req.prefill_tokens_per_s
     rows, per = [], []
     est_notes: list[str] = []
@@ -400,8 +407,11 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     if req.plot is not None:
         from kvhit.plots.fleet import plot_fleet
 
-        figure = [str(p) for p in plot_fleet(rows, req.plot, title=f"{wl.label}, N = {req.N[0]:,} blocks")]
-    notes = list(wl.notes)
+        warn = None if steady is None or steady["stationary"] else STEADY_WARNING
+        figure = [
+            str(p) for p in plot_fleet(rows, req.plot, title=f"{wl.label}, N = {req.N[0]:,} blocks", warning=warn)
+        ]
+    notes = steady_note(steady) + list(wl.notes)
     if hold is None:
         notes.append("no --prefill-tokens-per-s: requests are instantaneous, so load-based routers see no load")
     notes += est_notes
@@ -419,4 +429,5 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
         per_replica=per,
         notes=notes,
         figure=figure,
+        stationarity=steady,
     )

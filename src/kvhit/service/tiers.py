@@ -13,7 +13,7 @@ omissions are in :mod:`kvhit.estimate.tiers`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -21,6 +21,7 @@ from pydantic import Field
 from kvhit.service.base import Request, Response
 from kvhit.service.errors import InputError, translating
 from kvhit.service.io import check_output_file
+from kvhit.service.steady import STEADY_WARNING, steady_note, steady_report
 
 __all__ = ["TiersRequest", "TiersResponse", "tiers"]
 
@@ -113,6 +114,12 @@ class TiersRequest(Request):
         description="Price of 1 GiB of DRAM (same currency), ≥ 0, for the cheapest split; default: none.",
     )
     workers: int = Field(1, ge=1, le=64, description="Processes for the per-pair simulations; 1–64.")
+    warmup: int | None = Field(
+        None,
+        ge=0,
+        description="--trace: leading conversations replayed through the caches but not measured (a warm-up); ≥ 0; "
+        "default 0 (every request measured from an empty cache).",
+    )
     estimate: Literal["none", "also", "only"] = Field(
         "none",
         description="Two-tier estimator (native LRU without --store-threshold, simple, lmcache): none | also "
@@ -178,6 +185,13 @@ class TiersResponse(Response):
         None, description="Cheapest grid pair reaching the target: hbm_blocks, hbm_gib, dram_gib, cost, h (or null)."
     )
     figure: list[str] | None = Field(None, description="Figure files written.")
+    stationarity: dict[str, Any] | None = Field(
+        None,
+        description="Whether the replayed trace was at steady state (active conversations over time, "
+        "kvhit.workload.stationarity): every request is measured from an empty cache, so a trace whose load "
+        "ramps up is flagged; null where not judged (a production block-id trace).",
+    )
+    notes: list[str] = Field(default_factory=list, description="Warnings: a trace that was not at steady state.")
 
 
 def _load(req: TiersRequest):
@@ -204,6 +218,22 @@ def _load(req: TiersRequest):
     if req.block_size is not None and req.block_size != pt.block_size:
         raise InputError(f"--block-size: the blocks trace has block size {pt.block_size}, got {req.block_size}")
     return pt.to_block_requests(), pt
+
+
+def _window(req: TiersRequest, src, n_requests: int) -> tuple[np.ndarray | None, dict[str, Any] | None]:
+    """``(measured, stationarity)`` of a ``--trace`` replay: the requests after ``--warmup`` conversations (all
+    by default) and their stationarity report against the trace's own median active count; ``(None, None)`` for a
+    block-id trace (every request measured, not judged)."""
+    if req.trace is None:
+        if req.warmup is not None:
+            raise InputError("--warmup: applies to --trace (a block-id trace is measured from an empty cache)")
+        return None, None
+    from kvhit.service.inputs import window_for
+
+    mask = np.asarray(window_for(src, req.warmup or 0, None, str(req.trace)).mask(src), bool)
+    if mask.size != n_requests:  # one block request per turn, in the trace's row order
+        raise InputError(f"--trace {req.trace}: {n_requests:,} requests for {mask.size:,} turns")
+    return (None if mask.all() else mask), steady_report(src, mask)
 
 
 def tiers(req: TiersRequest) -> TiersResponse:
@@ -233,6 +263,10 @@ def tiers(req: TiersRequest) -> TiersResponse:
     if req.plot is not None:
         check_output_file(str(req.plot) + ".png", "--plot")
     br, src = _load(req)
+    measured, steady = _window(req, src, len(br.prompt_tokens))
+    if measured is not None and req.estimate != "none":
+        raise InputError("--warmup: --estimate models every request of the trace; give no --warmup with it")
+    warn = None if steady is None or steady["stationary"] else STEADY_WARNING
     b = int(br.block_size)
     kw: dict = {}
     if req.tier == "native":
@@ -289,14 +323,14 @@ def tiers(req: TiersRequest) -> TiersResponse:
     if req.estimate == "only":
         s = _estimated_surface(est, br)
     else:
-        s = _simulate(req, br, b, units, kw)
+        s = _simulate(req, br, b, units, kw, measured)
     figure = None
     if req.plot is not None:
         from kvhit.plots.tiers import plot_surface
 
         x = np.asarray(req.dram_gb, float) if req.dram_gb is not None else s.host.astype(float)
         xlabel = "DRAM for the KV tier (GiB, all ranks)" if req.dram_gb is not None else "host capacity (tier units)"
-        figure = [str(p) for p in plot_surface(s, req.plot, x=x, xlabel=xlabel)]
+        figure = [str(p) for p in plot_surface(s, req.plot, x=x, xlabel=xlabel, warning=warn)]
     ttft = None
     if req.prefill_tokens_per_s is not None:
         # a load of c tokens replaces c/prefill seconds of compute by c·bytes_per_token/bandwidth of copying
@@ -344,10 +378,12 @@ def tiers(req: TiersRequest) -> TiersResponse:
         hbm_gib=hbm_gib,
         cheapest=cheapest,
         figure=figure,
+        stationarity=steady,
+        notes=steady_note(steady),
     )
 
 
-def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict):
+def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict, measured=None):
     from kvhit.sim.tiers.surface import hit_surface
 
     with translating("--hbm-blocks"):
@@ -360,6 +396,7 @@ def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict):
             host=units,
             block_size=b,
             workers=req.workers,
+            measured=measured,
             **kw,
         )
     return s
@@ -413,7 +450,10 @@ def _hicache(req: TiersRequest) -> TiersResponse:
             raise InputError(f"{req.flag(name)}: applies to the vLLM/LMCache tiers, not to --tier hicache")
     if req.plot is not None:
         check_output_file(str(req.plot) + ".png", "--plot")
-    br, _ = _load(req)
+    if req.warmup is not None:
+        raise InputError("--warmup: applies to the vLLM/LMCache tiers, not to --tier hicache")
+    br, src = _load(req)
+    steady = None if req.trace is None else steady_report(src, np.ones(np.asarray(src["time"]).size, bool))
     b = int(br.block_size)
     p = req.page_size
     if b % p:
@@ -471,7 +511,8 @@ def _hicache(req: TiersRequest) -> TiersResponse:
             if req.dram_gb is not None
             else "host pool (tokens)"
         )
-        figure = [str(f) for f in plot_ratio_curve(s, req.plot, x=np.asarray(cols, float), xlabel=xlabel)]
+        warn = None if steady is None or steady["stationary"] else STEADY_WARNING
+        figure = [str(f) for f in plot_ratio_curve(s, req.plot, x=np.asarray(cols, float), xlabel=xlabel, warning=warn)]
     ttft = None
     if req.prefill_tokens_per_s is not None:
         per_token = 1.0 / req.prefill_tokens_per_s - bpt / (req.pcie_gb_per_s * 1e9)
@@ -515,4 +556,6 @@ def _hicache(req: TiersRequest) -> TiersResponse:
         hbm_gib=hbm_gib,
         cheapest=cheapest,
         figure=figure,
+        stationarity=steady,
+        notes=steady_note(steady),
     )

@@ -50,9 +50,9 @@ class Surface:
     host: np.ndarray
     hit: np.ndarray
     gpu_hit: np.ndarray
-    load_tokens: np.ndarray  #: Σ c_r per pair (admitted requests)
-    prompt_tokens: int
-    admitted: np.ndarray  #: admitted requests per GPU size (a request larger than the GPU is rejected)
+    load_tokens: np.ndarray  #: Σ c_r per pair (admitted measured requests)
+    prompt_tokens: int  #: of the measured requests
+    admitted: np.ndarray  #: admitted measured requests per GPU size (a request larger than the GPU is rejected)
 
 
 def _host(tier: str, C: int, b: int, kw: dict):
@@ -155,9 +155,12 @@ def hit_surface(
     block_size: int,
     engine: str = "vllm",
     workers: int = 1,
+    measured=None,
     **kw,
 ) -> Surface:
-    """h(N, C) over ``gpu_blocks`` × ``host`` (see module docstring); ``kw`` go to the tier model."""
+    """h(N, C) over ``gpu_blocks`` × ``host`` (see module docstring); ``kw`` go to the tier model. ``measured``
+    (a mask over the requests; default all) selects the requests counted: every request still passes through the
+    caches, so the leading unmeasured ones are a warm-up."""
     T = np.asarray(prompt_tokens, np.int64)
     off = np.asarray(hash_offsets, np.int64)
     h = np.asarray(hashes)
@@ -171,6 +174,9 @@ def hit_surface(
         raise ValueError(f"tier: expected one of ['lmcache', 'native', 'simple', 'simple-lazy'], got {tier!r}")
     b = int(block_size)
     gs, adms = zip(*(_gpu(T, off, h, N, b, engine) for N in Ns), strict=True)
+    meas = np.ones(T.size, bool) if measured is None else np.asarray(measured, bool)
+    if meas.shape != T.shape:
+        raise ValueError(f"measured: expected a mask of {T.size} requests, got shape {meas.shape}")
     total = np.zeros((len(Ns), len(Cs)), np.int64)
     tasks = []
     if tier == "lmcache":
@@ -187,6 +193,7 @@ def hit_surface(
             outs = list(ex.map(_pair_task, tasks))
     else:
         outs = [_pair_task(t) for t in tasks]
+    cnt = [a & meas for a in adms]  # counted: admitted and measured
     if tier == "lmcache":
         for k, lt in enumerate(outs):
             m, j = divmod(k, len(Cs))
@@ -195,18 +202,18 @@ def hit_surface(
                 if adms[i].tobytes() != keys[m]:
                     continue
                 tot = np.maximum(gs[i], lt - full)
-                total[i, j] = tot[adms[i]].sum()
+                total[i, j] = tot[cnt[i]].sum()
     elif tier == "native":
         for k, c in enumerate(outs):
             i, j = divmod(k, len(Cs))
-            total[i, j] = (gs[i] + c)[adms[i]].sum()
+            total[i, j] = (gs[i] + c)[cnt[i]].sum()
     else:
         for k, hit in enumerate(outs):
             i, j = divmod(k, len(Cs))
-            total[i, j] = hit[adms[i]].sum()
-    den = np.array([T[a].sum() for a in adms], np.float64)
+            total[i, j] = hit[cnt[i]].sum()
+    den = np.array([T[a].sum() for a in cnt], np.float64)
     den = np.where(den > 0, den, np.nan)  # no admitted request at this N: NaN
-    gpu_hit = np.array([gs[i][adms[i]].sum() for i in range(len(Ns))], np.float64) / den
+    gpu_hit = np.array([gs[i][cnt[i]].sum() for i in range(len(Ns))], np.float64) / den
     hit = total / den[:, None]
-    load = total - np.array([gs[i][adms[i]].sum() for i in range(len(Ns))])[:, None]
-    return Surface(tier, Ns, Cs, hit, gpu_hit, load, int(T.sum()), np.array([int(a.sum()) for a in adms]))
+    load = total - np.array([gs[i][cnt[i]].sum() for i in range(len(Ns))])[:, None]
+    return Surface(tier, Ns, Cs, hit, gpu_hit, load, int(T[meas].sum()), np.array([int(a.sum()) for a in cnt]))
