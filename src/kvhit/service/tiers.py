@@ -260,6 +260,8 @@ def tiers(req: TiersRequest) -> TiersResponse:
         raise InputError("--price-hbm-per-gib and --price-dram-per-gib: give both or neither")
     if all(priced) and (req.target is None or req.dram_gb is None):
         raise InputError("--price-hbm-per-gib: the cheapest split needs --target and --dram-gb")
+    if req.warmup is not None and req.trace is None:
+        raise InputError("--warmup: applies to --trace (a block-id trace is measured from an empty cache)")
     if req.plot is not None:
         check_output_file(str(req.plot) + ".png", "--plot")
     br, src = _load(req)
