@@ -174,57 +174,41 @@ def test_plan_verify_spec_is_sized_and_steady_trace_from_cold_is_not(trace_file,
     assert want[0] is True
     _check(res.verify["stationarity"], want)
     assert res.verify["stationarity"]["reference_active"] == 90.0
-    cold = svc.plan(svc.build(svc.PlanRequest, **kw, trace=trace_file))
+    cold = svc.plan(svc.build(svc.PlanRequest, **{**kw, "kv_gb": 40.0}, trace=trace_file))
     tr = _tr(trace_file)
     want = brute(tr["time"], tr["conv"], np.ones(len(tr["time"]), bool))
     assert want[0] is False
     _check(cold.verify["stationarity"], want)
     assert any(n.startswith("NOT STATIONARY") for n in cold.notes)
-    warm = svc.plan(svc.build(svc.PlanRequest, **kw, trace=trace_warm_file))
+    warm = svc.plan(svc.build(svc.PlanRequest, **{**kw, "kv_gb": 40.0}, trace=trace_warm_file))
     tr = _tr(trace_warm_file)
     want = brute(tr["time"], tr["conv"], Window.warmup_conversations(tr, N_WARM).mask(tr))
     assert want[0] is True
     _check(warm.verify["stationarity"], want)
-    r = kvhit("plan", "--trace", trace_file, "--kv-gb", "1", "--verify")
+    r = kvhit("plan", "--trace", trace_file, "--kv-gb", "40", "--verify")
     assert r.code == 0 and "warning: NOT STATIONARY" in r.out
 
 
-def test_sweep_rows_and_report_carry_the_flag(tmp_path):
+def test_sweep_rows_and_report_carry_the_flag(tmp_path, trace_file, trace_warm_file):
     from kvhit.sweep.report import report
 
-    spec = tmp_path / "s.toml"
-    spec.write_text(
-        'lam0 = 0.5\n[turns]\nkind = "geometric"\np = 0.75\n[increments]\nkind = "prompt_response"\n'
-        'x = { kind = "geometric", mean = 4.0 }\ny = { kind = "geometric", mean = 3.0 }\n'
-        '[interarrival]\nkind = "exponential"\nmean = 60.0\n',
-        encoding="utf-8",
-    )
     grid = tmp_path / "g.toml"
     grid.write_text(
-        f'[sweep]\ncompute = "simulate"\nblock_size = 16\n[workloads.a]\nspec = "{spec}"\n'
-        '[axes]\nengine = ["vllm"]\nN = [400]\nlam0 = [0.5, 0.05]\n',
+        f'[sweep]\ncompute = "simulate"\n[workloads.cold]\ntrace = "{trace_file}"\n'
+        f'[workloads.warm]\ntrace = "{trace_warm_file}"\n[axes]\nengine = ["vllm"]\nN = [400]\n',
         encoding="utf-8",
     )
-    # 20,000 conversations (the grid default), 4,000 of warm-up (40,000 s at λ0 = 0.5 and 5·10^5 s at 0.05, both
-    # ≫ 180 s): steady at both loads; with 200 conversations (40 of warm-up ≈ 80 s < 180 s at λ0 = 0.5) not
     out = tmp_path / "out"
     r = kvhit("sweep", grid, "--out", out, "--jobs", "1")
     assert r.code == 0, r.err
     rep = report(out)
-    assert [p["stationary"] for p in rep["points"]] == [True, True]
-    assert rep["counts"]["not_stationary"] == 0
-    grid.write_text(grid.read_text(encoding="utf-8").replace("block_size = 16", "block_size = 16\nconversations = 200"))
-    out2 = tmp_path / "out2"
-    r = kvhit("sweep", grid, "--out", out2, "--jobs", "1")
-    assert r.code == 0, r.err
-    rep = report(out2)
-    for p in rep["points"]:
-        sim = svc.simulate(
-            svc.build(svc.SimulateRequest, spec=spec, lam0=p["lam0"], N=[400], conversations=200, replications=1,
-                      block_size=16, policy="block", engine="vllm", seed=0)
-        )  # fmt: skip
-        assert isinstance(sim.stationarity["stationary"], bool)
-    lam_half = next(p for p in rep["points"] if p["lam0"] == 0.5)
-    assert lam_half["stationary"] is False and rep["counts"]["not_stationary"] >= 1
-    r = kvhit("sweep", "report", out2)
-    assert r.code == 0 and "warning: NOT STATIONARY" in r.out
+    want = {}
+    for name, f, nw in (("cold", trace_file, 0), ("warm", trace_warm_file, N_WARM)):
+        tr = _tr(f)
+        mask = Window.warmup_conversations(tr, nw).mask(tr) if nw else np.ones(len(tr["time"]), bool)
+        want[name] = brute(tr["time"], tr["conv"], mask)[0]
+    assert want == {"cold": False, "warm": True}
+    assert {p["workload"]: p["stationary"] for p in rep["points"]} == want
+    assert rep["counts"]["not_stationary"] == 1
+    r = kvhit("sweep", "report", out)
+    assert r.code == 0 and "warning: NOT STATIONARY — 1 of 2 points" in r.out

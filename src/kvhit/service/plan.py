@@ -239,15 +239,17 @@ def _plan(req: PlanRequest) -> PlanResponse:
     with translating(where):
         wl = make_workload(source, lam0=lam0, engine=req.engine, metric=metric, block_size=req.block_size, **sizing)
         res = plan_fn(wl, cap, target=req.target, verify=req.verify)
-    if res.verify and wl.trace is not None:
-        _verify_steady(res, wl.trace, None if isinstance(source, Trace) else source)
         if req.compare is not None:
-            other = make_workload(source, lam0=lam0, engine=req.compare, metric=metric, block_size=req.block_size)
+            other = make_workload(
+                source, lam0=lam0, engine=req.compare, metric=metric, block_size=req.block_size, **sizing
+            )
             if res.h_at_capacity is None:  # infeasible capacity: no ratio to compare
                 res.compare = {"engine": req.compare, "h_at_capacity": None, "gain": None}
             else:
                 h_other = float(other.predict(np.array([float(cap.N)]), np.array([wl.lam0]))[0])
                 res.compare = {"engine": req.compare, "h_at_capacity": h_other, "gain": res.h_at_capacity - h_other}
+    if res.verify and wl.trace is not None:
+        _verify_steady(res, wl.trace, None if isinstance(source, Trace) else source)
     return PlanResponse(**res.to_dict())
 
 
