@@ -61,6 +61,7 @@ class _Server:
             except OSError:
                 pass
             time.sleep(0.2)
+        self.close()
         raise RuntimeError("kvhit serve did not become ready in 600 s")
 
     def close(self) -> None:
