@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -32,6 +33,18 @@ def _median_wall(cmd: list[str], n: int = 5) -> float:
         t0 = time.perf_counter()
         subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
         ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def _median_cpu(cmd: list[str], n: int = 5) -> float:
+    """Median CPU seconds (user + system) of the command: on a loaded shared machine the wall time measures the
+    queue for the cores, the CPU time what the command itself costs (≈ its wall time on an idle machine)."""
+    ts = []
+    for _ in range(n):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        ts.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
     return float(np.median(ts))
 
 
@@ -108,15 +121,21 @@ def _verdicts(out: dict) -> dict:
         "first chart after make venv (prepare) s (target 3)": 3.0,
         "first chart after a restart s (target 3)": 3.0,
         "Mooncake read, cached s (target 1)": 1.0,
+        "kvhit --version CPU s": 0.5,
+        "kvhit --help CPU s": 0.5,
+        "kvhit estimate CPU s": 1.5,
     }
     return {
-        f"→ {k.split(' s (')[0]}": f"{'met' if out[k] <= t else 'MISSED'} ({out[k]:.3g} s ≤ {t:g} s)"
+        f"→ {k.split(' s (')[0].replace(' CPU s', ' (CPU)')}": (
+            f"{'met' if out[k] <= t else 'MISSED'} ({out[k]:.3g} s ≤ {t:g} s)"
+        )
         for k, t in targets.items()
         if k in out
     }
 
 
-def run() -> dict:
+def run(serve: bool = True) -> dict:
+    """Every measurement; ``serve=False`` leaves out the server, the first chart and the prepare step."""
     est = [KVHIT, "estimate", "--N", "1000", "--lam0", "1", "--mean-turns", "5", "--x-mean", "4", "--y-mean", "3",
            "--w-mean", "135"]  # fmt: skip
     out = {
@@ -124,7 +143,16 @@ def run() -> dict:
         "kvhit --version s (target 0.5)": _median_wall([KVHIT, "--version"]),
         "kvhit --help s (target 0.5)": _median_wall([KVHIT, "--help"]),
         "kvhit estimate s (target 1.5)": _median_wall(est),
+        "python -c pass CPU s": _median_cpu([sys.executable, "-c", "pass"]),
+        "kvhit --version CPU s": _median_cpu([KVHIT, "--version"]),
+        "kvhit --help CPU s": _median_cpu([KVHIT, "--help"]),
+        "kvhit estimate CPU s": _median_cpu(est),
+        "1-minute load average at the start": os.getloadavg()[0],
     }
+    if not serve:
+        with tempfile.TemporaryDirectory() as cache:
+            out |= _mooncake(cache)
+        return out | _verdicts(out)
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "KVHIT_CACHE_DIR": cache}
         t0 = time.perf_counter()
