@@ -4,7 +4,8 @@ fresh ``kvhit serve`` — one client sending one request at a time (slider → c
 move into this one request), and 8 concurrent clients. Targets: slider p95 ≤ 150 ms, 8 clients p95 ≤ 200 ms.
 Measured with ``--api-workers 0`` (answers in the server's own threads, one interpreter) and with the default
 ``--api-workers`` (min(4, cores): a warmed process pool) in the same run; the machine's cores bound what 8
-clients can get.
+clients can get; the server's CPU per request (its process and workers, from ``/proc``) is what a request costs
+when the cores are free.
 """
 
 from __future__ import annotations
@@ -73,6 +74,25 @@ class _Server:
             self.proc.wait(30)
 
 
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its live descendants (Linux ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)  # ppid, utime + stime
+    tree, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        tree.add(p)
+        todo += [c for c, (pp, _) in stats.items() if pp == p and c not in tree]
+    return sum(stats[p][1] for p in tree if p in stats)
+
+
 def _lam(k: int) -> float:
     return round(0.5 + 0.01 * k, 4)  # a slider position per request
 
@@ -83,7 +103,9 @@ def _measure(api_workers: int, n_seq: int, clients: int, per_client: int) -> dic
         url = srv.url + "/api/estimate"
         for k in range(5):  # first answers: imports and compilations in whichever worker answers
             _post(url, {"N": GRID, "lam0": _lam(10_000 + k), **SPEC})
+        c0 = _tree_cpu(srv.proc.pid)
         seq = [_post(url, {"N": GRID, "lam0": _lam(k), **SPEC}) for k in range(n_seq)]
+        cpu = (_tree_cpu(srv.proc.pid) - c0) / n_seq
         lat: list[float] = []
         lock = threading.Lock()
 
@@ -106,6 +128,7 @@ def _measure(api_workers: int, n_seq: int, clients: int, per_client: int) -> dic
     return {
         "slider p50 ms": float(np.percentile(seq, 50)) * ms,
         "slider p95 ms": float(np.percentile(seq, 95)) * ms,
+        "server CPU ms per slider request": cpu * ms,
         f"{clients} clients p50 ms": float(np.percentile(lat, 50)) * ms,
         f"{clients} clients p95 ms": float(np.percentile(lat, 95)) * ms,
         f"{clients} clients requests/s": len(lat) / wall,
