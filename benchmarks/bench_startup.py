@@ -87,7 +87,11 @@ def _serve(cache: str) -> tuple[float, float, float]:
         return t_url, t_up, time.perf_counter() - t1
     finally:
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
 
 
 MOONCAKE = Path("/work/shared/data/traces/mooncake_fast25/conversation_trace.jsonl")
