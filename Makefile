@@ -15,6 +15,8 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.lock -r requirements-dev.lock
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	# the planner page's first chart (bundled ShareGPT, default block size), so a fresh `kvhit serve` tokenizes nothing
+	$(BIN)/python -m kvhit.web.prepare || echo "first chart not prepared: kvhit serve computes it on the first page load"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
 
 from kvhit import service as svc
 from kvhit.service import base
@@ -87,3 +88,73 @@ def test_atomic_write_respects_the_umask_and_replaces(tmp_path):
         assert p.read_text() == "y" and sorted(x.name for x in p.parent.iterdir()) == ["b.txt"]
     finally:
         os.umask(old)
+
+
+def _jsonable_reference(o):
+    """The isinstance-chain form of kvhit.service.base.jsonable before its exact-type fast path (a slow reference)."""
+    import math
+    import os
+
+    import numpy as np
+    from pydantic import BaseModel
+
+    if isinstance(o, BaseModel):
+        return _jsonable_reference(o.model_dump(mode="python"))
+    if isinstance(o, dict):
+        return {str(k): _jsonable_reference(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_jsonable_reference(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return [_jsonable_reference(v) for v in o.tolist()]
+    if isinstance(o, bool | np.bool_):
+        return bool(o)
+    if isinstance(o, int | np.integer):
+        return int(o)
+    if isinstance(o, float | np.floating):
+        x = float(o)
+        return x if math.isfinite(x) else None
+    if isinstance(o, os.PathLike):
+        return os.fspath(o)
+    if o is None or isinstance(o, str):
+        return o
+    if hasattr(o, "to_dict"):
+        return _jsonable_reference(o.to_dict())
+    raise TypeError(type(o).__name__)
+
+
+def _json_values():
+    import numpy as np
+    from hypothesis import strategies as st
+
+    leaf = st.one_of(
+        st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=5), st.floats(allow_nan=True).map(np.float64), st.integers(-100, 100).map(np.int64),
+        st.booleans().map(np.bool_), st.lists(st.floats(allow_nan=True), max_size=4).map(np.array),
+    )  # fmt: skip
+    return st.recursive(
+        leaf,
+        lambda ch: st.one_of(
+            st.lists(ch, max_size=4),
+            st.lists(ch, max_size=4).map(tuple),
+            st.dictionaries(st.one_of(st.text(max_size=3), st.integers(0, 9)), ch, max_size=4),
+        ),
+        max_leaves=20,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values())
+def test_jsonable_fast_path_equals_the_isinstance_chain(o):
+    from kvhit.service.base import jsonable
+
+    a, b = jsonable(o), _jsonable_reference(o)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert [type(x) for x in _leaves(a)] == [type(x) for x in _leaves(b)]
+
+
+def _leaves(o):
+    if isinstance(o, dict):
+        return [x for k in sorted(o) for x in _leaves(o[k])]
+    if isinstance(o, list):
+        return [x for v in o for x in _leaves(v)]
+    return [o]

@@ -11,8 +11,7 @@ Old modules that became packages of the same name (``kvhit.estimate``, ``kvhit.p
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
+import importlib.machinery
 import sys
 import types
 import warnings
@@ -52,10 +51,13 @@ MOVED: dict[str, str] = {
 }
 
 
-class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _AliasFinder:
+    """A meta path finder and loader (the protocols, without importing ``importlib.abc``: ``import kvhit`` stays
+    cheap) that resolves an old module path to its new module."""
+
     def find_spec(self, fullname, path=None, target=None):
         if fullname in MOVED:
-            return importlib.util.spec_from_loader(fullname, self)
+            return importlib.machinery.ModuleSpec(fullname, self)
         return None
 
     def create_module(self, spec):

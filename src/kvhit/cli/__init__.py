@@ -45,25 +45,25 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"kvhit {__version__}\n")
         return 0
     import typer
+    from rich.console import Console
     from rich.text import Text
     from typer._click import exceptions as cx
 
-    from kvhit.cli._common import console, err_console
+    from kvhit.cli._lazy import root
     from kvhit.service.errors import one_line
-
-    app = _load()
-
     from kvhit.service.io import install_signal_handlers
 
     install_signal_handlers()
-    cmd = typer.main.get_command(app)
+    cmd = root()  # each command's module is imported only when that command runs or shows its own help
     try:
         rv = cmd.main(args=argv, prog_name="kvhit", standalone_mode=False)
     except cx.NoArgsIsHelpError as e:
-        console.print(e.format_message(), markup=False, highlight=False)
+        Console().print(e.format_message(), markup=False, highlight=False)
         return 0
     except cx.ClickException as e:
-        err_console.print(Text.assemble(("error: ", "bold red"), one_line(e.format_message())), highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            Text.assemble(("error: ", "bold red"), one_line(e.format_message())), highlight=False
+        )
         return e.exit_code
     except typer.Abort:
         return 1

@@ -17,15 +17,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from kvhit import __version__
 from kvhit import service as svc
+from kvhit.cli._root import HELP, root_callback
 from kvhit.service.errors import one_line
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Predict, simulate and plan KV-cache hit ratios for multi-turn LLM serving.",
+    help=HELP,
 )
 trace_app = typer.Typer(no_args_is_help=True, help="Build and inspect traces (Parquet).")
 app.add_typer(trace_app, name="trace")
@@ -52,19 +52,7 @@ def _flags_read_as_flags() -> None:
 _flags_read_as_flags()
 
 
-def _version(value: bool) -> None:
-    if value:
-        console.print(f"kvhit {__version__}", markup=False, highlight=False)
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
-    ] = False,
-) -> None:
-    """Predict, simulate and plan KV-cache hit ratios for multi-turn LLM serving."""
+app.callback()(root_callback)
 
 
 def _fail(msg: str) -> None:
@@ -122,6 +110,16 @@ def _print_json(obj: Any) -> None:
     if hasattr(obj, "to_jsonable"):
         obj = obj.to_jsonable()
     sys.stdout.write(svc.strict_json(obj) + "\n")
+
+
+def _print_notes(notes: list[str], style: str | None = None) -> None:
+    """Each note on a line of its own: ``warning: NOT STATIONARY …`` for a window that did not reach steady state
+    (:mod:`kvhit.service.steady`), ``note: …`` for the rest."""
+    for n in notes:
+        if n.startswith("NOT STATIONARY"):
+            console.print(f"warning: {n}", markup=False)
+        else:
+            console.print(f"note: {n}", markup=False, style=style)
 
 
 def _fmt(x: Any, digits: int = 4) -> str:

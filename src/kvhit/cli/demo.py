@@ -12,6 +12,7 @@ from kvhit.cli._common import (
     _fmt,
     _opt,
     _print_json,
+    _print_notes,
     _table,
     app,
     svc,
@@ -73,3 +74,4 @@ def demo(
         rows,
         right={"h"},
     )
+    _print_notes(res.notes)

@@ -16,6 +16,7 @@ from kvhit.cli._common import (
     _fmt,
     _help,
     _print_json,
+    _print_notes,
     _split,
     _table,
     app,
@@ -176,8 +177,7 @@ def fleet_simulate(
                 style="italic",
             )
         )
-    for n in res.notes:
-        console.print(Text("note: " + n, style="italic"))
+    _print_notes(res.notes, style="italic")
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))
 
@@ -371,7 +371,6 @@ def fleet_curve(
         cols,
         rows,
     )
-    for n in res.notes:
-        console.print(Text("note: " + n, style="italic"), soft_wrap=True)
+    _print_notes(res.notes, style="italic")
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))

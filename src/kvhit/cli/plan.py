@@ -33,6 +33,7 @@ from kvhit.cli._common import (
     _fmt,
     _opt,
     _print_json,
+    _print_notes,
     _table,
     app,
     console,
@@ -212,8 +213,7 @@ def plan(
         ["question", "answer"],
         rows,
     )
-    for n in res.notes:
-        console.print(f"note: {n}", markup=False, style="dim")
+    _print_notes(res.notes, style="dim")
 
 
 def _sglang_rows(c: dict) -> list[list[str]]:

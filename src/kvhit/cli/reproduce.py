@@ -11,6 +11,7 @@ from kvhit.cli._common import (
     _fmt,
     _opt,
     _print_json,
+    _print_notes,
     _table,
     app,
     console,
@@ -86,3 +87,4 @@ def reproduce(
         f"(report: {Path(res.out) / 'report.md'})",
         markup=False,
     )
+    _print_notes(res.notes)

@@ -27,6 +27,7 @@ from kvhit.cli._common import (
     _fmt,
     _opt,
     _print_json,
+    _print_notes,
     _split,
     _table,
     app,
@@ -43,6 +44,8 @@ def _count(value: str | None, flag: str) -> int | None:
     if value is None:
         return None
     v = value.strip()
+    if v.startswith("-") and _COUNT.match(v[1:].strip()):
+        _fail(f"{flag}: must be ≥ 0, got {value!r} (a count of events)")
     if not _COUNT.match(v):
         _fail(f"{flag}: not a whole number: {value!r} (write 100000000, 100_000_000 or 1e8)")
     if "e" in v.lower():
@@ -134,3 +137,4 @@ def stream(
         f"peak RSS {res.peak_rss_mib:,.0f} MiB",
         markup=False,
     )
+    _print_notes(res.notes)

@@ -167,6 +167,13 @@ def _report(directory: Path, as_json: bool) -> None:
             ["point", "status", "error"],
             [[e["point"], e["status"], e["error"]] for e in r["errors"][:10]],
         )
+    if c.get("not_stationary"):
+        console.print(
+            f"warning: NOT STATIONARY — {c['not_stationary']:,} of {c['points']:,} points simulated a window that did "
+            "not reach steady state (points.csv column stationary; the row's extra.stationarity says why)",
+            markup=False,
+            highlight=False,
+        )
     console.print(f"points table: {r['points_csv']}", markup=False, highlight=False)
     for f in r["figures"]:
         console.print(f"figure: {f}", markup=False, highlight=False)

@@ -76,6 +76,7 @@ def tiers(
     estimate: Annotated[str, typer.Option("--estimate", help=_help(svc.TiersRequest, "estimate"))] = "none",
     plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
     measure: Annotated[str, typer.Option("--measure", help=_help(svc.TiersRequest, "measure"))] = "all",
+    warmup: Annotated[int | None, typer.Option("--warmup", help=_help(svc.TiersRequest, "warmup"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of a table.")] = False,
 ) -> None:
     """Total hit ratio h(HBM, DRAM) of a trace behind a host-memory KV tier (vLLM native, simple eager/lazy, LMCache,
@@ -110,6 +111,7 @@ def tiers(
         estimate=estimate,
         plot=plot,
         measure=measure,
+        warmup=warmup,
     )
     if as_json:
         _print_json(res)

@@ -713,8 +713,10 @@ def run_point(
 ) -> dict[str, Any]:
     """One run: re-time ``sample`` for (λ0, μ_F), simulate the actuals over the window and evaluate every
     estimator. Returns a flat dict of floats (keys ``actual/…``, ``est/…``, ``W/…``, and with
-    ``setting.ingredients`` ``ingr/<actual>/<column>``: :func:`ingredient_estimates` for each engine and metric)
-    plus ``seed``, ``lam0``, ``mu_F``, ``moments`` and ``seconds``."""
+    ``setting.ingredients`` ``ingr/<actual>/<column>``: :func:`ingredient_estimates` for each engine and metric),
+    ``steady/…`` (the window's :func:`kvhit.workload.stationarity.check_window`: ``stationary`` 1.0 or 0.0,
+    ``in_band_share``, ``warmup_s``, ``mean_duration_s``) plus ``seed``, ``lam0``, ``mu_F``, ``moments`` and
+    ``seconds``."""
     from kvhit.sim.runner import simulate_trace_block, simulate_trace_content
 
     t0 = time.perf_counter()
@@ -750,6 +752,13 @@ def run_point(
                         out[f"ingr/{_metric_key(eng, metric)}/{col}"] = v
     finally:
         _memo_clear()
+    from kvhit.workload.stationarity import check_window
+
+    steady = check_window(tr["time"], tr["conv"], in_window)  # against the window's own median active count
+    out["steady/stationary"] = float(steady.stationary)
+    out["steady/in_band_share"] = float(steady.in_band_share)
+    out["steady/warmup_s"] = float(steady.warmup_s)
+    out["steady/mean_duration_s"] = float(steady.mean_duration_s)
     gaps = observed_gaps(tr, measured)
     all_gaps = observed_gaps(tr, tr["conv"] >= setting.n_warm)
     rev = measured & (tr["turn"] >= 2)

@@ -12,9 +12,10 @@ from pathlib import Path
 __all__ = ["plot_fleet", "plot_fleet_curve"]
 
 
-def plot_fleet(rows: list[dict], out_prefix: str | Path, *, title: str = "") -> list[Path]:
+def plot_fleet(rows: list[dict], out_prefix: str | Path, *, title: str = "", warning: str | None = None) -> list[Path]:
     """Fleet hit ratio against replicas, one line per router, from ``kvhit fleet simulate``'s rows; written by
-    :func:`kvhit.plots.curves.save_figure` (``.png`` and ``.svg``, byte-reproducible). Returns the paths."""
+    :func:`kvhit.plots.curves.save_figure` (``.png`` and ``.svg``, byte-reproducible). Returns the paths.
+    ``warning`` (a window that did not reach steady state) is written across the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,6 +39,9 @@ def plot_fleet(rows: list[dict], out_prefix: str | Path, *, title: str = "") -> 
     est = any(r.get("estimate") is not None for r in rows)
     ax.set_title(title + (" — dashed: estimator" if est else ""), fontsize=9)
     ax.grid(alpha=0.3)
+    if warning:  # a measured window that did not reach steady state (kvhit.service.steady)
+        ax.text(0.5, 0.5, warning, transform=ax.transAxes, ha="center", va="center", color="#c00", fontsize=11,
+                wrap=True, bbox={"facecolor": "white", "edgecolor": "#c00", "alpha": 0.9})  # fmt: skip
     ax.legend(fontsize=8)
     fig.tight_layout()
     try:
@@ -46,7 +50,15 @@ def plot_fleet(rows: list[dict], out_prefix: str | Path, *, title: str = "") -> 
         plt.close(fig)
 
 
-def plot_fleet_curve(rows: list[dict], baselines: list[dict], out_prefix: str | Path, *, label: str, title: str = ""):
+def plot_fleet_curve(
+    rows: list[dict],
+    baselines: list[dict],
+    out_prefix: str | Path,
+    *,
+    label: str,
+    title: str = "",
+    warning: str | None = None,
+):
     """Fleet token hit ratio against load imbalance over time (∫ max / ∫ mean requests in flight per replica), one
     point per value of the swept parameter (annotated), and the baselines' points (``fleet curve``)."""
     import matplotlib
@@ -68,6 +80,9 @@ def plot_fleet_curve(rows: list[dict], baselines: list[dict], out_prefix: str | 
     ax.set_xlabel("load imbalance over time: ∫ max / ∫ mean requests in flight per replica")
     ax.set_ylabel("fleet token hit ratio")
     ax.set_title(title, fontsize=9)
+    if warning:  # a measured window that did not reach steady state (kvhit.service.steady)
+        ax.text(0.5, 0.5, warning, transform=ax.transAxes, ha="center", va="center", color="#c00", fontsize=11,
+                wrap=True, bbox={"facecolor": "white", "edgecolor": "#c00", "alpha": 0.9})  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

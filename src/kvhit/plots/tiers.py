@@ -13,8 +13,11 @@ import numpy as np
 __all__ = ["plot_ratio_curve", "plot_surface"]
 
 
-def plot_surface(surface, out_prefix: str | Path, *, x=None, xlabel: str = "host capacity", levels=None) -> list[Path]:
-    """Heatmap of ``surface.hit`` (rows: GPU blocks, columns: ``x``) with labelled iso-hit contours."""
+def plot_surface(
+    surface, out_prefix: str | Path, *, x=None, xlabel: str = "host capacity", levels=None, warning: str | None = None
+) -> list[Path]:
+    """Heatmap of ``surface.hit`` (rows: GPU blocks, columns: ``x``) with labelled iso-hit contours; ``warning`` (a
+    window that did not reach steady state) is written across the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,6 +42,9 @@ def plot_surface(surface, out_prefix: str | Path, *, x=None, xlabel: str = "host
     ax.set_xlabel(xlabel)
     ax.set_ylabel("HBM for the KV cache (GPU blocks)")
     ax.set_title(f"h(HBM, DRAM): {surface.tier} tier", fontsize=10)
+    if warning:  # a measured window that did not reach steady state (kvhit.service.steady)
+        ax.text(0.5, 0.5, warning, transform=ax.transAxes, ha="center", va="center", color="#c00", fontsize=11,
+                wrap=True, bbox={"facecolor": "white", "edgecolor": "#c00", "alpha": 0.9})  # fmt: skip
     fig.tight_layout()
     try:
         return save_figure(fig, out_prefix)
@@ -46,7 +52,9 @@ def plot_surface(surface, out_prefix: str | Path, *, x=None, xlabel: str = "host
         plt.close(fig)
 
 
-def plot_ratio_curve(surface, out_prefix: str | Path, *, x, xlabel: str = "--hicache-ratio") -> list[Path]:
+def plot_ratio_curve(
+    surface, out_prefix: str | Path, *, x, xlabel: str = "--hicache-ratio", warning: str | None = None
+) -> list[Path]:
     """h against the host pool (one line per HBM size, columns ``x``) with each HBM size's hit ratio without the
     host tier dashed (``surface.gpu_hit``): the HiCache curve of ``kvhit tiers --tier hicache``."""
     import matplotlib
@@ -67,6 +75,9 @@ def plot_ratio_curve(surface, out_prefix: str | Path, *, x, xlabel: str = "--hic
     ax.set_ylabel("token hit ratio h (device + host)")
     ax.set_ylim(0, max(0.05, float(np.nanmax(H)) * 1.1) if np.isfinite(H).any() else 1)
     ax.set_title(f"{surface.tier}: h vs host pool (dashed: without HiCache)", fontsize=10)
+    if warning:  # a measured window that did not reach steady state (kvhit.service.steady)
+        ax.text(0.5, 0.5, warning, transform=ax.transAxes, ha="center", va="center", color="#c00", fontsize=11,
+                wrap=True, bbox={"facecolor": "white", "edgecolor": "#c00", "alpha": 0.9})  # fmt: skip
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -19,48 +19,87 @@ function in ``kvhit.cli`` that parses flags into the request (``build(XxxRequest
 through ``cli._call`` and renders the response (a table, or ``--json``). No domain logic in the CLI.
 """
 
-from kvhit.service.base import Request, Response, build, strict_json
-from kvhit.service.block_stats import BlockStatsRequest, BlockStatsResponse, block_stats, is_block_trace
-from kvhit.service.curve import CurveRequest, CurveResponse, curve
-from kvhit.service.errors import InputError, translating
-from kvhit.service.estimate import EstimateRequest, EstimateResponse, estimate
-from kvhit.service.explain import (
-    ChatTraceRequest,
-    ChatTraceResponse,
-    ExplainRequest,
-    ExplainResponse,
-    chat_trace,
-    explain,
-)
-from kvhit.service.fleet import FleetRequest, FleetResponse, fleet_simulate
-from kvhit.service.fleet_plan import (
-    FleetCurveRequest,
-    FleetCurveResponse,
-    FleetPlanRequest,
-    FleetPlanResponse,
-    fleet_curve,
-    fleet_plan,
-)
-from kvhit.service.kv import HardwareFields, KvRequest, KvResponse, kv, list_presets
-from kvhit.service.plan import PlanRequest, PlanResponse, plan
-from kvhit.service.replay import ReplayRequest, ReplayResponse, replay
-from kvhit.service.runs import PAPER_N, DemoRequest, DemoResponse, ReproduceRequest, ReproduceResponse, demo, reproduce
-from kvhit.service.simulate import SimulateRequest, SimulateResponse, simulate
-from kvhit.service.spec import SpecFields, TraceOrSpecFields, load_spec
-from kvhit.service.stream import StreamRequest, StreamResponse, stream
-from kvhit.service.tiers import TiersRequest, TiersResponse, tiers
-from kvhit.service.trace_estimate import TraceEstimateRequest, TraceEstimateResponse, trace_estimate
-from kvhit.service.traces import (
-    GenerateRequest,
-    GenerateResponse,
-    ShareGPTRequest,
-    ShareGPTResponse,
-    StatsRequest,
-    StatsResponse,
-    generate_trace,
-    sharegpt_trace,
-    trace_stats,
-)
+from kvhit._compat import lazy_exports
+
+#: exported name → the submodule that defines it, imported on first use (PEP 562): a front end pays only for the
+#: commands it runs (``kvhit estimate`` does not import the simulators' request models). A name spelled like a
+#: submodule (``curve``, ``plan``, …) is the exported function, as it was when this package imported eagerly.
+_EXPORTS: dict[str, str] = {
+    "Request": "kvhit.service.base",
+    "Response": "kvhit.service.base",
+    "build": "kvhit.service.base",
+    "strict_json": "kvhit.service.base",
+    "BlockStatsRequest": "kvhit.service.block_stats",
+    "BlockStatsResponse": "kvhit.service.block_stats",
+    "block_stats": "kvhit.service.block_stats",
+    "is_block_trace": "kvhit.service.block_stats",
+    "CurveRequest": "kvhit.service.curve",
+    "CurveResponse": "kvhit.service.curve",
+    "curve": "kvhit.service.curve",
+    "InputError": "kvhit.service.errors",
+    "translating": "kvhit.service.errors",
+    "EstimateRequest": "kvhit.service.estimate",
+    "EstimateResponse": "kvhit.service.estimate",
+    "estimate": "kvhit.service.estimate",
+    "ChatTraceRequest": "kvhit.service.explain",
+    "ChatTraceResponse": "kvhit.service.explain",
+    "ExplainRequest": "kvhit.service.explain",
+    "ExplainResponse": "kvhit.service.explain",
+    "chat_trace": "kvhit.service.explain",
+    "explain": "kvhit.service.explain",
+    "FleetRequest": "kvhit.service.fleet",
+    "FleetResponse": "kvhit.service.fleet",
+    "fleet_simulate": "kvhit.service.fleet",
+    "FleetCurveRequest": "kvhit.service.fleet_plan",
+    "FleetCurveResponse": "kvhit.service.fleet_plan",
+    "FleetPlanRequest": "kvhit.service.fleet_plan",
+    "FleetPlanResponse": "kvhit.service.fleet_plan",
+    "fleet_curve": "kvhit.service.fleet_plan",
+    "fleet_plan": "kvhit.service.fleet_plan",
+    "HardwareFields": "kvhit.service.kv",
+    "KvRequest": "kvhit.service.kv",
+    "KvResponse": "kvhit.service.kv",
+    "kv": "kvhit.service.kv",
+    "list_presets": "kvhit.service.kv",
+    "PlanRequest": "kvhit.service.plan",
+    "PlanResponse": "kvhit.service.plan",
+    "plan": "kvhit.service.plan",
+    "ReplayRequest": "kvhit.service.replay",
+    "ReplayResponse": "kvhit.service.replay",
+    "replay": "kvhit.service.replay",
+    "PAPER_N": "kvhit.service.runs",
+    "DemoRequest": "kvhit.service.runs",
+    "DemoResponse": "kvhit.service.runs",
+    "ReproduceRequest": "kvhit.service.runs",
+    "ReproduceResponse": "kvhit.service.runs",
+    "demo": "kvhit.service.runs",
+    "reproduce": "kvhit.service.runs",
+    "SimulateRequest": "kvhit.service.simulate",
+    "SimulateResponse": "kvhit.service.simulate",
+    "simulate": "kvhit.service.simulate",
+    "SpecFields": "kvhit.service.spec",
+    "TraceOrSpecFields": "kvhit.service.spec",
+    "load_spec": "kvhit.service.spec",
+    "StreamRequest": "kvhit.service.stream",
+    "StreamResponse": "kvhit.service.stream",
+    "stream": "kvhit.service.stream",
+    "TiersRequest": "kvhit.service.tiers",
+    "TiersResponse": "kvhit.service.tiers",
+    "tiers": "kvhit.service.tiers",
+    "TraceEstimateRequest": "kvhit.service.trace_estimate",
+    "TraceEstimateResponse": "kvhit.service.trace_estimate",
+    "trace_estimate": "kvhit.service.trace_estimate",
+    "GenerateRequest": "kvhit.service.traces",
+    "GenerateResponse": "kvhit.service.traces",
+    "ShareGPTRequest": "kvhit.service.traces",
+    "ShareGPTResponse": "kvhit.service.traces",
+    "StatsRequest": "kvhit.service.traces",
+    "StatsResponse": "kvhit.service.traces",
+    "generate_trace": "kvhit.service.traces",
+    "sharegpt_trace": "kvhit.service.traces",
+    "trace_stats": "kvhit.service.traces",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "InputError",

@@ -64,6 +64,19 @@ class Response(BaseModel):
 
 def jsonable(o: Any) -> Any:
     """Plain JSON data: numpy scalars/arrays to Python, non-finite floats to ``None`` (JSON ``null``)."""
+    t = type(o)  # the exact built-in types first (a curve is thousands of floats): no isinstance chain for them
+    if t is float:
+        return o if math.isfinite(o) else None
+    if t is int or t is str or t is bool or o is None:
+        return o
+    if t is list or t is tuple:
+        return [jsonable(v) for v in o]
+    if t is dict:
+        return {str(k): jsonable(v) for k, v in o.items()}
+    return _jsonable_other(o)
+
+
+def _jsonable_other(o: Any) -> Any:
     if isinstance(o, BaseModel):
         return jsonable(o.model_dump(mode="python"))
     if isinstance(o, dict):

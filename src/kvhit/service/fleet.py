@@ -33,6 +33,7 @@ from kvhit.service.base import Request, Response, check_capacity_memory
 from kvhit.service.common import BlockEngine, Capacity, Seed
 from kvhit.service.errors import InputError, translating
 from kvhit.service.inputs import read_trace, window_for
+from kvhit.service.steady import STEADY_WARNING, steady_note, steady_report
 
 __all__ = [
     "FleetRouterFields",
@@ -185,8 +186,10 @@ class FleetResponse(Response):
     per_replica: list[dict[str, Any]] = Field(description="Per (router, R, replica): requests, hit ratio, prefill.")
     notes: list[str] = Field(default_factory=list)
     figure: list[str] | None = Field(None, description="Figure files written.")
-    stationarity: dict | None = Field(
-        None, description="A kvhit trace: whether the measured window is in steady state (service/steady.py)."
+    stationarity: dict[str, Any] | None = Field(
+        None,
+        description="Whether the measured window reached steady state (active conversations over time, "
+        "kvhit.workload.stationarity); null where not judged (a production block-id trace).",
     )
 
 
@@ -419,6 +422,12 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     wl = load_fleet_workload(req)
     st = wl.stream
     mask, conv, times = st.measured, st.conv, st.times
+    # the loader judged a kvhit trace's window (its notes carry the verdict); a block-id trace is not judged
+    steady = wl.stationarity
+    steady_notes: list[str] = []
+    if steady is None and wl.tr is not None:
+        steady = steady_report(wl.tr, mask)
+        steady_notes = steady_note(steady)
     hold = None if req.prefill_tokens_per_s is None else st.prompt_tokens / req.prefill_tokens_per_s
     #: Mooncake sessions are derived from prefix sharing over the whole file: session routing sees the future
     lookahead = getattr(wl.source, "format", None) == "mooncake"
@@ -485,8 +494,11 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     if req.plot is not None:
         from kvhit.plots.fleet import plot_fleet
 
-        figure = [str(p) for p in plot_fleet(rows, req.plot, title=f"{wl.label}, N = {req.N[0]:,} blocks")]
-    notes = list(wl.notes)
+        warn = None if steady is None or steady["stationary"] else STEADY_WARNING
+        figure = [
+            str(p) for p in plot_fleet(rows, req.plot, title=f"{wl.label}, N = {req.N[0]:,} blocks", warning=warn)
+        ]
+    notes = steady_notes + list(wl.notes)
     if hold is None:
         notes.append("no --prefill-tokens-per-s: requests are instantaneous, so load-based routers see no load")
     notes += est_notes
@@ -498,11 +510,11 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
         )
     return FleetResponse(
         trace="ShareGPT" if req.sharegpt else str(req.trace if req.trace is not None else req.blocks_trace),
-        stationarity=wl.stationarity,
         block_size=st.block_size,
         engine=req.engine,
         rows=rows,
         per_replica=per,
         notes=notes,
         figure=figure,
+        stationarity=steady,
     )

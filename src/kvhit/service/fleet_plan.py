@@ -21,6 +21,7 @@ from kvhit.service.base import Response, check_capacity_memory
 from kvhit.service.common import Capacity
 from kvhit.service.errors import InputError, translating
 from kvhit.service.fleet import ROUTER_PARAMS, FleetWorkloadFields, RouterName, load_fleet_workload, router_params
+from kvhit.service.steady import STEADY_WARNING, steady_note, steady_report
 
 __all__ = [
     "FleetPlanRequest",
@@ -358,6 +359,11 @@ class FleetCurveResponse(Response):
     compute: dict[str, Any]
     notes: list[str] = Field(default_factory=list)
     figure: list[str] | None = None
+    stationarity: dict[str, Any] | None = Field(
+        None,
+        description="Whether the measured window reached steady state (active conversations over time, "
+        "kvhit.workload.stationarity); null where not judged (a production block-id trace).",
+    )
 
 
 def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
@@ -389,6 +395,7 @@ def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
 
         check_output_file(str(req.plot) + ".png", "--plot")
     wl = load_fleet_workload(req)
+    steady = None if wl.tr is None else steady_report(wl.tr, wl.stream.measured)
     b = wl.stream.block_size
     if req.N < wl.stream.N_min:
         raise InputError(f"--N: {req.N:,} blocks is below the largest request ({wl.stream.N_min:,} blocks)")
@@ -418,6 +425,7 @@ def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
             for p in plot_fleet_curve(
                 rows, base, req.plot, label=f"{req.router} {param}",
                 title=f"{wl.label}, R = {req.replicas}, N = {req.N:,}, {req.prefill_tokens_per_s:g} prefill tok/s",
+                warning=None if steady is None or steady["stationary"] else STEADY_WARNING,
             )
         ]  # fmt: skip
     return FleetCurveResponse(
@@ -431,6 +439,7 @@ def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
         rows=rows,
         baselines=base,
         compute=comp["info"],
-        notes=list(wl.notes),
+        notes=steady_note(steady) + list(wl.notes),
         figure=figure,
+        stationarity=steady,
     )

@@ -51,13 +51,18 @@ def load_trace_file(path: Path):
 
 def load_production_file(path: Path, **kw):
     """``read_production(path, **kw)``, or the preloaded production trace of ``path`` when the read asks for its
-    own arrival times (sequential, no rate/span: what was preloaded)."""
+    own arrival times (sequential, no rate/span: what was preloaded); a Mooncake ``.jsonl`` read with no options
+    goes through :func:`kvhit.workload.production_cache.read_mooncake_cached` (equal to a fresh read)."""
     from kvhit.workload.production import read_production
 
     pt = _PRELOADED.get(str(path))
     own = kw.get("arrival", "sequential") == "sequential" and kw.get("rate") is None and kw.get("span") is None
     if pt is not None and own:
         return pt
+    if not kw and Path(path).suffix == ".jsonl" and Path(path).is_file():
+        from kvhit.workload.production_cache import read_mooncake_cached
+
+        return read_mooncake_cached(path)  # parsed once per file and reader version (a columnar cache)
     return read_production(path, **kw)
 
 

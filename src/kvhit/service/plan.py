@@ -225,17 +225,46 @@ def _plan(req: PlanRequest) -> PlanResponse:
         source, where = load_spec(req), str(req.spec or "spec")
     cap = _capacity(req, req.block_size) if has_cap else None
     lam0 = req.lam0 if req.trace is not None or req.sharegpt else None
+    from kvhit.workload.trace import Trace
+
+    sizing = {}
+    if req.verify and not isinstance(source, Trace):
+        # the verifying simulation runs on the spec's sampled trace: sized from the spec to reach steady state
+        # (never smaller than the estimator's own 20,000 + 5,000 conversations)
+        from kvhit.service.steady import size_spec
+
+        with translating(where):
+            m, w = size_spec(source, None, None, "--verify")
+        sizing = {"sample_conversations": max(m, 20_000), "n_warm": max(w, 5_000)}
     with translating(where):
-        wl = make_workload(source, lam0=lam0, engine=req.engine, metric=metric, block_size=req.block_size)
+        wl = make_workload(source, lam0=lam0, engine=req.engine, metric=metric, block_size=req.block_size, **sizing)
         res = plan_fn(wl, cap, target=req.target, verify=req.verify)
         if req.compare is not None:
-            other = make_workload(source, lam0=lam0, engine=req.compare, metric=metric, block_size=req.block_size)
+            other = make_workload(
+                source, lam0=lam0, engine=req.compare, metric=metric, block_size=req.block_size, **sizing
+            )
             if res.h_at_capacity is None:  # infeasible capacity: no ratio to compare
                 res.compare = {"engine": req.compare, "h_at_capacity": None, "gain": None}
             else:
                 h_other = float(other.predict(np.array([float(cap.N)]), np.array([wl.lam0]))[0])
                 res.compare = {"engine": req.compare, "h_at_capacity": h_other, "gain": res.h_at_capacity - h_other}
+    if res.verify and wl.trace is not None:
+        _verify_steady(res, wl.trace, None if isinstance(source, Trace) else source)
     return PlanResponse(**res.to_dict())
+
+
+def _verify_steady(res, tr, spec) -> None:
+    """Judge the window ``--verify`` simulated (the trace's conversations after its ``n_warm``, as
+    :func:`kvhit.plan.planner._verify` measures): ``verify.stationarity``, and a NOT STATIONARY note when it was
+    not at steady state (against λ0·(E[M]−1)·E[W] for a spec, the window's own median for a trace)."""
+    from kvhit.service.steady import steady_note, steady_report
+    from kvhit.workload.trace import Window
+
+    nw = int(tr.meta.get("n_warm", 0))
+    window = Window.warmup_conversations(tr, nw) if nw > 0 else Window.all()
+    st = steady_report(tr, window.mask(tr), spec)
+    res.verify["stationarity"] = st
+    res.notes.extend(steady_note(st))
 
 
 def _plan_compare_sglang(req, plan_blocks_trace, plan_rest):

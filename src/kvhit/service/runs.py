@@ -17,6 +17,7 @@ from kvhit.service.base import Request, Response
 from kvhit.service.common import MAX_N, Seed
 from kvhit.service.errors import InputError, translating
 from kvhit.service.io import check_output_dir
+from kvhit.service.steady import steady_note, steady_report
 from kvhit.service.traces import ShareGPTRequest, build_sharegpt, stats_dict
 
 __all__ = ["DemoRequest", "DemoResponse", "demo", "ReproduceRequest", "ReproduceResponse", "reproduce"]
@@ -46,6 +47,12 @@ class DemoResponse(Response):
     w_mean: float
     estimates: dict[str, float | None]
     simulated: dict[str, float | None]
+    stationarity: dict[str, Any] | None = Field(
+        None,
+        description="Whether the simulated window (after 1,000 warm-up conversations) reached steady state "
+        "(kvhit.workload.stationarity, against the window's own median active count).",
+    )
+    notes: list[str] = Field(default_factory=list, description="Warnings: a window that did not reach steady state.")
 
 
 def demo(req: DemoRequest, progress=None) -> DemoResponse:
@@ -72,6 +79,7 @@ def demo(req: DemoRequest, progress=None) -> DemoResponse:
             "posterior": float(est_fn(mom, N, lam0, "posterior").h),
             "empirical": float(est_fn(mom, N, lam0, "empirical").h),
         }
+        steady = steady_report(tr, window.mask(tr))
         content = simulate_trace_content(tr, N, window=window, practical=True)
         rq = block_requests(tr)
         blocks = {
@@ -96,6 +104,8 @@ def demo(req: DemoRequest, progress=None) -> DemoResponse:
             "vllm_token_hit_ratio": blocks["vllm"]["token_hit_ratio"],
             "vllm-0.23_token_hit_ratio": blocks["vllm-0.23"]["token_hit_ratio"],
         },
+        stationarity=steady,
+        notes=steady_note(steady),
     )
 
 
@@ -120,6 +130,12 @@ class ReproduceResponse(Response):
     seconds: dict[str, float]
     checks: list[dict[str, Any]]
     passed: bool
+    stationarity: dict[str, Any] | None = Field(
+        None,
+        description="Runs whose measured window reached steady state (kvhit.workload.stationarity, against each "
+        "window's own median active count): runs, not_stationary and the (λ0, μ_F, seed) of those that did not.",
+    )
+    notes: list[str] = Field(default_factory=list, description="Warnings: runs that did not reach steady state.")
 
 
 def reproduce(req: ReproduceRequest, progress=None) -> ReproduceResponse:
@@ -140,10 +156,24 @@ def reproduce(req: ReproduceRequest, progress=None) -> ReproduceResponse:
         )
     if not res.files:
         raise InputError("reproduce: no output written")
+    bad = [
+        {"lam0": r["lam0"], "mu_F": r["mu_F"], "seed": r["seed"], "in_band_share": r["steady/in_band_share"]}
+        for r in res.runs
+        if r.get("steady/stationary") == 0.0
+    ]
+    steady = {"runs": len(res.runs), "not_stationary": len(bad), "not_stationary_runs": bad}
+    notes = []
+    if bad:
+        notes.append(
+            f"NOT STATIONARY — {len(bad):,} of {len(res.runs):,} runs measured a window that did not reach steady "
+            "state (results.json: runs[].steady/*)"
+        )
     return ReproduceResponse(
         out=str(res.out_dir),
         files=[str(f) for f in res.files],
         seconds=res.seconds,
         checks=res.checks,
         passed=res.passed,
+        stationarity=steady,
+        notes=notes,
     )

@@ -16,7 +16,10 @@ import numpy as np
 from kvhit.service.base import available_memory_bytes
 from kvhit.service.errors import InputError
 
-__all__ = ["TURN_BYTES", "check_trace_memory", "size_spec", "steady_report", "steady_note"]
+__all__ = ["STEADY_WARNING", "TURN_BYTES", "check_trace_memory", "size_spec", "steady_report", "steady_note"]
+
+#: The text written across a plot whose measured window did not reach steady state.
+STEADY_WARNING = "NOT STATIONARY: the measured window did not reach steady state"
 
 #: Memory one generated and simulated turn needs (trace columns, requests, hashes and per-turn results), bytes.
 TURN_BYTES = 512

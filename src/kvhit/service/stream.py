@@ -12,17 +12,20 @@ modelled here: the simulators (:mod:`kvhit.sim.stream`); the stream trace of a s
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field
 
 from kvhit.service.base import Response, check_capacity_memory
 from kvhit.service.common import BlockEngine, Capacities, Seed
 from kvhit.service.errors import InputError, translating
 from kvhit.service.spec import TraceOrSpecFields, load_spec
+from kvhit.service.steady import steady_note
 
 __all__ = ["StreamRequest", "StreamResponse", "stream"]
 
@@ -78,6 +81,51 @@ class StreamResponse(Response):
     events_per_s: float = Field(description="Events per wall second, every capacity included (one pass).")
     block_accesses_per_s: float | None = None
     peak_rss_mib: float = Field(description="Peak resident memory of this process so far (ru_maxrss), MiB.")
+    stationarity: dict[str, Any] | None = Field(
+        None,
+        description="Whether the measured events were at steady state (active conversations over time, "
+        "kvhit.workload.stationarity), judged in bounded memory on every conversation_sample-th conversation "
+        "(conv id divisible by it; the reference scaled alike).",
+    )
+    notes: list[str] = Field(default_factory=list, description="Warnings: a window that did not reach steady state.")
+
+
+#: at most about this many events are kept for the stationarity check (every K-th conversation's)
+SAMPLE_EVENTS = 300_000
+
+
+class _SteadySample:
+    """Every ``K``-th conversation's events (``conv % K == 0``, K = ⌈events / SAMPLE_EVENTS⌉) as the chunks pass,
+    each marked measured when its index in the stream is ≥ the warm-up: the stationarity check in bounded memory.
+    Thinning the conversations by K divides the steady active count by K (λ0/K arrivals, the same durations)."""
+
+    def __init__(self, n: int, warmup: int) -> None:
+        self.K = max(1, math.ceil(n / SAMPLE_EVENTS))
+        self.warmup, self.seen = int(warmup), 0
+        self.t: list[np.ndarray] = []
+        self.c: list[np.ndarray] = []
+        self.m: list[np.ndarray] = []
+
+    def wrap(self, chunks):
+        for ch in chunks:
+            sel = np.asarray(ch.conv) % self.K == 0
+            idx = self.seen + np.flatnonzero(sel)
+            self.t.append(np.asarray(ch.time, float)[sel])
+            self.c.append(np.asarray(ch.conv)[sel])
+            self.m.append(idx >= self.warmup)
+            self.seen += len(ch)
+            yield ch
+
+    def report(self, reference: float | None) -> dict[str, Any]:
+        from kvhit.workload.stationarity import check_window
+
+        if not self.t:
+            return check_window(np.zeros(0), np.zeros(0), np.zeros(0, bool)).to_dict() | {"conversation_sample": 1}
+        ref = None if reference is None else reference / self.K
+        d = check_window(np.concatenate(self.t), np.concatenate(self.c), np.concatenate(self.m), ref).to_dict()
+        if self.K > 1:
+            d["message"] += f" (counted on every {self.K:,}th conversation)"
+        return d | {"conversation_sample": self.K}
 
 
 def _peak_rss_mib() -> float:
@@ -134,6 +182,7 @@ def stream(req: StreamRequest, progress=None) -> StreamResponse:
             progress(done, n, f"{req.policy} stream, {len(Ns)} capacit{'y' if len(Ns) == 1 else 'ies'}")
 
     where = f"--trace {req.trace}" if req.trace is not None else (str(req.spec) if req.spec else "spec")
+    sample = _SteadySample(n, warmup)
     t0 = time.perf_counter()
     with translating(where):
         chunks = (
@@ -142,9 +191,15 @@ def stream(req: StreamRequest, progress=None) -> StreamResponse:
             else spec_chunks(sp, req.seed, n, req.chunk)
         )
         results = simulate_stream(
-            chunks, Ns, policy=req.policy, engine=engine, block_size=b, warmup=warmup, progress=tick
+            sample.wrap(chunks), Ns, policy=req.policy, engine=engine, block_size=b, warmup=warmup, progress=tick
         )
     dt = time.perf_counter() - t0
+    ref = None
+    if req.trace is None and hasattr(sp, "M"):  # a parametric spec: λ0·(E[M]−1)·E[W]; else the window's median
+        from kvhit.workload.stationarity import spec_lifetime
+
+        ref = spec_lifetime(sp)[2]
+    steady = sample.report(ref)
     acc = results[0].block_accesses if req.policy == "block" else None
     return StreamResponse(
         policy=req.policy,
@@ -162,4 +217,6 @@ def stream(req: StreamRequest, progress=None) -> StreamResponse:
         events_per_s=n / dt if dt > 0 else float("nan"),
         block_accesses_per_s=(acc / dt if dt > 0 else float("nan")) if acc is not None else None,
         peak_rss_mib=_peak_rss_mib(),
+        stationarity=steady,
+        notes=steady_note(steady),
     )

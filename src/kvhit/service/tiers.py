@@ -132,6 +132,12 @@ class TiersRequest(Request):
         description="Requests counted in h: all (every request from an empty cache) | window (--trace: after the "
         "trace's warm-up conversations, its n_warm; every request still fills the caches); default all.",
     )
+    warmup: int | None = Field(
+        None,
+        ge=0,
+        description="Warm-up conversations (--trace) left out of h: implies --measure window with this warm-up "
+        "instead of the trace's n_warm; ≥ 0; default: none.",
+    )
 
     FLAGS = {
         "blocks_trace": "--blocks-trace",
@@ -204,11 +210,14 @@ def _window(req: TiersRequest, src, n: int):
     from kvhit.service.steady import steady_note, steady_report
 
     if req.blocks_trace is not None:
+        if req.warmup is not None:
+            raise InputError("--warmup: a block-id trace has no warm-up window (it is measured from an empty cache)")
         if req.measure == "window":
             raise InputError("--measure window: a block-id trace has no warm-up (it is measured from an empty cache)")
         return None, None, []
     if req.measure == "window":
-        mask = np.asarray(window_for(src, None, None, "ShareGPT" if req.sharegpt else str(req.trace)).mask(src), bool)
+        where = "ShareGPT" if req.sharegpt else str(req.trace)
+        mask = np.asarray(window_for(src, req.warmup, None, where).mask(src), bool)
     else:
         mask = np.ones(n, bool)
     rep = steady_report(src, mask)
@@ -275,6 +284,8 @@ def tiers(req: TiersRequest) -> TiersResponse:
         raise InputError("--price-hbm-per-gib: the cheapest split needs --target and --dram-gb")
     if req.plot is not None:
         check_output_file(str(req.plot) + ".png", "--plot")
+    if req.warmup is not None and req.measure == "all" and req.blocks_trace is None:
+        req = req.model_copy(update={"measure": "window"})  # a warm-up is a measured window
     br, src = _load(req)
     measured, steady, notes = _window(req, src, len(br.prompt_tokens))
     b = int(br.block_size)
@@ -450,8 +461,9 @@ def _hicache(req: TiersRequest) -> TiersResponse:
 
     if req.estimate != "none":
         raise InputError("--estimate: the two-tier estimator covers native, simple and lmcache, not hicache")
-    if req.measure != "all":
-        raise InputError("--measure window: not modelled for --tier hicache (it counts every request)")
+    if req.measure != "all" or req.warmup is not None:
+        flag = "--warmup" if req.warmup is not None else "--measure window"
+        raise InputError(f"{flag}: not modelled for --tier hicache (it counts every request)")
     given = [x is not None for x in (req.hicache_ratio, req.dram_gb, req.host_units)]
     if sum(given) != 1:
         raise InputError("--hicache-ratio, --dram-gb and --host-units: give exactly one")

@@ -142,6 +142,14 @@ def _row(**kw) -> dict:
     return out
 
 
+def _steady(st: dict | None) -> dict:
+    """The ``extra`` keys of a simulated row's stationarity (:mod:`kvhit.service.steady`): ``stationary`` (null
+    where not judged) and, when it is false, the reason."""
+    if st is None:
+        return {"stationary": None}
+    return {"stationary": bool(st["stationary"])} | ({} if st["stationary"] else {"stationarity": st["message"]})
+
+
 def _clean(d: dict, drop=()) -> dict:
     from kvhit.service.base import jsonable
 
@@ -292,7 +300,8 @@ def _simulate(task: Task, wl, src: dict, p: dict) -> dict:
         h_estimate=_f(h_est),
         feasible=bool(row.get("feasible", True)),
         n_measured=row.get("n_measured"),
-        extra=_clean(row, ("N", "h", "h_ci95", "token_hit_ratio", "request_hit_rate", "feasible", "n_measured")),
+        extra=_clean(row, ("N", "h", "h_ci95", "token_hit_ratio", "request_hit_rate", "feasible", "n_measured"))
+        | _steady(r.stationarity),
     )
 
 
@@ -335,7 +344,7 @@ def _curve(task: Task, wl, src: dict, Ns: list[int]) -> list[dict]:
                 token_hit_ratio=_f(tok[i]) if tok else None,
                 h_estimate=_f(est[i]) if est else None,
                 feasible=bool(feas),
-                extra={"h_max": r.h_max, "lam0": r.lam0},
+                extra={"h_max": r.h_max, "lam0": r.lam0} | _steady(r.stationarity),
             )
         )
     return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import tempfile
@@ -69,6 +70,9 @@ def point_table(directory: Path) -> tuple[list[dict], dict]:
             p["h"], p["ci95"] = hs[0], ok[0]["h_ci95"]
         else:
             p["h"], p["ci95"] = None, None
+        flags = [json.loads(r["extra"]).get("stationary") for r in ok if r.get("extra")]
+        flags = [f for f in flags if f is not None]
+        p["stationary"] = all(flags) if flags else None  # null: no simulated window judged
         ests = [r["h_estimate"] for r in ok if r["h_estimate"] is not None]
         p["h_estimate"] = float(np.mean(ests)) if ests else None
         bad = [r for r in rs if r["status"] != "ok"]
@@ -76,6 +80,7 @@ def point_table(directory: Path) -> tuple[list[dict], dict]:
         p["error"] = bad[0]["error"] if bad else None
         points.append(p)
     counts.update(
+        not_stationary=sum(p["stationary"] is False for p in points),
         points=len(points),
         replications=max((p["replications"] for p in points), default=0),
         wall_s=float(sum(r["wall_s"] or 0.0 for r in rows)),
@@ -99,7 +104,7 @@ def _varying(points: list[dict]) -> list[str]:
 
 def _write_csv(points: list[dict], path: Path) -> None:
     cols = ["point_id", "workload", *AXES, "compute", "metric", "h", "ci95", "h_estimate", "replications", "ok"]
-    cols += ["status", "error"]
+    cols += ["status", "error", "stationary"]
     buf = io.StringIO()
     w = csv.DictWriter(buf, cols, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
@@ -205,6 +210,8 @@ def report(directory: Path) -> dict:
     metric = {f"{p['engine']}: {p['metric']}" if p["engine"] else p["metric"] for p in points if p["metric"]}
     reps = counts["replications"]
     what = f"hit ratio ({'; '.join(sorted(metric))})" + (f", mean of {reps} replications ± 95% CI" if reps > 1 else "")
+    if counts["not_stationary"]:
+        what += f" — NOT STATIONARY at {counts['not_stationary']} point(s)"
     for x in xs:
         figures += [str(f) for f in _figure(points, x, varying, rdir / f"h_vs_{x}", f"{d.name}: {what} vs {x}")]
     errors = [

@@ -14,6 +14,7 @@ default and is meant for one user or a trusted network).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
@@ -324,18 +325,49 @@ def _warm_up() -> None:
         run("plan", {"engine": "paper", "kv_gb": 40, "target": 0.3, **scm})
 
 
+def _answer(command: str, fields: dict) -> Any:
+    """A synchronous answer as strict-JSON-ready data (runs in an API worker process)."""
+    from kvhit.service.registry import run
+
+    return run(command, fields).to_jsonable()
+
+
+def _api_worker_init() -> None:
+    from kvhit.service.io import die_with_parent
+
+    die_with_parent()
+    import kvhit.service.estimate  # noqa: F401  (the slider's command, imported before the first request)
+    import kvhit.service.kv  # noqa: F401
+
+
 def create_app(
     workers: int = 2,
     max_body: int = MAX_BODY_BYTES,
     max_upload: int = MAX_UPLOAD_BYTES,
     warm: bool = False,
     persist: Path | None = None,
+    api_workers: int = 0,
 ) -> FastAPI:
     """The app: ``/`` the planner page, ``/api/...`` the JSON API, ``/docs`` its OpenAPI documentation;
     ``warm``: answer a small estimate and plan in the background at start-up (imports, first compilations) and
     queue the page's first chart; ``persist``: a directory keeping the answers on the bundled workload across
-    restarts (``kvhit serve``: the kvhit cache directory)."""
+    restarts (``kvhit serve``: the kvhit cache directory); ``api_workers``: processes answering the synchronous
+    commands (estimate, kv, plan's closed form) in parallel, each warmed at start-up — until they are, and with 0,
+    those answers run in this process's thread pool (one interpreter: concurrent requests queue on its lock)."""
     jobs = JobManager(workers=workers, persist=persist)
+    pool, pool_ready = None, threading.Event()
+    if api_workers > 0:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(api_workers, mp_context=mp.get_context("spawn"), initializer=_api_worker_init)
+
+    def start_pool() -> None:
+        with contextlib.suppress(Exception):  # every worker started and warmed, then the pool takes the answers
+            futs = [pool.submit(_answer, "kv", {"model": "qwen3-8b", "kv_gb": 1.0}) for _ in range(api_workers)]
+            for f in futs:
+                f.result()
+            pool_ready.set()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -343,8 +375,12 @@ def create_app(
             with contextlib.suppress(Exception):
                 jobs.submit("curve", dict(FIRST_CHART), _digest("curve", FIRST_CHART).hexdigest())
             threading.Thread(target=_warm_up, daemon=True).start()
+        if pool is not None:
+            threading.Thread(target=start_pool, daemon=True).start()
         yield
         jobs.shutdown()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(
         title="kvhit",
@@ -386,14 +422,20 @@ def create_app(
         try:  # a synchronous answer: its uploads are deleted as soon as it is answered, on every path
             if key in sync_cache:
                 return JSONResponse(sync_cache[key])
-            res = await run_in_threadpool(run, command, fields)
+            out = None
+            if pool is not None and pool_ready.is_set():
+                from concurrent.futures.process import BrokenProcessPool
+
+                with contextlib.suppress(BrokenProcessPool):  # a dead worker: answered here instead
+                    out = await asyncio.get_running_loop().run_in_executor(pool, _answer, command, fields)
+            if out is None:
+                out = (await run_in_threadpool(run, command, fields)).to_jsonable()
         except InputError as e:
             msg = _clean(str(e), rename)
             return error(422, msg, _field_of(msg, model))
         finally:
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
-        out = res.to_jsonable()
         if len(sync_cache) >= 64:  # bounded: a 1,000-point curve is ~1 MiB of Python objects
             sync_cache.pop(next(iter(sync_cache)))
         sync_cache[key] = out
@@ -452,6 +494,10 @@ def create_app(
         if job is None:
             return error(404, f"job {job_id}: no such job")
         return job.view()
+
+    @app.get("/api/health", tags=["answers"], summary="Whether the API worker processes are started and warm")
+    async def health():
+        return {"api_workers": api_workers, "api_workers_ready": pool_ready.is_set()}
 
     @app.get("/api/presets", tags=["answers"], summary="Model and accelerator presets")
     async def presets():
