@@ -13,6 +13,7 @@ from kvhit.cli._common import (
     _help,
     _list_of,
     _print_json,
+    _print_notes,
     _table,
     app,
     console,
@@ -170,7 +171,6 @@ def tiers(
             f"cheapest split reaching the target: {c['hbm_blocks']:,} blocks ({c['hbm_gib']:.1f} GiB HBM) + "
             f"{c['dram_gib']:g} GiB DRAM, cost {c['cost']:.4g}, h = {c['h']:.4f}"
         )
-    for n in res.notes:
-        console.print("note: " + n)
+    _print_notes(res.notes)
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))
