@@ -18,9 +18,13 @@ The radix tree lives in arrays: a node's key is a slice ``(stream, position, len
 inserted it (streams never change, so splits are slice arithmetic); children are found through one hash
 table keyed by ``(parent, hash of the child's first page)``, every candidate verified token by token (a hash
 collision cannot change a decision); the unlocked leaves sit in an indexed min-heap on the eviction
-priority (``lru``: last access, ``fifo``: creation, ``mru``/``filo``: their negatives — all distinct,
-since one logical clock stamps every match/insert/split/new node exactly as the step-wise model does, so
-the heap order is the order SGLang's per-call heap pops). Per multi-turn conversation the tree is a chain
+priority, a pair (``lru``: last access; ``fifo``: creation; ``mru``/``filo``: their negatives; ``lfu``: hit
+count; ``slru``: hit count ≥ 2; ``priority``: node priority; ``tlru``: −1 when TEL-safe, else 0 — each then the
+last access, which is distinct among leaves since one logical clock stamps every match/insert/split/new node
+exactly as the step-wise model does), so the heap order is the order SGLang's per-call heap pops; a node whose
+key changes (access, hit count, priority, a split shortening it) is re-sifted. The cache class (``unified``:
+a split keeps the creation time) and T-LRU's budget travel packed with the policy code.
+Per multi-turn conversation the tree is a chain
 (prompt node, output leaf, next prompt's new part, …) hanging off the root or off a shared prefix (system
 prompt, chat template, duplicated content), split where a later request diverges.
 
