@@ -517,11 +517,15 @@ def _walk(W, nd, tab, mask, heap, st, s, keylen, p, pol, is_match, inserted=0, p
             node = child
             off += k
         if not is_match:
+            k7 = pol & 7
             if nd[node, _PRI] < pri:
                 nd[node, _PRI] = pri
+                if k7 == 6:
+                    _fix(nd, heap, st, node, pol)
             if off > inserted:
                 nd[node, _HIT] += 1
-            _fix(nd, heap, st, node, pol)
+                if k7 == 4 or k7 == 5:
+                    _fix(nd, heap, st, node, pol)
     return off, node
 
 
