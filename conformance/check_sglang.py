@@ -1,7 +1,8 @@
 """Conformance: kvhit's ``engine="sglang"`` against SGLang's own RadixCache + token allocator (page_size 1).
 
-    python conformance/check_sglang.py --cases 300 --seed 0 [--model sglang|no-hit-cap|lru-always]
-        [--cache radix|unified-rust|unified-python] [--evict-policy lru|fifo|mru|filo] [--expect-mismatch]
+    python conformance/check_sglang.py --cases 300 --seed 0 [--model sglang|no-hit-cap|lru-always|other-cache]
+        [--cache radix|unified-rust|unified-python] [--evict-policy lru|fifo|mru|filo|lfu|slru|priority|tlru]
+        [--tlru-threshold N] [--expect-mismatch]
 
 Random multi-turn workloads (prompts + outputs as token ids; exact retries, duplicated conversations, shared
 system prompts, pools of a few tokens, requests near and above capacity, in-flight holds with ties); both
@@ -9,6 +10,10 @@ engines run through :func:`kvhit.sim.engine.replay`; after every event the outco
 as token paths, evicted tokens), the free/evictable/cached token counts and the eviction order are compared.
 The first mismatching case is shrunk and printed. ``--cache unified-*`` drives ``UnifiedRadixCache`` instead
 (``real_sglang.RealUnifiedEngine``); its evicted node paths and eviction order are not observable and not compared.
+kvhit's model follows the cache driven (``cache="radix"`` for ``--cache radix``, ``"unified"`` otherwise);
+``--model other-cache`` runs the other one (a negative control for FIFO/FILO, where they differ).
+``--tlru-threshold N``: T-LRU's ``threshold`` (``--radix-eviction-policy-config``; ``next_prompt_estimate`` 0), kvhit's
+``tlru_tail_budget=N``.
 Not checked here: ``page_size > 1``.
 """
 
@@ -95,11 +100,17 @@ class _NoHitCap(SglangEngine):
 class _LruAlways(SglangEngine):
     """Mutant (negative control for ``--evict-policy``): the model always evicts LRU."""
 
-    def __init__(self, capacity, evict_policy="lru"):
-        super().__init__(capacity)
+    def __init__(self, capacity, evict_policy="lru", **kw):
+        super().__init__(capacity, cache=kw["cache"])
 
 
-MODELS = {"sglang": SglangEngine, "no-hit-cap": _NoHitCap, "lru-always": _LruAlways}
+def _other_cache(capacity, **kw):
+    """Mutant (negative control for the cache class): kvhit's model of the other class."""
+    kw["cache"] = {"unified": "radix", "radix": "unified"}[kw["cache"]]
+    return SglangEngine(capacity, **kw)
+
+
+MODELS = {"sglang": SglangEngine, "no-hit-cap": _NoHitCap, "lru-always": _LruAlways, "other-cache": _other_cache}
 
 
 def trace(engine, case: Case, state) -> list:
@@ -114,13 +125,13 @@ def trace(engine, case: Case, state) -> list:
 
 
 CACHES = {
-    "radix": lambda C, pol: RealSglangEngine(C, evict_policy=pol),
-    "unified-rust": lambda C, pol: RealUnifiedEngine(C, "rust", evict_policy=pol),
-    "unified-python": lambda C, pol: RealUnifiedEngine(C, "python", evict_policy=pol),
+    "radix": lambda C, pol, cfg: RealSglangEngine(C, evict_policy=pol, policy_config=cfg),
+    "unified-rust": lambda C, pol, cfg: RealUnifiedEngine(C, "rust", evict_policy=pol, policy_config=cfg),
+    "unified-python": lambda C, pol, cfg: RealUnifiedEngine(C, "python", evict_policy=pol, policy_config=cfg),
 }
 NAMES = {"radix": "RadixCache", "unified-rust": "UnifiedRadixCache (rust core)",
          "unified-python": "UnifiedRadixCache (python core)"}  # fmt: skip
-CACHE = ["radix", "lru"]  # set from --cache, --evict-policy
+CACHE = ["radix", "lru", 0]  # set from --cache, --evict-policy, --tlru-threshold
 
 
 def _unobservable(log: list) -> list:
@@ -129,12 +140,13 @@ def _unobservable(log: list) -> list:
 
 
 def compare(case: Case, model: str):
-    a = trace(
-        MODELS[model](case.C, evict_policy=CACHE[1]),
-        case,
-        lambda e: (e.available, e.evictable_size(), e.cached_tokens()),
-    )
-    r = trace(CACHES[CACHE[0]](case.C, CACHE[1]), case, lambda e: e.state())
+    kw = {"evict_policy": CACHE[1], "cache": "radix" if CACHE[0] == "radix" else "unified"}
+    cfg = None
+    if CACHE[1] == "tlru":
+        kw["tlru_tail_budget"] = CACHE[2]
+        cfg = {"threshold": CACHE[2], "next_prompt_estimate": 0}
+    a = trace(MODELS[model](case.C, **kw), case, lambda e: (e.available, e.evictable_size(), e.cached_tokens()))
+    r = trace(CACHES[CACHE[0]](case.C, CACHE[1], cfg), case, lambda e: e.state())
     if CACHE[0] != "radix":
         a, r = _unobservable(a), _unobservable(r)
     n = sum(1 for e in r if e[0] == "submit")
@@ -160,21 +172,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="sglang")
     ap.add_argument("--cache", choices=sorted(CACHES), default="radix", help="SGLang cache class (tree core)")
-    ap.add_argument("--evict-policy", choices=["lru", "fifo", "mru", "filo"], default="lru")
+    ap.add_argument(
+        "--evict-policy", choices=["lru", "fifo", "mru", "filo", "lfu", "slru", "priority", "tlru"], default="lru"
+    )
+    ap.add_argument("--tlru-threshold", type=int, default=0, help="T-LRU threshold (tokens), with --evict-policy tlru")
     add_common_args(ap)
     a = ap.parse_args()
-    CACHE[:] = [a.cache, a.evict_policy]
+    CACHE[:] = [a.cache, a.evict_policy, a.tlru_threshold]
     return run(
         a,
         gen_case=gen_case,
         compare=lambda c: compare(c, a.model),
         smaller=smaller,
-        title=f"kvhit engine={a.model} vs SGLang {VERSION} {NAMES[a.cache]} ({a.evict_policy})",
+        title=f"kvhit engine={a.model} vs SGLang {VERSION} {NAMES[a.cache]} ({a.evict_policy}"
+        + (f", threshold {a.tlru_threshold})" if a.evict_policy == "tlru" else ")"),
         summary={
             "model": a.model,
             "engine": f"sglang=={VERSION}",
             "cache": a.cache,
             "evict_policy": a.evict_policy,
+            **({"tlru_threshold": a.tlru_threshold} if a.evict_policy == "tlru" else {}),
         },
     )
 

@@ -74,7 +74,7 @@ class _Run:
 class RealSglangEngine:
     unit = "token"
 
-    def __init__(self, capacity: int, evict_policy: str = "lru") -> None:
+    def __init__(self, capacity: int, evict_policy: str = "lru", policy_config: dict | None = None) -> None:
         self.name = f"sglang=={VERSION}"
         self.capacity = capacity
         self.alloc = TokenToKVPoolAllocator(capacity, torch.float16, "cpu", None, False)
@@ -85,6 +85,7 @@ class RealSglangEngine:
                 token_to_kv_pool_allocator=self.alloc,
                 page_size=1,
                 eviction_policy=evict_policy,
+                eviction_policy_config=policy_config,
             )
         )
         self.running: dict[int, _Run] = {}
@@ -190,7 +191,9 @@ class RealUnifiedEngine(RealSglangEngine):
     observable from outside the tree core; the evicted token count is ``EvictResult.num_tokens_evicted``.
     """
 
-    def __init__(self, capacity: int, core: str = "rust", evict_policy: str = "lru") -> None:
+    def __init__(
+        self, capacity: int, core: str = "rust", evict_policy: str = "lru", policy_config: dict | None = None
+    ) -> None:
         import os
 
         from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
@@ -207,6 +210,7 @@ class RealUnifiedEngine(RealSglangEngine):
                 token_to_kv_pool_allocator=self.alloc,
                 page_size=1,
                 eviction_policy=evict_policy,
+                eviction_policy_config=policy_config,
                 tree_components=(ComponentType.FULL,),
             )
         )

@@ -48,6 +48,22 @@ sgl --evict-policy fifo --cases "$CASES" --seed 0  # mru, filo: 0 / 1,000 too, o
 sgl --model lru-always --evict-policy fifo --cases 300 --seed 1 --expect-mismatch
 for core in rust python; do sgl --cache "unified-$core" --cases "$CASES" --seed 0; done
 sgl --cache unified-rust --model no-hit-cap --cases 300 --seed 1 --expect-mismatch
+# UnifiedRadixCache with FIFO/FILO (a split keeps the creation time: kvhit's default cache="unified"); the RadixCache
+# model against it must mismatch
+NEW=${KVHIT_CONFORMANCE_NEW_CASES:-300}
+for pol in fifo filo; do sgl --cache unified-rust --evict-policy "$pol" --cases "$NEW" --seed 0; done
+sgl --cache unified-python --evict-policy fifo --cases "$NEW" --seed 0
+sgl --cache unified-rust --model other-cache --evict-policy fifo --cases 1000 --seed 1 --expect-mismatch
+# the policies of --radix-eviction-policy beyond LRU: lfu, slru, priority (requests at priority 0), tlru (threshold 8)
+for pol in lfu slru priority; do
+  sgl --cache unified-rust --evict-policy "$pol" --cases "$NEW" --seed 0
+  sgl --cache radix --evict-policy "$pol" --cases "$NEW" --seed 0
+  sgl --cache unified-rust --model lru-always --evict-policy "$pol" --cases "$NEW" --seed 1 --expect-mismatch
+done
+sgl --cache unified-rust --evict-policy tlru --tlru-threshold 8 --cases "$NEW" --seed 0
+sgl --cache unified-python --evict-policy tlru --tlru-threshold 8 --cases "$NEW" --seed 0
+sgl --cache unified-rust --model lru-always --evict-policy tlru --tlru-threshold 8 --cases "$NEW" --seed 1 --expect-mismatch
+"$py_sgl" -W ignore conformance/pinned_sglang.py 2>&1 | grep -v "Warning\|warnings.warn" || status=1
 # SGLang HiCache (issue 12 §2): the HiCache tier model against SGLang's UnifiedRadixCache + HybridCacheController
 hic() { "$py_sgl" -W ignore conformance/check_hicache.py --json "$OUT/results.jsonl" "$@" 2>&1 | grep -v "Warning\|warnings.warn" || status=1; }
 for pol in write_through write_through_selective write_back; do hic --policy "$pol" --cases "$CASES" --seed 0; done

@@ -247,7 +247,9 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
             {
                 "--N": bad_capacities(),
                 "--page-size": bad_int(1, 2**16),
-                "--evict-policy": bad_choice(("lru", "fifo", "mru", "filo")),
+                "--evict-policy": bad_choice(("lru", "fifo", "mru", "filo", "lfu", "slru", "priority", "tlru")),
+                "--sglang-cache": bad_choice(("unified", "radix")),
+                "--tlru-threshold": bad_int(0, 2**40),
                 "--prefill-tokens-per-s": bad_pos_float(hi=1e12),
                 "--decode-tokens-per-s": bad_pos_float(hi=1e12),
             },
@@ -257,7 +259,7 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
             {
                 "--sglang-points": bad_int(2, 100_000),
                 "--page-size": bad_int(1, 2**16),
-                "--evict-policy": bad_choice(("lru", "fifo", "mru", "filo")),
+                "--evict-policy": bad_choice(("lru", "fifo", "mru", "filo", "lfu", "slru", "priority", "tlru")),
             },
         ),
         "plan --compare sglang": (
@@ -265,7 +267,7 @@ def commands(tmp: Path, trace: Path) -> dict[str, tuple[list[str], dict]]:
             {
                 "--compare": bad_choice(("vllm", "vllm-0.23", "content", "paper", "sglang")),
                 "--page-size": bad_int(1, 2**16),
-                "--evict-policy": bad_choice(("lru", "fifo", "mru", "filo")),
+                "--evict-policy": bad_choice(("lru", "fifo", "mru", "filo", "lfu", "slru", "priority", "tlru")),
             },
         ),
         "tiers --tier hicache": (

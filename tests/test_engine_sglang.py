@@ -101,7 +101,13 @@ def test_validation():
     with pytest.raises(ValueError, match="capacity"):
         SglangEngine(10, page_size=4)
     with pytest.raises(ValueError, match="evict_policy"):
-        SglangEngine(10, evict_policy="lfu")
+        SglangEngine(10, evict_policy="lfu2")
+    with pytest.raises(ValueError, match="cache"):
+        SglangEngine(10, cache="hybrid")
+    with pytest.raises(ValueError, match="tlru"):
+        SglangEngine(10, evict_policy="tlru", cache="radix")
+    with pytest.raises(ValueError, match="tlru_tail_budget"):
+        SglangEngine(10, evict_policy="tlru", tlru_tail_budget=-1)
     with pytest.raises(ValueError, match="token_ids"):
         SglangEngine(10).submit(Request(rid=0, prompt_tokens=3))
     assert isinstance(make_engine("sglang", 8, page_size=2), SglangEngine)
@@ -126,7 +132,7 @@ def workloads(draw):
         hist[c] = list(r.token_ids)
         if len(hist[c]) > 2 * C:
             hist[c] = []
-    return p, C, reqs, draw(st.sampled_from(["lru", "fifo", "mru", "filo"]))
+    return p, C, reqs, draw(st.sampled_from(["lru", "fifo", "mru", "filo", "lfu", "slru", "priority", "tlru"]))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -60,14 +60,19 @@ def workloads(draw):
         gaps = draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=len(reqs), max_size=len(reqs)))
         hold = draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]), min_size=len(reqs), max_size=len(reqs)))
         timing = (np.cumsum(gaps), np.asarray(hold))
-    return p, C, ts, timing, draw(st.sampled_from(["lru", "lru", "fifo", "mru", "filo"]))
+    pol = draw(st.sampled_from(["lru", "lru", "fifo", "mru", "filo", "lfu", "slru", "priority", "tlru"]))
+    cache = "unified" if pol == "tlru" else draw(st.sampled_from(["unified", "radix"]))
+    budget = draw(st.sampled_from([0, 1, 3, 8])) if pol == "tlru" else 0
+    return p, C, ts, timing, pol, cache, budget
 
 
-def _compare(p, C, ts, timing, pol):
+def _compare(p, C, ts, timing, pol, cache="unified", budget=0):
     times, hold = timing if timing is not None else (None, None)
-    eng = SglangEngine(C, page_size=p, evict_policy=pol)
+    eng = SglangEngine(C, page_size=p, evict_policy=pol, cache=cache, tlru_tail_budget=budget)
     ref = replay(eng, ts.to_requests(), times=times, hold=hold)
-    got = simulate_radix(ts, C, page_size=p, evict_policy=pol, times=times, hold=hold)
+    got = simulate_radix(
+        ts, C, page_size=p, evict_policy=pol, times=times, hold=hold, cache=cache, tlru_tail_budget=budget
+    )
     np.testing.assert_array_equal(got.rejected, ref.rejected)
     np.testing.assert_array_equal(got.hit_tokens, ref.hit_tokens)
     ev_tok = [o.evicted_units if o else 0 for o in ref.outcomes]
@@ -108,6 +113,10 @@ def test_validation():
     with pytest.raises(ValueError, match="capacity"):
         simulate_radix(ts, 10, page_size=4)
     with pytest.raises(ValueError, match="evict_policy"):
-        simulate_radix(ts, 8, evict_policy="lfu")
+        simulate_radix(ts, 8, evict_policy="lfu2")
+    with pytest.raises(ValueError, match="cache"):
+        simulate_radix(ts, 8, cache="hybrid")
+    with pytest.raises(ValueError, match="tlru"):
+        simulate_radix(ts, 8, evict_policy="tlru", cache="radix")
     with pytest.raises(ValueError, match="request 0: needs 9 tokens"):
         TokenStreams([1], [0], [8], [0, 1], [0], [4], [6])

@@ -38,9 +38,24 @@ def test_simulate_blocks_trace_with_holds():
     assert "mean wait" in r.out and "in-flight holds" in r.out
 
 
-def test_simulate_refuses_unmodelled_policy_in_one_line(trace_file):
-    r = kvhit("simulate", "--trace", trace_file, "--engine", "sglang", "--N", "30000", "--evict-policy", "slru")
-    assert r.code == 2 and len(r.err_lines) == 1 and "--evict-policy slru" in r.err
+def test_simulate_refuses_tlru_on_radixcache_in_one_line(trace_file):
+    args = ("simulate", "--trace", trace_file, "--engine", "sglang", "--N", "30000")
+    r = kvhit(*args, "--evict-policy", "tlru", "--sglang-cache", "radix")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--sglang-cache radix" in r.err and "tlru" in r.err
+    r = kvhit(*args, "--evict-policy", "slru", "--tlru-threshold", "8")
+    assert r.code == 2 and len(r.err_lines) == 1 and "--tlru-threshold: applies to --evict-policy tlru" in r.err
+
+
+def test_simulate_cache_class_and_policy_reach_the_rows(trace_file):
+    args = ("simulate", "--trace", trace_file, "--engine", "sglang", "--N", "30000", "--json")
+    r = kvhit(*args, "--evict-policy", "fifo", "--sglang-cache", "radix")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert out["rows"][0]["sglang_cache"] == "radix" and out["rows"][0]["evict_policy"] == "fifo"
+    assert any("RadixCache, page size 1, fifo" in n for n in out["notes"])
+    r = kvhit(*args, "--evict-policy", "lfu")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["rows"][0]["sglang_cache"] == "unified"
 
 
 def test_curve_and_plan_compare(trace_file):

@@ -57,8 +57,13 @@ def test_simulate_spec_replications_and_infeasible():
 @pytest.mark.parametrize(
     "fields, msg",
     [
-        ({"evict_policy": "lfu"}, "--evict-policy lfu: SGLang 0.5.23 offers it but kvhit does not model it"),
-        ({"evict_policy": "tlru"}, "--evict-policy tlru"),
+        ({"sglang_cache": "hybrid"}, "--sglang-cache hybrid: expected one of unified, radix"),
+        (
+            {"evict_policy": "tlru", "sglang_cache": "radix"},
+            "--sglang-cache radix: SGLang 0.5.23 offers --evict-policy tlru on UnifiedRadixCache only",
+        ),
+        ({"tlru_threshold": 8}, "--tlru-threshold: applies to --evict-policy tlru"),
+        ({"engine": "vllm", "sglang_cache": "radix"}, "--sglang-cache: applies to --engine sglang"),
         ({"evict_policy": "xyz"}, "--evict-policy xyz: not an SGLang 0.5.23 policy"),
         ({"block_size": 16}, "--block-size: a vLLM block-cache flag"),
         ({"colocated": True}, "--colocated: a vLLM block-cache flag"),

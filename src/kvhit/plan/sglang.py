@@ -42,10 +42,13 @@ def compare_vllm_sglang(
     page_size: int = 1,
     evict_policy: str = "lru",
     block_size: int | None = None,
+    cache: str = "unified",
+    tlru_tail_budget: int = 0,
 ) -> dict:
     """Compare on a kvhit :class:`~kvhit.workload.Trace` or a
     :class:`~kvhit.workload.production.ProductionTrace` (``source``) at ``N`` vLLM blocks vs ``C`` SGLang
-    tokens; ``mask`` selects the measured requests (row order = arrival order)."""
+    tokens; ``mask`` selects the measured requests (row order = arrival order). ``cache``, ``tlru_tail_budget``:
+    SGLang's cache class and T-LRU budget (:func:`~kvhit.sim.sglang.radix.simulate_radix`)."""
     from kvhit.sim.sglang.radix import simulate_radix
     from kvhit.sim.sglang.run import batch_ci, paired_batch_ci, radix_feasibility
     from kvhit.sim.sglang.streams import streams_from_production, streams_from_trace
@@ -77,6 +80,7 @@ def compare_vllm_sglang(
         "sglang_tokens": int(C),
         "page_size": int(page_size),
         "evict_policy": evict_policy,
+        "sglang_cache": cache,
         "metric": "tokens",
         "n_measured": int(m.sum()),
         "vllm_mode": "colocated (response KV kept, as SGLang)"
@@ -106,9 +110,10 @@ def compare_vllm_sglang(
     feas = radix_feasibility(ts, [C], page_size, m)
     out.update(sglang_refused_request_share=float(feas.refused_requests[0]))
     if feas.feasible[0]:
-        hits["sglang"] = simulate_radix(ts, int(C), page_size=page_size, evict_policy=evict_policy).hit_tokens.astype(
-            float
+        res = simulate_radix(
+            ts, int(C), page_size=page_size, evict_policy=evict_policy, cache=cache, tlru_tail_budget=tlru_tail_budget
         )
+        hits["sglang"] = res.hit_tokens.astype(float)
     else:
         out["h_sglang"] = None
     for key, hit in hits.items():

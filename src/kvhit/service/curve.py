@@ -63,7 +63,18 @@ class CurveRequest(BlocksTraceFields):
         "same memory as N blocks; simulated per capacity at --sglang-points of the grid, no one-pass curve exists).",
     )
     page_size: int | None = Field(None, ge=1, le=2**16, description="sglang: tokens per page, 1–65,536; default 1.")
-    evict_policy: str | None = Field(None, description="sglang: lru (default) | fifo | mru | filo.")
+    evict_policy: str | None = Field(
+        None, description="sglang: lru (default) | fifo | mru | filo | lfu | slru | priority | tlru."
+    )
+    sglang_cache: str | None = Field(
+        None, description="sglang: SGLang's cache class, unified (UnifiedRadixCache, default) | radix (RadixCache)."
+    )
+    tlru_threshold: int | None = Field(
+        None,
+        ge=0,
+        le=2**40,
+        description="--evict-policy tlru: T-LRU threshold − next-prompt estimate (tokens); default 0.",
+    )
     sglang_points: int | None = Field(
         None, ge=2, le=100_000, description="sglang: capacities of the grid simulated (log-spaced subset); default 24."
     )
@@ -167,14 +178,15 @@ def _sglang_line(ts, Ns: np.ndarray, b: int, page: int, evict: str, mask, req) -
     """SGLang's token hit ratio at ``N·b`` tokens (rounded down to pages) for a log-spaced subset of the grid
     (``--sglang-points``), NaN elsewhere and where a request would not fit the pool: one simulation per capacity
     (no inclusion property, :mod:`kvhit.sim.sglang.run`), in parallel threads."""
-    from kvhit.service.engines import sglang_tokens
+    from kvhit.service.engines import sglang_model, sglang_tokens
     from kvhit.sim.sglang.run import radix_curve
 
     k = min(req.sglang_points or 24, Ns.size)
     idx = np.unique(np.round(np.linspace(0, Ns.size - 1, k)).astype(np.int64))  # Ns is log-spaced already
     Cs = np.array([max(sglang_tokens(int(n), b, page), page) for n in Ns[idx]], np.int64)
     out = np.full(Ns.shape, np.nan)
-    out[idx] = radix_curve(ts, Cs, page_size=page, evict_policy=evict, mask=mask)["token_hit_ratio"]
+    model = sglang_model(req, evict)
+    out[idx] = radix_curve(ts, Cs, page_size=page, evict_policy=evict, mask=mask, **model)["token_hit_ratio"]
     return out
 
 
@@ -275,6 +287,10 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
     from kvhit.service.engines import check_sglang_flags
 
     page, evict = check_sglang_flags(req, sglang, where="--policies ... sglang")
+    if sglang:
+        from kvhit.service.engines import sglang_model
+
+        sglang_model(req, evict)  # refuse bad combinations before any work
     block_policies = tuple(x for x in req.policies if x != "sglang")
     if source != "spec" and req.conversations is not None:
         raise InputError("--conversations: applies to a spec (a trace file is used as it is)")

@@ -12,10 +12,13 @@ axis stays vLLM's (blocks of ``b`` tokens, GiB of the model's KV): SGLang at the
 
 Eviction policies: SGLang 0.5.23's ``--radix-eviction-policy`` offers ``lru`` (default), ``lfu``, ``slru``,
 ``priority`` and ``tlru``; its strategy table (``mem_cache/utils.py``) also holds ``fifo``, ``mru`` and ``filo``.
-Modelled: ``lru``, ``fifo``, ``mru``, ``filo`` (a node priority from its access or creation time). Refused:
-``lfu``/``slru`` (per-node hit counts incremented by inserts with a per-request ``inserted_len`` — not
-modelled), ``priority`` (per-request priorities the traces do not carry), ``tlru`` (per-node tail bookkeeping
-of the unified tree and a ``--radix-eviction-policy-config``).
+All eight are modelled (:mod:`kvhit.sim.sglang.engine`). ``priority``: requests carry no priority here, i.e.
+SGLang's default 0 (``req.priority or 0``); the prompt re-insert at release runs at priority 1
+(``split_prompt``), so a finished request's prompt outlives its output leaf. ``tlru`` takes
+``--tlru-threshold`` (``threshold − next_prompt_estimate`` of ``--radix-eviction-policy-config``; SGLang's
+default 0 orders as LRU) and needs the unified cache. Cache class (``--sglang-cache``): ``unified``
+(``UnifiedRadixCache``, what SGLang builds for a full-attention model; default) or ``radix`` (``RadixCache``);
+they differ only for ``fifo``/``filo``.
 
 Invariant: a flag that does not apply to the engine asked for is refused in one line (block-only flags with
 SGLang, SGLang flags without it). NOT modelled: what the engine models do not model (their docstrings).
@@ -27,23 +30,21 @@ from kvhit.service.errors import InputError
 
 __all__ = [
     "MODELLED_POLICIES",
+    "SGLANG_CACHES",
     "SGLANG_POLICIES",
     "check_evict_policy",
     "check_pools",
     "check_sglang_flags",
+    "sglang_model",
     "sglang_notes",
     "sglang_tokens",
 ]
 
 #: ``--radix-eviction-policy`` choices of SGLang 0.5.23 (``arg_groups/choices.py``) + strategy-table-only ones
 SGLANG_POLICIES = ("lru", "lfu", "slru", "priority", "tlru", "fifo", "mru", "filo")
-MODELLED_POLICIES = ("lru", "fifo", "mru", "filo")
-_WHY = {
-    "lfu": "per-node hit counts updated by inserts (per-request inserted_len)",
-    "slru": "per-node hit counts updated by inserts (per-request inserted_len)",
-    "priority": "per-request priorities, which the traces do not carry",
-    "tlru": "the unified tree's per-node tail bookkeeping and --radix-eviction-policy-config",
-}
+MODELLED_POLICIES = SGLANG_POLICIES
+#: ``--sglang-cache`` choices: UnifiedRadixCache (default, what SGLang builds for full attention), RadixCache
+SGLANG_CACHES = ("unified", "radix")
 
 
 def check_evict_policy(name: str | None) -> str:
@@ -52,19 +53,29 @@ def check_evict_policy(name: str | None) -> str:
         return "lru"
     if name in MODELLED_POLICIES:
         return name
-    if name in _WHY:
-        raise InputError(
-            f"--evict-policy {name}: SGLang 0.5.23 offers it but kvhit does not model it ({_WHY[name]}); "
-            f"modelled: {', '.join(MODELLED_POLICIES)}"
-        )
     raise InputError(f"--evict-policy {name}: not an SGLang 0.5.23 policy ({', '.join(SGLANG_POLICIES)})")
+
+
+def sglang_model(req, pol: str) -> dict:
+    """The cache class and T-LRU tail budget (keyword arguments of the SGLang models) from ``--sglang-cache`` and
+    ``--tlru-threshold``, or a one-line refusal."""
+    cache = getattr(req, "sglang_cache", None) or "unified"
+    if cache not in SGLANG_CACHES:
+        raise InputError(f"--sglang-cache {cache}: expected one of {', '.join(SGLANG_CACHES)}")
+    thr = getattr(req, "tlru_threshold", None)
+    if thr is not None and pol != "tlru":
+        raise InputError("--tlru-threshold: applies to --evict-policy tlru")
+    if pol == "tlru" and cache != "unified":
+        raise InputError("--sglang-cache radix: SGLang 0.5.23 offers --evict-policy tlru on UnifiedRadixCache only")
+    return {"cache": cache, "tlru_tail_budget": int(thr or 0)}
 
 
 def check_sglang_flags(
     req, sglang: bool, block_only: tuple[str, ...] = (), where: str = "--engine sglang"
 ) -> tuple[int, str]:
     """Refuse SGLang flags without SGLang and ``block_only`` flags with it; return (page size, policy)."""
-    sg_fields = [n for n in ("page_size", "evict_policy", "decode_tokens_per_s") if getattr(req, n, None) is not None]
+    names = ("page_size", "evict_policy", "decode_tokens_per_s", "sglang_cache", "tlru_threshold")
+    sg_fields = [n for n in names if getattr(req, n, None) is not None]
     if not sglang:
         if sg_fields:
             raise InputError(f"{req.flag(sg_fields[0])}: applies to {where}")
@@ -101,11 +112,12 @@ def check_pools(Cs, p: int) -> None:
         check_capacity_memory(max(C // p, 1), "--N")
 
 
-def sglang_notes(p: int, pol: str, hold) -> list[str]:
+def sglang_notes(p: int, pol: str, hold, cache: str = "unified") -> list[str]:
     """The notes an SGLang result carries: what N and h mean for the radix cache, why there is no one-pass curve,
     and the holds used."""
+    cls = {"unified": "UnifiedRadixCache", "radix": "RadixCache"}[cache]
     out = [
-        f"engine sglang (SGLang 0.5.23 radix cache, page size {p}, {pol}): N is the KV pool in tokens; h is the "
+        f"engine sglang (SGLang 0.5.23 {cls}, page size {p}, {pol}): N is the KV pool in tokens; h is the "
         "token hit ratio (cached prompt tokens / prompt tokens), CI from 10 batch means in arrival order",
         "no one-pass curve: SGLang's whole-leaf eviction has no inclusion property (kvhit.sim.sglang.run)",
     ]

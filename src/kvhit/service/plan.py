@@ -17,7 +17,7 @@ from pydantic import Field
 
 from kvhit.service.base import Response, check_capacity_memory
 from kvhit.service.common import Seed
-from kvhit.service.engines import check_sglang_flags
+from kvhit.service.engines import check_sglang_flags, sglang_model
 from kvhit.service.errors import InputError, translating
 from kvhit.service.inputs import read_blocks_trace, read_trace
 from kvhit.service.kv import HardwareFields
@@ -48,7 +48,19 @@ class PlanRequest(BlocksTraceFields, HardwareFields):
     page_size: int | None = Field(
         None, ge=1, le=2**16, description="--compare sglang: tokens per page, 1–65,536; default 1."
     )
-    evict_policy: str | None = Field(None, description="--compare sglang: lru (default) | fifo | mru | filo.")
+    evict_policy: str | None = Field(
+        None, description="--compare sglang: lru (default) | fifo | mru | filo | lfu | slru | priority | tlru."
+    )
+    sglang_cache: str | None = Field(
+        None,
+        description="--compare sglang: SGLang's cache, unified (UnifiedRadixCache, default) | radix (RadixCache).",
+    )
+    tlru_threshold: int | None = Field(
+        None,
+        ge=0,
+        le=2**40,
+        description="--evict-policy tlru: T-LRU threshold − next-prompt estimate (tokens); default 0.",
+    )
     verify: bool = Field(False, description="Check (a) by exact simulation of the engine.")
     seed: Seed = 0
     scale: float | None = Field(
@@ -274,13 +286,16 @@ def _plan_compare_sglang(req, plan_blocks_trace, plan_rest):
     from kvhit.plan.sglang import compare_vllm_sglang
 
     p, pol = check_sglang_flags(req, True)
+    model = sglang_model(req, pol)
     if req.accelerator is None and req.kv_gb is None:
         raise InputError("--compare sglang: needs a KV budget (--gpu or --kv-gb)")
     if req.engine not in ("vllm", "vllm-0.23"):
         raise InputError(f"--compare sglang: compares simulated vLLM with SGLang; --engine {req.engine} is not vLLM")
     if req.blocks_trace is not None and (req.lam0 is not None or req.scale is not None):
         raise InputError("--compare sglang: compares on the trace as read (no --lam0/--scale resampling)")
-    base = req.model_copy(update={"compare": None, "page_size": None, "evict_policy": None})
+    base = req.model_copy(
+        update={"compare": None, "page_size": None, "evict_policy": None, "sglang_cache": None, "tlru_threshold": None}
+    )
     if req.blocks_trace is not None:
         from kvhit.service.inputs import production_mask, read_blocks_trace
 
@@ -321,7 +336,7 @@ def _plan_compare_sglang(req, plan_blocks_trace, plan_rest):
         raise InputError(f"{req.flag('kv_gb' if req.kv_gb is not None else 'accelerator')}: no SGLang page fits")
     with translating(where):
         res.compare = compare_vllm_sglang(
-            source, c.N, C, mask=mask, engine=req.engine, page_size=p, evict_policy=pol, block_size=b
+            source, c.N, C, mask=mask, engine=req.engine, page_size=p, evict_policy=pol, block_size=b, **model
         )
     res.compare["kv_gib"] = c.kv_bytes / 2**30
     res.notes.append(

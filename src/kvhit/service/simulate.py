@@ -17,7 +17,7 @@ from pydantic import Field
 
 from kvhit.service.base import Response, check_capacity_memory
 from kvhit.service.common import BlockEngine, Capacities, Seed
-from kvhit.service.engines import check_pools, check_sglang_flags, sglang_notes
+from kvhit.service.engines import check_pools, check_sglang_flags, sglang_model, sglang_notes
 from kvhit.service.errors import InputError, translating
 from kvhit.service.inputs import (
     measured_moments,
@@ -85,7 +85,17 @@ class SimulateRequest(BlocksTraceFields):
         None, ge=1, le=2**16, description="--engine sglang: tokens per page, 1–65,536; default 1."
     )
     evict_policy: str | None = Field(
-        None, description="--engine sglang: lru (default) | fifo | mru | filo (lfu, slru, priority, tlru: refused)."
+        None, description="--engine sglang: lru (default) | fifo | mru | filo | lfu | slru | priority | tlru."
+    )
+    sglang_cache: str | None = Field(
+        None,
+        description="--engine sglang: SGLang's cache class, unified (UnifiedRadixCache, default) | radix (RadixCache).",
+    )
+    tlru_threshold: int | None = Field(
+        None,
+        ge=0,
+        le=2**40,
+        description="--evict-policy tlru: T-LRU threshold − next-prompt estimate (tokens); default 0.",
     )
     prefill_tokens_per_s: float | None = Field(
         None, gt=0, le=1e12, description="--engine sglang: in-flight holds of T/speed seconds (FIFO admission); > 0."
@@ -420,6 +430,7 @@ def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
     from kvhit.sim.sglang.streams import streams_from_production, streams_from_trace
 
     p, pol = check_sglang_flags(req, True, ("block_size", "colocated", "weighting"))
+    model = sglang_model(req, pol)
     if "policy" in req.model_fields_set and req.policy == "content":
         raise InputError("--policy content and --engine sglang: the SGLang model is its own policy; drop --policy")
     Cs = [int(n) for n in req.N]
@@ -432,14 +443,14 @@ def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
             ts = streams_from_production(pt)
             hold = radix_holds(ts, *speeds)
             rows, feas, _ = radix_rows(
-                ts, Cs, page_size=p, evict_policy=pol, mask=mask, times=pt.time, hold=hold, progress=progress
+                ts, Cs, page_size=p, evict_policy=pol, mask=mask, times=pt.time, hold=hold, progress=progress, **model
             )
         return SimulateResponse(
             policy="sglang",
             blocks_trace=str(req.blocks_trace),
             describe=pt.describe(),
             rows=rows,
-            notes=sglang_notes(p, pol, hold) + production_notes(pt),
+            notes=sglang_notes(p, pol, hold, model["cache"]) + production_notes(pt),
             N_min=feas.C_min,
         )
     if source == "trace":
@@ -457,13 +468,14 @@ def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
                 times=tr["time"],
                 hold=hold,
                 progress=progress,
+                **model,
             )
         st = steady_report(tr, window.mask(tr))
         return SimulateResponse(
             policy="sglang",
             trace=str(req.trace),
             rows=rows,
-            notes=sglang_notes(p, pol, hold) + steady_note(st),
+            notes=sglang_notes(p, pol, hold, model["cache"]) + steady_note(st),
             N_min=feas.C_min,
             stationarity=st,
         )
@@ -488,7 +500,7 @@ def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
             ts = streams_from_trace(tr, block_size=128)
             hold = radix_holds(ts, *speeds)
             rows, feas, _ = radix_rows(
-                ts, Cs, page_size=p, evict_policy=pol, mask=window.mask(tr), times=tr["time"], hold=hold
+                ts, Cs, page_size=p, evict_policy=pol, mask=window.mask(tr), times=tr["time"], hold=hold, **model
             )
             C_min = max(C_min, feas.C_min)
             for row in rows:
@@ -499,6 +511,7 @@ def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
     for c in Cs:
         reps = per[c]
         base = {"N": c, "engine": "sglang", "unit": "tokens", "page_size": p, "evict_policy": pol}
+        base["sglang_cache"] = model["cache"]
         if not all(x["feasible"] for x in reps):
             base.update(
                 feasible=False,
@@ -522,7 +535,7 @@ def _simulate_sglang(req, source: str, progress=None) -> SimulateResponse:
                 h_reps=[x["h"] for x in reps],
             )
         out.append(base)
-    notes = sglang_notes(p, pol, hold)
+    notes = sglang_notes(p, pol, hold, model["cache"])
     notes[0] = notes[0].replace("CI from 10 batch means in arrival order", "CI over independent replications")
     return SimulateResponse(
         policy="sglang", rows=out, spec=sp.to_dict(), notes=notes + steady_note(st), N_min=C_min, stationarity=st

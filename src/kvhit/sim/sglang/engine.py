@@ -1,8 +1,18 @@
 """SGLang's radix-tree prefix cache as a step-wise :class:`~kvhit.sim.engine.Engine` (``engine="sglang"``).
 
-Read from the sglang 0.5.23 wheel (``python/sglang/srt/mem_cache/radix_cache.py``, ``common.py``,
-``allocation.py``, ``allocator/base.py``, ``evict_policy.py``, ``managers/schedule_batch.py``), for a
-full-attention model without HiCache, speculative decoding or sliding windows:
+Read from the sglang 0.5.23 wheel (``python/sglang/srt/mem_cache/radix_cache.py``, ``unified_radix_cache.py``,
+``unified_cache/unified_tree_core.py``, ``common.py``, ``allocation.py``, ``allocator/base.py``,
+``evict_policy.py``, ``managers/schedule_batch.py``), for a full-attention model without HiCache, speculative
+decoding or sliding windows:
+
+* **Cache class** – ``cache="unified"`` (default): ``UnifiedRadixCache``, what the 0.5.23 scheduler builds for
+  a full-attention model (``mem_cache/registry.py`` ``default_radix_cache_factory`` → ``create_unified_radix_cache``
+  unless LMCache/FlexKV or pure-SWA); ``cache="radix"``: ``RadixCache``. Both make the same decisions except one
+  time stamp: a split's new upper node keeps the split node's ``creation_time`` in the unified tree core
+  (``_split_node``) and gets a fresh one in ``RadixCache._split_node``, so they differ only under ``fifo``/``filo``.
+  The unified core's other stamps (two ticks of one counter per new node, a fresh access time for a split's lower
+  half, per-node touches on the insert walk, no match after a checkpoint) order the evictable leaves as
+  ``RadixCache``'s one-time-per-walk stamps do (tested against both in ``make conformance``).
 
 * **Tree** – a radix tree over token ids; children are keyed by their first ``page_size`` tokens (``p``,
   default 1); match lengths and inserted keys are rounded down to whole pages (``RadixKey.page_aligned``,
@@ -20,8 +30,15 @@ full-attention model without HiCache, speculative decoding or sliding windows:
   (a whole page when ``p > 1``, even when the current page has room, ``alloc_paged_token_slots_decode``).
   ``RadixCache.evict`` pops the unlocked leaf of lowest priority (LRU: oldest access time), frees the
   whole node (usually more than asked), pushes a parent that became an unlocked leaf, and stops once the
-  shortfall is covered or nothing is evictable. Policies: ``lru`` (default), ``fifo`` (creation time),
-  ``mru``, ``filo`` (``evict_policy.py``).
+  shortfall is covered or nothing is evictable. Policies (``evict_policy.py``; ties to the older access):
+  ``lru`` (default; last access), ``fifo`` (creation time), ``mru``, ``filo``, ``lfu`` (``(hit_count, access)``),
+  ``slru`` (``(hit_count ≥ 2, access)``), ``priority`` (``(priority, access)``), ``tlru`` (a leaf whose
+  ancestors hold ``≥ max(high-water depth − budget, 0)`` tokens first, then LRU). ``hit_count``: +1 on every
+  node an insert walks or creates that ends beyond the request's ``cache_inserted_len``; a split's upper node
+  copies it. ``priority``: requests carry SGLang's default 0 (``req.priority or 0``); the prompt re-insert at
+  release runs at 1, and an insert raises every walked node to its priority (max), so a finished request's prompt
+  nodes outlive output leaves. ``tlru``: depth (``_tlru_cached_prefix_len``) set at creation, the high-water
+  depth raised up the path by each new leaf and never lowered; budget ``threshold − next_prompt_estimate``.
 * **Checkpoint** – after prefill a request that continues to decode inserts its page-aligned prompt
   (``checkpoint_kv_cache`` → ``RadixCache.checkpoint``): the part already in the tree is a duplicate and is
   freed at once, the rest moves into the tree, and the lock moves to the new node.
@@ -45,8 +62,8 @@ a hit count, and an evicted node may stay in the tree host-only (see that module
 on the device and nothing here changes.
 
 Not modelled: decode-time retraction (preemption) when the pool runs out, the ``new_token_ratio`` decode
-reservation of ``PrefillAdder``, chunked prefill, LFU/priority/SLRU policies, SWA and
-Mamba trees, speculative decoding (EAGLE bigram keys), ``extra_key`` / LoRA namespaces.
+reservation of ``PrefillAdder``, chunked prefill, per-request priorities (all 0), SWA and Mamba trees,
+speculative decoding (EAGLE bigram keys), ``extra_key`` / LoRA namespaces, session-aware caching.
 """
 
 from __future__ import annotations
@@ -56,21 +73,29 @@ from itertools import chain
 
 from kvhit.sim.engine import FinishOutcome, Request, RequestOutcome
 
-__all__ = ["EVICT_POLICIES", "SglangEngine"]
+__all__ = ["CACHES", "EVICT_POLICIES", "SglangEngine"]
 
-#: policy -> priority of a node (lower = evicted first)
+#: policy -> priority of a node (lower = evicted first); heap ties fall to the last access (``TreeNode.__lt__``)
 EVICT_POLICIES = {
     "lru": lambda n: n.t,
     "fifo": lambda n: n.ct,
     "mru": lambda n: -n.t,
     "filo": lambda n: -n.ct,
+    "lfu": lambda n: (n.hits, n.t),
+    "slru": lambda n: (1 if n.hits >= 2 else 0, n.t),
+    "priority": lambda n: (n.pri, n.t),
+    "tlru": None,  # needs the tail budget: SglangEngine._tlru
 }
+
+#: SGLang's cache classes: ``unified`` (``UnifiedRadixCache``, what the 0.5.23 scheduler builds for a
+#: full-attention model) and ``radix`` (``RadixCache``); they differ on a split's creation time (fifo/filo)
+CACHES = ("unified", "radix")
 
 
 class _Node:
-    __slots__ = ("key", "children", "parent", "lock", "t", "ct", "dev", "host", "hits")
+    __slots__ = ("key", "children", "parent", "lock", "t", "ct", "dev", "host", "hits", "pri", "depth", "hist")
 
-    def __init__(self, key: tuple, parent, now: int) -> None:
+    def __init__(self, key: tuple, parent, now: int, pri: int = 0) -> None:
         self.key = key
         self.children: dict = {}
         self.parent = parent
@@ -79,7 +104,10 @@ class _Node:
         self.ct = now  # creation
         self.dev = True  # KV on the device (False only for a HiCache node evicted to host)
         self.host = False  # a host (HiCache) copy exists
-        self.hits = 0  # HiCache write-through hit count
+        self.hits = 0  # hit_count: inserts that walked or created the node (lfu, slru, HiCache write-through)
+        self.pri = pri  # priority: max over the inserts that walked it (the prompt re-insert at release adds 1)
+        self.depth = 0  # tlru: tokens root -> self (``_tlru_cached_prefix_len``)
+        self.hist = 0  # tlru: the branch's high-water depth (``_tlru_history_len``)
 
     def __lt__(self, other: _Node) -> bool:  # heap tie-break, as TreeNode.__lt__
         return self.t < other.t
@@ -98,11 +126,28 @@ class _Running:
 
 
 class SglangEngine:
-    """SGLang ``RadixCache`` over a KV pool of ``capacity`` tokens (see module docstring)."""
+    """SGLang's radix cache over a KV pool of ``capacity`` tokens (see module docstring).
+
+    ``cache``: ``"unified"`` (default; ``UnifiedRadixCache``, what SGLang 0.5.23 builds for a full-attention
+    model) or ``"radix"`` (``RadixCache``). They differ only in the creation time of the upper node a split
+    makes (kept from the split node in ``unified``, fresh in ``radix``), so only ``fifo``/``filo`` can tell
+    them apart. ``tlru_tail_budget``: T-LRU's ``threshold − next_prompt_estimate`` (tokens, clamped at 0;
+    ``--radix-eviction-policy-config``), used by ``evict_policy="tlru"`` only (0, SGLang's default, makes
+    T-LRU order as LRU); T-LRU needs ``cache="unified"`` (SGLang refuses it on ``RadixCache``).
+    """
 
     unit = "token"
 
-    def __init__(self, capacity: int, *, page_size: int = 1, evict_policy: str = "lru", host=None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        page_size: int = 1,
+        evict_policy: str = "lru",
+        host=None,
+        cache: str = "unified",
+        tlru_tail_budget: int = 0,
+    ) -> None:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size: expected a positive integer, got {page_size!r}")
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < page_size:
@@ -111,11 +156,22 @@ class SglangEngine:
             raise ValueError(f"capacity: {capacity} tokens is not a whole number of {page_size}-token pages")
         if evict_policy not in EVICT_POLICIES:
             raise ValueError(f"evict_policy: expected one of {sorted(EVICT_POLICIES)}, got {evict_policy!r}")
+        if cache not in CACHES:
+            raise ValueError(f"cache: expected one of {list(CACHES)}, got {cache!r}")
+        if evict_policy == "tlru" and cache != "unified":
+            raise ValueError("evict_policy='tlru' needs cache='unified' (SGLang refuses T-LRU on RadixCache)")
+        if evict_policy == "tlru" and host is not None:
+            raise ValueError("evict_policy='tlru' with a HiCache host tier is not modelled")
+        if isinstance(tlru_tail_budget, bool) or not isinstance(tlru_tail_budget, int) or tlru_tail_budget < 0:
+            raise ValueError(f"tlru_tail_budget: expected an integer >= 0, got {tlru_tail_budget!r}")
+        self.cache = cache
+        self.tlru_budget = tlru_tail_budget
         self.name = "sglang"
         self.capacity = capacity
         self.p = page_size
         self.evict_policy = evict_policy
-        self._prio = EVICT_POLICIES[evict_policy]
+        self._prio = EVICT_POLICIES[evict_policy] or self._tlru
+        self._tlru_on = evict_policy == "tlru"
         self._clock = 0
         self.root = _Node((), None, 0)
         self.root.lock = 1
@@ -127,6 +183,12 @@ class SglangEngine:
         self.host = host
         if host is not None:
             host.bind(self)
+
+    def _tlru(self, n: _Node) -> tuple:
+        """``TLRUStrategy.get_priority``: a leaf whose ancestors alone cover the branch's high-water depth less
+        the tail budget is "TEL-safe" (-1: evicted first), others 0; then LRU."""
+        safe = n.depth - len(n.key) >= max(n.hist - self.tlru_budget, 0)
+        return (-1 if safe else 0, n.t)
 
     # ---- tree -----------------------------------------------------------------------------------
     def _tick(self) -> int:
@@ -149,9 +211,14 @@ class SglangEngine:
         return k // self.p * self.p
 
     def _split(self, child: _Node, at: int) -> _Node:
-        new = _Node(child.key[:at], child.parent, self._tick())
+        new = _Node(child.key[:at], child.parent, self._tick(), child.pri)
         new.lock = child.lock
         new.dev, new.host, new.hits = child.dev, child.host, child.hits
+        if self.cache == "unified":  # unified_tree_core._split_node: the upper part keeps the creation time
+            new.ct = child.ct
+        if self._tlru_on:
+            new.depth = child.parent.depth + at
+            new.hist = child.hist
         new.children = {self._ck(child.key, at): child}
         new.parent.children[self._ck(child.key)] = new
         child.parent = new
@@ -180,13 +247,15 @@ class SglangEngine:
             off += k
         return off, node
 
-    def _insert(self, key, inserted: int = 0) -> tuple[int, _Node, int]:
+    def _insert(self, key, inserted: int = 0, pri: int = 0) -> tuple[int, _Node, int]:
         """``_insert_helper``: (tokens already in the tree, node of the whole key, tokens of host-only nodes
-        re-filled from the key's KV). ``inserted`` – the request's ``cache_inserted_len``: HiCache counts a hit
-        on each walked or created node that ends beyond it."""
+        re-filled from the key's KV). ``inserted`` – the request's ``cache_inserted_len``: a hit is counted
+        on each walked or created node that ends beyond it. ``pri`` – the insert's priority, raised into every
+        walked node (max) and given to a new leaf."""
         now = self._tick()
         node = self.root
         node.t = now
+        node.pri = max(node.pri, pri)
         off = 0
         adopted = 0
         host = self.host
@@ -197,21 +266,36 @@ class SglangEngine:
             child.t = now
             k = self._common(child.key, key, off)
             node = self._split(child, k) if k < len(child.key) else child
+            node.pri = max(node.pri, pri)
             off += k
             if not node.dev:  # HiCache: an evicted node takes the request's fresh KV (``_unevict_node_on_insert``)
                 node.dev = True
                 adopted += len(node.key)
                 host.on_unevict(node)
-            if host is not None and off > inserted:
-                host.on_insert_hit(node)
+            if off > inserted:
+                self._hit(node)
         if off < len(key):
-            leaf = _Node(tuple(key[off:]), node, self._tick())
+            leaf = _Node(tuple(key[off:]), node, self._tick(), pri)
+            if self._tlru_on:  # _set_tlru_lens_and_raise_history
+                leaf.depth = node.depth + len(leaf.key)
+                leaf.hist = leaf.depth
+                a = node
+                while a is not None and a.hist < leaf.depth:
+                    a.hist = leaf.depth
+                    a = a.parent
             node.children[self._ck(leaf.key)] = leaf
             node = leaf
-            if host is not None and len(key) > inserted:
-                host.on_insert_hit(leaf)
+            if len(key) > inserted:
+                self._hit(leaf)
         prefix = off
         return prefix, node, adopted
+
+    def _hit(self, node: _Node) -> None:
+        """``_inc_hit_count`` (HiCache: ``_inc_hit_count_and_check``, which may start a write-through)."""
+        if self.host is not None:
+            self.host.on_insert_hit(node)
+        else:
+            node.hits += 1
 
     def _lock(self, node: _Node, d: int) -> None:
         while node is not self.root:
@@ -285,8 +369,8 @@ class SglangEngine:
         run.inserted = max(run.inserted, key_len)
         if prompt_len is not None:
             pk = prompt_len // self.p * self.p
-            if 0 < pk < key_len:
-                self._insert(toks[:pk], pk)
+            if 0 < pk < key_len:  # split_prompt: the prompt again, at priority + 1
+                self._insert(toks[:pk], pk, pri=1)
         # duplicates of tree content the request computed again are freed at once (host-only nodes it
         # re-filled keep the request's slots instead)
         self.available += max(0, prefix - run.protected - adopted)

@@ -18,9 +18,13 @@ The radix tree lives in arrays: a node's key is a slice ``(stream, position, len
 inserted it (streams never change, so splits are slice arithmetic); children are found through one hash
 table keyed by ``(parent, hash of the child's first page)``, every candidate verified token by token (a hash
 collision cannot change a decision); the unlocked leaves sit in an indexed min-heap on the eviction
-priority (``lru``: last access, ``fifo``: creation, ``mru``/``filo``: their negatives — all distinct,
-since one logical clock stamps every match/insert/split/new node exactly as the step-wise model does, so
-the heap order is the order SGLang's per-call heap pops). Per multi-turn conversation the tree is a chain
+priority, a pair (``lru``: last access; ``fifo``: creation; ``mru``/``filo``: their negatives; ``lfu``: hit
+count; ``slru``: hit count ≥ 2; ``priority``: node priority; ``tlru``: −1 when TEL-safe, else 0 — each then the
+last access, which is distinct among leaves since one logical clock stamps every match/insert/split/new node
+exactly as the step-wise model does), so the heap order is the order SGLang's per-call heap pops; a node whose
+key changes (access, hit count, priority, a split shortening it) is re-sifted. The cache class (``unified``:
+a split keeps the creation time) and T-LRU's budget travel packed with the policy code.
+Per multi-turn conversation the tree is a chain
 (prompt node, output leaf, next prompt's new part, …) hanging off the root or off a shared prefix (system
 prompt, chat template, duplicated content), split where a later request diverges.
 
@@ -38,14 +42,16 @@ from numba import njit
 
 from kvhit.workload.hashing import fmix64
 
-__all__ = ["POLICIES", "RadixResult", "TokenStreams", "simulate_radix"]
+__all__ = ["CACHES", "POLICIES", "RadixResult", "TokenStreams", "simulate_radix"]
 
-#: eviction policies modelled (code passed to the kernel); SGLang's lfu/slru/priority/tlru are not
-POLICIES = {"lru": 0, "fifo": 1, "mru": 2, "filo": 3}
+#: eviction policies modelled (code passed to the kernel, with the cache class and T-LRU's tail budget)
+POLICIES = {"lru": 0, "fifo": 1, "mru": 2, "filo": 3, "lfu": 4, "slru": 5, "priority": 6, "tlru": 7}
+#: cache classes: UnifiedRadixCache (default; a split's upper node keeps the creation time) and RadixCache
+CACHES = ("unified", "radix")
 
 # node columns
-_PAR, _KS, _KP, _KL, _LOCK, _T, _CT, _NCH, _HPOS, _NH = range(10)
-_NCOL = 10
+_PAR, _KS, _KP, _KL, _LOCK, _T, _CT, _NCH, _HPOS, _NH, _HIT, _PRI, _DEP, _HIST = range(14)
+_NCOL = 14
 # state scalars
 _CLOCK, _AVAIL, _EVICTABLE, _HSIZE, _FREE, _NEXT, _ERR, _EVT, _EVN, _EVT_ALL, _PEAK = range(11)
 
@@ -154,6 +160,7 @@ class RadixResult:
     evict_policy: str
     peak_in_use: int  #: max slots held by running requests or locked nodes, after an admission
     evictions: int  #: tokens evicted in all
+    cache: str = "unified"  #: SGLang cache class modelled (``unified`` or ``radix``)
 
     @property
     def n_rejected(self) -> int:
@@ -305,15 +312,40 @@ def _tab_delete(tab, mask, i):
 # --------------------------------------------------------------------------------------------------
 
 
+# ``pol`` packs the policy (bits 0-2), the cache class (bit 3: 1 = unified) and T-LRU's tail budget (bits 4+)
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _prio(nd, x, pol):
-    if pol == 0:
-        return nd[x, _T]
-    if pol == 1:
-        return nd[x, _CT]
-    if pol == 2:
-        return -nd[x, _T]
-    return -nd[x, _CT]
+    """(primary key, secondary key) of ``evict_policy.py``'s ``get_priority``; ties fall to the last access."""
+    k = pol & 7
+    t = nd[x, _T]
+    if k == 0:
+        return (t, t)
+    if k == 1:
+        return (nd[x, _CT], t)
+    if k == 2:
+        return (-t, t)
+    if k == 3:
+        return (-nd[x, _CT], t)
+    if k == 4:
+        return (nd[x, _HIT], t)
+    if k == 5:
+        return (np.int64(1) if nd[x, _HIT] >= 2 else np.int64(0), t)
+    if k == 6:
+        return (nd[x, _PRI], t)
+    safe = nd[x, _DEP] - nd[x, _KL] >= max(nd[x, _HIST] - (pol >> 4), 0)
+    return (np.int64(-1) if safe else np.int64(0), t)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _le(a, b):
+    return a[0] < b[0] or (a[0] == b[0] and a[1] <= b[1])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lt(a, b):
+    return a[0] < b[0] or (a[0] == b[0] and a[1] < b[1])
 
 
 @njit(cache=True, nogil=True)
@@ -323,7 +355,7 @@ def _sift_up(nd, heap, i, pol):
     while i > 0:
         q = (i - 1) >> 1
         y = heap[q]
-        if _prio(nd, y, pol) <= px:
+        if _le(_prio(nd, y, pol), px):
             break
         heap[i] = y
         nd[y, _HPOS] = i
@@ -344,10 +376,10 @@ def _sift_down(nd, heap, i, size, pol):
         pm = _prio(nd, heap[a], pol)
         if a + 1 < size:
             pb = _prio(nd, heap[a + 1], pol)
-            if pb < pm:
+            if _lt(pb, pm):
                 m = a + 1
                 pm = pb
-        if px <= pm:
+        if _le(px, pm):
             break
         heap[i] = heap[m]
         nd[heap[i], _HPOS] = i
@@ -385,12 +417,17 @@ def _heap_remove(nd, heap, st, x, pol):
 
 
 @njit(cache=True, nogil=True)
+def _fix(nd, heap, st, x, pol):
+    """Restore the heap after a key of ``x`` changed."""
+    if nd[x, _HPOS] >= 0:
+        _sift_up(nd, heap, nd[x, _HPOS], pol)
+        _sift_down(nd, heap, nd[x, _HPOS], st[_HSIZE], pol)
+
+
+@njit(cache=True, nogil=True)
 def _stamp(nd, heap, st, x, now, pol):
     nd[x, _T] = now
-    if nd[x, _HPOS] >= 0 and (pol == 0 or pol == 2):
-        i = nd[x, _HPOS]
-        _sift_up(nd, heap, i, pol)
-        _sift_down(nd, heap, nd[x, _HPOS], st[_HSIZE], pol)
+    _fix(nd, heap, st, x, pol)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -420,13 +457,24 @@ def _new_node(nd, st, par, ks, kp, kl, lock):
     nd[x, _NCH] = 0
     nd[x, _HPOS] = -1
     nd[x, _NH] = 0
+    nd[x, _HIT] = 0
+    nd[x, _PRI] = 0
+    nd[x, _DEP] = 0
+    nd[x, _HIST] = 0
     return x
 
 
 @njit(cache=True, nogil=True)
-def _split(W, nd, tab, mask, st, child, at, p):
+def _split(W, nd, tab, mask, heap, st, child, at, p, pol):
     par = nd[child, _PAR]
     new = _new_node(nd, st, par, nd[child, _KS], nd[child, _KP], at, nd[child, _LOCK])
+    nd[new, _HIT] = nd[child, _HIT]
+    nd[new, _PRI] = nd[child, _PRI]
+    if (pol >> 3) & 1:  # UnifiedRadixCache: the upper part keeps the creation time
+        nd[new, _CT] = nd[child, _CT]
+    if pol & 7 == 7:
+        nd[new, _DEP] = nd[par, _DEP] + at
+        nd[new, _HIST] = nd[child, _HIST]
     h_old = nd[child, _NH]
     tab[_tab_slot(tab, mask, par, h_old, child), 2] = new
     nd[new, _NH] = h_old
@@ -437,16 +485,20 @@ def _split(W, nd, tab, mask, st, child, at, p):
     nd[child, _NH] = h_new
     _tab_insert(tab, mask, new, h_new, child)
     nd[new, _NCH] = 1
+    _fix(nd, heap, st, child, pol)  # its key got shorter (T-LRU reads the length)
     return new
 
 
 @njit(cache=True, nogil=True)
-def _walk(W, nd, tab, mask, heap, st, s, keylen, p, pol, is_match):
-    """``_match_prefix_helper`` (stop at the first split) or ``_insert_helper``'s walk: (tokens, node)."""
+def _walk(W, nd, tab, mask, heap, st, s, keylen, p, pol, is_match, inserted=0, pri=0):
+    """``_match_prefix_helper`` (stop at the first split) or ``_insert_helper``'s walk: (tokens, node); an
+    insert raises each walked node's priority to ``pri`` and counts a hit on it if it ends past ``inserted``."""
     st[_CLOCK] += 1
     now = st[_CLOCK]
     node = 0
     nd[0, _T] = now
+    if not is_match and nd[0, _PRI] < pri:
+        nd[0, _PRI] = pri
     off = 0
     while off < keylen:
         h = _phash(W, s, off, p)
@@ -457,22 +509,44 @@ def _walk(W, nd, tab, mask, heap, st, s, keylen, p, pol, is_match):
         kl = nd[child, _KL]
         k = _ncommon(W, nd[child, _KS], nd[child, _KP], s, off, min(kl, keylen - off)) // p * p
         if k < kl:
-            node = _split(W, nd, tab, mask, st, child, k, p)
+            node = _split(W, nd, tab, mask, heap, st, child, k, p, pol)
             off += k
             if is_match:
                 break
         else:
             node = child
             off += k
+        if not is_match:
+            k7 = pol & 7
+            if nd[node, _PRI] < pri:
+                nd[node, _PRI] = pri
+                if k7 == 6:
+                    _fix(nd, heap, st, node, pol)
+            if off > inserted:
+                nd[node, _HIT] += 1
+                if k7 == 4 or k7 == 5:
+                    _fix(nd, heap, st, node, pol)
     return off, node
 
 
 @njit(cache=True, nogil=True)
-def _insert(W, nd, tab, mask, heap, st, s, keylen, p, pol):
-    off, node = _walk(W, nd, tab, mask, heap, st, s, keylen, p, pol, False)
+def _insert(W, nd, tab, mask, heap, st, s, keylen, p, pol, inserted, pri):
+    off, node = _walk(W, nd, tab, mask, heap, st, s, keylen, p, pol, False, inserted, pri)
     prefix = off
     if off < keylen:
         leaf = _new_node(nd, st, node, s, off, keylen - off, 0)
+        nd[leaf, _PRI] = pri
+        if keylen > inserted:
+            nd[leaf, _HIT] = 1
+        _heap_remove(nd, heap, st, node, pol)  # before its keys change
+        if pol & 7 == 7:  # _set_tlru_lens_and_raise_history
+            d = nd[node, _DEP] + keylen - off
+            nd[leaf, _DEP] = d
+            nd[leaf, _HIST] = d
+            a = node
+            while a >= 0 and nd[a, _HIST] < d:
+                nd[a, _HIST] = d
+                a = nd[a, _PAR]
         h = _phash(W, s, off, p)
         nd[leaf, _NH] = h
         _tab_insert(tab, mask, node, h, leaf)
@@ -535,13 +609,14 @@ def _alloc(nd, tab, mask, heap, st, demand, tokens, pol):
 
 @njit(cache=True, nogil=True)
 def _checkpoint(W, nd, tab, mask, heap, st, run, r, s, up_to, prompt_len, p, pol):
-    """``SglangEngine._checkpoint``; ``run[r]`` = (node, protected, alloc_end, owned)."""
+    """``SglangEngine._checkpoint``; ``run[r]`` = (node, protected, alloc_end, owned, inserted)."""
     key_len = up_to // p * p
-    prefix, _ = _insert(W, nd, tab, mask, heap, st, s, key_len, p, pol)
+    prefix, _ = _insert(W, nd, tab, mask, heap, st, s, key_len, p, pol, run[r, 4], 0)
+    run[r, 4] = max(run[r, 4], key_len)
     if prompt_len >= 0:
         pk = prompt_len // p * p
         if 0 < pk and pk < key_len:
-            _insert(W, nd, tab, mask, heap, st, s, pk, p, pol)
+            _insert(W, nd, tab, mask, heap, st, s, pk, p, pol, pk, 1)
     st[_AVAIL] += max(0, prefix - run[r, 1])
     _, node = _walk(W, nd, tab, mask, heap, st, s, key_len, p, pol, True)
     run[r, 1] = max(run[r, 1], key_len)
@@ -572,6 +647,7 @@ def _submit(W, nd, tab, mask, heap, st, run, r, s, T, n, p, pol):
     run[r, 1] = hit
     run[r, 2] = hit + _pages(extend, p)
     run[r, 3] = T
+    run[r, 4] = 0
     if n > 1:
         _checkpoint(W, nd, tab, mask, heap, st, run, r, s, T, -1, p, pol)
     steps = n - 1
@@ -654,7 +730,7 @@ def _radix_kernel(run_sym, run_idx, run_len, run_pos, soff, stream, T, nout, C, 
     tab = np.zeros((cap, 3), np.int64)
     tab[:, 2] = -1
     heap = np.zeros(M, np.int64)
-    run = np.zeros((n, 4), np.int64)
+    run = np.zeros((n, 5), np.int64)
     extra = p if p > 1 else 0
     fits = np.zeros(n, np.bool_)
     for r in range(n):
@@ -757,8 +833,13 @@ def simulate_radix(
     evict_policy: str = "lru",
     times=None,
     hold=None,
+    cache: str = "unified",
+    tlru_tail_budget: int = 0,
 ) -> RadixResult:
     """Run the SGLang radix-cache model over ``ts`` with a KV pool of ``capacity`` tokens.
+
+    ``cache``, ``tlru_tail_budget``: as :class:`~kvhit.sim.sglang.engine.SglangEngine` (``unified`` by default;
+    ``radix`` differs only for ``fifo``/``filo``).
 
     Timing as :func:`kvhit.sim.engine.replay` (and :func:`kvhit.sim.vllm.block.simulate_block`): without ``hold``
     each request runs alone (admitted, decoded and finished at once); with ``hold`` request ``r`` arrives at
@@ -771,6 +852,14 @@ def simulate_radix(
         raise ValueError(f"capacity: expected a positive multiple of page_size ({p}) tokens, got {capacity!r}")
     if evict_policy not in POLICIES:
         raise ValueError(f"evict_policy: expected one of {sorted(POLICIES)}, got {evict_policy!r}")
+    if cache not in CACHES:
+        raise ValueError(f"cache: expected one of {list(CACHES)}, got {cache!r}")
+    if evict_policy == "tlru" and cache != "unified":
+        raise ValueError("evict_policy='tlru' needs cache='unified' (SGLang refuses T-LRU on RadixCache)")
+    B = tlru_tail_budget
+    if isinstance(B, bool) or not isinstance(B, int | np.integer) or B < 0 or B >= 1 << 40:
+        raise ValueError(f"tlru_tail_budget: expected an integer in [0, 2**40), got {tlru_tail_budget!r}")
+    pol = POLICIES[evict_policy] | (8 if cache == "unified" else 0) | (int(B) << 4)
     n = ts.n_requests
     use_events = hold is not None
     if use_events:
@@ -800,7 +889,7 @@ def simulate_radix(
         ts.output_tokens,
         int(capacity),
         int(p),
-        POLICIES[evict_policy],
+        pol,
         tm,
         hd,
         use_events,
@@ -819,4 +908,5 @@ def simulate_radix(
         evict_policy=evict_policy,
         peak_in_use=int(st[_PEAK]),
         evictions=int(st[_EVT_ALL]),
+        cache=cache,
     )

@@ -107,8 +107,8 @@ def paired_batch_ci(hit_a, hit_b, demand, mask, n_batches: int = 10) -> tuple[fl
     return diff, (mean_ci(ds)[1] if len(ds) >= 2 else float("nan"))
 
 
-def _run(ts, C, page_size, evict_policy, times, hold) -> RadixResult:
-    return simulate_radix(ts, int(C), page_size=page_size, evict_policy=evict_policy, times=times, hold=hold)
+def _run(ts, C, page_size, evict_policy, times, hold, model) -> RadixResult:
+    return simulate_radix(ts, int(C), page_size=page_size, evict_policy=evict_policy, times=times, hold=hold, **model)
 
 
 def _workers(workers: int | None, n: int) -> int:
@@ -126,10 +126,14 @@ def radix_rows(
     hold=None,
     workers: int | None = None,
     progress=None,
+    cache: str = "unified",
+    tlru_tail_budget: int = 0,
 ) -> tuple[list[dict], RadixFeasibility, dict]:
     """One row per capacity (tokens): ``h`` (token hit ratio), ``h_ci95`` (batch means over the measured rows in
     arrival order), ``request_hit_rate``, ``evicted_tokens``, ``mean_wait`` (with holds); infeasible capacities
-    get ``h = None`` and the refused shares. Also returns the per-capacity :class:`RadixResult` (feasible ones)."""
+    get ``h = None`` and the refused shares. Also returns the per-capacity :class:`RadixResult` (feasible ones).
+    ``cache``, ``tlru_tail_budget``: as :func:`~kvhit.sim.sglang.radix.simulate_radix`."""
+    model = {"cache": cache, "tlru_tail_budget": tlru_tail_budget}
     m = np.ones(ts.n_requests, bool) if mask is None else np.asarray(mask, bool)
     Cs = [int(c) for c in Cs]
     feas = radix_feasibility(ts, Cs, page_size, m)
@@ -139,12 +143,14 @@ def radix_rows(
         if progress:
             progress(0, len(ok), f"SGLang radix cache at {len(ok)} pool size(s)")
         with ThreadPoolExecutor(_workers(workers, len(ok))) as ex:
-            for c, res in zip(ok, ex.map(lambda c: _run(ts, c, page_size, evict_policy, times, hold), ok), strict=True):
+            runs = ex.map(lambda c: _run(ts, c, page_size, evict_policy, times, hold, model), ok)
+            for c, res in zip(ok, runs, strict=True):
                 results[c] = res
     rows = []
     T = ts.prompt_tokens.astype(float)
     for k, C in enumerate(Cs):
         row = {"N": C, "engine": "sglang", "unit": "tokens", "page_size": page_size, "evict_policy": evict_policy}
+        row["sglang_cache"] = cache
         row.update(feas.row(k))
         if C in results:
             res = results[C]
@@ -173,10 +179,14 @@ def radix_curve(
     evict_policy: str = "lru",
     mask=None,
     workers: int | None = None,
+    cache: str = "unified",
+    tlru_tail_budget: int = 0,
 ) -> dict:
     """Token hit ratio at every capacity of ``Cs`` (tokens), NaN where infeasible — one simulation per
     capacity, in parallel (no one-pass curve exists: see the module docstring). Keys: ``C``,
-    ``token_hit_ratio``, ``feasibility``, ``method`` (``"per-capacity simulation"``)."""
+    ``token_hit_ratio``, ``feasibility``, ``method`` (``"per-capacity simulation"``). ``cache``,
+    ``tlru_tail_budget``: as :func:`~kvhit.sim.sglang.radix.simulate_radix`."""
+    model = {"cache": cache, "tlru_tail_budget": tlru_tail_budget}
     m = np.ones(ts.n_requests, bool) if mask is None else np.asarray(mask, bool)
     Cs = np.asarray(Cs, np.int64)
     feas = radix_feasibility(ts, Cs, page_size, m)
@@ -184,7 +194,7 @@ def radix_curve(
     ks = np.flatnonzero(feas.feasible)
     if ks.size:
         with ThreadPoolExecutor(_workers(workers, ks.size)) as ex:
-            res = list(ex.map(lambda k: _run(ts, Cs[k], page_size, evict_policy, None, None), ks))
+            res = list(ex.map(lambda k: _run(ts, Cs[k], page_size, evict_policy, None, None, model), ks))
         for k, r in zip(ks, res, strict=True):
             h[k] = r.token_hit_ratio(m)
     return {"C": Cs, "token_hit_ratio": h, "feasibility": feas, "method": "per-capacity simulation"}
