@@ -210,8 +210,6 @@ def _window(req: TiersRequest, src, n: int):
     from kvhit.service.steady import steady_note, steady_report
 
     if req.blocks_trace is not None:
-        if req.warmup is not None:
-            raise InputError("--warmup: a block-id trace has no warm-up window (it is measured from an empty cache)")
         if req.measure == "window":
             raise InputError("--measure window: a block-id trace has no warm-up (it is measured from an empty cache)")
         return None, None, []
@@ -284,7 +282,9 @@ def tiers(req: TiersRequest) -> TiersResponse:
         raise InputError("--price-hbm-per-gib: the cheapest split needs --target and --dram-gb")
     if req.plot is not None:
         check_output_file(str(req.plot) + ".png", "--plot")
-    if req.warmup is not None and req.measure == "all" and req.blocks_trace is None:
+    if req.warmup is not None and req.blocks_trace is not None:
+        raise InputError("--warmup: a block-id trace has no warm-up window (it is measured from an empty cache)")
+    if req.warmup is not None and req.measure == "all":
         req = req.model_copy(update={"measure": "window"})  # a warm-up is a measured window
     br, src = _load(req)
     measured, steady, notes = _window(req, src, len(br.prompt_tokens))
