@@ -185,7 +185,7 @@ def test_bad_input_one_line_exit_2(trace, cmd, args, needle):
 
 def test_two_sources_refused(trace):
     r = runner.invoke(app, ["fleet", "plan", "--target", "0.5", "--N", "150"])
-    assert r.exit_code == 2 and "--trace: required (or give --blocks-trace)" in (r.stderr or r.output)
+    assert r.exit_code == 2 and "--trace: required (or give --blocks-trace or --sharegpt)" in (r.stderr or r.output)
 
 
 def test_flops_model_identities():
