@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -53,7 +54,10 @@ def server():
     port = _free_port()
     kvhit = Path(sys.executable).parent / "kvhit"
     proc = subprocess.Popen(
-        [str(kvhit), "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [str(kvhit), "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its API worker pool is stopped with it (by process group) if it hangs
     )
     url = f"http://127.0.0.1:{port}"
     t0 = time.time()
@@ -62,13 +66,17 @@ def server():
             urllib.request.urlopen(url + "/api/presets", timeout=2).read()
             break
         except OSError:
-            if proc.poll() is not None or time.time() - t0 > 90:
-                proc.kill()
+            if proc.poll() is not None or time.time() - t0 > 300:
+                os.killpg(proc.pid, signal.SIGKILL)
                 raise RuntimeError(f"kvhit serve did not start: {proc.stdout.read().decode()[-2000:]}") from None
             time.sleep(0.3)
     yield url
     proc.terminate()
-    proc.wait(10)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:  # a loaded machine: the pool's shutdown outlasted the wait
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
 
 
 @pytest.fixture(scope="module")
