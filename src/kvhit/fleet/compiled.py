@@ -187,7 +187,8 @@ def _dense_ids(hashes):
 
 @njit(cache=True)
 def _precise_overlap(hashes, off, maxhit, tab, mask):
-    """Leading blocks of the request cached in one replica's hash table (the engine's lookup, no state change)."""
+    """Leading hashes of the request (at most ``maxhit``) present in one hash table, no state change: a replica's
+    block table (the engine's lookup) or llm-d's bounded LRU shadow table."""
     h = 0
     while h < maxhit:
         if _ht_find(hashes[off + h], tab, mask) < 0:
@@ -228,17 +229,6 @@ def _shadow_add(ids, off, nh, k, R, sh_exp, cnt, exp):
         if sh_exp[node, 0] == _NEG:
             cnt[k] += 1
         sh_exp[node, 0] = exp
-
-
-@njit(cache=True)
-def _lru_overlap(hashes, off, nh, ltab, mask):
-    """llm-d's shadow overlap on one replica: leading routed hashes present in its bounded LRU table."""
-    n = 0
-    while n < nh:
-        if _ht_find(hashes[off + n], ltab, mask) < 0:
-            break
-        n += 1
-    return n
 
 
 @njit(cache=True)
@@ -486,7 +476,7 @@ def _fleet_kernel(
                         qmax = l_inf[j]
                 for j in range(R):
                     if approx:
-                        x = _lru_overlap(hashes, o, nh, ltab[j], lmask)
+                        x = _precise_overlap(hashes, o, nh, ltab[j], lmask)
                     else:
                         x = _precise_overlap(hashes, o, maxhit, tab[j], mask)
                         router_ops += x + (1 if x < maxhit else 0)

@@ -331,15 +331,9 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
             return estimate_fleet(wl.tr, res.replica, Ns, **kw), None
     if name not in KV_ESTIMATED:
         return None, f"no estimate for {name}: no fleet estimator models it"
-    if name == "dynamo" and float(params.get("temperature", 0.0)) != 0.0:
-        return None, (
-            "no estimate for dynamo with --temperature > 0: the KV-aware estimator models Dynamo's argmin "
-            "(temperature 0) only"
-        )
-    if req.lag > 0 and hold is not None:
-        return None, (
-            f"no estimate for {name} with --lag > 0: the KV-aware estimator does not model lagged load snapshots"
-        )
+    why = _kv_unmodelled(req, name, params, hold)
+    if why is not None:
+        return None, why
     from kvhit.fleet.estimate import estimate_fleet_kv
 
     with translating("estimate"):
@@ -347,6 +341,18 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
             wl.tr, name, Ns, hold=hold, params=params, rate=measured_rate(st.times, st.measured), seed=req.seed, **kw
         )
     return est, None
+
+
+def _kv_unmodelled(req: FleetRequest, name: str, params: dict, hold) -> str | None:
+    """Why the KV-aware estimator has no number for this row (token and block-id traces alike), or None."""
+    if name == "dynamo" and float(params.get("temperature", 0.0)) != 0.0:
+        return (
+            "no estimate for dynamo with --temperature > 0: the KV-aware estimator models Dynamo's argmin "
+            "(temperature 0) only"
+        )
+    if req.lag > 0 and hold is not None:
+        return f"no estimate for {name} with --lag > 0: the KV-aware estimator does not model lagged load snapshots"
+    return None
 
 
 #: exact fleet replays behind the realisation band of a block-id row (docs/estimators.md §6, block-id traces)
@@ -369,15 +375,9 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
             )
         rep = res.replica
     elif name in KV_ESTIMATED:
-        if name == "dynamo" and float(params.get("temperature", 0.0)) != 0.0:
-            return None, (
-                "no estimate for dynamo with --temperature > 0: the KV-aware estimator models Dynamo's argmin "
-                "(temperature 0) only"
-            )
-        if req.lag > 0 and hold is not None:
-            return None, (
-                f"no estimate for {name} with --lag > 0: the KV-aware estimator does not model lagged load snapshots"
-            )
+        why = _kv_unmodelled(req, name, params, hold)
+        if why is not None:
+            return None, why
         with translating("estimate"):
             q, prev = stay_probabilities_blocks(
                 pt, name, len(Ns), hold=hold, Ns=Ns, params=params, rate=measured_rate(st.times, st.measured),
