@@ -1,4 +1,4 @@
-"""``kvhit replay``: a trace against a running vLLM server, checked request by request against kvhit."""
+"""``kvhit replay``: a trace against a running vLLM or SGLang server, checked request by request against kvhit."""
 
 from __future__ import annotations
 
@@ -41,10 +41,14 @@ def replay(
     max_num_seqs: Annotated[int, _opt(RR, "max_num_seqs", "--max-num-seqs")] = 128,
     timeout_s: Annotated[float, _opt(RR, "timeout_s", "--timeout")] = 600.0,
     retries: Annotated[int, _opt(RR, "retries", "--retries")] = 3,
+    engine: Annotated[str, _opt(RR, "engine", "--engine")] = "auto",
+    pool_tokens: Annotated[int | None, _opt(RR, "pool_tokens", "--pool-tokens")] = None,
+    evict_policy: Annotated[str | None, _opt(RR, "evict_policy", "--evict-policy")] = None,
+    sglang_cache: Annotated[str, _opt(RR, "sglang_cache", "--sglang-cache")] = "unified",
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of tables.")] = False,
 ) -> None:
-    """Replay a trace against a running vLLM server (OpenAI completions, token-id prompts) and record each
-    request's prefix-cache hit (usage.prompt_tokens_details.cached_tokens) and the server's counters.
+    """Replay a trace against a running vLLM or SGLang server (OpenAI completions, token-id prompts) and record
+    each request's prefix-cache hit (usage.prompt_tokens_details.cached_tokens) and the server's counters.
 
     --check simulates exactly the recorded sequence with kvhit's vLLM engine (block size and count read from the
     server's vllm:cache_config_info, N = num_gpu_blocks − 1, prompt + first m − 1 generated tokens cached) and
@@ -53,6 +57,13 @@ def replay(
     the measured finish times; --max-num-batched-tokens and --max-num-seqs as the server runs) and with holds from
     the measured times, both reported per request and in aggregate (not gating the exit status). A replay that fails
     midway keeps its --log, marked partial, and exits 1.
+
+    SGLang servers (detected from /server_info, or --engine sglang; start them with --enable-cache-report, and
+    --enable-metrics for the counters): --check reads the page size, the KV pool (max_total_num_tokens) and the
+    radix eviction policy from /server_info and simulates the recorded sequence with kvhit's SGLang model
+    (prompt + first m − 1 generated tokens cached, hits capped at T − 1 tokens in whole pages); a concurrent
+    SGLang replay is simulated with holds only. --pool-tokens and --evict-policy simulate another pool or policy
+    (negative controls).
     """
     res = _call(
         svc.replay,
@@ -84,6 +95,10 @@ def replay(
         max_num_seqs=max_num_seqs,
         timeout_s=timeout_s,
         retries=retries,
+        engine=engine,
+        pool_tokens=pool_tokens,
+        evict_policy=evict_policy,
+        sglang_cache=sglang_cache,
     )
     if as_json:
         _print_json(res)
@@ -109,16 +124,24 @@ def replay(
 
 def _render(res) -> None:
     s = res.server
+    if s.get("engine") == "sglang":
+        conf = (
+            f"SGLang, pages of {s['block_size']} tokens, a pool of {_fmt(s['pool_tokens'], 0)} tokens, "
+            f"radix_eviction_policy {s['radix_eviction_policy']}"
+        )
+    else:
+        conf = f"blocks of {s['block_size']} tokens, {s['num_gpu_blocks']} blocks (incl. the null block)"
     console.print(
-        f"{res.endpoint} ({res.model}): blocks of {s['block_size']} tokens, {s['num_gpu_blocks']} blocks "
-        f"(incl. the null block), max_model_len {s['max_model_len']}; {res.mode}; "
+        f"{res.endpoint} ({res.model}): {conf}, max_model_len {s['max_model_len']}; {res.mode}; "
         f"{res.completed:,} of {res.requests:,} requests in {res.wall_s:,.1f} s",
         markup=False,
     )
     c = res.counters
     m = res.measured
     rows = [
-        ["server counters (whole replay)", _fmt(c["queries"], 0), _fmt(c["hits"], 0), _fmt(c["ratio"])],
+        ["server counters (whole replay)", _fmt(c["queries"], 0), _fmt(c["hits"], 0), _fmt(c["ratio"])]
+        if c["queries"] is not None
+        else ["server counters", "–", "–", "not exported"],
         [
             f"measured cached_tokens ({m['requests']:,} requests)",
             _fmt(m["prompt_tokens"]),
@@ -128,9 +151,14 @@ def _render(res) -> None:
     ]
     ck = res.check
     if ck is not None:
+        what = (
+            f"C = {ck['pool_tokens']:,} tokens, {ck['evict_policy']}"
+            if ck.get("engine") == "sglang"
+            else f"N = {ck['usable_blocks']} blocks"
+        )
         rows.append(
             [
-                f"kvhit simulated (N = {ck['usable_blocks']} blocks)",
+                f"kvhit simulated ({what})",
                 _fmt(m["prompt_tokens"]),
                 "–",
                 _fmt(ck["simulated_token_hit_ratio"]),
@@ -143,6 +171,14 @@ def _render(res) -> None:
             console.print(
                 f"per request: {ck['mismatching_requests']:,} of {ck['requests_compared']:,} differ from kvhit's "
                 "simulation" + (" (exact)" if not ck["mismatching_requests"] else ""),
+                markup=False,
+            )
+        elif ck.get("engine") == "sglang":
+            x = ck["concurrent"]["holds"]
+            console.print(
+                f"concurrent, holds from measured times: {x['mismatching_requests']:,} of "
+                f"{x['requests_compared']:,} requests differ; simulated − measured = "
+                f"{x['simulated_minus_measured']:+.4f}",
                 markup=False,
             )
         else:

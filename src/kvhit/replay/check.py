@@ -26,6 +26,16 @@ Sequential replays are simulated request by request with nothing in flight. Conc
 
 The engine-aware estimator (:func:`kvhit.estimate.estimate_engine`) is evaluated on the recorded prompts
 (``cum_tokens`` = the prompt length sent) at the same ``N``.
+
+SGLang servers (:func:`simulate_recorded_sglang`): the same recorded sequence through kvhit's step-wise model
+of SGLang's radix cache (:class:`kvhit.sim.sglang.engine.SglangEngine`: ``UnifiedRadixCache`` by default, the
+server's page size, eviction policy and KV pool of ``max_total_num_tokens`` tokens). SGLang keys its tree on
+token ids, so the request carries ``prompt + output[:m−1]`` — on finish SGLang inserts the KV it holds,
+``owned_kv_len = T + m − 1`` tokens (the last sampled token is never fed back), page-aligned down — and its
+hit is capped at ``T − 1`` tokens rounded down to pages. Sequential replays are simulated request by request;
+concurrent ones with holds from the measured times only (kvhit has no model of SGLang's scheduler: its batching,
+``new_token_ratio`` reservation and retraction are not modelled). The estimator is
+:func:`kvhit.estimate.sglang.estimate_sglang` (LRU only) at the same pool.
 """
 
 from __future__ import annotations
@@ -40,8 +50,10 @@ __all__ = [
     "compare",
     "estimate_recorded",
     "recorded_trace",
+    "estimate_recorded_sglang",
     "simulate_recorded",
     "simulate_recorded_scheduler",
+    "simulate_recorded_sglang",
 ]
 
 #: how many generated tokens keep KV: vLLM caches ``m − 1`` (the default); ``m`` and ``0`` are controls
@@ -101,6 +113,55 @@ def simulate_recorded(
         order = np.argsort(ts, kind="stable")
         sreqs = [
             Request(i, reqs[r].prompt_tokens, reqs[r].block_hashes, reqs[r].output_tokens) for i, r in enumerate(order)
+        ]
+        res = replay(eng, sreqs, times=ts[order], hold=np.maximum(td[order] - ts[order], 0.0))
+    hit = np.full(n, -1, np.int64)
+    for i, r in enumerate(order):
+        o = res.outcomes[i]
+        if o is not None:
+            hit[r] = o.hit_tokens
+    return hit
+
+
+def simulate_recorded_sglang(
+    prompts,
+    outputs,
+    *,
+    page_size: int,
+    pool_tokens: int,
+    evict_policy: str = "lru",
+    cache: str = "unified",
+    tlru_tail_budget: int = 0,
+    t_send=None,
+    t_done=None,
+) -> np.ndarray:
+    """Simulated hit tokens (SGLang's ``cached_tokens``) of each recorded request on kvhit's SGLang model
+    (-1: a request SGLang's pool could never hold). ``pool_tokens``: the KV pool (``max_total_num_tokens``),
+    rounded down to whole pages; ``t_send``/``t_done`` (both or neither): measured times, simulated as holds."""
+    from kvhit.sim.engine import Request, replay
+    from kvhit.sim.sglang.engine import SglangEngine
+
+    n = len(prompts)
+    p = int(page_size)
+    C = int(pool_tokens) // p * p
+    if C < p:
+        raise ValueError(f"pool_tokens: expected at least one page of {p} tokens, got {pool_tokens}")
+    eng = SglangEngine(C, page_size=p, evict_policy=evict_policy, cache=cache, tlru_tail_budget=int(tlru_tail_budget))
+    reqs = []
+    for r in range(n):
+        pr = [int(x) for x in np.asarray(prompts[r], np.int64)]
+        o = [int(x) for x in np.asarray(outputs[r], np.int64)]
+        m = max(len(o), 1)
+        reqs.append(Request(r, len(pr), (), m, tuple(pr + o[: m - 1])))
+    if t_send is None:
+        res = replay(eng, reqs)
+        order = np.arange(n)
+    else:
+        ts = np.asarray(t_send, np.float64)
+        td = np.asarray(t_done, np.float64)
+        order = np.argsort(ts, kind="stable")
+        sreqs = [
+            Request(i, reqs[r].prompt_tokens, (), reqs[r].output_tokens, reqs[r].token_ids) for i, r in enumerate(order)
         ]
         res = replay(eng, sreqs, times=ts[order], hold=np.maximum(td[order] - ts[order], 0.0))
     hit = np.full(n, -1, np.int64)
@@ -285,6 +346,16 @@ def estimate_recorded(trace, N: int, block_size: int, rows=None) -> float:
 
     est = estimate_engine(trace, int(N), engine="vllm", metric="tokens", block_size=int(block_size), rows=rows)
     return float(est.h)
+
+
+def estimate_recorded_sglang(trace, pool_tokens: int, page_size: int, rows=None) -> float:
+    """SGLang's engine-aware estimator (:func:`kvhit.estimate.sglang.estimate_sglang`, LRU, token hit ratio) at
+    a pool of ``pool_tokens`` tokens on the recorded trace (``rows``: the measured requests)."""
+    from kvhit.estimate.sglang import estimate_sglang, sglang_accounting
+
+    p = int(page_size)
+    acc = sglang_accounting(trace, page_size=p, block_size=p, rows=rows)
+    return float(estimate_sglang(acc, int(pool_tokens) // p * p, page_size=p).h)
 
 
 @dataclass(frozen=True)

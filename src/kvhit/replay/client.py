@@ -1,5 +1,9 @@
 """Send a :class:`~kvhit.replay.tokens.ReplayPlan` to an OpenAI-compatible server and record what happened.
 
+Two engines are understood: vLLM and SGLang (``engine="auto"`` tells them apart: ``vllm:`` metrics on
+``/metrics`` mean vLLM; otherwise a ``GET /server_info`` — ``/get_server_info`` on older servers — that returns
+SGLang's server arguments and ``max_total_num_tokens`` means SGLang).
+
 The server is driven through ``POST /v1/completions`` with token-id prompts (``prompt: [ids]``,
 ``max_tokens``, ``min_tokens`` = ``max_tokens`` and ``ignore_eos`` so the output has the asked length,
 ``temperature`` 0, ``return_token_ids`` so a chat history can include what was generated). Per request it
@@ -7,6 +11,16 @@ records the prompt sent, the output ids, the send and finish times and ``usage.p
 cached_tokens`` (the server's prefix-cache hit for that request). Before and after the run it reads the
 server's Prometheus ``/metrics``: ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total``
 (tokens) and ``vllm:cache_config_info`` (``block_size``, ``num_gpu_blocks``).
+
+SGLang (0.5.23, read from the wheel: ``entrypoints/http_server.py``, ``utils/common.py`` ``build_server_info``,
+``entrypoints/openai/usage_processor.py``, ``observability/metrics_collector.py``): the cache configuration comes
+from ``GET /server_info`` — the resolved server arguments (``page_size``, ``radix_eviction_policy``,
+``radix_eviction_policy_config``, ``disable_radix_cache``, ``enable_cache_report``, ``enable_hierarchical_cache``,
+``enable_metrics``) and the scheduler's ``max_total_num_tokens`` (the KV pool in tokens); the per-request hit is
+the same ``usage.prompt_tokens_details.cached_tokens`` (only with ``--enable-cache-report``; it is the request's
+``meta_info.cached_tokens``); the counters, when the server runs with ``--enable-metrics``, are
+``sglang:prompt_tokens_total`` and ``sglang:cached_tokens_total`` (summed over ``cache_source``), both counted
+when a request finishes; the cache is emptied with ``POST /flush_cache`` (refused while requests run).
 
 Timing: ``concurrency=K`` runs a closed loop in trace order (at most K requests in flight; K = 1 is the
 sequential replay, exactly repeatable after a cache reset); ``speedup=S`` sends each request at its trace
@@ -35,10 +49,13 @@ from .tokens import ReplayPlan, chat_prompt
 
 __all__ = ["ReplayError", "ReplayRun", "ServerInfo", "parse_metrics", "probe", "run_plan"]
 
+ENGINES = ("auto", "vllm", "sglang")
 QUERIES = "vllm:prefix_cache_queries_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 HITS = "vllm:prefix_cache_hits_total"
 CACHE_INFO = "vllm:cache_config_info"
+SG_QUERIES = "sglang:prompt_tokens_total"
+SG_HITS = "sglang:cached_tokens_total"
 
 
 class ReplayError(ValueError):
@@ -86,6 +103,17 @@ class ServerInfo:
     num_gpu_blocks: int | None
     prefix_caching: bool | None
     cache_config: dict[str, str] = field(default_factory=dict)
+    #: ``"vllm"`` or ``"sglang"``
+    engine: str = "vllm"
+    #: SGLang: the KV pool in tokens (``max_total_num_tokens``), the radix eviction policy and its config, whether
+    #: ``cached_tokens`` is reported (``--enable-cache-report``) and the ``sglang:`` counters exported
+    pool_tokens: int | None = None
+    evict_policy: str | None = None
+    policy_config: dict | None = None
+    cache_report: bool | None = None
+    counters: bool = True
+    #: SGLang server arguments kvhit does not model, when set (HiCache, speculative decoding, …): name → value
+    unmodelled: dict = field(default_factory=dict)
 
 
 async def _get(client: httpx.AsyncClient, url: str, endpoint: str) -> httpx.Response:
@@ -104,9 +132,14 @@ def _reason(e: Exception) -> str:
     return s[-1] if s and s[-1] else type(e).__name__
 
 
-async def probe(client: httpx.AsyncClient, endpoint: str, model: str | None) -> tuple[ServerInfo, str]:
-    """Check that ``endpoint`` is a vLLM server serving ``model`` with prefix-cache counters; returns its
-    :class:`ServerInfo` and the model name to use (the only served one when ``model`` is None)."""
+async def probe(
+    client: httpx.AsyncClient, endpoint: str, model: str | None, engine: str = "auto"
+) -> tuple[ServerInfo, str]:
+    """Check that ``endpoint`` is a vLLM or SGLang server (``engine``: ``auto``, ``vllm`` or ``sglang``) serving
+    ``model`` and reporting its prefix-cache hits; returns its :class:`ServerInfo` and the model name to use (the
+    only served one when ``model`` is None)."""
+    if engine not in ENGINES:
+        raise ReplayError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
     r = await _get(client, "/v1/models", endpoint)
     try:
         data = r.json()["data"]
@@ -122,13 +155,32 @@ async def probe(client: httpx.AsyncClient, endpoint: str, model: str | None) -> 
     elif model not in models:
         raise ReplayError(f"--model {model}: the server at {endpoint} serves {list(models)}, not {model!r}")
     mml = next((m.get("max_model_len") for m in data if str(m["id"]) == model), None)
+    mml = int(mml) if isinstance(mml, int | float) and not isinstance(mml, bool) else None
     r = await _get(client, "/metrics", endpoint)
     metrics = parse_metrics(r.text) if r.status_code == 200 else {}
-    if not any(k.startswith("vllm:") for k in metrics):
+    is_vllm = any(k.startswith("vllm:") for k in metrics)
+    if engine == "vllm" or (engine == "auto" and is_vllm):
+        if not is_vllm:
+            raise ReplayError(
+                f"--endpoint {endpoint}: not a vLLM server (GET /metrics: HTTP {r.status_code}, no vllm: metrics); "
+                "kvhit replay reads vLLM's prefix-cache counters"
+            )
+        return _vllm_info(endpoint, models, mml, metrics, model), model
+    sinfo = await _sglang_server_info(client, endpoint)
+    if sinfo is None:
+        if engine == "sglang":
+            raise ReplayError(
+                f"--endpoint {endpoint}: not an SGLang server (neither GET /server_info nor /get_server_info returns "
+                "SGLang's server arguments)"
+            )
         raise ReplayError(
-            f"--endpoint {endpoint}: not a vLLM server (GET /metrics: HTTP {r.status_code}, no vllm: metrics); "
-            "kvhit replay reads vLLM's prefix-cache counters"
+            f"--endpoint {endpoint}: not a vLLM server (GET /metrics: HTTP {r.status_code}, no vllm: metrics) and not "
+            "an SGLang server (no server arguments on GET /server_info); kvhit replay reads their prefix-cache reports"
         )
+    return _sglang_info(endpoint, models, mml, metrics, model, sinfo), model
+
+
+def _vllm_info(endpoint, models, mml, metrics, model) -> ServerInfo:
     for name in (QUERIES, HITS):
         if _counter(metrics, name, model) is None:
             raise ReplayError(
@@ -147,20 +199,104 @@ async def probe(client: httpx.AsyncClient, endpoint: str, model: str | None) -> 
             return None
 
     pc = cfg.get("enable_prefix_caching")
-    info = ServerInfo(
+    return ServerInfo(
         endpoint=endpoint,
         models=models,
-        max_model_len=int(mml) if isinstance(mml, int | float) else None,
+        max_model_len=mml,
         block_size=_int("block_size"),
         num_gpu_blocks=_int("num_gpu_blocks"),
         prefix_caching=None if pc is None else pc.lower() == "true",
         cache_config=dict(cfg),
     )
-    return info, model
 
 
-async def counters(client: httpx.AsyncClient, endpoint: str, model: str, timeout=None) -> tuple[float, float]:
-    """``(queries, hits)`` token counters now."""
+async def _sglang_server_info(client: httpx.AsyncClient, endpoint: str) -> dict | None:
+    """SGLang's ``/server_info`` (``/get_server_info`` before it was renamed), or None if neither answers with
+    SGLang's server arguments."""
+    for path in ("/server_info", "/get_server_info"):
+        r = await _get(client, path, endpoint)
+        if r.status_code != 200:
+            continue
+        try:
+            d = r.json()
+        except Exception:
+            continue
+        if isinstance(d, dict) and ("radix_eviction_policy" in _flat(d) or "disable_radix_cache" in _flat(d)):
+            return d
+    return None
+
+
+def _flat(d: dict) -> dict:
+    """Server arguments at the top level, then one level down (a namespaced dump), then in the first
+    ``internal_states`` entry (per data-parallel rank), first found wins."""
+    out: dict = {}
+    for st in d.get("internal_states") or []:
+        if isinstance(st, dict):
+            out.update({k: v for k, v in st.items() if not isinstance(v, dict)})
+            break
+    for v in d.values():
+        if isinstance(v, dict):
+            out.update({k: x for k, x in v.items() if not isinstance(x, dict)})
+    out.update({k: v for k, v in d.items() if not isinstance(v, dict)})
+    return out
+
+
+def _as_int(v) -> int | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+#: SGLang server arguments whose non-default value changes the cache kvhit would have to model
+_SGLANG_UNMODELLED = {
+    "enable_hierarchical_cache": lambda v: bool(v),
+    "speculative_algorithm": lambda v: v not in (None, "", "NONE", "none"),
+    "enable_lmcache": lambda v: bool(v),
+    "disaggregation_mode": lambda v: v not in (None, "", "null"),
+    "enable_streaming_session": lambda v: bool(v),
+}
+
+
+def _sglang_info(endpoint, models, mml, metrics, model, d: dict) -> ServerInfo:
+    f = _flat(d)
+    disabled = f.get("disable_radix_cache")
+    pol = f.get("radix_eviction_policy")
+    cfg = f.get("radix_eviction_policy_config")
+    if isinstance(cfg, str):
+        import json
+
+        try:
+            cfg = json.loads(cfg)
+        except ValueError:
+            cfg = None
+    has_counters = _counter(metrics, SG_QUERIES, model) is not None
+    ctx = _as_int(f.get("context_len")) or _as_int(f.get("context_length"))
+    return ServerInfo(
+        endpoint=endpoint,
+        models=models,
+        max_model_len=mml or ctx,
+        block_size=_as_int(f.get("page_size")),
+        num_gpu_blocks=None,
+        prefix_caching=None if disabled is None else not bool(disabled),
+        cache_config={k: str(f[k]) for k in ("page_size", "max_total_num_tokens", "radix_eviction_policy") if k in f},
+        engine="sglang",
+        pool_tokens=_as_int(f.get("max_total_num_tokens")),
+        evict_policy=None if pol is None else str(pol),
+        policy_config=cfg if isinstance(cfg, dict) else None,
+        cache_report=None if "enable_cache_report" not in f else bool(f["enable_cache_report"]),
+        counters=has_counters,
+        unmodelled={k: f[k] for k, bad in _SGLANG_UNMODELLED.items() if k in f and bad(f[k])},
+    )
+
+
+async def counters(
+    client: httpx.AsyncClient, endpoint: str, model: str, timeout=None, engine: str = "vllm"
+) -> tuple[float, float]:
+    """``(queries, hits)`` token counters now (vLLM: prefix-cache queries and hits; SGLang: prompt tokens and
+    cached tokens of the finished requests)."""
     if timeout is not None:
         try:
             r = await client.get("/metrics", timeout=timeout)
@@ -169,7 +305,12 @@ async def counters(client: httpx.AsyncClient, endpoint: str, model: str, timeout
     else:
         r = await _get(client, "/metrics", endpoint)
     m = parse_metrics(r.text)
-    q, h = _counter(m, QUERIES, model), _counter(m, HITS, model)
+    if engine == "sglang":
+        q, h = _counter(m, SG_QUERIES, model), _counter(m, SG_HITS, model)
+        if q is not None and h is None:  # cached_tokens_total appears with the first hit
+            h = 0.0
+    else:
+        q, h = _counter(m, QUERIES, model), _counter(m, HITS, model)
     if q is None or h is None:
         raise ReplayError(f"--endpoint {endpoint}: /metrics lost the prefix-cache counters")
     return q, h
@@ -184,7 +325,19 @@ async def _preemptions(client: httpx.AsyncClient, model: str) -> float | None:
     return _counter(parse_metrics(r.text), PREEMPTIONS, model)
 
 
-async def reset_prefix_cache(client: httpx.AsyncClient, endpoint: str) -> None:
+async def reset_prefix_cache(client: httpx.AsyncClient, endpoint: str, engine: str = "vllm") -> None:
+    if engine == "sglang":
+        try:
+            r = await client.post("/flush_cache")
+        except httpx.HTTPError as e:
+            raise ReplayError(f"--endpoint {endpoint}: POST /flush_cache failed ({_reason(e)})") from None
+        if r.status_code >= 400:
+            msg = " ".join(r.text.split())[:200]
+            raise ReplayError(
+                f"--endpoint {endpoint}: POST /flush_cache: HTTP {r.status_code} ({msg}; SGLang flushes only an "
+                "idle server)"
+            )
+        return
     try:
         r = await client.post("/reset_prefix_cache")
     except httpx.HTTPError as e:
@@ -237,7 +390,7 @@ class _Fatal(Exception):
     pass
 
 
-async def _complete(client, model, r, prompt, max_tokens, retries, backoff, endpoint):
+async def _complete(client, model, r, prompt, max_tokens, retries, backoff, endpoint, engine="vllm"):
     body = {
         "model": model,
         "prompt": [int(x) for x in prompt],
@@ -271,13 +424,11 @@ async def _complete(client, model, r, prompt, max_tokens, retries, backoff, endp
     usage = d.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     if "cached_tokens" not in details or details["cached_tokens"] is None:
-        raise _Fatal(
-            f"request {r}: the response has no usage.prompt_tokens_details.cached_tokens "
-            "(start vLLM with --enable-prompt-tokens-details)"
-        )
+        flag = "SGLang with --enable-cache-report" if engine == "sglang" else "vLLM with --enable-prompt-tokens-details"
+        raise _Fatal(f"request {r}: the response has no usage.prompt_tokens_details.cached_tokens (start {flag})")
     out = ch.get("token_ids")
     if out is None:
-        raise _Fatal(f"request {r}: the response has no choices[0].token_ids (a vLLM without return_token_ids)")
+        raise _Fatal(f"request {r}: the response has no choices[0].token_ids (a server without return_token_ids)")
     met = d.get("metrics") or {}
 
     def _ms(k):
@@ -307,16 +458,18 @@ async def _run_async(
     reset: bool,
     progress: Callable[[int, int], None] | None,
     on_probe: Callable[[ServerInfo, str], None] | None,
+    engine: str = "auto",
 ) -> tuple[ServerInfo, ReplayRun]:
     n = plan.n
     limits = httpx.Limits(max_connections=max(concurrency or max_in_flight, 1) + 2)
     timeout = httpx.Timeout(timeout_s, connect=10.0)
     async with httpx.AsyncClient(base_url=endpoint.rstrip("/"), timeout=timeout, limits=limits) as client:
-        info, model = await probe(client, endpoint, model)
+        info, model = await probe(client, endpoint, model, engine)
+        eng = info.engine
         if on_probe is not None:
             on_probe(info, model)
         if reset:
-            await reset_prefix_cache(client, endpoint)
+            await reset_prefix_cache(client, endpoint, eng)
         run = ReplayRun(
             model=model,
             prompts=[None] * n,
@@ -331,7 +484,8 @@ async def _run_async(
             completion_tokens=np.full(n, -1, np.int64),
             status=["not-sent"] * n,
         )
-        run.counters_before = await counters(client, endpoint, model)
+        if info.counters:
+            run.counters_before = await counters(client, endpoint, model, engine=eng)
         run.preemptions_before = await _preemptions(client, model)
         done_ev = [asyncio.Event() for _ in range(n)]
         t0 = time.monotonic()
@@ -348,7 +502,7 @@ async def _run_async(
             run.status[r] = "in-flight"
             run.t_send[r] = time.monotonic() - t0
             out, cached, pt, ct, tm = await _complete(
-                client, model, r, prompt, plan.max_tokens[r], retries, backoff, endpoint
+                client, model, r, prompt, plan.max_tokens[r], retries, backoff, endpoint, eng
             )
             run.t_done[r] = time.monotonic() - t0
             run.outputs[r] = out
@@ -414,12 +568,14 @@ async def _run_async(
                 if run.status[r] == "in-flight":
                     run.status[r] = "failed"
             run.wall_s = time.monotonic() - t0
-        if run.error is None:
-            run.counters_after = await counters(client, endpoint, model)
+        if not info.counters:
+            pass
+        elif run.error is None:
+            run.counters_after = await counters(client, endpoint, model, engine=eng)
             run.preemptions_after = await _preemptions(client, model)
         else:  # the server may be gone or hung: a short look, and no counters if it does not answer
             try:
-                run.counters_after = await counters(client, endpoint, model, timeout=5.0)
+                run.counters_after = await counters(client, endpoint, model, timeout=5.0, engine=eng)
             except ReplayError:
                 run.counters_after = None
         return info, run
@@ -439,6 +595,7 @@ def run_plan(
     reset: bool = True,
     progress: Callable[[int, int], None] | None = None,
     on_probe: Callable[[ServerInfo, str], None] | None = None,
+    engine: str = "auto",
 ) -> tuple[ServerInfo, ReplayRun]:
     """Replay ``plan`` against ``endpoint`` (see the module docstring). Raises :class:`ReplayError` when the
     replay cannot start; a failure after it started is returned in :attr:`ReplayRun.error`."""
@@ -458,5 +615,6 @@ def run_plan(
             reset=reset,
             progress=progress,
             on_probe=on_probe,
+            engine=engine,
         )
     )

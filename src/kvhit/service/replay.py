@@ -1,4 +1,4 @@
-"""``replay``: send a trace to a running vLLM server, record every request's prefix-cache hit, and (``check``)
+"""``replay``: send a trace to a running vLLM or SGLang server, record every request's prefix-cache hit, and (``check``)
 compare it with kvhit's simulation of exactly the recorded sequence and with the engine-aware estimator.
 
 Invariant: what is compared is what was sent — the prompts as built at send time (chat history with the
@@ -11,6 +11,16 @@ scheduler (``concurrent_model="scheduler"``, the default: chunked prefill, decod
 preemption; arrivals at the measured send times, steps paced by the measured finish times) and with holds from
 the measured times (``"holds"``); both are reported, per request and in aggregate, and neither gates the exit
 status — only a sequential replay is exact by construction (:mod:`kvhit.replay.check`).
+
+SGLang servers (``engine="sglang"``, or detected by ``auto``): the configuration is read from ``/server_info``
+(page size, ``max_total_num_tokens``, radix eviction policy and its config); the check runs kvhit's SGLang model
+(:func:`kvhit.replay.check.simulate_recorded_sglang`). Refused in one line before anything is sent: a server that
+does not report ``cached_tokens`` (no ``--enable-cache-report``); with ``check``, a server whose radix cache is
+off, whose policy kvhit does not model, that runs a cache feature kvhit does not model here (HiCache,
+speculative decoding, LMCache, disaggregation, streaming sessions), or that reports no page size / pool size
+(``--pool-tokens`` gives the latter); an assumed ``--block-size`` (page size) that differs from the server's.
+``--pool-tokens`` and ``--evict-policy`` simulate another pool or policy than the server's (negative controls,
+reported). Concurrent SGLang replays are simulated with holds only (no model of SGLang's scheduler).
 """
 
 from __future__ import annotations
@@ -85,7 +95,11 @@ class ReplayRequest(Request):
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the token ids; integer ≥ 0; default 0.")
     log: Path | None = Field(None, description="Parquet log of every request (kept, marked partial, on failure).")
     check: bool = Field(False, description="Compare with kvhit's simulation and estimator (exit 1 on mismatch).")
-    reset: bool = Field(True, description="POST /reset_prefix_cache first (vLLM with VLLM_SERVER_DEV_MODE=1).")
+    reset: bool = Field(
+        True,
+        description="Empty the prefix cache first: POST /reset_prefix_cache (vLLM with VLLM_SERVER_DEV_MODE=1) or "
+        "/flush_cache (SGLang).",
+    )
     block_size: int | None = Field(
         None,
         ge=1,
@@ -121,6 +135,29 @@ class ReplayRequest(Request):
     timeout_s: float = Field(600.0, gt=0, le=86400, description="Seconds to wait for one response; > 0; default 600.")
     retries: int = Field(
         3, ge=0, le=100, description="Retries of a connection that cannot be opened; 0–100; default 3."
+    )
+
+    engine: Literal["auto", "vllm", "sglang"] = Field(
+        "auto",
+        description="The server's engine: auto (vllm: metrics on /metrics → vLLM; SGLang's /server_info → SGLang) | "
+        "vllm | sglang; default auto.",
+    )
+    pool_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 40,
+        description="SGLang: KV pool size kvhit simulates, in tokens; ≥ 1; default: the server's "
+        "max_total_num_tokens (another value is a negative control, reported).",
+    )
+    evict_policy: str | None = Field(
+        None,
+        description="SGLang: radix eviction policy kvhit simulates (lru, fifo, mru, filo, lfu, slru, priority, tlru); "
+        "default: the server's --radix-eviction-policy (another one is a negative control, reported).",
+    )
+    sglang_cache: Literal["unified", "radix"] = Field(
+        "unified",
+        description="SGLang: the cache class kvhit models: unified (UnifiedRadixCache, what SGLang 0.5.23 builds for a "
+        "full-attention model) | radix (RadixCache); default unified.",
     )
 
     FLAGS = {"log": "--log", "trace": "--trace", "blocks_trace": "--blocks-trace"}
@@ -267,6 +304,12 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                 f"{int(need[r]):,} tokens (prompt + output), more than the server's max_model_len "
                 f"{info.max_model_len:,} (replay fewer requests with --limit, or shorter ones)"
             )
+        if info.engine == "sglang":
+            _check_sglang_server(req, info)
+            return
+        for name in ("pool_tokens", "evict_policy"):
+            if getattr(req, name) is not None:
+                raise ReplayError(f"{req.flag(name)}: applies to SGLang servers; {req.endpoint} is a vLLM server")
         if req.block_size is not None and info.block_size is not None and info.block_size != req.block_size:
             raise ReplayError(
                 f"--block-size {req.block_size}: the server at {req.endpoint} uses blocks of {info.block_size} tokens"
@@ -289,6 +332,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             reset=req.reset,
             progress=progress,
             on_probe=on_probe,
+            engine=req.engine,
         )
     except ReplayError as e:
         raise InputError(str(e)) from None
@@ -313,6 +357,11 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     if run.counters_before is not None and run.counters_after is not None:
         dq = run.counters_after[0] - run.counters_before[0]
         dh = run.counters_after[1] - run.counters_before[1]
+    if not info.counters:
+        notes.append(
+            "the SGLang server exports no sglang:prompt_tokens_total / sglang:cached_tokens_total (start it with "
+            "--enable-metrics): only the per-request cached_tokens are compared"
+        )
     counters = {
         "queries": dq,
         "hits": dh,
@@ -336,7 +385,9 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     sim = None
     check = None
     sims_log = None
-    if req.check and ok.any():
+    if req.check and ok.any() and info.engine == "sglang":
+        sim, check = _check_sglang(req, info, plan, run, ok, plen, window, sequential, steady, notes)
+    elif req.check and ok.any():
         b = int(info.block_size)
         G = int(req.num_gpu_blocks or info.num_gpu_blocks)
         if req.num_gpu_blocks is not None and req.num_gpu_blocks != info.num_gpu_blocks:
@@ -430,6 +481,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                 "simulated_hit_tokens": int(sim[r]),
             }
         check = {
+            "engine": "vllm",
             "block_size": b,
             "num_gpu_blocks": G,
             "usable_blocks": G - 1,
@@ -461,10 +513,13 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
         error=run.error,
         wall_s=run.wall_s,
         server={
+            "engine": info.engine,
             "block_size": info.block_size,
             "num_gpu_blocks": info.num_gpu_blocks,
             "max_model_len": info.max_model_len,
             "enable_prefix_caching": info.prefix_caching,
+            "pool_tokens": info.pool_tokens,
+            "radix_eviction_policy": info.evict_policy,
         },
         counters=counters,
         measured=measured,
@@ -477,3 +532,163 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
         meta["created_unix"] = time.time()
         _write_log(log, plan, run, sim, meta, sims_log)
     return resp
+
+
+def _sglang_budget(info) -> int:
+    """T-LRU's tail budget ``max(threshold − next_prompt_estimate, 0)`` from ``--radix-eviction-policy-config``."""
+    cfg = info.policy_config or {}
+    try:
+        return max(int(cfg.get("threshold", 0)) - int(cfg.get("next_prompt_estimate", 0)), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _check_sglang_server(req: ReplayRequest, info) -> None:
+    """One-line refusals for an SGLang server, before anything is sent (see the module docstring)."""
+    from kvhit.replay.client import ReplayError
+    from kvhit.service.engines import SGLANG_POLICIES
+
+    ep = req.endpoint
+    if req.num_gpu_blocks is not None:
+        raise ReplayError(f"--num-gpu-blocks: a vLLM flag; SGLang's pool is in tokens ({ep}): give --pool-tokens")
+    if req.output_cached != "m-1":
+        raise ReplayError(f"--output-cached {req.output_cached}: a vLLM control; SGLang caches T + m − 1 tokens")
+    if info.cache_report is False:
+        raise ReplayError(
+            f"--endpoint {ep}: the SGLang server does not report cached_tokens (start it with --enable-cache-report)"
+        )
+    if req.block_size is not None and info.block_size is not None and info.block_size != req.block_size:
+        raise ReplayError(
+            f"--block-size {req.block_size}: the SGLang server at {ep} uses pages of {info.block_size} tokens"
+        )
+    if req.evict_policy is not None and req.evict_policy not in SGLANG_POLICIES:
+        raise ReplayError(
+            f"--evict-policy {req.evict_policy}: not an SGLang 0.5.23 policy ({', '.join(SGLANG_POLICIES)})"
+        )
+    if not req.check:
+        return
+    if info.prefix_caching is False:
+        raise ReplayError(
+            f"--check: the SGLang server at {ep} runs with --disable-radix-cache: it caches nothing, there is no "
+            "prefix cache to check"
+        )
+    if info.unmodelled:
+        k, v = next(iter(info.unmodelled.items()))
+        raise ReplayError(
+            f"--check: the SGLang server at {ep} runs with {k}={v}, which kvhit's SGLang model does not cover here"
+        )
+    if req.evict_policy is None and info.evict_policy not in SGLANG_POLICIES:
+        raise ReplayError(
+            f"--check: the SGLang server at {ep} evicts with radix_eviction_policy={info.evict_policy!r}, which kvhit "
+            f"does not model ({', '.join(SGLANG_POLICIES)}); --evict-policy simulates another"
+        )
+    pol = req.evict_policy or info.evict_policy
+    if pol == "tlru" and req.sglang_cache != "unified":
+        raise ReplayError("--sglang-cache radix: SGLang 0.5.23 offers T-LRU on UnifiedRadixCache only")
+    if info.block_size is None:
+        raise ReplayError(f"--check: the SGLang server at {ep} reports no page_size in /server_info")
+    if req.pool_tokens is None and info.pool_tokens is None:
+        raise ReplayError(
+            f"--pool-tokens: the SGLang server at {ep} reports no max_total_num_tokens; give its KV pool in tokens"
+        )
+    pool = req.pool_tokens or info.pool_tokens
+    if pool < info.block_size:
+        raise ReplayError(f"--pool-tokens {pool}: less than one page of {info.block_size} tokens")
+
+
+def _check_sglang(req, info, plan, run, ok, plen, window, sequential, steady, notes):
+    """The recorded sequence through kvhit's SGLang model; returns (per-request simulated hits, check dict)."""
+    from kvhit.replay import check as ck
+
+    p = int(info.block_size)
+    pool = int(req.pool_tokens or info.pool_tokens)
+    if req.pool_tokens is not None and req.pool_tokens != info.pool_tokens:
+        notes.append(f"simulated at --pool-tokens {req.pool_tokens:,}; the server's pool is {info.pool_tokens} tokens")
+    pol = req.evict_policy or info.evict_policy
+    if req.evict_policy is not None and req.evict_policy != info.evict_policy:
+        notes.append(f"simulated with --evict-policy {req.evict_policy}; the server evicts with {info.evict_policy}")
+    budget = _sglang_budget(info) if pol == "tlru" else 0
+    idx = np.flatnonzero(ok)
+    prompts = [run.prompts[r] for r in idx]
+    outputs = [run.outputs[r] for r in idx]
+    kw = dict(page_size=p, pool_tokens=pool, evict_policy=pol, cache=req.sglang_cache, tlru_tail_budget=budget)
+    concurrent = None
+    if sequential:
+        sim_ok = ck.simulate_recorded_sglang(prompts, outputs, **kw)
+    else:
+        sim_ok = ck.simulate_recorded_sglang(prompts, outputs, t_send=run.t_send[idx], t_done=run.t_done[idx], **kw)
+        rr = ck.compare(run.cached_tokens[idx], sim_ok, plen[idx], mask=window[idx])
+        ra = ck.compare(run.cached_tokens[idx], sim_ok, plen[idx])
+        concurrent = {
+            "model": "holds",
+            "holds": {
+                "mismatching_requests": ra.mismatches,
+                "requests_compared": ra.n,
+                "simulated_token_hit_ratio": rr.simulated_ratio,
+                "simulated_minus_measured": rr.simulated_ratio - rr.measured_ratio,
+            },
+        }
+        notes.append(
+            "a concurrent SGLang replay is simulated with holds from the measured times (kvhit has no model of "
+            "SGLang's scheduler: batching, the new_token_ratio reservation and retraction are not modelled)"
+        )
+    sim = np.full(plan.n, -1, np.int64)
+    sim[idx] = sim_ok
+    res = ck.compare(run.cached_tokens[idx], sim_ok, plen[idx], mask=window[idx])
+    allres = ck.compare(run.cached_tokens[idx], sim_ok, plen[idx])
+    est = None
+    applies = bool(steady["stationary"]) and pol == "lru"
+    if pol != "lru":
+        notes.append(f"estimator not evaluated: SGLang's estimator models LRU eviction, the policy is {pol}")
+    else:
+        tr = ck.recorded_trace(plan.conv[idx], plan.turn[idx], plan.time[idx], plen[idx], run.completion_tokens[idx], p)
+        try:
+            est = ck.estimate_recorded_sglang(tr, pool, p, rows=window[idx])
+        except ValueError as e:
+            notes.append(f"estimator not evaluated: {e}")
+        if est is not None and not steady["stationary"]:
+            notes.append(
+                "the SGLang estimator is a steady-state model and the measured window is not stationary "
+                f"({steady['message']}): its number is not a prediction for this window (not applicable)"
+            )
+    fm = allres.first_mismatch
+    first_mm = None
+    if fm is not None:
+        r = int(idx[fm])
+        first_mm = {
+            "request": r,
+            "conversation": int(plan.conv[r]),
+            "turn": int(plan.turn[r]),
+            "prompt_tokens": int(plen[r]),
+            "completion_tokens": int(run.completion_tokens[r]),
+            "measured_cached_tokens": int(run.cached_tokens[r]),
+            "simulated_hit_tokens": int(sim[r]),
+        }
+    check = {
+        "engine": "sglang",
+        "block_size": p,
+        "page_size": p,
+        "num_gpu_blocks": None,
+        "usable_blocks": None,
+        "pool_tokens": pool,
+        "evict_policy": pol,
+        "sglang_cache": req.sglang_cache,
+        "tlru_tail_budget": budget,
+        "output_cached": "m-1",
+        "per_request": sequential,
+        "requests_compared": allres.n,
+        "mismatching_requests": allres.mismatches,
+        "first_mismatch": first_mm,
+        "simulated_rejected": allres.rejected,
+        "measured_token_hit_ratio": res.measured_ratio,
+        "simulated_token_hit_ratio": res.simulated_ratio,
+        "estimated_token_hit_ratio": est,
+        "simulated_minus_measured": res.simulated_ratio - res.measured_ratio,
+        "estimated_minus_measured": None if est is None else est - res.measured_ratio,
+        "estimator_applies": applies,
+        "simulated_hit_tokens_all": allres.simulated_hit_tokens,
+        "measured_hit_tokens_all": allres.measured_hit_tokens,
+        "passed": (allres.mismatches == 0) if sequential else None,
+        "concurrent": concurrent,
+    }
+    return sim, check
