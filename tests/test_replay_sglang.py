@@ -303,8 +303,12 @@ def test_replay_against_sglang_standin(tmp_path, page, pool, policy):
         assert res.server["engine"] == "sglang" and res.server["pool_tokens"] == pool
         assert res.check["mismatching_requests"] == 0 and res.check["passed"]
         assert res.check["measured_hit_tokens_all"] > 0 and res.counters["equal_to_per_request_sums"]
-        # the negative control: a pool 8 tokens smaller must differ somewhere on this eviction-heavy trace
-        bad = _run(url, path, check=True, system_prompt_tokens=12, pool_tokens=pool - 8)
+        # negative controls: the same replay simulated with twice the pool, and with another policy, must differ
+        # somewhere on this eviction-heavy trace (8 conversations of ~100 tokens through a 96-token pool)
+        bad = _run(url, path, check=True, system_prompt_tokens=12, pool_tokens=2 * pool)
+        assert bad.check["mismatching_requests"] > 0
+        other = "mru" if policy != "mru" else "lru"
+        bad = _run(url, path, check=True, system_prompt_tokens=12, evict_policy=other)
         assert bad.check["mismatching_requests"] > 0
     finally:
         proc.terminate()
