@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 export MPLBACKEND ?= Agg
 
-.PHONY: venv demo test test-fast test-browser screenshots serve bench bench-explain bench-large lint clean conformance docs docs-snippets live
+.PHONY: venv demo test test-fast test-browser screenshots serve bench bench-explain bench-large lint clean conformance docs docs-snippets live live-sglang
 
 venv: $(STAMP)
 
@@ -69,6 +69,10 @@ conformance: $(STAMP)
 # the server environment is cached in ~/.cache/kvhit-live (live/make_env.sh); results in out/live/results.md.
 live: $(STAMP)
 	live/run.sh
+
+# kvhit replay --check through SGLang 0.5.23's own cache code behind SGLang's HTTP shape (docs/live.md)
+live-sglang: $(STAMP)
+	live/sglang_check.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

@@ -34,8 +34,9 @@ the row takes the tree's indices and the lock moves to ``InsertResult.last_devic
 component's hooks (``prepare_for_caching_req``, ``floor_cache_len``, ``cleanup_after_caching_req``) are not
 called: for a full-attention-only tree they do not change the key (no SWA window, no Mamba state).
 
-NOT SGLang here: its scheduler and server. No batching, no chunked prefill, no overlap scheduling (a real server
-with the overlap scheduler may allocate one decode slot past a finishing request, which can evict), no
+NOT SGLang here: its scheduler and server. No batching, no chunked prefill, no overlap scheduling (the event
+loop followed is the non-overlapped one; what the overlap scheduler allocates around a finishing request is not
+checked), no
 ``new_token_ratio`` admission reservation or retraction, no tokenizer, no model: the generated tokens are a
 deterministic function of the prompt. Requests are served strictly one at a time (a lock), so the stand-in
 checks kvhit's model of SGLang's *cache* on sequential replays, not SGLang's scheduling.
