@@ -44,6 +44,7 @@ trap stop EXIT
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 "$PY" live/workload.py "$out/chat-a.parquet:1:80:60:8" "$out/chat-b.parquet:2:80:60:8" >"$out/workload.txt"
+"$PY" live/shared_docs_trace.py "$out/docs.jsonl" 5 300 >>"$out/workload.txt"
 cat "$out/workload.txt"
 
 port=""
@@ -69,9 +70,11 @@ fail=0
 replay() {  # label expected_exit trace [kvhit replay flags...]
   local label=$1 want=$2 trace=$3 rc=0
   shift 3
-  "${KVHIT[@]}" replay --endpoint "http://127.0.0.1:$port" --check --json --trace "$out/$trace.parquet" \
-    --limit "$N" --system-prompt-tokens 200 --log "$out/$label.parquet" "$@" >"$out/$label.json" \
-    2>"$out/$label.err" || rc=$?
+  local src=(--trace "$out/$trace.parquet" --limit "$N" --system-prompt-tokens 200)
+  # the shared-documents block-id trace: 300 requests, 16 tokens per block
+  [ "$trace" = docs ] && src=(--blocks-trace "$out/docs.jsonl" --tokens-per-block 16)
+  "${KVHIT[@]}" replay --endpoint "http://127.0.0.1:$port" --check --json "${src[@]}" \
+    --log "$out/$label.parquet" "$@" >"$out/$label.json" 2>"$out/$label.err" || rc=$?
   echo "$rc" >"$out/$label.rc"
   if [ "$rc" != "$want" ]; then
     echo "sglang_check: kvhit replay $label exited $rc, expected $want (see $out/$label.err)" >&2
@@ -108,6 +111,18 @@ for pool in 4096 1024; do
 done
 start p1-lru-4096-python-core --page-size 1 --max-total-tokens 4096 --tree-core python
 replay p1-lru-4096-python-core 0 chat-b
+stop
+# shared documents (block ids) through a 1,024-token pool, where FIFO and T-LRU (budget 96) differ from LRU
+for pol in lru fifo tlru lfu; do
+  cfg=()
+  [ "$pol" = tlru ] && cfg=(--radix-eviction-policy-config '{"threshold": 96, "next_prompt_estimate": 0}')
+  start "docs-p1-$pol-1024" --page-size 1 --max-total-tokens 1024 --radix-eviction-policy "$pol" "${cfg[@]}"
+  replay "docs-p1-$pol-1024" 0 docs
+  [ "$pol" != lru ] && replay "control-docs-p1-$pol-1024-as-lru" 1 docs --evict-policy lru
+  stop
+done
+start docs-p16-lru-1024 --page-size 16 --max-total-tokens 1024
+replay docs-p16-lru-1024 0 docs
 stop
 
 "$PY" - "$out" "$(($(date +%s) - t0))" <<'EOF'

@@ -217,6 +217,19 @@ def test_replay_sglang_negative_controls_mismatch(tmp_path):
     assert any("--pool-tokens 64" in n for n in res.notes)
 
 
+@pytest.mark.parametrize(
+    "cfg", [{"threshold": 96, "next_prompt_estimate": 16}, '{"threshold": 96, "next_prompt_estimate": 16}']
+)
+def test_replay_sglang_reads_the_tlru_budget(tmp_path, cfg):
+    # T-LRU's tail budget is threshold − next_prompt_estimate from --radix-eviction-policy-config (a dict, or its JSON)
+    path = tmp_path / "t.parquet"
+    _chat_trace(path)
+    with FakeSglang(args={"radix_eviction_policy": "tlru", "radix_eviction_policy_config": cfg}) as srv:
+        res = _run(srv.url, path, check=True)
+    assert res.check["evict_policy"] == "tlru" and res.check["tlru_tail_budget"] == 80
+    assert res.check["mismatching_requests"] == 0  # the fake never evicts
+
+
 def test_replay_sglang_without_metrics_compares_per_request(tmp_path):
     path = tmp_path / "t.parquet"
     _chat_trace(path)

@@ -241,6 +241,17 @@ def _flat(d: dict) -> dict:
     return out
 
 
+def _find(d: dict, key: str):
+    """``d[key]`` at the top level, else in a namespace one level down, else in the first ``internal_states``."""
+    if key in d:
+        return d[key]
+    for v in d.values():
+        if isinstance(v, dict) and key in v:
+            return v[key]
+    st = d.get("internal_states") or []
+    return st[0].get(key) if st and isinstance(st[0], dict) else None
+
+
 def _as_int(v) -> int | None:
     if isinstance(v, bool) or v is None:
         return None
@@ -264,7 +275,7 @@ def _sglang_info(endpoint, models, mml, metrics, model, d: dict) -> ServerInfo:
     f = _flat(d)
     disabled = f.get("disable_radix_cache")
     pol = f.get("radix_eviction_policy")
-    cfg = f.get("radix_eviction_policy_config")
+    cfg = _find(d, "radix_eviction_policy_config")  # a dict: _flat keeps scalars only
     if isinstance(cfg, str):
         import json
 
