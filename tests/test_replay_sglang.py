@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -294,15 +295,35 @@ def _free_port() -> int:
 
 
 @pytest.mark.skipif(not SG_PY.exists(), reason="no SGLang 0.5.23 environment (conformance/make_env.sh sglang 0.5.23)")
-@pytest.mark.parametrize(("page", "pool", "policy"), [(1, 96, "lru"), (4, 96, "lru"), (1, 96, "lfu")])
-def test_replay_against_sglang_standin(tmp_path, page, pool, policy):
-    path = tmp_path / "t.parquet"
-    _chat_trace(path, n_conv=8, turns=4)
+@pytest.mark.parametrize(
+    ("workload", "page", "pool", "policy", "cfg", "other"),
+    [
+        ("chat", 1, 96, "lru", None, "mru"),
+        ("chat", 4, 96, "lru", None, "mru"),
+        ("chat", 1, 96, "lfu", None, "mru"),
+        # shared documents: T-LRU with a tail budget of 96 − 16 = 80 tokens evicts otherwise than LRU there
+        ("docs", 1, 512, "tlru", '{"threshold": 96, "next_prompt_estimate": 16}', "lru"),
+    ],
+)
+def test_replay_against_sglang_standin(tmp_path, workload, page, pool, policy, cfg, other):
+    if workload == "chat":
+        path = tmp_path / "t.parquet"
+        _chat_trace(path, n_conv=8, turns=4)
+        src = {"trace": path, "system_prompt_tokens": 12}
+    else:
+        sys.path.insert(0, str(ROOT / "live"))
+        try:
+            from shared_docs_trace import main as docs_trace
+        finally:
+            sys.path.pop(0)
+        path = tmp_path / "docs.jsonl"
+        docs_trace(str(path), "7", "120")
+        src = {"blocks_trace": path, "tokens_per_block": 8}
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     cmd = [str(SG_PY), str(ROOT / "live/sglang_standin.py"), "--port", str(port), "--page-size", str(page)]
     cmd += ["--max-total-tokens", str(pool), "--radix-eviction-policy", policy]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    cmd += ["--radix-eviction-policy-config", cfg] if cfg else []
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(600):
@@ -312,16 +333,15 @@ def test_replay_against_sglang_standin(tmp_path, page, pool, policy):
             except OSError:
                 assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
                 time.sleep(0.1)
-        res = _run(url, path, check=True, system_prompt_tokens=12)
+        res = replay(build(ReplayRequest, endpoint=url, check=True, **src))
         assert res.server["engine"] == "sglang" and res.server["pool_tokens"] == pool
         assert res.check["mismatching_requests"] == 0 and res.check["passed"]
         assert res.check["measured_hit_tokens_all"] > 0 and res.counters["equal_to_per_request_sums"]
         # negative controls: the same replay simulated with twice the pool, and with another policy, must differ
-        # somewhere on this eviction-heavy trace (8 conversations of ~100 tokens through a 96-token pool)
-        bad = _run(url, path, check=True, system_prompt_tokens=12, pool_tokens=2 * pool)
+        # somewhere (these traces evict: their requests hold several times the pool)
+        bad = replay(build(ReplayRequest, endpoint=url, check=True, pool_tokens=2 * pool, **src))
         assert bad.check["mismatching_requests"] > 0
-        other = "mru" if policy != "mru" else "lru"
-        bad = _run(url, path, check=True, system_prompt_tokens=12, evict_policy=other)
+        bad = replay(build(ReplayRequest, endpoint=url, check=True, evict_policy=other, **src))
         assert bad.check["mismatching_requests"] > 0
     finally:
         proc.terminate()
