@@ -231,6 +231,21 @@ def test_replay_sglang_reads_the_tlru_budget(tmp_path, cfg):
     assert res.check["mismatching_requests"] == 0  # the fake never evicts
 
 
+def test_replay_sglang_concurrent_is_simulated_with_holds_and_not_gated(tmp_path):
+    from clihelp import kvhit
+
+    path = tmp_path / "t.parquet"
+    _chat_trace(path)
+    with FakeSglang() as srv:
+        r = kvhit("replay", "--endpoint", srv.url, "--trace", str(path), "--check", "--concurrency", "3")
+    assert r.code == 0 and not r.exc, r.err
+    assert "concurrent, holds from measured times:" in r.out and "no model of SGLang's scheduler" in r.out
+    with FakeSglang() as srv:
+        res = _run(srv.url, path, check=True, concurrency=3)
+    assert res.check["per_request"] is False and res.check["passed"] is None
+    assert res.check["concurrent"]["model"] == "holds" and res.check["concurrent"]["holds"]["requests_compared"] == 18
+
+
 def test_replay_sglang_without_metrics_compares_per_request(tmp_path):
     path = tmp_path / "t.parquet"
     _chat_trace(path)
