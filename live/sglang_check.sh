@@ -180,8 +180,9 @@ for r in rows:
     pool = f"{r['pool']:,}" + ("" if r["simulated_pool"] == r["pool"] else f" (kvhit {r['simulated_pool']:,})")
     lines.append(
         f"| {r['replay']} | {r['page']} | {pool} | {r['server_policy']} / {r['simulated_policy']} | {r['requests']} | "
-        f"{r['mismatches']} | {fmt(r['measured'])} | {fmt(r['simulated'])} | {fmt(r['estimated'])} "
-        f"({'yes' if r['estimator_applies'] else 'no'}) | {r['counters_equal']} | "
+        f"{r['mismatches']} | {fmt(r['measured'])} | {fmt(r['simulated'])} | "
+        + ("–" if r["estimated"] is None else f"{fmt(r['estimated'])} ({'yes' if r['estimator_applies'] else 'no'})")
+        + f" | {r['counters_equal']} | "
         + ("–" if r["other_policy"] is None else f"{r['other_policy']}: {r['other_policy_differs']} differ")
         + " |"
     )

@@ -651,6 +651,7 @@ def _check_sglang(req, info, plan, run, ok, plen, window, sequential, steady, no
                 "the SGLang estimator is a steady-state model and the measured window is not stationary "
                 f"({steady['message']}): its number is not a prediction for this window (not applicable)"
             )
+    applies = applies and est is not None
     fm = allres.first_mismatch
     first_mm = None
     if fm is not None:
