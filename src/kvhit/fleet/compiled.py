@@ -24,9 +24,11 @@ router_ops`` is the step-wise path's pool counter.
 
 NOT modelled here beyond the step-wise fleet (same NOT-modelled list as :mod:`kvhit.fleet.simulate`); the
 oblivious routers keep their own compiled path (route, then :func:`kvhit.sim.vllm.block.simulate_block` per
-replica). Equality with temperature > 0 also assumes numba's ``np.exp`` returns NumPy's value (tested on the
-softmax's argument range, ``test_numba_exp_is_numpys``; a last-bit difference could flip a draw only when it lands
-on a cumulative-weight boundary).
+replica). Equality with temperature > 0 also needs both paths to take the same exp: numba's scalar ``np.exp`` is libm's,
+which the step-wise router calls as ``math.exp`` (NumPy's vectorised exp differs from it in the last bit on CPUs
+with AVX-512 — 65,185 of 2·10⁶ draws on this repository's CI machine; tested on the softmax's argument range,
+``test_numba_exp_is_libms``; a last-bit difference could flip a draw only when it lands on a cumulative-weight
+boundary).
 """
 
 from __future__ import annotations
