@@ -115,8 +115,9 @@ def main(argv=None) -> int:
         print(f"check_dynamo_mocker: --mocker-json: cannot read {a.mocker_json}: {e}", file=sys.stderr)
         return 2
     if "probe" not in m and any(not x.startswith("instant:") for x in a.rows):
-        print("check_dynamo_mocker: --mocker-json: no 'probe' (run dynamo_mocker_replay.py with --probe)",
-              file=sys.stderr)
+        print(
+            "check_dynamo_mocker: --mocker-json: no 'probe' (run dynamo_mocker_replay.py with --probe)", file=sys.stderr
+        )
         return 2
     b = int(m["block_size"])
     try:

@@ -66,8 +66,11 @@ def probe(b):
     return {
         "prefill_new_tokens": xs,
         "prefill_ms": ys,
-        "prefill_fit_ms": {"a": a, "s_per_token": s,
-                           "max_abs_residual_ms": max(abs(a + s * x - y) for x, y in zip(xs, ys, strict=True))},
+        "prefill_fit_ms": {
+            "a": a,
+            "s_per_token": s,
+            "max_abs_residual_ms": max(abs(a + s * x - y) for x, y in zip(xs, ys, strict=True)),
+        },
         "itl_ms_at_prompt": dict(zip([b, 4 * b, 16 * b], itl, strict=True)),
         "itl_ms": sum(itl) / len(itl),
     }
