@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${KVHIT_PEER_OUT:-out/peers}
 DYNAMO=${DYNAMO:-1.6.1}
-TRACE=${KVHIT_PEER_TRACE:-/work/shared/data/traces/mooncake_fast25/conversation_trace.jsonl}
+TRACE=${KVHIT_PEER_TRACE:-../shared/data/traces/mooncake_fast25/conversation_trace.jsonl}
 RUNS=${KVHIT_PEER_RUNS:-3}
 SEEDS=${KVHIT_PEER_SEEDS:-3}
 mkdir -p "$OUT"
