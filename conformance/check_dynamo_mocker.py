@@ -20,6 +20,9 @@ and each with the KV a request holds and caches: ``prompt`` (the prompt's blocks
 kvhit allocates them at admission, each a fresh block id no prompt shares; the router's active blocks then count
 them too, where Dynamo's default ``router_track_output_blocks = False`` does not). A row is ``mapping:kv``.
 
+``--drop prefill_hold`` or ``--drop hit_token_seconds`` leaves that option out of the ``isolated`` and ``loaded``
+mappings (the ablation in docs/peers.md).
+
 Exit status: 0 when every cell of ``--target`` is within ``--tol`` of the mocker's mean, 1 otherwise, 2 on bad
 input.
 """
@@ -74,8 +77,12 @@ def timing(tr, mapping, probe, cell):
     return pre + dec, pre, s / 1000.0
 
 
-def run_cell(tr, cell, mapping, kv, probe, seeds, b, out_blocks):
+def run_cell(tr, cell, mapping, kv, probe, seeds, b, out_blocks, drop=()):
     hold, ph, hts = timing(tr, mapping, probe, cell)
+    if "prefill_hold" in drop:
+        ph = None
+    if "hit_token_seconds" in drop:
+        hts = 0.0
     off, hs = out_blocks if kv == "output" else (tr.hash_offsets, tr.hashes)
     extra = dict(colocated=True, response_tokens=tr.output_tokens) if kv == "output" else {}
     hits = []
@@ -96,6 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", nargs="+", default=list(ROWS), help="mapping:kv, e.g. isolated:output")
     ap.add_argument("--target", default="isolated:output")
     ap.add_argument("--tol", type=float, default=0.005)
+    ap.add_argument("--drop", nargs="+", default=[], choices=["prefill_hold", "hit_token_seconds"])
     ap.add_argument("--json", help="write the table as JSON here")
     a = ap.parse_args(argv)
     bad = [x for x in a.rows + [a.target] if x.count(":") != 1 or x.split(":")[0] not in MAPPINGS
@@ -129,12 +137,12 @@ def main(argv=None) -> int:
     out_blocks = with_output_blocks(tr, b) if any(x.endswith(":output") for x in a.rows) else None
     rows, ok = [], True
     print(f"trace {Path(a.trace or m['trace']).name}: {tr.n_requests} requests, b = {b}; ai-dynamo {m['ai_dynamo']}; "
-          f"kvhit seeds {seeds}")  # fmt: skip
+          f"kvhit seeds {seeds}" + (f"; dropped: {', '.join(a.drop)}" if a.drop else ""))  # fmt: skip
     print(f"{'row':16} {'R':>2} {'N':>6} {'mocker':>7} {'m.spread':>8} {'kvhit':>7} {'k.spread':>8} {'gap':>8}")
     for row in a.rows:
         mapping, kv = row.split(":")
         for cell in m["cells"]:
-            hits = run_cell(tr, cell, mapping, kv, m.get("probe"), seeds, b, out_blocks)
+            hits = run_cell(tr, cell, mapping, kv, m.get("probe"), seeds, b, out_blocks, a.drop)
             mk, kh = cell["mean_hit"], float(np.mean(hits))
             gap = kh - mk
             rows.append({"row": row, "R": cell["R"], "N": cell["N"], "mocker": mk, "mocker_runs":
