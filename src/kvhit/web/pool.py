@@ -7,8 +7,9 @@ and Linux delivers that signal when the **thread** that started the worker ends,
 from a short-lived thread (the warm-up thread of the code before) were SIGKILLed the moment that thread returned,
 the pool broke, and every request fell back to the server's own interpreter while ``/api/health`` said the pool
 was ready. The owner thread starts and warms all ``N`` workers (one warm-up answer each), marks the pool ready, and
-waits; when a worker dies (a request reports the pool broken: OOM killer, a crash) it replaces the pool with a new
-warmed one. Until the pool is ready the server answers in its own threads, so no request waits for a start-up.
+watches; when a worker dies (OOM killer, a crash: seen within a second, or by a request that finds the pool broken)
+it replaces the pool with a new warmed one. Until the pool is ready the server answers in its own threads, so no
+request waits for a start-up.
 
 NOT modelled here: the answers themselves (the service layer's); a worker's memory (the service's memory rule).
 """
@@ -87,7 +88,10 @@ class ApiPool:
                 self.generation += 1
                 self._wake.clear()
                 self.ready.set()
-            self._wake.wait()  # until close() or a request finds the pool broken
+            while not self._wake.wait(1.0):  # until close(), a request finds the pool broken, or a worker died
+                alive = {p.pid for p in mp.active_children()}
+                if not set(pids) <= alive:
+                    break
             with self._lock:
                 self.ready.clear()
                 self._pool, self.pids = None, []
