@@ -110,6 +110,37 @@ def test_a_killed_worker_is_replaced_and_no_request_fails():
         assert grew and grew <= set(new), (grew, new)
 
 
+def test_refusals_from_a_worker_are_422_naming_the_client_file_and_uploads_are_deleted():
+    import glob
+    import tempfile
+
+    def uploads() -> set[str]:
+        return set(glob.glob(os.path.join(tempfile.gettempdir(), "kvhit-upload-*")))
+
+    with TestClient(create_app(api_workers=2)) as client:
+        h = _ready(client)
+        before = uploads()
+        # refused by the service's answer (in a worker), not by the request model (checked in the server first)
+        r = client.post("/api/kv", json={"model": "qwen3-8b", "tp": 1024})
+        assert r.status_code == 422 and r.json()["detail"].startswith("--tp: 1024 does not divide"), r.text
+        cfg = json.dumps({"num_hidden_layers": 32}).encode()  # a config.json without the attention shape
+        r = client.post(
+            "/api/kv", data={"request": json.dumps({"kv_gb": 10})}, files={"model_config": ("mine.json", cfg)}
+        )
+        assert r.status_code == 422, r.text
+        assert "mine.json" in r.json()["detail"] and "kvhit-upload-" not in r.text, r.text
+        good = json.dumps(
+            {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
+        ).encode()
+        r = client.post(
+            "/api/kv", data={"request": json.dumps({"kv_gb": 10})}, files={"model_config": ("mine.json", good)}
+        )
+        assert r.status_code == 200, r.text
+        assert uploads() <= before
+        by = client.get("/api/health").json()["answered_by"]
+        assert str(h["server_pid"]) not in by and sum(by.values()) >= 1, by  # the worker answered (and refused)
+
+
 def test_api_workers_0_answers_in_the_server_and_health_says_so():
     with TestClient(create_app(api_workers=0)) as client:
         h = client.get("/api/health").json()
