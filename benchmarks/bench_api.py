@@ -5,7 +5,8 @@ move into this one request), and 8 concurrent clients. Targets: slider p95 ≤ 1
 Measured with ``--api-workers 0`` (answers in the server's own threads, one interpreter) and with the default
 ``--api-workers`` (min(4, cores): a warmed process pool) in the same run; the machine's cores bound what 8
 clients can get; the server's CPU per request (its process and workers, from ``/proc``) is what a request costs
-when the cores are free.
+when the cores are free. Timing starts after the server's start-up work (``/api/health``: ``warm``, and the pool
+warmed); the health endpoint's per-process answer counts show which processes answered.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ class _Server:
         deadline = time.time() + 600
         while time.time() < deadline:
             try:
-                h = _get(self.url + "/api/health")
-                if api_workers == 0 or h["api_workers_ready"]:
+                h = _get(self.url + "/api/health")  # start-up work done (warm-up answers, the first chart's job)
+                if h["warm"] and (api_workers == 0 or h["api_workers_ready"]):  # and the pool warmed
                     return
             except OSError:
                 pass
@@ -122,8 +123,10 @@ def _measure(api_workers: int, n_seq: int, clients: int, per_client: int) -> dic
         for t in ths:
             t.join()
         wall = time.perf_counter() - t0
+        h = _get(srv.url + "/api/health")
     finally:
         srv.close()
+    by = {int(p): n for p, n in h["answered_by"].items()}
     ms = 1000.0
     return {
         "slider p50 ms": float(np.percentile(seq, 50)) * ms,
@@ -132,6 +135,8 @@ def _measure(api_workers: int, n_seq: int, clients: int, per_client: int) -> dic
         f"{clients} clients p50 ms": float(np.percentile(lat, 50)) * ms,
         f"{clients} clients p95 ms": float(np.percentile(lat, 95)) * ms,
         f"{clients} clients requests/s": len(lat) / wall,
+        "answers by the server's own interpreter": by.get(h["server_pid"], 0),
+        "answers by pool workers": sum(n for p, n in by.items() if p != h["server_pid"]),
     }
 
 

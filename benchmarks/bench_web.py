@@ -62,13 +62,15 @@ def run() -> dict:
     try:
         t0 = time.time()
         while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/presets", timeout=2).read()
-                break
+            try:  # timed once the start-up work is done and the API worker pool is warm (GET /api/health)
+                h = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2).read())
+                if h["warm"] and (h["api_workers"] == 0 or h["api_workers_ready"]):
+                    break
             except OSError:
-                if time.time() - t0 > 90:
-                    raise
-                time.sleep(0.3)
+                pass
+            if time.time() - t0 > 600:
+                raise RuntimeError("kvhit serve did not become ready in 600 s")
+            time.sleep(0.3)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         for i in range(3):  # warm-up: imports, first compilation
             _one(conn, 0.5 + i * 1e-3)

@@ -86,7 +86,7 @@ start b64 64 300
 # the traces (kvhit Parquet with token counts), generated while the servers start
 "$PY" live/workload.py "$out/chat-a.parquet:1:80:60:8" "$out/chat-b.parquet:2:80:60:8" \
   "$out/chat-steady.parquet:3:230:60:8" "$out/chat-timed.parquet:4:40:60:8" \
-  "$out/chat-steady-long.parquet:3:1400:60:8" >"$out/workload.txt"
+  "$out/chat-steady-long.parquet:3:1400:60:4" >"$out/workload.txt"
 cat "$out/workload.txt"
 
 for s in b128 b32 b64; do wait_health $s; done
@@ -110,33 +110,41 @@ replay() {  # label server expected_exit [kvhit replay flags...]
 }
 
 fail=0
-# The steady-state replay runs on its own server beside the others (sequential replays are exact whatever the
-# timing); the timed replay runs last, alone. The steady-state workload has no shared system prompt: the estimator
-# models independent conversations (a shared prefix is outside its model; the sequential replays at 128 and 32
-# check kvhit's simulation with one). λ0 = 1/s, E[M] = 8, E[W] = 8 s: a lifetime holds 64 conversations; the
-# first 192 (3 lifetimes) are the warm-up and the requests after the last arrival (the drain) are not measured —
-# the estimator is a steady-state model (benchmarks/live_estimator.py: the same rule over seeds 11–18).
-replay seq-b64-steady b64 0 --trace "$out/chat-steady-long.parquet" --warmup 192 --exclude-drain &
-steady=$!
-# the 32/40 server's chain (sequential, then 8 in flight) runs beside the 128/40 server's
-{
+# Three chains, one per server, side by side (sequential replays are exact whatever the timing; the concurrent ones
+# are simulated from their own measured timings). The 64/300 server's chain — the 300-request negative control, then
+# the 11,374-request steady-state replay — is the long pole; the other two servers' chains run beside it.
+# The steady-state workload has no shared system prompt: the estimator models independent conversations (a shared
+# prefix is outside its model; the sequential replays at 128 and 32 check kvhit's simulation with one). λ0 = 1/s,
+# E[M] = 8, E[W] = 8 s, answers of 1–4 tokens: a lifetime holds 64 conversations; the first 192 (3 lifetimes) are
+# the warm-up and the requests after the last arrival (the drain) are not measured — the estimator is a steady-state
+# model (benchmarks/live_estimator.py --max-resp 4: the same rule over held-out seeds).
+chain_b64() {
+  # all m generated tokens cached instead of m − 1: visible only when a next turn reuses the block that the m-th
+  # token would complete before it is evicted — on 32/40 (150 requests) it never was (a run with 0 mismatches);
+  # on the 64/300 server the first 300 requests of seed 3 with answers of 1–8 tokens have 2 such turns
+  replay control-all-m-cached b64 1 --trace "$out/chat-steady.parquet" --limit 300 --output-cached m &&
+    replay seq-b64-steady b64 0 --trace "$out/chat-steady-long.parquet" --warmup 192 --exclude-drain
+}
+chain_b32() {
   replay seq-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 --system-prompt-tokens 200 &&
     replay conc8-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 --system-prompt-tokens 200 --concurrency 8
-} &
-b32chain=$!
-replay seq-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 || fail=1
-# negative controls: exit 1 (per-request mismatches) is the expected outcome
-replay control-no-null-block b128 1 --trace "$out/chat-a.parquet" --limit 150 --system-prompt-tokens 200 \
-  --num-gpu-blocks 41 || fail=1
-wait "$steady" || fail=1
-wait "$b32chain" || fail=1
-# all m generated tokens cached instead of m − 1: visible only when a next turn reuses the block that the m-th
-# token would complete before it is evicted — on 32/40 (150 requests) it never was (a run with 0 mismatches);
-# on the 64/300 server the first 300 steady-state requests have 2 such turns (kvhit's simulation of the plan)
-replay control-all-m-cached b64 1 --trace "$out/chat-steady.parquet" --limit 300 --output-cached m || fail=1
-replay timed-b128 b128 0 --trace "$out/chat-timed.parquet" --limit 300 --system-prompt-tokens 200 \
-  --speedup "${KVHIT_LIVE_SPEEDUP:-2}" || fail=1
-replay conc4-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 --concurrency 4 || fail=1
+}
+chain_b128() {
+  replay seq-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 &&
+    # negative control: exit 1 (per-request mismatches) is the expected outcome
+    replay control-no-null-block b128 1 --trace "$out/chat-a.parquet" --limit 150 --system-prompt-tokens 200 \
+      --num-gpu-blocks 41 &&
+    replay timed-b128 b128 0 --trace "$out/chat-timed.parquet" --limit 300 --system-prompt-tokens 200 \
+      --speedup "${KVHIT_LIVE_SPEEDUP:-2}" &&
+    replay conc4-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 --concurrency 4
+}
+chain_b64 &
+c64=$!
+chain_b32 &
+c32=$!
+chain_b128 || fail=1
+wait "$c32" || fail=1
+wait "$c64" || fail=1
 
 cleanup
 for p in "${pids[@]}"; do

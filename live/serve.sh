@@ -20,6 +20,7 @@ VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_TH
   setsid "$py" -m vllm.entrypoints.openai.api_server --model "$here/model" --host 127.0.0.1 --port "$port" \
   --served-model-name tiny --load-format dummy --skip-tokenizer-init --max-model-len 4096 --enforce-eager \
   --dtype bfloat16 --enable-prefix-caching --block-size "$bs" --kv-cache-memory-bytes "$kvbytes" \
-  --num-gpu-blocks-override "$nblocks" --enable-prompt-tokens-details --enable-per-request-metrics "$@" \
+  --num-gpu-blocks-override "$nblocks" --enable-prompt-tokens-details --enable-per-request-metrics \
+  --disable-uvicorn-access-log "$@" \
   >"$log" 2>&1 < /dev/null &
 echo $!

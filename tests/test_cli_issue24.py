@@ -117,6 +117,13 @@ def test_trace_errors_name_the_path_once(tmp_path):
     assert r.err.count(str(p)) == 1
 
 
+def test_positional_trace_errors_name_the_path_once(tmp_path):
+    p = tmp_path / "missing.parquet"
+    r = kvhit("trace", "stats", p)
+    assert_refused(r, f"PATH {p}: no such file")  # was "PATH …/missing.parquet: …/missing.parquet: no such file"
+    assert r.err.count(str(p)) == 1
+
+
 def test_version_fast_path_imports_nothing_heavy():
     import subprocess
     import sys

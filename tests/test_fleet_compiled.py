@@ -3,6 +3,8 @@ fleet (the reference path of kvhit.fleet.simulate, itself tested equal to kvhit.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -129,9 +131,10 @@ def _nb_exp(x, out):
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.floats(-1e3, 0.0), min_size=1, max_size=200))
-def test_numba_exp_is_numpys(xs):
-    """The one assumption of softmax equality: numba's exp returns NumPy's value on the softmax's arguments."""
+def test_numba_exp_is_libms(xs):
+    """The one assumption of softmax equality: numba's exp returns libm's value (``math.exp``, what the step-wise
+    Dynamo router takes) on the softmax's arguments. NumPy's vectorised exp is not it on every CPU."""
     x = np.array(xs, np.float64)
     out = np.empty_like(x)
     _nb_exp(x, out)
-    np.testing.assert_array_equal(out, np.exp(x))
+    np.testing.assert_array_equal(out, [math.exp(v) for v in xs])

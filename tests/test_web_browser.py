@@ -172,6 +172,43 @@ def test_slider_is_coalesced_labelled_and_url_restores(server, page):
     assert float(page.evaluate("lam0()")) == 2.0
 
 
+def test_slider_redraws_without_waiting_for_the_running_simulation(server, page):
+    """Issue 24 item 3: the paper reference follows the slider at once; the engine's curve (a simulation job,
+    seconds) of an older slider position is cancelled, never awaited, and never drawn over a newer one. The page
+    before this test waited for the running job to end (and drew its curve) before answering the next move."""
+    load(page, server + "/#workload=scm")
+    settle(page)
+    r = page.evaluate(
+        """async () => {
+      const s = document.getElementById('lam0'), st = window.kvhit;
+      const sleep = (ms) => new Promise((res) => setTimeout(res, ms));
+      const move = (v) => { s.value = v; s.dispatchEvent(new Event('input')); };
+      st.job = null;
+      move('0.35');  // a λ0 no other test asks for: its curve is computed, not cached
+      while (!st.job) await sleep(2);
+      const first = st.job, est0 = st.est, t0 = performance.now();
+      let curveDrawn = false;
+      move('0.45');
+      while (st.est === est0) { if (st.curve) curveDrawn = true; await sleep(2); }
+      const ms = performance.now() - t0;
+      const status = (await (await fetch(`/api/jobs/${first}`)).json()).status;
+      return { first, curveDrawn, status, ms };
+    }"""
+    )
+    assert not r["curveDrawn"], r  # the older position's curve never appeared
+    assert r["status"] in ("queued", "running"), r  # redrawn while that simulation still ran
+    settle(page)
+    assert float(page.evaluate("lam0()")) == pytest.approx(10**0.45, rel=2e-3)
+    status = page.evaluate(f"(async () => (await (await fetch('/api/jobs/{r['first']}')).json()).status)()")
+    assert status == "cancelled"  # superseded by the newer position's job
+    want = svc.estimate(
+        svc.build(
+            svc.EstimateRequest, N=page.evaluate("window.kvhit.est.N"), **{**SCM, "lam0": page.evaluate("lam0()")}
+        )
+    )
+    assert page.evaluate("window.kvhit.est.h") == [x.h for x in want.estimates]
+
+
 def test_inapplicable_controls_are_disabled(server, page):
     load(page, server + "/#workload=sharegpt")
     for sel in ("#lam0", "#mean_turns", "#w_mean", "#x_mean", "#y_mean", "#kv_gb"):

@@ -1,18 +1,18 @@
 """Compiled fleet pass for the load- and cache-aware routers: the step-wise fleet in one numba kernel.
 
-Invariant. :func:`simulate_compiled` returns, request by request, the same replica, hit blocks, new blocks,
-wait and rejection as the step-wise path of :func:`kvhit.fleet.simulate.simulate_fleet` (``fast=False``) for
-the routers ``sticky``, ``least-loaded``, ``dynamo``, ``llm-d`` and ``sglang`` in every mode of
-:mod:`kvhit.fleet.routers` (precise and approximate indexes, Dynamo's softmax temperature, lagged load
-snapshots, holds, colocated KV) — tested equal under ``hypothesis`` in ``tests/test_fleet_compiled.py``. It
-runs the same event loop (one global finish heap ordered by (time, request index), finishes before arrivals
-at equal times, per-replica FIFO queues with head-of-line blocking, the affected replica retried after every
-event) over ``R`` compiled vLLM block pools — the very helpers of :mod:`kvhit.sim.vllm.block`
-(``_lookup``, ``_start``, ``_free``), one pool per replica — and scores each request with the rule of its
-router, in the same floating-point operation order, drawing from the router's own ``numpy`` generator (numba
-implements ``Generator.integers`` and ``Generator.random`` with NumPy's algorithms on the shared bit
-generator, so ties and softmax draws consume the same stream; Dynamo's softmax sums its weights in NumPy's
-pairwise order, :func:`_np_sum`).
+Invariant. :func:`simulate_compiled` returns, request by request, the same replica, hit blocks, new blocks, wait and
+rejection as the step-wise path of :func:`kvhit.fleet.simulate.simulate_fleet` (``fast=False``) for the routers
+``sticky``, ``least-loaded``, ``dynamo``, ``llm-d`` and ``sglang`` in every mode of :mod:`kvhit.fleet.routers`
+(precise and approximate indexes, Dynamo's softmax temperature, lagged load snapshots, holds, colocated KV, the
+per-request timing ``prefill_hold`` / ``hit_token_seconds``) — tested equal under ``hypothesis`` in
+``tests/test_fleet_compiled.py`` and ``tests/test_fleet_timing.py``. It runs the same event loop (one global finish
+heap ordered by (time, request index), finishes before arrivals at equal times, per-replica FIFO queues with
+head-of-line blocking, the affected replica retried after every event) over ``R`` compiled vLLM block pools — the
+very helpers of :mod:`kvhit.sim.vllm.block` (``_lookup``, ``_start``, ``_free``), one pool per replica — and scores
+each request with the rule of its router, in the same floating-point operation order, drawing from the router's own
+``numpy`` generator (numba implements ``Generator.integers`` and ``Generator.random`` with NumPy's algorithms on the
+shared bit generator, so ties and softmax draws consume the same stream; Dynamo's softmax sums its weights in
+NumPy's pairwise order, :func:`_np_sum`).
 
 How the router state is kept. Precise overlaps probe each replica's own hash table (no router-side copy);
 the unbounded approximate indexes (Dynamo's TTL shadow, SGLang's never-evicted tree) are one expiry per (block hash,
@@ -24,9 +24,11 @@ router_ops`` is the step-wise path's pool counter.
 
 NOT modelled here beyond the step-wise fleet (same NOT-modelled list as :mod:`kvhit.fleet.simulate`); the
 oblivious routers keep their own compiled path (route, then :func:`kvhit.sim.vllm.block.simulate_block` per
-replica). Equality with temperature > 0 also assumes numba's ``np.exp`` returns NumPy's value (tested on the
-softmax's argument range, ``test_numba_exp_is_numpys``; a last-bit difference could flip a draw only when it lands
-on a cumulative-weight boundary).
+replica). Equality with temperature > 0 also needs both paths to take the same exp: numba's scalar ``np.exp`` is libm's,
+which the step-wise router calls as ``math.exp`` (NumPy's vectorised exp differs from it in the last bit on CPUs
+with AVX-512 — 65,185 of 2·10⁶ draws on this repository's CI machine; tested on the softmax's argument range,
+``test_numba_exp_is_libms``; a last-bit difference could flip a draw only when it lands on a cumulative-weight
+boundary).
 """
 
 from __future__ import annotations
@@ -277,7 +279,7 @@ def _lru_add(hashes, off, nh, ltab, mask, skey, lnk, sfree, lst, size):
 @njit(cache=True)
 def _fleet_kernel(
     T, L, off, hashes, ids, M, cv, nconv, times, hold, use_events, Ns, b, unhashed_to_head,
-    kind, approx, metric_prefill, fp, lag, rng,
+    kind, approx, metric_prefill, fp, lag, rng, ph, use_ph, hts,
 ):  # fmt: skip
     n = T.shape[0]
     R = Ns.shape[0]
@@ -378,8 +380,9 @@ def _fleet_kernel(
     router_ops = 0
 
     # event queue and per-replica FIFO queues (linked through qnext)
-    ht = np.empty(max(n, 1), np.float64)
-    hr = np.empty(max(n, 1), np.int64)
+    hcap = max(2 * n if use_ph else n, 1)  # finishes, and prefill-done events (request index + n)
+    ht = np.empty(hcap, np.float64)
+    hr = np.empty(hcap, np.int64)
     hsize = 0
     qnext = np.full(n, -1, np.int64)
     qhead = np.full(R, -1, np.int64)
@@ -401,10 +404,16 @@ def _fleet_kernel(
         if is_fin:
             f = hr[0]
             hsize = _heap_pop(ht, hr, hsize)
+            if f >= n:  # prefill done: the outstanding prefill tokens leave the load; no block changes, no retry
+                f -= n
+                k = rep_out[f]
+                pre[k] -= T[f] - hit_out[f] * b
+                continue
             k = rep_out[f]
             _free(nb_arr[f], boff[f], rb, blk[k], Ns[k], Ns[k] + 1, unhashed_to_head, st[k])
             inflight[k] -= 1
-            pre[k] -= T[f] - hit_out[f] * b
+            if not use_ph:
+                pre[k] -= T[f] - hit_out[f] * b
             act[k] -= nb_arr[f]
         else:
             # ---- route request r ----
@@ -558,7 +567,10 @@ def _fleet_kernel(
             wait_out[w] = now - times[w]
             pre[k] -= h * b
             if use_events:
-                hsize = _heap_push(ht, hr, hsize, now + hold[w], w)
+                d = hts * (h * b)
+                hsize = _heap_push(ht, hr, hsize, now + max(hold[w] - d, 0.0), w)
+                if use_ph:
+                    hsize = _heap_push(ht, hr, hsize, now + max(ph[w] - d, 0.0), w + n)
             else:
                 _free(nb, base, rb, blk[k], N, N + 1, unhashed_to_head, st[k])
                 inflight[k] -= 1
@@ -570,10 +582,11 @@ def _fleet_kernel(
     return rep_out, hit_out, new_out, wait_out, rej_out, ops, router_ops
 
 
-def simulate_compiled(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine_flag, lag):
+def simulate_compiled(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine_flag, lag, prefill_hold=None, hts=0.0):
     """Run the compiled fleet for router object ``rt`` (:data:`COMPILED_ROUTERS`); arrays as in
-    :func:`kvhit.fleet.simulate.simulate_fleet`'s internals. Returns ``(replica, hit, new, wait, rejected,
-    block_ops, router_ops)``; the router's generator advances exactly as on the step-wise path."""
+    :func:`kvhit.fleet.simulate.simulate_fleet`'s internals (``prefill_hold`` and ``hts`` checked there).
+    Returns ``(replica, hit, new, wait, rejected, block_ops, router_ops)``; the router's generator advances exactly
+    as on the step-wise path."""
     kind = COMPILED_ROUTERS[rt.name]
     approx = getattr(rt, "shadow", None) is not None
     fp = np.zeros(5)
@@ -601,10 +614,11 @@ def simulate_compiled(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine_flag, lag):
         cdense, nconv = np.zeros(cv.shape[0], np.int64), 0
     use_events = hold is not None
     hd = np.zeros(T.shape[0]) if hold is None else np.ascontiguousarray(hold, np.float64)
+    ph = np.zeros(1) if prefill_hold is None else np.ascontiguousarray(prefill_hold, np.float64)
     out = _fleet_kernel(
         T, np.ascontiguousarray(L, np.int64), off, hs, ids, M, cdense, nconv, np.ascontiguousarray(tm, np.float64),
         hd, use_events, np.asarray(Ns, np.int64), b, engine_flag, kind, approx, metric_prefill, fp, float(lag),
-        rt.rng,
+        rt.rng, ph, prefill_hold is not None, float(hts),
     )  # fmt: skip
     rep, hit, new, wait, rej, ops, rops = out
     return rep, hit, new, wait, rej, int(ops), int(rops)

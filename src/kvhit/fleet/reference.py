@@ -8,6 +8,8 @@ in :mod:`kvhit.fleet.routers` (sharing only the tie-break and draw order, so res
 approximate modes of the KV-aware routers keep their own shadow here: per replica a dict ``hash -> (expiry,
 last-use tick)`` — Dynamo's TTL (an entry counts while ``t < expiry``), llm-d's LRU sized to the replica's ``N``
 (evict the smallest tick while over size), SGLang's tree without eviction (its size is the fallback's key).
+The per-request timing (``prefill_hold``, ``hit_token_seconds``) is a second deadline per running request: its
+prefill tokens count until ``pre_at[r]`` (a prefill-done event, ordered by (time, n + r) with the finishes).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ def _h(s):
 
 
 def reference_fleet(
-    T, off, hs, conv, *, Ns, b, router, params=None, engine="vllm", times=None, hold=None, seed=0, lag=0.0
-):
+    T, off, hs, conv, *, Ns, b, router, params=None, engine="vllm", times=None, hold=None, seed=0, lag=0.0,
+    prefill_hold=None, hit_token_seconds=0.0,
+):  # fmt: skip
     """Returns ``(replica, hit_blocks, wait, rejected)`` lists (PD mode, ``L = T``)."""
     p = dict(params or {})
     n, R = len(T), len(Ns)
@@ -50,6 +53,9 @@ def reference_fleet(
     hit = [0] * n
     wait = [0.0] * n
     fin_at = [math.inf] * n
+    ph = None if prefill_hold is None else [float(x) for x in prefill_hold]
+    pre_at = [math.inf] * n  # prefill done (with prefill_hold)
+    pre_done = [False] * n
     held: dict[int, list[int]] = {}
     rr = [0]
     bind: dict[int, tuple[int, float]] = {}
@@ -61,7 +67,8 @@ def reference_fleet(
             if st[r] in (WAITING, RUNNING):
                 k = rep[r]
                 inf[k] += 1
-                pre[k] += T[r] - (hit[r] * b if st[r] == RUNNING else 0)
+                if not pre_done[r]:
+                    pre[k] += T[r] - (hit[r] * b if st[r] == RUNNING else 0)
                 act[k] += -(-T[r] // b)
         use = [(pl.N - len(pl.free_queue)) / pl.N for pl in pools]
         return inf, pre, act, use
@@ -187,7 +194,10 @@ def reference_fleet(
             if hd is None:
                 finish(r)
             else:
-                fin_at[r] = now + hd[r]
+                saved = hit_token_seconds * (hit[r] * b)
+                fin_at[r] = now + max(hd[r] - saved, 0.0)
+                if ph is not None:
+                    pre_at[r] = now + max(ph[r] - saved, 0.0)
 
     def finish(r):
         pools[rep[r]].free(held.pop(r))
@@ -195,16 +205,22 @@ def reference_fleet(
 
     snap, tick = None, 0.0
     while True:
-        f = min((r for r in range(n) if st[r] == RUNNING), key=lambda r: (fin_at[r], r), default=None)
+        evs = [(fin_at[r], r) for r in range(n) if st[r] == RUNNING]
+        evs += [(pre_at[r], n + r) for r in range(n) if st[r] == RUNNING and ph is not None and not pre_done[r]]
+        ev = min(evs, default=None)
         a = next((r for r in range(n) if st[r] == PENDING), None)
-        if f is None and a is None:
+        if ev is None and a is None:
             break
-        is_fin = f is not None and (a is None or fin_at[f] <= tm[a])
-        now = fin_at[f] if is_fin else tm[a]
+        is_fin = ev is not None and (a is None or ev[0] <= tm[a])
+        now = ev[0] if is_fin else tm[a]
         if lag > 0 and (snap is None or now >= tick):
             snap = loads()
             tick = (math.floor(now / lag) + 1) * lag
+        if is_fin and ev[1] >= n:
+            pre_done[ev[1] - n] = True
+            continue
         if is_fin:
+            f = ev[1]
             finish(f)
             try_start(rep[f], now)
             continue

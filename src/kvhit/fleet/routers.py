@@ -292,7 +292,9 @@ class DynamoKV(Router):
         else:
             lo, hi = min(lg), max(lg)
             z = [(x - lo) / (hi - lo) if hi > lo else 0.0 for x in lg]
-            w = np.exp(-np.asarray(z) / self.temp)
+            # libm's exp (math.exp), as the compiled pass's scalar np.exp: NumPy's vectorised exp differs in the
+            # last bit on some CPUs (kvhit.fleet.compiled)
+            w = np.array([math.exp(-x / self.temp) for x in z])
             c = np.cumsum(w / w.sum())
             k = min(int(np.searchsorted(c, self.rng.random(), side="right")), self.R - 1)
         if self.shadow is not None:

@@ -21,6 +21,17 @@ KV usage ``in_use/N``. With ``lag > 0`` they are snapshots taken at the multiple
 interval): the router at time ``t`` sees the state at ``⌊t/lag⌋·lag``. Cache overlaps (precise KV-aware
 routers) are always current (KV events).
 
+Per-request timing (optional, both need ``hold``). ``prefill_hold[r]`` (``0 ≤ prefill_hold ≤ hold``) ends request
+r's prefill at ``start + prefill_hold[r]``: its outstanding prefill tokens leave the router's load then (a
+*prefill-done* event, which touches no block), while its blocks, its active blocks and its in-flight count stay
+until ``start + hold[r]`` — Dynamo's router, which drops a request's prefill tokens when its first token comes
+back (``MarkPrefillCompleted``) and its active blocks when it finishes (``Free``). Without it the prefill tokens
+stay until the finish. ``hit_token_seconds`` (s per cached prompt token, ≥ 0) shortens both holds of a request
+by ``hit_token_seconds · hit_tokens`` (clipped at 0), known only at admission: the prefill a cached prefix saves
+(an engine whose prefill time grows with the uncached tokens). Prefill-done events sort with the finishes by
+(time, ``n + r``): after every finish at the same time, before arrivals at that time; they retry no
+queue.
+
 Outputs (:class:`FleetResult`): per request the replica, hit blocks, new blocks, wait, rejection; fleet and
 per-replica token hit ratio (vLLM's ``hits/queries`` over admitted requests), load imbalance (max/mean of
 requests and of prefill tokens computed), mean queueing delay, rejected requests.
@@ -143,13 +154,17 @@ def simulate_fleet(
     seed: int = 0,
     lag: float = 0.0,
     fast: bool | None = None,
+    prefill_hold=None,
+    hit_token_seconds: float = 0.0,
 ) -> FleetResult:
     """Route a request stream over ``len(Ns)`` replicas (``Ns[k]`` usable blocks each) and simulate them.
 
     The stream is :func:`kvhit.sim.vllm.block.simulate_block`'s (CSR block hashes, ``L // b`` per request);
     ``conv[r]`` is request ``r``'s conversation id (session routers key on it). ``fast=None`` (or ``True``)
     uses a compiled path: per replica when the router is oblivious, else the compiled fleet pass
-    (:mod:`kvhit.fleet.compiled`); ``fast=False`` forces the step-wise path (the reference).
+    (:mod:`kvhit.fleet.compiled`); ``fast=False`` forces the step-wise path (the reference). ``prefill_hold`` and
+    ``hit_token_seconds``: the per-request timing of the module docstring (an oblivious router with
+    ``hit_token_seconds > 0`` runs step-wise).
     """
     Ns = tuple(int(x) for x in Ns)
     if not Ns or any(x < 1 for x in Ns):
@@ -169,7 +184,8 @@ def simulate_fleet(
     tm = np.zeros(n) if times is None else np.asarray(times, np.float64)
     if hold is not None and times is None:
         raise ValueError("times: required when hold is given")
-    compiled = rt.oblivious or rt.name in COMPILED_ROUTERS
+    ph, hts = _timing(hold, prefill_hold, hit_token_seconds, n)
+    compiled = rt.name in COMPILED_ROUTERS or (rt.oblivious and hts == 0.0)
     if fast is None:
         fast = compiled
     if fast and not compiled:
@@ -178,10 +194,28 @@ def simulate_fleet(
         return _fast(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, response_tokens, router)
     if fast:
         rep, hit, new, wait, rej, ops, rops = simulate_compiled(
-            rt, T, L, off, hs, cv, tm, hold, Ns, b, ENGINES[engine], lag
+            rt, T, L, off, hs, cv, tm, hold, Ns, b, ENGINES[engine], lag, ph, hts
         )
         return FleetResult(rep, hit, new, wait, rej, T, b, Ns, router, ops, rops)
-    return _stepwise(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, router, lag)
+    return _stepwise(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, router, lag, ph, hts)
+
+
+def _timing(hold, prefill_hold, hit_token_seconds, n):
+    """Check the per-request timing options; ``(prefill_hold as float64 or None, hit_token_seconds)``."""
+    hts = float(hit_token_seconds)
+    if not (np.isfinite(hts) and hts >= 0):
+        raise ValueError(f"hit_token_seconds: expected a finite number >= 0, got {hit_token_seconds!r}")
+    if hold is None and (prefill_hold is not None or hts > 0):
+        raise ValueError("hold: required when prefill_hold or hit_token_seconds is given")
+    if prefill_hold is None:
+        return None, hts
+    ph = np.asarray(prefill_hold, np.float64)
+    hd = np.asarray(hold, np.float64)
+    if ph.shape != (n,):
+        raise ValueError(f"prefill_hold: expected shape ({n},), got {ph.shape}")
+    if not (np.isfinite(ph).all() and (ph >= 0).all() and (ph <= hd).all()):
+        raise ValueError("prefill_hold: expected finite values with 0 <= prefill_hold <= hold")
+    return ph, hts
 
 
 def _view(rt, t, c, T, Lr, hsr, b, Ns, loads, overlap):
@@ -226,7 +260,7 @@ def _fast(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, resp, name)
     return FleetResult(rep, hit, new, wait, rej, T, b, Ns, name, ops)
 
 
-def _stepwise(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, name, lag) -> FleetResult:
+def _stepwise(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, name, lag, ph=None, hts=0.0) -> FleetResult:
     n, R = T.shape[0], len(Ns)
     engines = [make_engine(engine, N, block_size=b, colocated=colocated) for N in Ns]
     # the engine allocates kv_tokens(T, m) = T + max(m - 1, 0) = L: m = L - T + 1 when L > T (the response)
@@ -267,13 +301,17 @@ def _stepwise(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, name, l
             if hd is None:
                 fin(w)
             else:
-                heapq.heappush(running, (now + hd[w], w))
+                d = hts * (hit[w] * b)
+                heapq.heappush(running, (now + max(hd[w] - d, 0.0), w))
+                if ph is not None:
+                    heapq.heappush(running, (now + max(ph[w] - d, 0.0), w + n))
 
     def fin(w):
         k = rep[w]
         engines[k].finish(w)
         inflight[k] -= 1
-        pre[k] -= T[w] - hit[w] * b
+        if ph is None:
+            pre[k] -= T[w] - hit[w] * b
         act[k] -= nblk[w]
 
     r = 0
@@ -285,6 +323,10 @@ def _stepwise(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, name, l
             next_snap = (np.floor(now / lag) + 1.0) * lag
         if is_fin:
             _, f = heapq.heappop(running)
+            if f >= n:  # prefill done: its outstanding prefill tokens leave the load; no block changes
+                f -= n
+                pre[rep[f]] -= T[f] - hit[f] * b
+                continue
             fin(f)
             start(int(rep[f]), now)
             continue

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from kvhit.service.errors import InputError
 
@@ -53,13 +54,26 @@ class Request(BaseModel):
 class Response(BaseModel):
     """Base of every response: plain data, strict JSON via :meth:`to_json`."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=False, ser_json_inf_nan="null")
 
     def to_jsonable(self) -> Any:
         return jsonable(self.model_dump(mode="python"))
 
     def to_json(self, indent: int | None = 2) -> str:
         return strict_json(self.to_jsonable(), indent=indent)
+
+    def to_json_bytes(self) -> bytes:
+        """Compact strict JSON as UTF-8 bytes, the same data as :meth:`to_jsonable` (the JSON API's answer):
+        pydantic's own serializer writes it in one pass (non-finite floats as ``null``: ``ser_json_inf_nan``
+        above) — no Python-object copy of the answer first. A response that reshapes its data
+        (overrides :meth:`to_jsonable`) or holds a value pydantic cannot write (a numpy integer in an ``Any``
+        field) takes the :func:`strict_json` path."""
+        if type(self).to_jsonable is Response.to_jsonable:
+            try:
+                return self.model_dump_json().encode()
+            except PydanticSerializationError:
+                pass
+        return json.dumps(self.to_jsonable(), allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def jsonable(o: Any) -> Any:

@@ -55,7 +55,8 @@ def translating(where: str = "") -> Iterator[None]:
         msg = msg.replace("pass block_size=", "pass --block-size")  # the library's argument is the CLI's flag
         if where and where not in msg:
             flag, _, path = where.partition(" ")
-            if flag.startswith("--") and path and msg.startswith(path):  # the path once: "--flag PATH: line 3: …"
+            named = flag.startswith("--") or flag.isupper()  # a flag, or a positional argument's name ("PATH")
+            if named and path and msg.startswith(path):  # the path once: "--flag PATH: line 3: …"
                 msg = f"{flag} {msg}"
             else:
                 msg = f"{where}: {msg}"

@@ -148,7 +148,10 @@ def install_signal_handlers() -> None:
 
 def die_with_parent() -> None:
     """Linux: this (worker) process gets SIGKILL when its parent dies (``PR_SET_PDEATHSIG``), so a killed driver or
-    server leaves no worker behind; elsewhere a no-op. Called first thing in a worker process."""
+    server leaves no worker behind; elsewhere a no-op. Called first thing in a worker process. Linux sends the
+    signal when the *thread* that started this process ends, not only its process: start such workers from a thread
+    that outlives them (the main thread, or an owner thread as in :mod:`kvhit.web.pool`) — a worker started from a
+    short-lived thread is killed when that thread returns."""
     import ctypes
     import sys
 

@@ -15,6 +15,7 @@ default and is meant for one user or a trusted network).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import hashlib
@@ -24,6 +25,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -257,25 +259,34 @@ def _json_kinds(schema: dict, defs: dict) -> set[str]:
     return kinds
 
 
+@functools.cache
+def _field_kinds(model) -> dict[str, tuple[frozenset[str], frozenset[str] | None]]:
+    """Per field of a request model: the JSON types its value may have, and those of a list's items (None: no list
+    form). Built once per model — the JSON schema takes ~1 ms to generate, more than the slider's answer."""
+    schema = model.model_json_schema()
+    defs, props = schema.get("$defs", {}), schema.get("properties", {})
+    out = {}
+    for name, sch in props.items():
+        items = [s.get("items", {}) for s in [sch, *sch.get("anyOf", [])] if "items" in s]
+        item_kinds = frozenset(set().union(*(_json_kinds(i, defs) for i in items))) if items else None
+        out[name] = (frozenset(_json_kinds(sch, defs)), item_kinds)
+    return out
+
+
 def _strict_types(model, fields: dict) -> None:
     """Refuse a JSON boolean where a number or string is expected and a string where a number is expected (pydantic
     would read ``true`` as 1.0 and ``"5"`` as 5): the JSON API takes its types as they are, never coerced."""
-    schema = model.model_json_schema()
-    defs, props = schema.get("$defs", {}), schema.get("properties", {})
+    kinds_of = _field_kinds(model)
     for name, value in fields.items():
-        if name not in props:
+        if name not in kinds_of:
             continue  # unknown fields: refused by the model itself
-        sch = props[name]
-        kinds = _json_kinds(sch, defs)
+        kinds, item_kinds = kinds_of[name]
         values = [value]
-        if isinstance(value, list):
-            items = [s.get("items", {}) for s in [sch, *sch.get("anyOf", [])] if "items" in s]
-            if items:
-                kinds = set().union(*(_json_kinds(i, defs) for i in items))
-                values = value
+        if isinstance(value, list) and item_kinds is not None:
+            kinds, values = item_kinds, value
+        if "any" in kinds:
+            continue
         for v in values:
-            if "any" in kinds:
-                break
             if isinstance(v, bool) and "boolean" not in kinds:
                 raise Refused(422, f"{name}: expected {'/'.join(sorted(kinds - {'null'}))}, got {json.dumps(v)}", name)
             if isinstance(v, str) and "string" not in kinds and kinds & {"number", "integer"}:
@@ -325,21 +336,6 @@ def _warm_up() -> None:
         run("plan", {"engine": "paper", "kv_gb": 40, "target": 0.3, **scm})
 
 
-def _answer(command: str, fields: dict) -> Any:
-    """A synchronous answer as strict-JSON-ready data (runs in an API worker process)."""
-    from kvhit.service.registry import run
-
-    return run(command, fields).to_jsonable()
-
-
-def _api_worker_init() -> None:
-    from kvhit.service.io import die_with_parent
-
-    die_with_parent()
-    import kvhit.service.estimate  # noqa: F401  (the slider's command, imported before the first request)
-    import kvhit.service.kv  # noqa: F401
-
-
 def create_app(
     workers: int = 2,
     max_body: int = MAX_BODY_BYTES,
@@ -352,35 +348,38 @@ def create_app(
     ``warm``: answer a small estimate and plan in the background at start-up (imports, first compilations) and
     queue the page's first chart; ``persist``: a directory keeping the answers on the bundled workload across
     restarts (``kvhit serve``: the kvhit cache directory); ``api_workers``: processes answering the synchronous
-    commands (estimate, kv, plan's closed form) in parallel, each warmed at start-up — until they are, and with 0,
-    those answers run in this process's thread pool (one interpreter: concurrent requests queue on its lock)."""
+    commands (estimate, kv, plan's closed form) in parallel (:class:`kvhit.web.pool.ApiPool`), each warmed at
+    start-up — until they are, and with 0, those answers run in this process's thread pool (one interpreter:
+    concurrent requests queue on its lock). ``GET /api/health`` says when the start-up work is done and which
+    processes answered."""
+    from kvhit.web.pool import ApiPool
+
     jobs = JobManager(workers=workers, persist=persist)
-    pool, pool_ready = None, threading.Event()
-    if api_workers > 0:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+    apipool = ApiPool(api_workers) if api_workers > 0 else None
+    warmed = threading.Event()  # the start-up work (warm-up answers, the first chart's job) is done
+    here: collections.Counter[int] = collections.Counter()  # answers given in this process (api_workers 0)
 
-        pool = ProcessPoolExecutor(api_workers, mp_context=mp.get_context("spawn"), initializer=_api_worker_init)
-
-    def start_pool() -> None:
-        with contextlib.suppress(Exception):  # every worker started and warmed, then the pool takes the answers
-            futs = [pool.submit(_answer, "kv", {"model": "qwen3-8b", "kv_gb": 1.0}) for _ in range(api_workers)]
-            for f in futs:
-                f.result()
-            pool_ready.set()
+    def warm_up(first_chart) -> None:
+        _warm_up()
+        while first_chart is not None and first_chart.status in ("queued", "running"):
+            time.sleep(0.1)
+        warmed.set()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if apipool is not None:
+            apipool.start()
         if warm:  # imports and first compilations off the first user's request
+            first_chart = None
             with contextlib.suppress(Exception):
-                jobs.submit("curve", dict(FIRST_CHART), _digest("curve", FIRST_CHART).hexdigest())
-            threading.Thread(target=_warm_up, daemon=True).start()
-        if pool is not None:
-            threading.Thread(target=start_pool, daemon=True).start()
+                first_chart = jobs.submit("curve", dict(FIRST_CHART), _digest("curve", FIRST_CHART).hexdigest())
+            threading.Thread(target=warm_up, args=(first_chart,), daemon=True).start()
+        else:
+            warmed.set()
         yield
         jobs.shutdown()
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        if apipool is not None:
+            apipool.close()
 
     app = FastAPI(
         title="kvhit",
@@ -421,25 +420,33 @@ def create_app(
             return JSONResponse(job.view(), status_code=202, headers={"Location": f"/api/jobs/{job.id}"})
         try:  # a synchronous answer: its uploads are deleted as soon as it is answered, on every path
             if key in sync_cache:
-                return JSONResponse(sync_cache[key])
+                return Response(sync_cache[key], media_type="application/json")
             out = None
-            if pool is not None and pool_ready.is_set():
+            if apipool is not None and apipool.ready.is_set():
                 from concurrent.futures.process import BrokenProcessPool
 
-                with contextlib.suppress(BrokenProcessPool):  # a dead worker: answered here instead
-                    out = await asyncio.get_running_loop().run_in_executor(pool, _answer, command, fields)
+                try:
+                    pool = apipool.current()
+                    pid, out = await asyncio.wrap_future(apipool.submit(command, fields))
+                    apipool.count(pid)
+                except BrokenProcessPool:  # a worker died: answered here; the pool is replaced meanwhile
+                    apipool.broken(pool)
             if out is None:
-                out = (await run_in_threadpool(run, command, fields)).to_jsonable()
+                out = await run_in_threadpool(lambda: run(command, fields).to_json_bytes())
+                if apipool is not None:
+                    apipool.count(os.getpid())
+                else:
+                    here[os.getpid()] += 1
         except InputError as e:
             msg = _clean(str(e), rename)
             return error(422, msg, _field_of(msg, model))
         finally:
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
-        if len(sync_cache) >= 64:  # bounded: a 1,000-point curve is ~1 MiB of Python objects
+        if len(sync_cache) >= 64:  # bounded: a 10,000-point estimate is ~2 MB of JSON
             sync_cache.pop(next(iter(sync_cache)))
         sync_cache[key] = out
-        return JSONResponse(out)
+        return Response(out, media_type="application/json")
 
     def doc(command: str) -> dict:
         model, fn = COMMANDS[command]
@@ -495,9 +502,20 @@ def create_app(
             return error(404, f"job {job_id}: no such job")
         return job.view()
 
-    @app.get("/api/health", tags=["answers"], summary="Whether the API worker processes are started and warm")
+    @app.get("/api/health", tags=["answers"], summary="Whether the start-up work is done and the API workers are warm")
     async def health():
-        return {"api_workers": api_workers, "api_workers_ready": pool_ready.is_set()}
+        """``warm``: the start-up work is done (warm-up answers, the first chart's job); ``api_workers_ready``: the
+        worker pool answers (its live ``api_worker_pids``); ``answered_by``: synchronous answers per process id
+        (``server_pid``: answered in this process)."""
+        out = {"server_pid": os.getpid(), "warm": warmed.is_set()}
+        if apipool is None:
+            return out | {
+                "api_workers": 0,
+                "api_workers_ready": False,
+                "api_worker_pids": [],
+                "answered_by": {str(p): n for p, n in here.items()},
+            }
+        return out | apipool.view()
 
     @app.get("/api/presets", tags=["answers"], summary="Model and accelerator presets")
     async def presets():

@@ -14,7 +14,8 @@ const SHORT = { "vllm": "vLLM ≥ 0.24", "vllm-0.23": "vLLM ≤ 0.23", "content"
 // the engine's own lines of a curve answer: a kvhit trace/spec (block-weighted) or a production trace (tokens)
 function simKey(c, e) { return [SIM_KEY[e], `${SHORT[e]} token hit ratio`].find((k) => Array.isArray(c[k])); }
 function estKey(c, e) { return [EST_KEY[e], `estimate: ${SHORT[e]} (agentic)`].find((k) => Array.isArray(c[k])); }
-const state = { kv: null, est: null, curve: null, plan: null, job: null, busy: false, pending: false, requests: 0 };
+const state = { kv: null, est: null, curve: null, plan: null, job: null, busy: false, pending: false, requests: 0,
+  gen: 0, curveP: null };
 window.kvhit = state;  // read by the browser tests
 
 function radio(name) { return document.querySelector(`input[name=${name}]:checked`).value; }
@@ -208,21 +209,37 @@ function showWarn() {
   $("warn").textContent = st && !st.stationary ? `Simulation hidden — ${st.message}` : "";
 }
 
-// ---- one refresh per settled input (coalesced): kv, the paper reference, the plan and the engine's curve -------
-let timer = null;
-function refresh() { syncControls(); writeUrl(); clearTimeout(timer); timer = setTimeout(run, 150); }
+// ---- one refresh per input burst (coalesced): kv, the paper reference and the plan at once; the engine's curve (a
+// simulation job, seconds) once the inputs rest for CURVE_DELAY ms. A newer question never waits for an older
+// question's simulation: that job is cancelled (pollJob) and its answer, if it still comes, is dropped (state.gen).
+const CURVE_DELAY = 250;
+let timer = null, curveTimer = null, curveWaiter = null;
+function refresh() { syncControls(); writeUrl(); clearTimeout(timer); timer = setTimeout(run, 0); }
 async function run() {
   if (state.busy) { state.pending = true; return; }
   state.busy = true;
+  const gen = ++state.gen;
   try {
     showError(null);
-    await question();
+    await question(gen);
   } catch (e) {
-    if (!e.cancelled) { clearResults(); showError(e); }
+    if (!e.cancelled && gen === state.gen) { clearResults(); showError(e); }
   } finally {
     state.busy = false;
     if (state.pending) { state.pending = false; run(); }
   }
+}
+function scheduleCurve(src, files, gen, delay) {
+  clearTimeout(curveTimer);
+  if (curveWaiter) curveWaiter();  // a superseded schedule: release whoever waits on it
+  return new Promise((resolve) => {
+    curveWaiter = resolve;
+    curveTimer = setTimeout(async () => {
+      try { await engineCurve(src, files, gen); }
+      catch (e) { if (!e.cancelled && gen === state.gen) { clearResults(); showError(e); } }
+      finally { resolve(); }
+    }, delay);
+  });
 }
 function curveFields(src) {
   const f = { n_min: num("n_min"), n_max: num("n_max"), points: src === "scm" ? 60 : 200, policies: [engine()] };
@@ -230,7 +247,7 @@ function curveFields(src) {
   if (src === "sharegpt") f.sharegpt = true;
   return f;
 }
-async function question() {
+async function question(gen) {
   const src = workload(), up = src === "trace" ? await traceUpload() : null;
   if (src === "trace" && !up) { clearResults(); return; }
   const files = up ? { [up.kind]: up.file } : {};
@@ -243,10 +260,12 @@ async function question() {
   state.kv = kv; state.plan = p; state.curve = null;
   state.est = e ? { N: e.estimates.map((r) => r.N), h: e.estimates.map((r) => r.h), h_max: e.moments.h_max_hash } : null;
   showWarn(); draw(); showPlan();
-  await engineCurve(src, files);
+  state.curveP = scheduleCurve(src, files, gen, document.body.dataset.ready ? CURVE_DELAY : 0);
 }
-async function engineCurve(src, files) {
-  state.curve = await api("/api/curve", curveFields(src), files);
+async function engineCurve(src, files, gen) {
+  const c = await api("/api/curve", curveFields(src), files);
+  if (gen !== undefined && gen !== state.gen) return;  // a newer question is on screen
+  state.curve = c;
   showWarn(); draw(); showPlan();
 }
 async function rerun() {
@@ -284,6 +303,7 @@ async function init() {
   $("cancel").addEventListener("click", () => state.job && fetch(`/api/jobs/${state.job}`, { method: "DELETE" }));
   syncControls(); draw();
   await run();
+  await state.curveP;
   document.body.dataset.ready = "1";
 }
 init();
