@@ -102,7 +102,52 @@ def _add(hr, hk, hn, v, key, rank, mark, stamp):
 
 
 @njit(cache=True)
-def _pass(T, koff, kid, g, adm, C, tpc, nkeys):
+def _track(k0, start, nk, kid, cnt, tnx, tpv, tsize, maxsz, pmark, pstamp, H, TL):
+    """``CPUOffloadingManager._record_offers``: count the offers in the LRU-bounded tracker; returns its size."""
+    nprot = 0
+    for k in range(start, nk):
+        key = kid[k0 + k]
+        if cnt[key] > 0:  # move_to_end, count + 1, protected
+            a = tpv[key]
+            c = tnx[key]
+            tnx[a] = c
+            tpv[c] = a
+            a = tpv[TL]
+            tnx[a] = key
+            tpv[key] = a
+            tnx[key] = TL
+            tpv[TL] = key
+            cnt[key] += 1
+            if pmark[key] != pstamp:
+                pmark[key] = pstamp
+                nprot += 1
+    unprot = tsize - nprot
+    for k in range(start, nk):
+        key = kid[k0 + k]
+        if cnt[key] > 0:
+            continue
+        if tsize >= maxsz:
+            if unprot == 0:
+                continue
+            v = tnx[H]  # popitem(last=False)
+            c = tnx[v]
+            tnx[H] = c
+            tpv[c] = H
+            cnt[v] = 0
+            tsize -= 1
+            unprot -= 1
+        a = tpv[TL]
+        tnx[a] = key
+        tpv[key] = a
+        tnx[key] = TL
+        tpv[TL] = key
+        cnt[key] = 1
+        tsize += 1
+    return tsize
+
+
+@njit(cache=True)
+def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
     n = T.shape[0]
     out = np.zeros(n, np.int64)
     rank = np.full(nkeys, -1, np.int64)  # -1: not resident
@@ -118,6 +163,17 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys):
     calls = 0
     popped_r = np.empty(16, np.int64)
     popped_k = np.empty(16, np.int64)
+    use_thr = thr >= 2  # the offer tracker exists only for a store threshold of 2 or more
+    cnt = np.zeros(nkeys if use_thr else 0, np.int64)  # offers counted per key (0: not tracked)
+    TH = nkeys
+    TT = nkeys + 1
+    tnx = np.empty(nkeys + 2 if use_thr else 0, np.int64)
+    tpv = np.empty(nkeys + 2 if use_thr else 0, np.int64)
+    pmark = np.full(nkeys if use_thr else 0, -1, np.int64)
+    if use_thr:
+        tnx[TH] = TT
+        tpv[TT] = TH
+    tsize = 0
     for r in range(n):
         if not adm[r]:
             continue
@@ -159,11 +215,15 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys):
             if nstored >= nk:
                 break
             calls += 1
+            if use_thr:
+                tsize = _track(k0, nstored, nk, kid, cnt, tnx, tpv, tsize, maxsz, pmark, calls, TH, TT)
             first = False
             nnew = 0
             for k in range(nstored, nk):
                 key = kid[k0 + k]
                 prot[key] = calls
+                if use_thr and rank[key] < 0 and cnt[key] < thr:
+                    continue  # below the threshold: neither recorded nor stored (still protected)
                 if seen[key] != r:
                     seen[key] = r
                     first = True
@@ -219,7 +279,7 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys):
                         nres -= 1
             for k in range(nstored, nk):
                 key = kid[k0 + k]
-                if rank[key] < 0:
+                if rank[key] < 0 and (not use_thr or cnt[key] >= thr):
                     v = rr * _A + _B0 - (k + 1) * tpc
                     rank[key] = v
                     nres += 1
@@ -238,9 +298,22 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys):
     return out
 
 
-def native_lru_host_pass(prompt_tokens, hash_offsets, hashes, g, admitted, *, C: int, block_size: int, bpc: int = 1):
+def native_lru_host_pass(
+    prompt_tokens,
+    hash_offsets,
+    hashes,
+    g,
+    admitted,
+    *,
+    C: int,
+    block_size: int,
+    bpc: int = 1,
+    store_threshold: int = 0,
+    max_tracker_size: int = 64_000,
+):
     """Tokens loaded from the native tier (LRU) per request, driven by the GPU hits ``g`` (tokens) of a sequential
-    replay; ``C`` chunks of ``bpc`` blocks of ``block_size`` tokens (see the module docstring)."""
+    replay; ``C`` chunks of ``bpc`` blocks of ``block_size`` tokens; ``store_threshold`` / ``max_tracker_size`` as
+    :class:`~kvhit.sim.tiers.native.CpuOffloadManager` (see the module docstring)."""
     T = np.asarray(prompt_tokens, np.int64)
     off = np.asarray(hash_offsets, np.int64)
     h = np.asarray(hashes)
@@ -264,4 +337,6 @@ def native_lru_host_pass(prompt_tokens, hash_offsets, hashes, g, admitted, *, C:
         int(C),
         np.int64(tpc),
         len(uniq),
+        int(store_threshold),
+        int(max_tracker_size),
     )
