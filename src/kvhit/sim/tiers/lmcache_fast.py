@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvhit.sim.tiers.native_fast import dense_ids
+
 __all__ = ["lmcache_lookup_pass_compiled", "lmcache_tier_pass"]
 
 
@@ -88,8 +90,8 @@ def _chunk_keys(T, off, h, b, ct):
     koff = np.zeros(len(T) + 1, np.int64)
     koff[1:] = np.cumsum(nk)
     idx = np.repeat(off[:-1], nk) + (np.arange(koff[-1]) - np.repeat(koff[:-1], nk) + 1) * bpc - 1
-    uniq, kid = np.unique(h[idx], return_inverse=True)
-    return koff, kid.astype(np.int64).reshape(-1), len(uniq)
+    kid, nkeys = dense_ids(h[idx])
+    return koff, kid, nkeys
 
 
 def lmcache_lookup_pass_compiled(

@@ -1,23 +1,32 @@
-"""Compiled (numba) host pass of the vLLM 0.33.0 native tier: LRU, no store threshold, prompt only, sequential.
+"""Compiled (numba) host pass of the vLLM 0.33.0 native tier: LRU, prompt only, any store threshold, sequential.
 
 Invariant: :func:`native_lru_host_pass` returns, request by request, the tokens
-:func:`kvhit.sim.tiers.surface.host_pass` returns for ``tier="native"`` with ``policy="lru"``,
-``store_threshold`` 0 or 1 and ``prompt_only=True`` (tested equal in ``tests/test_tiers_fast.py``). It is the same
-state machine as :class:`~kvhit.sim.tiers.native.NativeCpuTier` over
-:class:`~kvhit.sim.tiers.native.CpuOffloadManager` / :class:`~kvhit.sim.tiers.native.LruPolicy` (read that module's
-docstring for what is mirrored from vLLM's ``OffloadingConnectorScheduler`` and ``CPUOffloadingManager``),
-specialised to one request at a time, where each request's life reduces to:
+:func:`kvhit.sim.tiers.surface.host_pass` returns for ``tier="native"`` with ``policy="lru"`` and
+``prompt_only=True``, with or without a ``store_threshold`` (and its ``max_tracker_size``) (tested equal in
+``tests/test_tiers_fast.py``, and with the GPU pass, to the step-wise ``TieredEngine`` replay). It is the same state
+machine as :class:`~kvhit.sim.tiers.native.NativeCpuTier` over :class:`~kvhit.sim.tiers.native.CpuOffloadManager` /
+:class:`~kvhit.sim.tiers.native.LruPolicy` (read that module's docstring for what is mirrored from vLLM's
+``OffloadingConnectorScheduler`` and ``CPUOffloadingManager``), specialised to one request at a time, where each
+request's life reduces to:
 
 1. lookup of consecutive resident chunks from chunk ``⌊g/tpc⌋`` (no ``T - 1`` cap; a hit under one chunk is 0);
-2. on a load, the loaded chunks are recorded as accesses (provisional rank ``(r, -position)``, raised only);
-3. the offer of the chunks from the stored index to ``⌊T/tpc⌋`` (all from 0 without a load): resident ones are
-   recorded (rank raised), new ones inserted with the provisional rank after evicting the smallest ranks that are
-   not offered — all or nothing; a refused offer is repeated once in the step after the finish;
+2. on a load, the loaded chunks are recorded as accesses (they take the request's provisional rank);
+3. the offers (``prepare_store``) of the chunks from the stored index to ``⌊T/tpc⌋`` (all from 0 without a load):
+   with a threshold, the offer tracker counts them first and a new chunk offered fewer than ``store_threshold`` times
+   is neither recorded nor stored; resident ones are recorded, new ones inserted with the provisional rank after
+   evicting the smallest ranks that are not offered — all or nothing; a refused offer is repeated once in the step
+   after the finish;
 4. the commit: every recorded resident chunk gets a fresh committed rank, tail to head (head most recent).
 
-Ranks ``(a, b)`` are packed in one int64 as ``a·2³³ + 2³² + b`` (``b = -position`` or 0), which keeps their order;
-keys are the chunks' last block hashes mapped to dense ids. Not covered (use the Python tier): ARC, a store
-threshold of 2 or more, decode chunks, concurrency (``hold``).
+No heap is needed in a sequential replay: vLLM's LRU ranks are pairs, a committed ``(n, 0)`` drawn from a global
+counter at a request's finish and a provisional ``(rr, -position)`` while the request runs, ``rr`` drawn at its first
+access — after every earlier commit. So during request ``r`` every committed rank is below every provisional one,
+committed ranks are in commit order (an intrusive doubly linked list over dense key ids: a commit appends at the
+MRU end, a recorded chunk leaves the list), and the provisional chunks are the request's recorded resident chunks,
+ordered by descending position (a scan of its own chunk list). Eviction takes the list from its head, then the
+provisional chunks from the tail of the prompt, skipping the offered (protected) ones. The offer tracker
+(``OrderedDict`` bounded by ``max_tracker_size``, oldest dropped) is a second linked list. Not covered (use the
+Python tier): ARC, decode chunks, concurrency (``hold``).
 """
 
 from __future__ import annotations
@@ -25,80 +34,39 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["native_lru_host_pass"]
+from kvhit.workload.hashing import fmix64
 
-_A = np.int64(1) << np.int64(33)
-_B0 = np.int64(1) << np.int64(32)
-
-
-@njit(cache=True, inline="always")
-def _push(hr, hk, hn, r, k):
-    i = hn
-    hr[i] = r
-    hk[i] = k
-    while i > 0:
-        p = (i - 1) >> 1
-        if hr[p] <= hr[i]:
-            break
-        hr[p], hr[i] = hr[i], hr[p]
-        hk[p], hk[i] = hk[i], hk[p]
-        i = p
-    return hn + 1
-
-
-@njit(cache=True, inline="always")
-def _pop(hr, hk, hn):
-    r = hr[0]
-    k = hk[0]
-    hn -= 1
-    hr[0] = hr[hn]
-    hk[0] = hk[hn]
-    i = 0
-    while True:
-        lft = 2 * i + 1
-        if lft >= hn:
-            break
-        m = lft
-        if lft + 1 < hn and hr[lft + 1] < hr[lft]:
-            m = lft + 1
-        if hr[i] <= hr[m]:
-            break
-        hr[m], hr[i] = hr[i], hr[m]
-        hk[m], hk[i] = hk[i], hk[m]
-        i = m
-    return r, k, hn
+__all__ = ["dense_ids", "native_lru_host_pass"]
 
 
 @njit(cache=True)
-def _compact(hr, hk, hn, rank, mark, stamp):
-    """Drop stale entries (and duplicates of a key) and re-heapify; returns the new size."""
+def _dense_kernel(keys):
+    n = keys.shape[0]
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    mask = np.uint64(cap - 1)
+    tk = np.empty(cap, np.int64)
+    tv = np.full(cap, -1, np.int64)
+    out = np.empty(n, np.int64)
     m = 0
-    for i in range(hn):
-        k = hk[i]
-        if rank[k] == hr[i] and mark[k] != stamp:
-            mark[k] = stamp
-            hr[m] = hr[i]
-            hk[m] = k
+    for i in range(n):
+        k = keys[i]
+        j = np.int64(fmix64(np.uint64(k)) & mask)
+        while tv[j] >= 0 and tk[j] != k:
+            j = (j + 1) & np.int64(mask)
+        if tv[j] < 0:
+            tk[j] = k
+            tv[j] = m
             m += 1
-    n = 0
-    for i in range(m):
-        n = _push(hr, hk, n, hr[i], hk[i])
-    return n
+        out[i] = tv[j]
+    return out, m
 
 
-@njit(cache=True)
-def _add(hr, hk, hn, v, key, rank, mark, stamp):
-    """Push (v, key); a full heap is first compacted, and doubled if still over half full."""
-    if hn == hr.shape[0]:
-        hn = _compact(hr, hk, hn, rank, mark, stamp)
-        if hn > hr.shape[0] // 2:
-            hr2 = np.empty(2 * hr.shape[0], np.int64)
-            hk2 = np.empty(2 * hr.shape[0], np.int64)
-            hr2[:hn] = hr[:hn]
-            hk2[:hn] = hk[:hn]
-            hr, hk = hr2, hk2
-    hn = _push(hr, hk, hn, v, key)
-    return hr, hk, hn
+def dense_ids(keys):
+    """``(ids, count)``: each key's id in order of first appearance (``0 .. count - 1``), in O(n) (a hash table;
+    ``np.unique``'s sort dominated the host passes)."""
+    return _dense_kernel(np.ascontiguousarray(keys, np.int64))
 
 
 @njit(cache=True)
@@ -146,33 +114,51 @@ def _track(k0, start, nk, kid, cnt, tnx, tpv, tsize, maxsz, pmark, pstamp, H, TL
     return tsize
 
 
+@njit(cache=True, inline="always")
+def _unlink(nx, pv, x):
+    a = pv[x]
+    c = nx[x]
+    nx[a] = c
+    pv[c] = a
+
+
+@njit(cache=True, inline="always")
+def _append(nx, pv, x, TL):
+    a = pv[TL]
+    nx[a] = x
+    pv[x] = a
+    nx[x] = TL
+    pv[TL] = x
+
+
 @njit(cache=True)
 def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
     n = T.shape[0]
     out = np.zeros(n, np.int64)
-    rank = np.full(nkeys, -1, np.int64)  # -1: not resident
+    state = np.zeros(nkeys, np.int8)  # 0: not resident, 1: committed (in the LRU list), 2: provisional
+    H = nkeys
+    TL = nkeys + 1
+    nx = np.empty(nkeys + 2, np.int64)
+    pv = np.empty(nkeys + 2, np.int64)
+    nx[H] = TL
+    pv[TL] = H
     nres = 0
-    hr = np.empty(64, np.int64)
-    hk = np.empty(64, np.int64)
-    hn = 0
-    nxt = 0
     seen = np.full(nkeys, -1, np.int64)  # request that recorded the key
     prot = np.full(nkeys, -1, np.int64)  # offer call that protects the key
-    mark = np.full(nkeys, -1, np.int64)  # scratch stamps (chosen in an eviction, kept in a compaction)
-    stamp = 0
     calls = 0
-    popped_r = np.empty(16, np.int64)
-    popped_k = np.empty(16, np.int64)
+    mk = 1
+    for r in range(n):
+        if koff[r + 1] - koff[r] > mk:
+            mk = koff[r + 1] - koff[r]
+    cand = np.empty(mk, np.int64)
     use_thr = thr >= 2  # the offer tracker exists only for a store threshold of 2 or more
     cnt = np.zeros(nkeys if use_thr else 0, np.int64)  # offers counted per key (0: not tracked)
-    TH = nkeys
-    TT = nkeys + 1
     tnx = np.empty(nkeys + 2 if use_thr else 0, np.int64)
     tpv = np.empty(nkeys + 2 if use_thr else 0, np.int64)
     pmark = np.full(nkeys if use_thr else 0, -1, np.int64)
     if use_thr:
-        tnx[TH] = TT
-        tpv[TT] = TH
+        tnx[H] = TL
+        tpv[TL] = H
     tsize = 0
     for r in range(n):
         if not adm[r]:
@@ -186,29 +172,24 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
             s = gr // tpc
             hits = 0
             for k in range(s, nk):
-                if rank[kid[k0 + k]] < 0:
+                if state[kid[k0 + k]] == 0:
                     break
                 hits += 1
             c = min(max_hit, tpc * (s + hits)) - gr
             if c < tpc:
                 c = 0
         out[r] = c
-        rr = np.int64(-1)  # the request's rank (drawn at its first recorded access)
         nstored = 0
         rec0 = 0
-        if c > 0:
+        if c > 0:  # prepare_load: the loaded chunks are recorded (provisional)
             start = gr // tpc
             end = -(-(gr + c) // tpc)
-            nxt += 1
-            rr = nxt
             for k in range(start, end):
                 key = kid[k0 + k]
                 seen[key] = r
-                v = rr * _A + _B0 - (k + 1) * tpc
-                if rank[key] >= 0 and rank[key] < v:
-                    rank[key] = v
-                    stamp += 1
-                    hr, hk, hn = _add(hr, hk, hn, v, key, rank, mark, stamp)
+                if state[key] == 1:
+                    _unlink(nx, pv, key)
+                    state[key] = 2
             nstored = end
             rec0 = start
         for _attempt in range(2):  # the offer at the prefill step, repeated in the finish step if refused
@@ -216,31 +197,20 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
                 break
             calls += 1
             if use_thr:
-                tsize = _track(k0, nstored, nk, kid, cnt, tnx, tpv, tsize, maxsz, pmark, calls, TH, TT)
-            first = False
+                tsize = _track(k0, nstored, nk, kid, cnt, tnx, tpv, tsize, maxsz, pmark, calls, H, TL)
             nnew = 0
             for k in range(nstored, nk):
                 key = kid[k0 + k]
                 prot[key] = calls
-                if use_thr and rank[key] < 0 and cnt[key] < thr:
+                if use_thr and state[key] == 0 and cnt[key] < thr:
                     continue  # below the threshold: neither recorded nor stored (still protected)
                 if seen[key] != r:
                     seen[key] = r
-                    first = True
-                    if rank[key] >= 0:
-                        if rr < 0:
-                            nxt += 1
-                            rr = nxt
-                        v = rr * _A + _B0 - (k + 1) * tpc
-                        if rank[key] < v:
-                            rank[key] = v
-                            stamp += 1
-                            hr, hk, hn = _add(hr, hk, hn, v, key, rank, mark, stamp)
-                if rank[key] < 0:
+                    if state[key] == 1:
+                        _unlink(nx, pv, key)
+                        state[key] = 2
+                if state[key] == 0:
                     nnew += 1
-            if first and rr < 0:
-                nxt += 1
-                rr = nxt
             if nnew == 0:
                 nstored = nk
                 continue
@@ -248,53 +218,43 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
             if need > 0:
                 if need > nres:
                     continue  # refused: nothing stored, the stored index stays
-                # evict the `need` smallest ranks that are not offered (all or nothing)
-                if popped_r.shape[0] < hn:
-                    popped_r = np.empty(2 * hn, np.int64)
-                    popped_k = np.empty(2 * hn, np.int64)
-                npop = 0
-                nsel = 0
-                stamp += 1
-                while hn > 0 and nsel < need:
-                    v, key, hn = _pop(hr, hk, hn)
-                    if rank[key] != v or mark[key] == stamp:
-                        continue  # stale or already chosen
-                    popped_r[npop] = v
-                    popped_k[npop] = key
-                    npop += 1
-                    if prot[key] == calls:
-                        continue
-                    mark[key] = stamp
-                    nsel += 1
-                if nsel < need:
-                    for i in range(npop):
-                        hn = _push(hr, hk, hn, popped_r[i], popped_k[i])
+                # the `need` smallest ranks not offered: committed (LRU head first), then provisional (tail first)
+                ns = 0
+                x = nx[H]
+                while x != TL and ns < need:
+                    if prot[x] != calls:
+                        cand[ns] = x
+                        ns += 1
+                    x = nx[x]
+                k = nk - 1
+                while ns < need and k >= 0:
+                    key = kid[k0 + k]
+                    if state[key] == 2 and prot[key] != calls:
+                        cand[ns] = key
+                        ns += 1
+                    k -= 1
+                if ns < need:
                     continue  # refused
-                for i in range(npop):
-                    key = popped_k[i]
-                    if prot[key] == calls:
-                        hn = _push(hr, hk, hn, popped_r[i], key)
-                    else:
-                        rank[key] = -1
-                        nres -= 1
+                for i in range(ns):
+                    key = cand[i]
+                    if state[key] == 1:
+                        _unlink(nx, pv, key)
+                    state[key] = 0
+                nres -= ns
             for k in range(nstored, nk):
                 key = kid[k0 + k]
-                if rank[key] < 0 and (not use_thr or cnt[key] >= thr):
-                    v = rr * _A + _B0 - (k + 1) * tpc
-                    rank[key] = v
+                if state[key] == 0 and (not use_thr or cnt[key] >= thr):
+                    state[key] = 2
                     nres += 1
-                    stamp += 1
-                    hr, hk, hn = _add(hr, hk, hn, v, key, rank, mark, stamp)
             nstored = nk
-        # commit: recorded resident chunks, tail to head, fresh committed ranks
+        # commit: recorded resident chunks, tail to head, appended at the MRU end
         for k in range(nk - 1, rec0 - 1, -1):
             key = kid[k0 + k]
-            if seen[key] == r and rank[key] >= 0:
-                nxt += 1
-                v = nxt * _A + _B0
-                rank[key] = v
-                stamp += 1
-                hr, hk, hn = _add(hr, hk, hn, v, key, rank, mark, stamp)
+            if seen[key] == r and state[key] != 0:
+                if state[key] == 1:
+                    _unlink(nx, pv, key)
+                _append(nx, pv, key, TL)
+                state[key] = 1
     return out
 
 
@@ -326,17 +286,16 @@ def native_lru_host_pass(
     koff = np.zeros(len(T) + 1, np.int64)
     koff[1:] = np.cumsum(nk)
     idx = np.repeat(off[:-1], nk) + (np.arange(koff[-1]) - np.repeat(koff[:-1], nk) + 1) * bpc - 1
-    keys = h[idx]
-    uniq, kid = np.unique(keys, return_inverse=True)
+    kid, nkeys = dense_ids(h[idx])
     return _pass(
         T,
         koff,
-        kid.astype(np.int64),
+        kid,
         np.asarray(g, np.int64),
         np.asarray(admitted, np.bool_),
         int(C),
         np.int64(tpc),
-        len(uniq),
+        nkeys,
         int(store_threshold),
         int(max_tracker_size),
     )
