@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvhit.sim.tiers.native_fast import dense_ids
+from kvhit.sim.tiers.native_fast import chunk_key_ids
 
 __all__ = ["lmcache_lookup_pass_compiled", "lmcache_tier_pass"]
 
@@ -81,19 +81,6 @@ def _lookup_kernel(koff, kid, adm, C, ct, nkeys):
     return out
 
 
-def _chunk_keys(T, off, h, b, ct):
-    """Dense ids of every request's full-chunk keys (CSR)."""
-    bpc = ct // b
-    nk = T // ct
-    if np.any((off[1:] - off[:-1]) < nk * bpc):
-        raise ValueError("hashes: each request needs its prompt's T // block_size block hashes")
-    koff = np.zeros(len(T) + 1, np.int64)
-    koff[1:] = np.cumsum(nk)
-    idx = np.repeat(off[:-1], nk) + (np.arange(koff[-1]) - np.repeat(koff[:-1], nk) + 1) * bpc - 1
-    kid, nkeys = dense_ids(h[idx])
-    return koff, kid, nkeys
-
-
 def lmcache_lookup_pass_compiled(
     prompt_tokens, hash_offsets, hashes, admitted, *, C: int, block_size: int, chunk_tokens: int = 256
 ):
@@ -103,11 +90,7 @@ def lmcache_lookup_pass_compiled(
         raise ValueError(f"chunk_tokens: expected a positive multiple of block_size={b}, got {chunk_tokens!r}")
     if int(C) < 0:
         raise ValueError(f"C: expected a non-negative integer, got {C!r}")
-    T = np.asarray(prompt_tokens, np.int64)
-    off = np.asarray(hash_offsets, np.int64)
-    h = np.asarray(hashes)
-    h = h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64)
-    koff, kid, nkeys = _chunk_keys(T, off, h, b, ct)
+    koff, kid, nkeys = chunk_key_ids(prompt_tokens, hash_offsets, hashes, b, ct)
     return _lookup_kernel(koff, kid, np.asarray(admitted, np.bool_), int(C), np.int64(ct), nkeys)
 
 

@@ -36,37 +36,50 @@ from numba import njit
 
 from kvhit.workload.hashing import fmix64
 
-__all__ = ["dense_ids", "native_lru_host_pass"]
+__all__ = ["chunk_key_ids", "native_lru_host_pass"]
 
 
 @njit(cache=True)
-def _dense_kernel(keys):
-    n = keys.shape[0]
+def _chunk_keys_kernel(T, off, h, bpc, tpc):
+    n = T.shape[0]
+    koff = np.zeros(n + 1, np.int64)
+    for r in range(n):
+        koff[r + 1] = koff[r] + T[r] // tpc
+    K = koff[n]
     cap = 16
-    while cap < 2 * n:
+    while cap < 2 * K:
         cap *= 2
     mask = np.uint64(cap - 1)
     tk = np.empty(cap, np.int64)
     tv = np.full(cap, -1, np.int64)
-    out = np.empty(n, np.int64)
+    kid = np.empty(K, np.int64)
     m = 0
-    for i in range(n):
-        k = keys[i]
-        j = np.int64(fmix64(np.uint64(k)) & mask)
-        while tv[j] >= 0 and tk[j] != k:
-            j = (j + 1) & np.int64(mask)
-        if tv[j] < 0:
-            tk[j] = k
-            tv[j] = m
-            m += 1
-        out[i] = tv[j]
-    return out, m
+    for r in range(n):
+        for k in range(koff[r + 1] - koff[r]):
+            key = h[off[r] + (k + 1) * bpc - 1]
+            j = np.int64(fmix64(np.uint64(key)) & mask)
+            while tv[j] >= 0 and tk[j] != key:
+                j = (j + 1) & np.int64(mask)
+            if tv[j] < 0:
+                tk[j] = key
+                tv[j] = m
+                m += 1
+            kid[koff[r] + k] = tv[j]
+    return koff, kid, m
 
 
-def dense_ids(keys):
-    """``(ids, count)``: each key's id in order of first appearance (``0 .. count - 1``), in O(n) (a hash table;
-    ``np.unique``'s sort dominated the host passes)."""
-    return _dense_kernel(np.ascontiguousarray(keys, np.int64))
+def chunk_key_ids(prompt_tokens, hash_offsets, hashes, block_size: int, chunk_tokens: int):
+    """``(koff, kid, count)``: the prompt's full chunks per request (CSR ``koff``), each keyed by its last block hash
+    and given a dense id (``0 .. count - 1``, first appearance first) from a hash table, in O(total chunks)."""
+    T = np.ascontiguousarray(prompt_tokens, np.int64)
+    off = np.ascontiguousarray(hash_offsets, np.int64)
+    h = np.asarray(hashes)
+    h = np.ascontiguousarray(h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64, copy=False))
+    b, tpc = int(block_size), int(chunk_tokens)
+    bpc = tpc // b
+    if off.shape != (T.shape[0] + 1,) or np.any((off[1:] - off[:-1]) < (T // tpc) * bpc):
+        raise ValueError("hashes: each request needs its prompt's T // block_size block hashes")
+    return _chunk_keys_kernel(T, off, h, np.int64(bpc), np.int64(tpc))
 
 
 @njit(cache=True)
@@ -274,19 +287,10 @@ def native_lru_host_pass(
     """Tokens loaded from the native tier (LRU) per request, driven by the GPU hits ``g`` (tokens) of a sequential
     replay; ``C`` chunks of ``bpc`` blocks of ``block_size`` tokens; ``store_threshold`` / ``max_tracker_size`` as
     :class:`~kvhit.sim.tiers.native.CpuOffloadManager` (see the module docstring)."""
-    T = np.asarray(prompt_tokens, np.int64)
-    off = np.asarray(hash_offsets, np.int64)
-    h = np.asarray(hashes)
-    h = h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64)
     b, bpc = int(block_size), int(bpc)
     tpc = b * bpc
-    nk = T // tpc  # prompt-only chunk keys (PD: a request has T // b block hashes)
-    if np.any((off[1:] - off[:-1]) < nk * bpc):
-        raise ValueError("hashes: each request needs its prompt's T // block_size block hashes")
-    koff = np.zeros(len(T) + 1, np.int64)
-    koff[1:] = np.cumsum(nk)
-    idx = np.repeat(off[:-1], nk) + (np.arange(koff[-1]) - np.repeat(koff[:-1], nk) + 1) * bpc - 1
-    kid, nkeys = dense_ids(h[idx])
+    T = np.asarray(prompt_tokens, np.int64)
+    koff, kid, nkeys = chunk_key_ids(T, hash_offsets, hashes, b, tpc)
     return _pass(
         T,
         koff,

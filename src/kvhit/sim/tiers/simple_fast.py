@@ -371,7 +371,7 @@ def _stream(prompt_tokens, hash_offsets, hashes, block_size):
     T = np.ascontiguousarray(prompt_tokens, np.int64)
     off = np.ascontiguousarray(hash_offsets, np.int64)
     h = np.asarray(hashes)
-    h = np.ascontiguousarray(h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64))
+    h = np.ascontiguousarray(h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64, copy=False))
     b = int(block_size)
     if off.shape != (T.shape[0] + 1,) or np.any(np.diff(off) != T // b):
         raise ValueError("hashes: each request needs its prompt's T // block_size block hashes (PD prefill)")
