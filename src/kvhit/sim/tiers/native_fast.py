@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvhit.sim.vllm.block import _ht_delete_slot, _ht_find
 from kvhit.workload.hashing import fmix64
 
 __all__ = ["chunk_key_ids", "native_lru_host_pass"]
@@ -82,51 +83,6 @@ def chunk_key_ids(prompt_tokens, hash_offsets, hashes, block_size: int, chunk_to
     return _chunk_keys_kernel(T, off, h, np.int64(bpc), np.int64(tpc))
 
 
-@njit(cache=True)
-def _track(k0, start, nk, kid, cnt, tnx, tpv, tsize, maxsz, pmark, pstamp, H, TL):
-    """``CPUOffloadingManager._record_offers``: count the offers in the LRU-bounded tracker; returns its size."""
-    nprot = 0
-    for k in range(start, nk):
-        key = kid[k0 + k]
-        if cnt[key] > 0:  # move_to_end, count + 1, protected
-            a = tpv[key]
-            c = tnx[key]
-            tnx[a] = c
-            tpv[c] = a
-            a = tpv[TL]
-            tnx[a] = key
-            tpv[key] = a
-            tnx[key] = TL
-            tpv[TL] = key
-            cnt[key] += 1
-            if pmark[key] != pstamp:
-                pmark[key] = pstamp
-                nprot += 1
-    unprot = tsize - nprot
-    for k in range(start, nk):
-        key = kid[k0 + k]
-        if cnt[key] > 0:
-            continue
-        if tsize >= maxsz:
-            if unprot == 0:
-                continue
-            v = tnx[H]  # popitem(last=False)
-            c = tnx[v]
-            tnx[H] = c
-            tpv[c] = H
-            cnt[v] = 0
-            tsize -= 1
-            unprot -= 1
-        a = tpv[TL]
-        tnx[a] = key
-        tpv[key] = a
-        tnx[key] = TL
-        tpv[TL] = key
-        cnt[key] = 1
-        tsize += 1
-    return tsize
-
-
 @njit(cache=True, inline="always")
 def _unlink(nx, pv, x):
     a = pv[x]
@@ -144,40 +100,129 @@ def _append(nx, pv, x, TL):
     pv[TL] = x
 
 
+@njit(cache=True, inline="always")
+def _find(key, tab, mask):
+    """The value stored under ``key`` in ``tab`` (linear probing, ``tab[i, 1] = -1`` empty), or -1."""
+    i = _ht_find(key, tab, mask)
+    return tab[i, 1] if i >= 0 else -1
+
+
+@njit(cache=True, inline="always")
+def _put(key, v, tab, mask):
+    i = -_ht_find(key, tab, mask) - 1
+    tab[i, 0] = key
+    tab[i, 1] = v
+
+
+@njit(cache=True, inline="always")
+def _drop(key, tab, mask):
+    _ht_delete_slot(_ht_find(key, tab, mask), tab, mask)
+
+
+def _table(n):
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    tab = np.zeros((cap, 2), np.int64)
+    tab[:, 1] = -1
+    return tab, np.uint64(cap - 1)
+
+
 @njit(cache=True)
-def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
+def _track(keys, start, nk, ttab, tmask, tkey, tcnt, tnx, tpv, tfree, st, calls, tpm, tcount):
+    """``CPUOffloadingManager._record_offers`` over ``keys[start:nk]`` (an ``OrderedDict`` of at most ``maxsz`` counts,
+    oldest dropped): entries are slots of a pool with a hash table and an LRU list; writes each key's count after the
+    call to ``tcount``. ``st`` = [size, free-stack top, maxsz]."""
+    H = tnx.shape[0] - 2
+    TL = H + 1
+    nprot = 0
+    for k in range(start, nk):
+        e = _find(keys[k], ttab, tmask)
+        if e >= 0:  # move_to_end, count + 1, protected
+            _unlink(tnx, tpv, e)
+            _append(tnx, tpv, e, TL)
+            tcnt[e] += 1
+            if tpm[e] != calls:
+                tpm[e] = calls
+                nprot += 1
+    unprot = st[0] - nprot
+    for k in range(start, nk):
+        key = keys[k]
+        if _find(key, ttab, tmask) >= 0:
+            continue
+        if st[0] >= st[2]:
+            if unprot == 0:
+                continue
+            e = tnx[H]  # popitem(last=False)
+            _unlink(tnx, tpv, e)
+            _drop(tkey[e], ttab, tmask)
+            tfree[st[1]] = e
+            st[1] += 1
+            st[0] -= 1
+            unprot -= 1
+        st[1] -= 1
+        e = tfree[st[1]]
+        tkey[e] = key
+        tcnt[e] = 1
+        tpm[e] = -1
+        _put(key, e, ttab, tmask)
+        _append(tnx, tpv, e, TL)
+        st[0] += 1
+    for k in range(start, nk):
+        e = _find(keys[k], ttab, tmask)
+        tcount[k] = tcnt[e] if e >= 0 else 0
+
+
+@njit(cache=True)
+def _pass(T, off, h, bpc, g, adm, C, tpc, thr, tab, mask, ttab, tmask, maxsz):
     n = T.shape[0]
     out = np.zeros(n, np.int64)
-    state = np.zeros(nkeys, np.int8)  # 0: not resident, 1: committed (in the LRU list), 2: provisional
-    H = nkeys
-    TL = nkeys + 1
-    nx = np.empty(nkeys + 2, np.int64)
-    pv = np.empty(nkeys + 2, np.int64)
+    # resident chunks: slots 0..C-1 (key, state 1 committed / 2 provisional, protecting call), LRU list of the
+    # committed ones (head = next victim), hash table key -> slot, free-slot stack
+    H = C
+    TL = C + 1
+    nx = np.empty(C + 2, np.int64)
+    pv = np.empty(C + 2, np.int64)
     nx[H] = TL
     pv[TL] = H
+    skey = np.zeros(max(C, 1), np.int64)
+    sstate = np.zeros(max(C, 1), np.int8)
+    sprot = np.full(max(C, 1), -1, np.int64)
+    free = np.arange(C)[::-1].copy()
+    nfree = C
     nres = 0
-    seen = np.full(nkeys, -1, np.int64)  # request that recorded the key
-    prot = np.full(nkeys, -1, np.int64)  # offer call that protects the key
-    calls = 0
     mk = 1
     for r in range(n):
-        if koff[r + 1] - koff[r] > mk:
-            mk = koff[r + 1] - koff[r]
+        if T[r] // tpc > mk:
+            mk = T[r] // tpc
+    keys = np.empty(mk, np.int64)  # the request's chunk keys, their slots (-1: not resident), recorded flags
+    pslot = np.empty(mk, np.int64)
+    prec = np.zeros(mk, np.bool_)
     cand = np.empty(mk, np.int64)
+    candk = np.empty(mk, np.int64)
+    tcount = np.zeros(mk, np.int64)
     use_thr = thr >= 2  # the offer tracker exists only for a store threshold of 2 or more
-    cnt = np.zeros(nkeys if use_thr else 0, np.int64)  # offers counted per key (0: not tracked)
-    tnx = np.empty(nkeys + 2 if use_thr else 0, np.int64)
-    tpv = np.empty(nkeys + 2 if use_thr else 0, np.int64)
-    pmark = np.full(nkeys if use_thr else 0, -1, np.int64)
-    if use_thr:
-        tnx[H] = TL
-        tpv[TL] = H
-    tsize = 0
+    tsz = maxsz if use_thr else 0
+    tkey = np.zeros(max(tsz, 1), np.int64)
+    tcnt = np.zeros(max(tsz, 1), np.int64)
+    tpm = np.full(max(tsz, 1), -1, np.int64)
+    tnx = np.empty(tsz + 2, np.int64)
+    tpv = np.empty(tsz + 2, np.int64)
+    tnx[tsz] = tsz + 1
+    tpv[tsz + 1] = tsz
+    tfree = np.arange(max(tsz, 1))[::-1].copy()
+    tst = np.array([0, tsz, tsz], np.int64)
+    calls = 0
     for r in range(n):
         if not adm[r]:
             continue
-        k0 = koff[r]
-        nk = koff[r + 1] - k0
+        nk = T[r] // tpc
+        o = off[r]
+        for k in range(nk):
+            key = h[o + (k + 1) * bpc - 1]
+            keys[k] = key
+            pslot[k] = _find(key, tab, mask)
+            prec[k] = False
         gr = g[r]
         max_hit = nk * tpc
         c = 0
@@ -185,7 +230,7 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
             s = gr // tpc
             hits = 0
             for k in range(s, nk):
-                if state[kid[k0 + k]] == 0:
+                if pslot[k] < 0:
                     break
                 hits += 1
             c = min(max_hit, tpc * (s + hits)) - gr
@@ -198,11 +243,11 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
             start = gr // tpc
             end = -(-(gr + c) // tpc)
             for k in range(start, end):
-                key = kid[k0 + k]
-                seen[key] = r
-                if state[key] == 1:
-                    _unlink(nx, pv, key)
-                    state[key] = 2
+                prec[k] = True
+                x = pslot[k]
+                if sstate[x] == 1:
+                    _unlink(nx, pv, x)
+                    sstate[x] = 2
             nstored = end
             rec0 = start
         for _attempt in range(2):  # the offer at the prefill step, repeated in the finish step if refused
@@ -210,19 +255,20 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
                 break
             calls += 1
             if use_thr:
-                tsize = _track(k0, nstored, nk, kid, cnt, tnx, tpv, tsize, maxsz, pmark, calls, H, TL)
+                _track(keys, nstored, nk, ttab, tmask, tkey, tcnt, tnx, tpv, tfree, tst, calls, tpm, tcount)
             nnew = 0
             for k in range(nstored, nk):
-                key = kid[k0 + k]
-                prot[key] = calls
-                if use_thr and state[key] == 0 and cnt[key] < thr:
-                    continue  # below the threshold: neither recorded nor stored (still protected)
-                if seen[key] != r:
-                    seen[key] = r
-                    if state[key] == 1:
-                        _unlink(nx, pv, key)
-                        state[key] = 2
-                if state[key] == 0:
+                x = pslot[k]
+                if x >= 0:
+                    sprot[x] = calls
+                elif use_thr and tcount[k] < thr:
+                    continue  # below the threshold: neither recorded nor stored
+                if not prec[k]:
+                    prec[k] = True
+                    if x >= 0 and sstate[x] == 1:
+                        _unlink(nx, pv, x)
+                        sstate[x] = 2
+                if x < 0:
                     nnew += 1
             if nnew == 0:
                 nstored = nk
@@ -235,39 +281,51 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys, thr, maxsz):
                 ns = 0
                 x = nx[H]
                 while x != TL and ns < need:
-                    if prot[x] != calls:
+                    if sprot[x] != calls:
                         cand[ns] = x
+                        candk[ns] = -1
                         ns += 1
                     x = nx[x]
                 k = nk - 1
                 while ns < need and k >= 0:
-                    key = kid[k0 + k]
-                    if state[key] == 2 and prot[key] != calls:
-                        cand[ns] = key
+                    x = pslot[k]
+                    if x >= 0 and sstate[x] == 2 and sprot[x] != calls:
+                        cand[ns] = x
+                        candk[ns] = k
                         ns += 1
                     k -= 1
                 if ns < need:
                     continue  # refused
                 for i in range(ns):
-                    key = cand[i]
-                    if state[key] == 1:
-                        _unlink(nx, pv, key)
-                    state[key] = 0
+                    x = cand[i]
+                    if sstate[x] == 1:
+                        _unlink(nx, pv, x)
+                    sstate[x] = 0
+                    _drop(skey[x], tab, mask)
+                    free[nfree] = x
+                    nfree += 1
+                    if candk[i] >= 0:
+                        pslot[candk[i]] = -1
                 nres -= ns
             for k in range(nstored, nk):
-                key = kid[k0 + k]
-                if state[key] == 0 and (not use_thr or cnt[key] >= thr):
-                    state[key] = 2
+                if pslot[k] < 0 and (not use_thr or tcount[k] >= thr):
+                    nfree -= 1
+                    x = free[nfree]
+                    skey[x] = keys[k]
+                    sstate[x] = 2
+                    sprot[x] = calls
+                    _put(keys[k], x, tab, mask)
+                    pslot[k] = x
                     nres += 1
             nstored = nk
         # commit: recorded resident chunks, tail to head, appended at the MRU end
         for k in range(nk - 1, rec0 - 1, -1):
-            key = kid[k0 + k]
-            if seen[key] == r and state[key] != 0:
-                if state[key] == 1:
-                    _unlink(nx, pv, key)
-                _append(nx, pv, key, TL)
-                state[key] = 1
+            x = pslot[k]
+            if prec[k] and x >= 0:
+                if sstate[x] == 1:
+                    _unlink(nx, pv, x)
+                _append(nx, pv, x, TL)
+                sstate[x] = 1
     return out
 
 
@@ -289,17 +347,17 @@ def native_lru_host_pass(
     :class:`~kvhit.sim.tiers.native.CpuOffloadManager` (see the module docstring)."""
     b, bpc = int(block_size), int(bpc)
     tpc = b * bpc
-    T = np.asarray(prompt_tokens, np.int64)
-    koff, kid, nkeys = chunk_key_ids(T, hash_offsets, hashes, b, tpc)
-    return _pass(
-        T,
-        koff,
-        kid,
-        np.asarray(g, np.int64),
-        np.asarray(admitted, np.bool_),
-        int(C),
-        np.int64(tpc),
-        nkeys,
-        int(store_threshold),
-        int(max_tracker_size),
-    )
+    T = np.ascontiguousarray(prompt_tokens, np.int64)
+    off = np.ascontiguousarray(hash_offsets, np.int64)
+    h = np.asarray(hashes)
+    h = np.ascontiguousarray(h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64, copy=False))
+    if off.shape != (T.shape[0] + 1,) or np.any((off[1:] - off[:-1]) < (T // tpc) * bpc):
+        raise ValueError("hashes: each request needs its prompt's T // block_size block hashes")
+    C, thr, maxsz = int(C), int(store_threshold), int(max_tracker_size)
+    # the tracker never holds more keys than there are chunk offers: capping its size there changes nothing
+    maxsz = max(0, min(maxsz, int((T // tpc).sum()) if thr >= 2 else 0))
+    tab, mask = _table(C)
+    ttab, tmask = _table(maxsz if thr >= 2 else 0)
+    g = np.ascontiguousarray(g, np.int64)
+    adm = np.ascontiguousarray(admitted, np.bool_)
+    return _pass(T, off, h, np.int64(bpc), g, adm, C, np.int64(tpc), thr, tab, mask, ttab, tmask, maxsz)
