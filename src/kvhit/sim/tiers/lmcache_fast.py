@@ -10,7 +10,8 @@ Per request: the prompt's full chunks (key of chunk ``k`` = the block hash at to
 looked up from chunk 0 until the first miss (``l`` = found chunks · chunk tokens); the found chunks move to the MRU
 end in reverse order (head most recent); then the chunks from the first miss on are stored, a resident one skipped
 without a recency change, a new one appended at the MRU end after evicting the LRU head when full (nothing stored at
-capacity 0). The LRU is an intrusive doubly linked list over dense key ids.
+capacity 0). The LRU is an intrusive doubly linked list over dense key ids (one per distinct chunk key of the trace,
+from an O(n) hash-table pass: LMCache chunks are 256 tokens, so the arrays stay small beside the block stream).
 
 The tier pass uses separation (:mod:`kvhit.sim.tiers.surface`, item 2): the GPU hit ``g`` is the compiled
 single-tier simulator's, and the load is ``max(0, l − g − [l = T])``. Sequential replay only (no ``hold``).
@@ -21,9 +22,52 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvhit.sim.tiers.native_fast import chunk_key_ids
+from kvhit.workload.hashing import fmix64
 
 __all__ = ["lmcache_lookup_pass_compiled", "lmcache_tier_pass"]
+
+
+@njit(cache=True)
+def _chunk_keys_kernel(T, off, h, bpc, tpc):
+    n = T.shape[0]
+    koff = np.zeros(n + 1, np.int64)
+    for r in range(n):
+        koff[r + 1] = koff[r] + T[r] // tpc
+    K = koff[n]
+    cap = 16
+    while cap < 2 * K:
+        cap *= 2
+    mask = np.uint64(cap - 1)
+    tk = np.empty(cap, np.int64)
+    tv = np.full(cap, -1, np.int64)
+    kid = np.empty(K, np.int64)
+    m = 0
+    for r in range(n):
+        for k in range(koff[r + 1] - koff[r]):
+            key = h[off[r] + (k + 1) * bpc - 1]
+            j = np.int64(fmix64(np.uint64(key)) & mask)
+            while tv[j] >= 0 and tk[j] != key:
+                j = (j + 1) & np.int64(mask)
+            if tv[j] < 0:
+                tk[j] = key
+                tv[j] = m
+                m += 1
+            kid[koff[r] + k] = tv[j]
+    return koff, kid, m
+
+
+def chunk_key_ids(prompt_tokens, hash_offsets, hashes, block_size: int, chunk_tokens: int):
+    """``(koff, kid, count)``: the prompt's full chunks per request (CSR ``koff``), each keyed by its last block hash
+    and given a dense id (``0 .. count - 1``, first appearance first) from a hash table, in O(total chunks)."""
+    T = np.ascontiguousarray(prompt_tokens, np.int64)
+    off = np.ascontiguousarray(hash_offsets, np.int64)
+    h = np.asarray(hashes)
+    h = np.ascontiguousarray(h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64, copy=False))
+    b, tpc = int(block_size), int(chunk_tokens)
+    bpc = tpc // b
+    if off.shape != (T.shape[0] + 1,) or np.any((off[1:] - off[:-1]) < (T // tpc) * bpc):
+        raise ValueError("hashes: each request needs its prompt's T // block_size block hashes")
+    return _chunk_keys_kernel(T, off, h, np.int64(bpc), np.int64(tpc))
 
 
 @njit(cache=True)

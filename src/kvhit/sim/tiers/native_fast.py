@@ -21,12 +21,13 @@ request's life reduces to:
 No heap is needed in a sequential replay: vLLM's LRU ranks are pairs, a committed ``(n, 0)`` drawn from a global
 counter at a request's finish and a provisional ``(rr, -position)`` while the request runs, ``rr`` drawn at its first
 access — after every earlier commit. So during request ``r`` every committed rank is below every provisional one,
-committed ranks are in commit order (an intrusive doubly linked list over dense key ids: a commit appends at the
-MRU end, a recorded chunk leaves the list), and the provisional chunks are the request's recorded resident chunks,
-ordered by descending position (a scan of its own chunk list). Eviction takes the list from its head, then the
-provisional chunks from the tail of the prompt, skipping the offered (protected) ones. The offer tracker
-(``OrderedDict`` bounded by ``max_tracker_size``, oldest dropped) is a second linked list. Not covered (use the
-Python tier): ARC, decode chunks, concurrency (``hold``).
+committed ranks are in commit order (an intrusive doubly linked list: a commit appends at the MRU end, a recorded
+chunk leaves the list), and the provisional chunks are the request's recorded resident chunks, ordered by descending
+position (a scan of its own chunks). Eviction takes the list from its head, then the provisional chunks from the
+tail of the prompt, skipping the offered (protected) ones. Resident chunks live in ``C`` slots found by a hash table
+of their keys (the chunks' last block hashes), so memory and cache footprint follow the tier's size, not the
+trace's; the offer tracker (an ``OrderedDict`` bounded by ``max_tracker_size``, oldest dropped) is a second such
+pool. Not covered (use the Python tier): ARC, decode chunks, concurrency (``hold``).
 """
 
 from __future__ import annotations
@@ -35,52 +36,8 @@ import numpy as np
 from numba import njit
 
 from kvhit.sim.vllm.block import _ht_delete_slot, _ht_find
-from kvhit.workload.hashing import fmix64
 
-__all__ = ["chunk_key_ids", "native_lru_host_pass"]
-
-
-@njit(cache=True)
-def _chunk_keys_kernel(T, off, h, bpc, tpc):
-    n = T.shape[0]
-    koff = np.zeros(n + 1, np.int64)
-    for r in range(n):
-        koff[r + 1] = koff[r] + T[r] // tpc
-    K = koff[n]
-    cap = 16
-    while cap < 2 * K:
-        cap *= 2
-    mask = np.uint64(cap - 1)
-    tk = np.empty(cap, np.int64)
-    tv = np.full(cap, -1, np.int64)
-    kid = np.empty(K, np.int64)
-    m = 0
-    for r in range(n):
-        for k in range(koff[r + 1] - koff[r]):
-            key = h[off[r] + (k + 1) * bpc - 1]
-            j = np.int64(fmix64(np.uint64(key)) & mask)
-            while tv[j] >= 0 and tk[j] != key:
-                j = (j + 1) & np.int64(mask)
-            if tv[j] < 0:
-                tk[j] = key
-                tv[j] = m
-                m += 1
-            kid[koff[r] + k] = tv[j]
-    return koff, kid, m
-
-
-def chunk_key_ids(prompt_tokens, hash_offsets, hashes, block_size: int, chunk_tokens: int):
-    """``(koff, kid, count)``: the prompt's full chunks per request (CSR ``koff``), each keyed by its last block hash
-    and given a dense id (``0 .. count - 1``, first appearance first) from a hash table, in O(total chunks)."""
-    T = np.ascontiguousarray(prompt_tokens, np.int64)
-    off = np.ascontiguousarray(hash_offsets, np.int64)
-    h = np.asarray(hashes)
-    h = np.ascontiguousarray(h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64, copy=False))
-    b, tpc = int(block_size), int(chunk_tokens)
-    bpc = tpc // b
-    if off.shape != (T.shape[0] + 1,) or np.any((off[1:] - off[:-1]) < (T // tpc) * bpc):
-        raise ValueError("hashes: each request needs its prompt's T // block_size block hashes")
-    return _chunk_keys_kernel(T, off, h, np.int64(bpc), np.int64(tpc))
+__all__ = ["native_lru_host_pass"]
 
 
 @njit(cache=True, inline="always")
