@@ -10,10 +10,10 @@ What is computed once, and why it is exact:
    blocks become ordinary prefix-cache blocks, so the GPU engine's state, and ``g_r(N)``, depend on the request
    stream only (``tests/test_tiers.py::test_gpu_hits_equal_single_tier``). ``g_r(N)`` is therefore taken from
    the compiled :func:`kvhit.sim.vllm.block.simulate_block`, once per ``N``, and only the host tier is stepped per
-   pair (:func:`host_pass`; compiled for LRU without a store threshold: :mod:`kvhit.sim.tiers.native_fast`, tested
+   pair (:func:`host_pass`; compiled for LRU, any store threshold: :mod:`kvhit.sim.tiers.native_fast`, tested
    equal). Not for ``simple`` / ``simple-lazy``: their store paths change the GPU free-queue
    order, so every pair is a full replay (:class:`~kvhit.sim.tiers.TieredEngine`,
-   :class:`~kvhit.sim.tiers.simple_lazy.SimpleLazyEngine`).
+   :class:`~kvhit.sim.tiers.simple_lazy.SimpleLazyEngine`; compiled: :mod:`kvhit.sim.tiers.simple_fast`).
 2. **LMCache separation**. LMCache's lookup (prefix from token 0), touch and store (from its own hit ``l``) never
    read ``g``, so ``l_r(C)`` does not depend on ``N`` and ``g_r + c_r = max(g_r, l_r - [l_r = T_r])``. The
    surface costs ``|N grid|`` GPU runs plus ``|C grid|`` host runs, combined per pair in O(n).
