@@ -62,32 +62,47 @@ def _cached(key, tab, mask):
     return tab[i, 1]
 
 
-@njit(cache=True, inline="always")
-def _touch(blk, x):
-    """``BlockPool.touch`` of one block; returns 1 when it left the free queue."""
+@njit(cache=True)
+def _touch_n(blk, ids, lo, hi):
+    """``BlockPool.touch(ids[lo:hi])``; returns how many left the free queue. (Loops over a request's blocks live in
+    these helpers: numba calls, inlined or not, per block cost as much as the block operation itself.)"""
     left = 0
-    if blk[x, _RF] == 0:
-        a = blk[x, _PV]
-        c = blk[x, _NX]
-        blk[a, _NX] = c
-        blk[c, _PV] = a
-        left = 1
-    blk[x, _RF] += 1
+    for p in range(lo, hi):
+        x = ids[p]
+        if blk[x, _RF] == 0:
+            a = blk[x, _PV]
+            c = blk[x, _NX]
+            blk[a, _NX] = c
+            blk[c, _PV] = a
+            left += 1
+        blk[x, _RF] += 1
     return left
 
 
-@njit(cache=True, inline="always")
-def _popleft(blk, dl, bhash, tab, mask, head):
-    """``get_new_blocks`` for one block: pop the free-queue head, drop its hash, ref 1."""
-    x = blk[head, _NX]
-    c = blk[x, _NX]
-    blk[head, _NX] = c
-    blk[c, _PV] = head
-    if blk[x, _HH]:
-        _ht_remove(x, bhash[x], tab, dl, mask)
-        blk[x, _HH] = 0
-    blk[x, _RF] = 1
-    return x
+@njit(cache=True)
+def _pop_n(blk, dl, bhash, tab, mask, head, out, lo, hi):
+    """``get_new_blocks`` into ``out[lo:hi]``: pop the free-queue head, drop its hash, ref 1."""
+    for p in range(lo, hi):
+        x = blk[head, _NX]
+        c = blk[x, _NX]
+        blk[head, _NX] = c
+        blk[c, _PV] = head
+        if blk[x, _HH]:
+            _ht_remove(x, bhash[x], tab, dl, mask)
+            blk[x, _HH] = 0
+        blk[x, _RF] = 1
+        out[p] = x
+
+
+@njit(cache=True)
+def _hash_n(blk, dl, bhash, tab, mask, ids, lo, hi, hs, o):
+    """``cache_full_blocks``: ``ids[p]`` cached under ``hs[o + p]`` for ``p`` in ``[lo, hi)``."""
+    for p in range(lo, hi):
+        x = ids[p]
+        key = hs[o + p]
+        bhash[x] = key
+        blk[x, _HH] = 1
+        _ht_insert(x, key, tab, dl, mask)
 
 
 @njit(cache=True, inline="always")
@@ -199,33 +214,27 @@ def _eager_kernel(T, off, hs, N, NC, b, u2h):
         gout[r] = g
         cout[r] = c
         # GPU allocation: touch the hits, pop the rest, hash the full blocks
-        for p in range(h):
-            _touch(gblk, rb[p])
-        for p in range(h, nb):
-            rb[p] = _popleft(gblk, gdl, gbh, gtab, gmask, gh)
-        for p in range(h, nf):
-            _set_hash(gblk, gdl, gbh, gtab, gmask, rb[p], hs[o + p])
+        _touch_n(gblk, rb, 0, h)
+        _pop_n(gblk, gdl, gbh, gtab, gmask, gh, rb, h, nb)
+        _hash_n(gblk, gdl, gbh, gtab, gmask, rb, h, nf, hs, o)
         # the load: CPU hit blocks pinned, then freed in prefix order
         if nc > 0:
-            for k in range(nc):
-                cfree -= _touch(cblk, cb[k])
+            cfree -= _touch_n(cblk, cb, 0, nc)
             cfree += _free_list(cblk, cb, nc, ch, ct, True)
         # the prefill step's store: blocks confirmed before it (g + c); completes after the request's free
         n1, cursor = _select(hs, o, 0, min((g + c) // b, nf), ctab, cmask, cfree, p1)
-        for k in range(n1):
-            c1[k] = _popleft(cblk, cdl, cbh, ctab, cmask, ch)
-            cfree -= 1
+        _pop_n(cblk, cdl, cbh, ctab, cmask, ch, c1, 0, n1)
+        cfree -= n1
         for k in range(n1):
             s1[k] = rb[p1[k]]
-            _touch(gblk, s1[k])
+        _touch_n(gblk, s1, 0, n1)
         # finish: the flush of the rest (request_finished, before the GPU free)
         n2, _unused = _select(hs, o, cursor, nf, ctab, cmask, cfree, p2)
-        for k in range(n2):
-            c2[k] = _popleft(cblk, cdl, cbh, ctab, cmask, ch)
-            cfree -= 1
+        _pop_n(cblk, cdl, cbh, ctab, cmask, ch, c2, 0, n2)
+        cfree -= n2
         for k in range(n2):
             s2[k] = rb[p2[k]]
-            _touch(gblk, s2[k])
+        _touch_n(gblk, s2, 0, n2)
         # the request's own free, tail first
         for p in range(nb):
             rev[p] = rb[nb - 1 - p]
@@ -262,10 +271,8 @@ def _walk(gblk, gbh, ctab, cmask, cblk, cdl, cbh, ch, gh, gt, cursor, target, cf
             ns += 1
         covered += 1
         x = gblk[x, _NX]
-    for k in range(ns):
-        new[k] = _popleft(cblk, cdl, cbh, ctab, cmask, ch)
-    for k in range(ns):
-        _touch(gblk, sel[k])
+    _pop_n(cblk, cdl, cbh, ctab, cmask, ch, new, 0, ns)
+    _touch_n(gblk, sel, 0, ns)
     return ns, last, ns
 
 
@@ -333,15 +340,12 @@ def _lazy_kernel(T, off, hs, N, NC, b, target):
         c = nc * b
         gout[r] = g
         cout[r] = c
-        for p in range(h):
-            _touch(gblk, rb[p])
+        _touch_n(gblk, rb, 0, h)
         m = h
         if nc > 0:  # the load step: only the loaded blocks are allocated, then a walk
-            for k in range(nc):
-                cfree -= _touch(cblk, cb[k])
-            for _k in range(nc):
-                rb[m] = _popleft(gblk, gdl, gbh, gtab, gmask, gh)
-                m += 1
+            cfree -= _touch_n(cblk, cb, 0, nc)
+            _pop_n(gblk, gdl, gbh, gtab, gmask, gh, rb, h, h + nc)
+            m = h + nc
             ns, cursor, took = _walk(
                 gblk, gbh, ctab, cmask, cblk, cdl, cbh, ch, gh, gt, cursor, target, cfree, sel, new
             )
@@ -349,10 +353,8 @@ def _lazy_kernel(T, off, hs, N, NC, b, target):
             cfree += _free_list(cblk, cb, nc, ch, ct, True)  # load completion
             cfree += _complete(gblk, gbh, cblk, cdl, cbh, ctab, cmask, ch, ct, gh, gt, sel, new, ns)
             ns = 0
-        for p in range(m, nb):
-            rb[p] = _popleft(gblk, gdl, gbh, gtab, gmask, gh)
-        for p in range(h, nf):
-            _set_hash(gblk, gdl, gbh, gtab, gmask, rb[p], hs[o + p])
+        _pop_n(gblk, gdl, gbh, gtab, gmask, gh, rb, m, nb)
+        _hash_n(gblk, gdl, gbh, gtab, gmask, rb, h, nf, hs, o)
         ns, cursor, took = _walk(gblk, gbh, ctab, cmask, cblk, cdl, cbh, ch, gh, gt, cursor, target, cfree, sel, new)
         cfree -= took
         # finish (in the step that computed the request): free tail first, complete, one more walk, complete
