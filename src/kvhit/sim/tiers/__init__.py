@@ -26,6 +26,10 @@ and the loaded blocks become ordinary GPU prefix-cache blocks (vLLM ``update_sta
 :mod:`.simple` and :mod:`.simple_lazy`, whose store paths pin GPU blocks and free them when the copy completes
 (modelled there; it changes the GPU free-queue order).
 
+Compiled twins for the sequential PD replay (no ``hold``), tested equal request by request and used by the surface
+(:func:`kvhit.sim.tiers.surface.compiled_covers` says where): :mod:`.native_fast` (LRU), :mod:`.lmcache_fast`,
+:mod:`.simple_fast` (eager and lazy).
+
 Timing model: transfers complete at once (the conformance harness's worker completes every job in the
 step it is issued); a load completes before the request computes, a store before the next event of the
 replay. Chunked prefill, preemption and the backpressure of in-flight transfers are not modelled.

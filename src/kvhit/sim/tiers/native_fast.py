@@ -1,23 +1,33 @@
-"""Compiled (numba) host pass of the vLLM 0.33.0 native tier: LRU, no store threshold, prompt only, sequential.
+"""Compiled (numba) host pass of the vLLM 0.33.0 native tier: LRU, prompt only, any store threshold, sequential.
 
 Invariant: :func:`native_lru_host_pass` returns, request by request, the tokens
-:func:`kvhit.sim.tiers.surface.host_pass` returns for ``tier="native"`` with ``policy="lru"``,
-``store_threshold`` 0 or 1 and ``prompt_only=True`` (tested equal in ``tests/test_tiers_fast.py``). It is the same
-state machine as :class:`~kvhit.sim.tiers.native.NativeCpuTier` over
-:class:`~kvhit.sim.tiers.native.CpuOffloadManager` / :class:`~kvhit.sim.tiers.native.LruPolicy` (read that module's
-docstring for what is mirrored from vLLM's ``OffloadingConnectorScheduler`` and ``CPUOffloadingManager``),
-specialised to one request at a time, where each request's life reduces to:
+:func:`kvhit.sim.tiers.surface.host_pass` returns for ``tier="native"`` with ``policy="lru"`` and
+``prompt_only=True``, with or without a ``store_threshold`` (and its ``max_tracker_size``) (tested equal in
+``tests/test_tiers_fast.py``, and with the GPU pass, to the step-wise ``TieredEngine`` replay). It is the same state
+machine as :class:`~kvhit.sim.tiers.native.NativeCpuTier` over :class:`~kvhit.sim.tiers.native.CpuOffloadManager` /
+:class:`~kvhit.sim.tiers.native.LruPolicy` (read that module's docstring for what is mirrored from vLLM's
+``OffloadingConnectorScheduler`` and ``CPUOffloadingManager``), specialised to one request at a time, where each
+request's life reduces to:
 
 1. lookup of consecutive resident chunks from chunk ``⌊g/tpc⌋`` (no ``T - 1`` cap; a hit under one chunk is 0);
-2. on a load, the loaded chunks are recorded as accesses (provisional rank ``(r, -position)``, raised only);
-3. the offer of the chunks from the stored index to ``⌊T/tpc⌋`` (all from 0 without a load): resident ones are
-   recorded (rank raised), new ones inserted with the provisional rank after evicting the smallest ranks that are
-   not offered — all or nothing; a refused offer is repeated once in the step after the finish;
+2. on a load, the loaded chunks are recorded as accesses (they take the request's provisional rank);
+3. the offers (``prepare_store``) of the chunks from the stored index to ``⌊T/tpc⌋`` (all from 0 without a load):
+   with a threshold, the offer tracker counts them first and a new chunk offered fewer than ``store_threshold`` times
+   is neither recorded nor stored; resident ones are recorded, new ones inserted with the provisional rank after
+   evicting the smallest ranks that are not offered — all or nothing; a refused offer is repeated once in the step
+   after the finish;
 4. the commit: every recorded resident chunk gets a fresh committed rank, tail to head (head most recent).
 
-Ranks ``(a, b)`` are packed in one int64 as ``a·2³³ + 2³² + b`` (``b = -position`` or 0), which keeps their order;
-keys are the chunks' last block hashes mapped to dense ids. Not covered (use the Python tier): ARC, a store
-threshold of 2 or more, decode chunks, concurrency (``hold``).
+No heap is needed in a sequential replay: vLLM's LRU ranks are pairs, a committed ``(n, 0)`` drawn from a global
+counter at a request's finish and a provisional ``(rr, -position)`` while the request runs, ``rr`` drawn at its first
+access — after every earlier commit. So during request ``r`` every committed rank is below every provisional one,
+committed ranks are in commit order (an intrusive doubly linked list: a commit appends at the MRU end, a recorded
+chunk leaves the list), and the provisional chunks are the request's recorded resident chunks, ordered by descending
+position (a scan of its own chunks). Eviction takes the list from its head, then the provisional chunks from the
+tail of the prompt, skipping the offered (protected) ones. Resident chunks live in ``C`` slots found by a hash table
+of their keys (the chunks' last block hashes), so memory and cache footprint follow the tier's size, not the
+trace's; the offer tracker (an ``OrderedDict`` bounded by ``max_tracker_size``, oldest dropped) is a second such
+pool. Not covered (use the Python tier): ARC, decode chunks, concurrency (``hold``).
 """
 
 from __future__ import annotations
@@ -25,104 +35,151 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvhit.sim.vllm.block import _ht_delete_slot, _ht_find
+
 __all__ = ["native_lru_host_pass"]
 
-_A = np.int64(1) << np.int64(33)
-_B0 = np.int64(1) << np.int64(32)
+
+@njit(cache=True, inline="always")
+def _unlink(nx, pv, x):
+    a = pv[x]
+    c = nx[x]
+    nx[a] = c
+    pv[c] = a
 
 
 @njit(cache=True, inline="always")
-def _push(hr, hk, hn, r, k):
-    i = hn
-    hr[i] = r
-    hk[i] = k
-    while i > 0:
-        p = (i - 1) >> 1
-        if hr[p] <= hr[i]:
-            break
-        hr[p], hr[i] = hr[i], hr[p]
-        hk[p], hk[i] = hk[i], hk[p]
-        i = p
-    return hn + 1
+def _append(nx, pv, x, TL):
+    a = pv[TL]
+    nx[a] = x
+    pv[x] = a
+    nx[x] = TL
+    pv[TL] = x
 
 
 @njit(cache=True, inline="always")
-def _pop(hr, hk, hn):
-    r = hr[0]
-    k = hk[0]
-    hn -= 1
-    hr[0] = hr[hn]
-    hk[0] = hk[hn]
-    i = 0
-    while True:
-        lft = 2 * i + 1
-        if lft >= hn:
-            break
-        m = lft
-        if lft + 1 < hn and hr[lft + 1] < hr[lft]:
-            m = lft + 1
-        if hr[i] <= hr[m]:
-            break
-        hr[m], hr[i] = hr[i], hr[m]
-        hk[m], hk[i] = hk[i], hk[m]
-        i = m
-    return r, k, hn
+def _find(key, tab, mask):
+    """The value stored under ``key`` in ``tab`` (linear probing, ``tab[i, 1] = -1`` empty), or -1."""
+    i = _ht_find(key, tab, mask)
+    return tab[i, 1] if i >= 0 else -1
+
+
+@njit(cache=True, inline="always")
+def _put(key, v, tab, mask):
+    i = -_ht_find(key, tab, mask) - 1
+    tab[i, 0] = key
+    tab[i, 1] = v
+
+
+@njit(cache=True, inline="always")
+def _drop(key, tab, mask):
+    _ht_delete_slot(_ht_find(key, tab, mask), tab, mask)
+
+
+def _table(n):
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    tab = np.zeros((cap, 2), np.int64)
+    tab[:, 1] = -1
+    return tab, np.uint64(cap - 1)
 
 
 @njit(cache=True)
-def _compact(hr, hk, hn, rank, mark, stamp):
-    """Drop stale entries (and duplicates of a key) and re-heapify; returns the new size."""
-    m = 0
-    for i in range(hn):
-        k = hk[i]
-        if rank[k] == hr[i] and mark[k] != stamp:
-            mark[k] = stamp
-            hr[m] = hr[i]
-            hk[m] = k
-            m += 1
-    n = 0
-    for i in range(m):
-        n = _push(hr, hk, n, hr[i], hk[i])
-    return n
+def _track(keys, start, nk, ttab, tmask, tkey, tcnt, tnx, tpv, tfree, st, calls, tpm, tcount):
+    """``CPUOffloadingManager._record_offers`` over ``keys[start:nk]`` (an ``OrderedDict`` of at most ``maxsz`` counts,
+    oldest dropped): entries are slots of a pool with a hash table and an LRU list; writes each key's count after the
+    call to ``tcount``. ``st`` = [size, free-stack top, maxsz]."""
+    H = tnx.shape[0] - 2
+    TL = H + 1
+    nprot = 0
+    for k in range(start, nk):
+        e = _find(keys[k], ttab, tmask)
+        if e >= 0:  # move_to_end, count + 1, protected
+            _unlink(tnx, tpv, e)
+            _append(tnx, tpv, e, TL)
+            tcnt[e] += 1
+            if tpm[e] != calls:
+                tpm[e] = calls
+                nprot += 1
+    unprot = st[0] - nprot
+    for k in range(start, nk):
+        key = keys[k]
+        if _find(key, ttab, tmask) >= 0:
+            continue
+        if st[0] >= st[2]:
+            if unprot == 0:
+                continue
+            e = tnx[H]  # popitem(last=False)
+            _unlink(tnx, tpv, e)
+            _drop(tkey[e], ttab, tmask)
+            tfree[st[1]] = e
+            st[1] += 1
+            st[0] -= 1
+            unprot -= 1
+        st[1] -= 1
+        e = tfree[st[1]]
+        tkey[e] = key
+        tcnt[e] = 1
+        tpm[e] = -1
+        _put(key, e, ttab, tmask)
+        _append(tnx, tpv, e, TL)
+        st[0] += 1
+    for k in range(start, nk):
+        e = _find(keys[k], ttab, tmask)
+        tcount[k] = tcnt[e] if e >= 0 else 0
 
 
 @njit(cache=True)
-def _add(hr, hk, hn, v, key, rank, mark, stamp):
-    """Push (v, key); a full heap is first compacted, and doubled if still over half full."""
-    if hn == hr.shape[0]:
-        hn = _compact(hr, hk, hn, rank, mark, stamp)
-        if hn > hr.shape[0] // 2:
-            hr2 = np.empty(2 * hr.shape[0], np.int64)
-            hk2 = np.empty(2 * hr.shape[0], np.int64)
-            hr2[:hn] = hr[:hn]
-            hk2[:hn] = hk[:hn]
-            hr, hk = hr2, hk2
-    hn = _push(hr, hk, hn, v, key)
-    return hr, hk, hn
-
-
-@njit(cache=True)
-def _pass(T, koff, kid, g, adm, C, tpc, nkeys):
+def _pass(T, off, h, bpc, g, adm, C, tpc, thr, tab, mask, ttab, tmask, maxsz):
     n = T.shape[0]
     out = np.zeros(n, np.int64)
-    rank = np.full(nkeys, -1, np.int64)  # -1: not resident
+    # resident chunks: slots 0..C-1 (key, state 1 committed / 2 provisional, protecting call), LRU list of the
+    # committed ones (head = next victim), hash table key -> slot, free-slot stack
+    H = C
+    TL = C + 1
+    nx = np.empty(C + 2, np.int64)
+    pv = np.empty(C + 2, np.int64)
+    nx[H] = TL
+    pv[TL] = H
+    skey = np.zeros(max(C, 1), np.int64)
+    sstate = np.zeros(max(C, 1), np.int8)
+    sprot = np.full(max(C, 1), -1, np.int64)
+    free = np.arange(C)[::-1].copy()
+    nfree = C
     nres = 0
-    hr = np.empty(64, np.int64)
-    hk = np.empty(64, np.int64)
-    hn = 0
-    nxt = 0
-    seen = np.full(nkeys, -1, np.int64)  # request that recorded the key
-    prot = np.full(nkeys, -1, np.int64)  # offer call that protects the key
-    mark = np.full(nkeys, -1, np.int64)  # scratch stamps (chosen in an eviction, kept in a compaction)
-    stamp = 0
+    mk = 1
+    for r in range(n):
+        if T[r] // tpc > mk:
+            mk = T[r] // tpc
+    keys = np.empty(mk, np.int64)  # the request's chunk keys, their slots (-1: not resident), recorded flags
+    pslot = np.empty(mk, np.int64)
+    prec = np.zeros(mk, np.bool_)
+    cand = np.empty(mk, np.int64)
+    candk = np.empty(mk, np.int64)
+    tcount = np.zeros(mk, np.int64)
+    use_thr = thr >= 2  # the offer tracker exists only for a store threshold of 2 or more
+    tsz = maxsz if use_thr else 0
+    tkey = np.zeros(max(tsz, 1), np.int64)
+    tcnt = np.zeros(max(tsz, 1), np.int64)
+    tpm = np.full(max(tsz, 1), -1, np.int64)
+    tnx = np.empty(tsz + 2, np.int64)
+    tpv = np.empty(tsz + 2, np.int64)
+    tnx[tsz] = tsz + 1
+    tpv[tsz + 1] = tsz
+    tfree = np.arange(max(tsz, 1))[::-1].copy()
+    tst = np.array([0, tsz, tsz], np.int64)
     calls = 0
-    popped_r = np.empty(16, np.int64)
-    popped_k = np.empty(16, np.int64)
     for r in range(n):
         if not adm[r]:
             continue
-        k0 = koff[r]
-        nk = koff[r + 1] - k0
+        nk = T[r] // tpc
+        o = off[r]
+        for k in range(nk):
+            key = h[o + (k + 1) * bpc - 1]
+            keys[k] = key
+            pslot[k] = _find(key, tab, mask)
+            prec[k] = False
         gr = g[r]
         max_hit = nk * tpc
         c = 0
@@ -130,57 +187,46 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys):
             s = gr // tpc
             hits = 0
             for k in range(s, nk):
-                if rank[kid[k0 + k]] < 0:
+                if pslot[k] < 0:
                     break
                 hits += 1
             c = min(max_hit, tpc * (s + hits)) - gr
             if c < tpc:
                 c = 0
         out[r] = c
-        rr = np.int64(-1)  # the request's rank (drawn at its first recorded access)
         nstored = 0
         rec0 = 0
-        if c > 0:
+        if c > 0:  # prepare_load: the loaded chunks are recorded (provisional)
             start = gr // tpc
             end = -(-(gr + c) // tpc)
-            nxt += 1
-            rr = nxt
             for k in range(start, end):
-                key = kid[k0 + k]
-                seen[key] = r
-                v = rr * _A + _B0 - (k + 1) * tpc
-                if rank[key] >= 0 and rank[key] < v:
-                    rank[key] = v
-                    stamp += 1
-                    hr, hk, hn = _add(hr, hk, hn, v, key, rank, mark, stamp)
+                prec[k] = True
+                x = pslot[k]
+                if sstate[x] == 1:
+                    _unlink(nx, pv, x)
+                    sstate[x] = 2
             nstored = end
             rec0 = start
         for _attempt in range(2):  # the offer at the prefill step, repeated in the finish step if refused
             if nstored >= nk:
                 break
             calls += 1
-            first = False
+            if use_thr:
+                _track(keys, nstored, nk, ttab, tmask, tkey, tcnt, tnx, tpv, tfree, tst, calls, tpm, tcount)
             nnew = 0
             for k in range(nstored, nk):
-                key = kid[k0 + k]
-                prot[key] = calls
-                if seen[key] != r:
-                    seen[key] = r
-                    first = True
-                    if rank[key] >= 0:
-                        if rr < 0:
-                            nxt += 1
-                            rr = nxt
-                        v = rr * _A + _B0 - (k + 1) * tpc
-                        if rank[key] < v:
-                            rank[key] = v
-                            stamp += 1
-                            hr, hk, hn = _add(hr, hk, hn, v, key, rank, mark, stamp)
-                if rank[key] < 0:
+                x = pslot[k]
+                if x >= 0:
+                    sprot[x] = calls
+                elif use_thr and tcount[k] < thr:
+                    continue  # below the threshold: neither recorded nor stored
+                if not prec[k]:
+                    prec[k] = True
+                    if x >= 0 and sstate[x] == 1:
+                        _unlink(nx, pv, x)
+                        sstate[x] = 2
+                if x < 0:
                     nnew += 1
-            if first and rr < 0:
-                nxt += 1
-                rr = nxt
             if nnew == 0:
                 nstored = nk
                 continue
@@ -188,80 +234,87 @@ def _pass(T, koff, kid, g, adm, C, tpc, nkeys):
             if need > 0:
                 if need > nres:
                     continue  # refused: nothing stored, the stored index stays
-                # evict the `need` smallest ranks that are not offered (all or nothing)
-                if popped_r.shape[0] < hn:
-                    popped_r = np.empty(2 * hn, np.int64)
-                    popped_k = np.empty(2 * hn, np.int64)
-                npop = 0
-                nsel = 0
-                stamp += 1
-                while hn > 0 and nsel < need:
-                    v, key, hn = _pop(hr, hk, hn)
-                    if rank[key] != v or mark[key] == stamp:
-                        continue  # stale or already chosen
-                    popped_r[npop] = v
-                    popped_k[npop] = key
-                    npop += 1
-                    if prot[key] == calls:
-                        continue
-                    mark[key] = stamp
-                    nsel += 1
-                if nsel < need:
-                    for i in range(npop):
-                        hn = _push(hr, hk, hn, popped_r[i], popped_k[i])
+                # the `need` smallest ranks not offered: committed (LRU head first), then provisional (tail first)
+                ns = 0
+                x = nx[H]
+                while x != TL and ns < need:
+                    if sprot[x] != calls:
+                        cand[ns] = x
+                        candk[ns] = -1
+                        ns += 1
+                    x = nx[x]
+                k = nk - 1
+                while ns < need and k >= 0:
+                    x = pslot[k]
+                    if x >= 0 and sstate[x] == 2 and sprot[x] != calls:
+                        cand[ns] = x
+                        candk[ns] = k
+                        ns += 1
+                    k -= 1
+                if ns < need:
                     continue  # refused
-                for i in range(npop):
-                    key = popped_k[i]
-                    if prot[key] == calls:
-                        hn = _push(hr, hk, hn, popped_r[i], key)
-                    else:
-                        rank[key] = -1
-                        nres -= 1
+                for i in range(ns):
+                    x = cand[i]
+                    if sstate[x] == 1:
+                        _unlink(nx, pv, x)
+                    sstate[x] = 0
+                    _drop(skey[x], tab, mask)
+                    free[nfree] = x
+                    nfree += 1
+                    if candk[i] >= 0:
+                        pslot[candk[i]] = -1
+                nres -= ns
             for k in range(nstored, nk):
-                key = kid[k0 + k]
-                if rank[key] < 0:
-                    v = rr * _A + _B0 - (k + 1) * tpc
-                    rank[key] = v
+                if pslot[k] < 0 and (not use_thr or tcount[k] >= thr):
+                    nfree -= 1
+                    x = free[nfree]
+                    skey[x] = keys[k]
+                    sstate[x] = 2
+                    sprot[x] = calls
+                    _put(keys[k], x, tab, mask)
+                    pslot[k] = x
                     nres += 1
-                    stamp += 1
-                    hr, hk, hn = _add(hr, hk, hn, v, key, rank, mark, stamp)
             nstored = nk
-        # commit: recorded resident chunks, tail to head, fresh committed ranks
+        # commit: recorded resident chunks, tail to head, appended at the MRU end
         for k in range(nk - 1, rec0 - 1, -1):
-            key = kid[k0 + k]
-            if seen[key] == r and rank[key] >= 0:
-                nxt += 1
-                v = nxt * _A + _B0
-                rank[key] = v
-                stamp += 1
-                hr, hk, hn = _add(hr, hk, hn, v, key, rank, mark, stamp)
+            x = pslot[k]
+            if prec[k] and x >= 0:
+                if sstate[x] == 1:
+                    _unlink(nx, pv, x)
+                _append(nx, pv, x, TL)
+                sstate[x] = 1
     return out
 
 
-def native_lru_host_pass(prompt_tokens, hash_offsets, hashes, g, admitted, *, C: int, block_size: int, bpc: int = 1):
+def native_lru_host_pass(
+    prompt_tokens,
+    hash_offsets,
+    hashes,
+    g,
+    admitted,
+    *,
+    C: int,
+    block_size: int,
+    bpc: int = 1,
+    store_threshold: int = 0,
+    max_tracker_size: int = 64_000,
+):
     """Tokens loaded from the native tier (LRU) per request, driven by the GPU hits ``g`` (tokens) of a sequential
-    replay; ``C`` chunks of ``bpc`` blocks of ``block_size`` tokens (see the module docstring)."""
-    T = np.asarray(prompt_tokens, np.int64)
-    off = np.asarray(hash_offsets, np.int64)
-    h = np.asarray(hashes)
-    h = h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64)
+    replay; ``C`` chunks of ``bpc`` blocks of ``block_size`` tokens; ``store_threshold`` / ``max_tracker_size`` as
+    :class:`~kvhit.sim.tiers.native.CpuOffloadManager` (see the module docstring)."""
     b, bpc = int(block_size), int(bpc)
     tpc = b * bpc
-    nk = T // tpc  # prompt-only chunk keys (PD: a request has T // b block hashes)
-    if np.any((off[1:] - off[:-1]) < nk * bpc):
+    T = np.ascontiguousarray(prompt_tokens, np.int64)
+    off = np.ascontiguousarray(hash_offsets, np.int64)
+    h = np.asarray(hashes)
+    h = np.ascontiguousarray(h.view(np.int64) if h.dtype == np.uint64 else h.astype(np.int64, copy=False))
+    if off.shape != (T.shape[0] + 1,) or np.any((off[1:] - off[:-1]) < (T // tpc) * bpc):
         raise ValueError("hashes: each request needs its prompt's T // block_size block hashes")
-    koff = np.zeros(len(T) + 1, np.int64)
-    koff[1:] = np.cumsum(nk)
-    idx = np.repeat(off[:-1], nk) + (np.arange(koff[-1]) - np.repeat(koff[:-1], nk) + 1) * bpc - 1
-    keys = h[idx]
-    uniq, kid = np.unique(keys, return_inverse=True)
-    return _pass(
-        T,
-        koff,
-        kid.astype(np.int64),
-        np.asarray(g, np.int64),
-        np.asarray(admitted, np.bool_),
-        int(C),
-        np.int64(tpc),
-        len(uniq),
-    )
+    C, thr, maxsz = int(C), int(store_threshold), int(max_tracker_size)
+    # the tracker never holds more keys than there are chunk offers: capping its size there changes nothing
+    maxsz = max(0, min(maxsz, int((T // tpc).sum()) if thr >= 2 else 0))
+    tab, mask = _table(C)
+    ttab, tmask = _table(maxsz if thr >= 2 else 0)
+    g = np.ascontiguousarray(g, np.int64)
+    adm = np.ascontiguousarray(admitted, np.bool_)
+    return _pass(T, off, h, np.int64(bpc), g, adm, C, np.int64(tpc), thr, tab, mask, ttab, tmask, maxsz)

@@ -10,10 +10,10 @@ What is computed once, and why it is exact:
    blocks become ordinary prefix-cache blocks, so the GPU engine's state, and ``g_r(N)``, depend on the request
    stream only (``tests/test_tiers.py::test_gpu_hits_equal_single_tier``). ``g_r(N)`` is therefore taken from
    the compiled :func:`kvhit.sim.vllm.block.simulate_block`, once per ``N``, and only the host tier is stepped per
-   pair (:func:`host_pass`; compiled for LRU without a store threshold: :mod:`kvhit.sim.tiers.native_fast`, tested
+   pair (:func:`host_pass`; compiled for LRU, any store threshold: :mod:`kvhit.sim.tiers.native_fast`, tested
    equal). Not for ``simple`` / ``simple-lazy``: their store paths change the GPU free-queue
    order, so every pair is a full replay (:class:`~kvhit.sim.tiers.TieredEngine`,
-   :class:`~kvhit.sim.tiers.simple_lazy.SimpleLazyEngine`).
+   :class:`~kvhit.sim.tiers.simple_lazy.SimpleLazyEngine`; compiled: :mod:`kvhit.sim.tiers.simple_fast`).
 2. **LMCache separation**. LMCache's lookup (prefix from token 0), touch and store (from its own hit ``l``) never
    read ``g``, so ``l_r(C)`` does not depend on ``N`` and ``g_r + c_r = max(g_r, l_r - [l_r = T_r])``. The
    surface costs ``|N grid|`` GPU runs plus ``|C grid|`` host runs, combined per pair in O(n).
@@ -38,7 +38,7 @@ import numpy as np
 from kvhit.sim.engine import Request, replay, requests_from_stream
 from kvhit.sim.vllm.block import simulate_block
 
-__all__ = ["Surface", "host_pass", "hit_surface", "lmcache_lookup_pass"]
+__all__ = ["Surface", "compiled_covers", "compiled_tier_pass", "host_pass", "hit_surface", "lmcache_lookup_pass"]
 
 
 @dataclass
@@ -112,26 +112,84 @@ def _gpu(T, off, h, N, b, engine):
     return res.hit_blocks.astype(np.int64) * b, ~res.rejected
 
 
-_FAST_KW = {"policy", "blocks_per_chunk", "store_threshold", "prompt_only", "max_tracker_size"}
+_COVERED_KW = {
+    "native": {"policy", "blocks_per_chunk", "store_threshold", "prompt_only", "max_tracker_size"},
+    "lmcache": {"chunk_tokens"},
+    "simple": {"colocated"},
+    "simple-lazy": {"max_num_batched_tokens", "colocated"},
+}
 
 
-def _fast_native(tier: str, kw: dict) -> bool:
-    """Whether the compiled native host pass (:mod:`kvhit.sim.tiers.native_fast`, tested equal) covers ``kw``."""
-    return (
-        tier == "native"
-        and set(kw) <= _FAST_KW
-        and kw.get("policy", "lru") == "lru"
-        and int(kw.get("store_threshold", 0)) < 2
-        and kw.get("prompt_only", True)
-    )
+def compiled_covers(tier: str, kw: dict | None = None, *, engine: str = "vllm") -> bool:
+    """Whether a compiled pass (tested equal to the step-wise model request by request, ``tests/test_tiers_fast.py``)
+    covers ``tier`` with the tier options ``kw`` in a sequential replay: native with LRU, prompt only, any store
+    threshold (:mod:`.native_fast`); LMCache (:mod:`.lmcache_fast`); simple eager and lazy, PD prefill
+    (:mod:`.simple_fast`; lazy only for ``engine="vllm"``, as the step-wise model). Not covered: native ARC or decode
+    chunks, colocated decode, and every replay with ``hold``."""
+    kw = {} if kw is None else kw
+    if tier not in _COVERED_KW or not set(kw) <= _COVERED_KW[tier] or kw.get("colocated", False):
+        return False
+    if tier == "native":
+        return kw.get("policy", "lru") == "lru" and bool(kw.get("prompt_only", True))
+    if tier == "simple-lazy":
+        return engine == "vllm"
+    return True
+
+
+def compiled_tier_pass(
+    prompt_tokens, hash_offsets, hashes, *, tier: str, N: int, C: int, block_size: int, engine: str = "vllm", **kw
+):
+    """A sequential PD replay of GPU + host tier, compiled: ``(gpu_hit_tokens, cpu_hit_tokens, rejected)`` per request,
+    equal to ``replay(make_tiered(tier, gpu_blocks=N, host_capacity=C, ...), requests)`` (0 for rejected requests).
+    Refused (``ValueError``) where :func:`compiled_covers` is false."""
+    if not compiled_covers(tier, kw, engine=engine):
+        raise ValueError(f"tier: no compiled pass covers {tier!r} with {sorted(kw)} (engine {engine!r}): use replay")
+    kw = {k: v for k, v in kw.items() if k != "colocated"}
+    T = np.asarray(prompt_tokens, np.int64)
+    b = int(block_size)
+    if tier == "simple":
+        from kvhit.sim.tiers.simple_fast import simple_eager_pass
+
+        return simple_eager_pass(T, hash_offsets, hashes, N=N, num_cpu_blocks=C, block_size=b, engine=engine)
+    if tier == "simple-lazy":
+        from kvhit.sim.tiers.simple_fast import simple_lazy_pass
+
+        return simple_lazy_pass(T, hash_offsets, hashes, N=N, num_cpu_blocks=C, block_size=b, **kw)
+    if tier == "lmcache":
+        from kvhit.sim.tiers.lmcache_fast import lmcache_tier_pass
+
+        return lmcache_tier_pass(T, hash_offsets, hashes, N=N, C=C, block_size=b, engine=engine, **kw)
+    from kvhit.sim.tiers.native_fast import native_lru_host_pass
+
+    res = simulate_block(T, hash_offsets, hashes, N=int(N), block_size=b, engine=engine)
+    g = res.hit_blocks.astype(np.int64) * b
+    c = native_lru_host_pass(T, hash_offsets, hashes, g, ~res.rejected, C=C, block_size=b, **_native_kw(kw))
+    return g, c, res.rejected.copy()
+
+
+def _native_kw(kw: dict) -> dict:
+    return {
+        "bpc": int(kw.get("blocks_per_chunk", 1)),
+        "store_threshold": int(kw.get("store_threshold", 0)),
+        "max_tracker_size": int(kw.get("max_tracker_size", 64_000)),
+    }
 
 
 def _pair_task(args):
-    kind, T, off, h, b, engine, N, C, tier, kw, g, adm = args
-    if kind == "host" and _fast_native(tier, kw):
+    kind, T, off, h, b, engine, N, C, tier, kw, g, adm, compiled = args
+    # a CPU pool of 0 blocks is refused by the step-wise simple tiers: let them say so
+    fast = compiled and compiled_covers(tier, kw, engine=engine) and not (tier.startswith("simple") and C < 1)
+    if kind == "host" and fast:
         from kvhit.sim.tiers.native_fast import native_lru_host_pass
 
-        return native_lru_host_pass(T, off, h, g, adm, C=C, block_size=b, bpc=kw.get("blocks_per_chunk", 1))
+        return native_lru_host_pass(T, off, h, g, adm, C=C, block_size=b, **_native_kw(kw))
+    if kind == "lookup" and fast:
+        from kvhit.sim.tiers.lmcache_fast import lmcache_lookup_pass_compiled
+
+        return lmcache_lookup_pass_compiled(T, off, h, adm, C=C, block_size=b, **kw)
+    if kind == "full" and fast:
+        g_, c_, _rej = compiled_tier_pass(T, off, h, tier=tier, N=int(N), C=int(C), block_size=b, engine=engine, **kw)
+        return g_ + c_
     reqs = requests_from_stream(T, off, h)
     if kind == "host":
         return host_pass(reqs, g, adm, tier=tier, C=C, b=b, **kw)
@@ -156,11 +214,13 @@ def hit_surface(
     engine: str = "vllm",
     workers: int = 1,
     measured=None,
+    compiled: bool = True,
     **kw,
 ) -> Surface:
     """h(N, C) over ``gpu_blocks`` × ``host`` (see module docstring); ``kw`` go to the tier model. ``measured``: a
     boolean mask of the requests counted in h (every request still drives the caches: a warm-up window); default
-    all."""
+    all. ``compiled``: use the compiled passes where :func:`compiled_covers` says they cover the tier (tested equal;
+    ``False`` runs the step-wise models everywhere)."""
     T = np.asarray(prompt_tokens, np.int64)
     off = np.asarray(hash_offsets, np.int64)
     h = np.asarray(hashes)
@@ -184,11 +244,15 @@ def hit_surface(
         # l_r depends on N only through which requests are admitted (a rejected request is never looked up)
         masks = {m.tobytes(): m for m in adms}
         keys = list(masks)
-        tasks = [("lookup", T, off, h, b, engine, 0, C, tier, kw, None, masks[k]) for k in keys for C in Cs]
+        tasks = [("lookup", T, off, h, b, engine, 0, C, tier, kw, None, masks[k], compiled) for k in keys for C in Cs]
     elif tier == "native":
-        tasks = [("host", T, off, h, b, engine, N, C, tier, kw, gs[i], adms[i]) for i, N in enumerate(Ns) for C in Cs]
+        tasks = [
+            ("host", T, off, h, b, engine, N, C, tier, kw, gs[i], adms[i], compiled)
+            for i, N in enumerate(Ns)
+            for C in Cs
+        ]
     else:
-        tasks = [("full", T, off, h, b, engine, N, C, tier, kw, None, None) for N in Ns for C in Cs]
+        tasks = [("full", T, off, h, b, engine, N, C, tier, kw, None, None, compiled) for N in Ns for C in Cs]
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as ex:
             outs = list(ex.map(_pair_task, tasks))
