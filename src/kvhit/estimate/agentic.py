@@ -62,6 +62,7 @@ __all__ = ["AgenticError", "AgenticEstimate", "compound_poisson_cdf", "estimate_
 
 ENGINES = ("vllm", "vllm-0.23")
 FORMS = ("poisson", "replay")
+FOOTPRINTS = ("auto", "exact", "own")
 
 
 class AgenticError(ValueError):
@@ -195,7 +196,7 @@ def _window_D(
 
 @njit(cache=True)
 def _levy_kernel(
-    t_start, t_end, tau, fx_first, cumnew, a_pts, t_pts, excl, s_grid, Lc, delta, G, scale, out, mom
+    t_start, t_end, tau, fx_first, cumnew, a_pts, t_pts, excl, s_grid, Lc, delta, G, scale, out, mom, foot, fbase
 ):  # pragma: no cover
     """Jump masses ν[p, j] of the other conversations' footprints over the window (t_p − a_p, t_p); template
     ``excl[p]`` (the tagged request's own conversation in a pool where each conversation occurs once) is left
@@ -206,7 +207,8 @@ def _levy_kernel(
     τ in (u − a, u); its weight is scale·∫ λ(t − u) du over the interval (``Lc``: cumulative intensity on
     the knots ``s_grid``, linear in between, constant outside). A jump of size f adds its weight to the two
     bins around f/δ in proportion (the mean is kept exactly); ``mom[p]`` accumulates Σw, Σw·f, Σw·f² (exact
-    units); ``G = 0``: moments only."""
+    units); ``G = 0``: moments only. ``foot`` non-empty (``footprint="exact"``): f is read from the template's
+    table instead, ``foot[fbase[k] + (lo − t_start[k])·(m + 1) + hi − t_start[k]]`` (``m`` its requests)."""
     nK = t_start.shape[0]
     for row in range(t_pts.shape[0]):
         t = t_pts[row]
@@ -236,7 +238,11 @@ def _levy_kernel(
                     u = tau[pl] + a
                 c_u = _cum(Lc, s_grid, t - u)
                 if hi > lo and u > u_prev:
-                    f = fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
+                    if foot.shape[0] > 0:
+                        m1 = i1 - t_start[k] + 1
+                        f = foot[fbase[k] + (lo - t_start[k]) * m1 + hi - t_start[k]]
+                    else:
+                        f = fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
                     w = scale * (c_prev - c_u)
                     if w > 0.0:
                         mom[row, 0] += w
@@ -385,6 +391,7 @@ def estimate_trace(
     seg_shift: Any = None,
     rejection: bool = True,
     per_request: bool = False,
+    footprint: str = "auto",
 ) -> AgenticEstimate:
     """Predicted vLLM hit ratio of a request trace at capacities ``Ns`` (blocks); see the module docstring.
 
@@ -412,6 +419,12 @@ def estimate_trace(
     ``rejection=False``: no request is refused for being larger than ``N`` (a host tier still looks up and loads
     the stored prefix of a request larger than itself); ``per_request=True`` (poisson form) also returns each
     request's expected hits (``per_request``; ``h`` = their sum over the measured requests / the denominator).
+
+    ``footprint`` (poisson form): a background conversation's contribution to ``D`` over a window — ``"exact"``
+    (the distinct blocks its requests in the window touch, Lemma D.1's ``Φ``; :func:`_footprint_table`),
+    ``"own"`` (first request whole, later ones their growth over their own stream's previous request: the
+    behaviour before issue 23 §3), or ``"auto"``: ``"exact"`` with ``lam0`` (the stationary what-if, where it was
+    validated: ``docs/accuracy.md``), ``"own"`` on the trace's own start times (not re-validated yet).
     """
     t0 = _time.perf_counter()
     if engine not in ENGINES:
@@ -420,6 +433,8 @@ def estimate_trace(
         raise AgenticError(f"metric: expected 'tokens' or 'blocks', got {metric!r}")
     if form not in FORMS:
         raise AgenticError(f"form: expected one of {FORMS}, got {form!r}")
+    if footprint not in FOOTPRINTS:
+        raise AgenticError(f"footprint: expected one of {FOOTPRINTS}, got {footprint!r}")
     if per_request and form != "poisson":
         raise AgenticError("per_request: available for form='poisson' only")
     if lam0 is not None:
@@ -518,6 +533,7 @@ def estimate_trace(
                     exclude,
                     notes,
                     work_budget,
+                    footprint=("exact" if lam0 is not None else "own") if footprint == "auto" else footprint,
                 )
             Hb, delta, rows, d_same = table
             sub = ks[keep]
@@ -625,7 +641,99 @@ def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray, bunit: int = 1)
     )
 
 
-def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes, work_budget=6e7, bunit=1):
+@njit(cache=True)
+def _foot_kernel(
+    idx, starts, ends, fbase, Fx, F, seg_off, seg_end, seg_src, session, prev, L_own, bunit, foot
+):  # pragma: no cover
+    """Exact footprint table of every template (see :func:`_footprint_table`)."""
+    for k in range(starts.shape[0]):
+        a = starts[k]
+        b = ends[k]
+        m1 = b - a + 1
+        base = fbase[k]
+        for lo in range(a, b):
+            x = idx[lo]  # blocks last touched by a request at or after x (same session) are in the window
+            acc = float(Fx[idx[lo]])
+            foot[base + (lo - a) * m1 + (lo + 1 - a)] = acc
+            for q in range(lo + 1, b):
+                g = idx[q]
+                kq = 0
+                for j in range(seg_off[g], seg_off[g + 1]):
+                    sj = seg_src[j]
+                    if sj >= x and session[sj] == session[g]:
+                        kq = seg_end[j]
+                    else:
+                        break
+                if prev[g] >= x and L_own[g] > kq:
+                    kq = L_own[g]
+                if kq > F[g]:
+                    kq = F[g]
+                acc += Fx[g] - bunit * kq
+                foot[base + (lo - a) * m1 + (q + 1 - a)] = acc
+
+
+def _footprint_table(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray, bunit: int = 1, max_cells: float = 3e7):
+    """Exact footprint ``f_k(lo, hi)`` of every template (Lemma D.1's ``Φ``: a background conversation adds each
+    of its blocks to the displacement at most once): the distinct blocks touched by its admitted requests
+    ``lo … hi−1`` (positions as :func:`_templates`), i.e. ``Fx_lo + Σ_{lo<q<hi} (Fx_q − b_u·k_q(lo))`` with
+    ``k_q(lo)`` the leading blocks of ``q`` last touched (same session) by a request at or after ``lo`` — or its
+    common prefix with its own stream's previous request when that one is in the window. ``footprint="own"`` used
+    ``k_q = L_own`` whatever the window (exact for one stream of growing prompts; for a WEKA conversation with
+    sub-agents it misses the parent's history re-touched after a sub-agent burst whose parent turn was before the
+    window, and counts twice what a branch shares with an older request in the window). Returns ``(foot, fbase)``
+    or ``None`` when ``Σ m_k (m_k + 1)`` exceeds ``max_cells`` (the caller falls back to ``"own"``)."""
+    idx = np.flatnonzero(adm)
+    sess = u.session[idx]
+    o = np.lexsort((idx, sess))
+    idx = idx[o].astype(np.int64)
+    sess = sess[o]
+    start_mask = np.concatenate([[True], sess[1:] != sess[:-1]]) if idx.size else np.zeros(0, bool)
+    starts = np.flatnonzero(start_mask).astype(np.int64)
+    ends = np.concatenate([starts[1:], [idx.size]]).astype(np.int64)
+    m = ends - starts
+    sz = m * (m + 1)
+    if float(sz.sum()) > max_cells:
+        return None
+    fbase = np.zeros(starts.shape[0], np.int64)
+    if sz.size:
+        fbase[1:] = np.cumsum(sz)[:-1]
+    foot = np.zeros(max(int(sz.sum()), 1))
+    _foot_kernel(
+        idx,
+        starts,
+        ends,
+        fbase,
+        np.asarray(Fx, np.int64),
+        np.asarray(u.full_blocks, np.int64),
+        np.asarray(u.seg_off, np.int64),
+        np.asarray(u.seg_end, np.int64),
+        np.asarray(u.seg_src, np.int64),
+        np.asarray(u.session, np.int64),
+        np.asarray(u.prev, np.int64),
+        np.asarray(u.L_own, np.int64),
+        int(bunit),
+        foot,
+    )
+    return foot, fbase
+
+
+def _poisson_table(
+    u,
+    sr,
+    src,
+    Fx,
+    Ns,
+    lam0,
+    bins,
+    n_values,
+    n_ages,
+    n_times,
+    exclude,
+    notes,
+    work_budget=6e7,
+    bunit=1,
+    footprint="own",
+):
     """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same.
 
     Returns ``(Hb, delta, row, D_same)``: ``Hb[row]`` = δ·cumulative CDF on the value grid of the segment's
@@ -644,6 +752,13 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
     other_sess = u.session[src] != u.session[sr]
     ts, te, tau, fx_first, cumnew, t_first, t_sess = _templates(u, adm, Fx, bunit)
     C = ts.shape[0]
+    foot, fbase = np.zeros(0), np.zeros(0, np.int64)
+    if footprint == "exact":
+        ft = _footprint_table(u, adm, Fx, bunit)
+        if ft is None:
+            notes.append("info: footprint table too large; the 'own' footprint is used")
+        else:
+            foot, fbase = ft
     span_starts = float(t_first.max() - t_first.min()) if C else 0.0
     if lam0 is not None:
         # stationary: constant intensity; ages of hot shared segments scale as 1/λ (characteristic time)
@@ -755,6 +870,8 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
             scale,
             np.zeros((1, 1)),
             mom,
+            foot,
+            fbase,
         )
     # value range: the largest N asked, or where every segment's last block fits even when D is 12 sd above
     # its mean (beyond it CDF = 1 to ~1e-30; a finer grid where it matters)
@@ -795,6 +912,8 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
                 scale,
                 nu,
                 np.zeros((c_hi - c_lo, 3)),
+                foot,
+                fbase[multi] if foot.shape[0] else fbase,
             )
         if F1.size:
             nu += w1[c_lo:c_hi, None] * hist1[None, :]
