@@ -214,3 +214,32 @@ def test_resample_to_ci_estimator_choice(tmp_path):
     assert resample_to_ci(cp, [30], ci=1e-9, estimator="mean", **kw).extra["estimator"] == "mean"
     with pytest.raises(ResampleError, match="estimator"):
         resample_to_ci(cp, [30], estimator="median", **kw)
+
+
+def test_stationary_region_drives_validated_and_the_band(tmp_path):
+    from kvhit.estimate.agentic import STATIONARY_VALIDATED
+
+    pt = read_weka(_weka_dir(tmp_path, C=8, seed=7), arrival="uniform", span=30, seed=0)
+    u = request_reuse(pt)
+    Ns = np.arange(20, 400, 20)
+    tol, widen = STATIONARY_VALIDATED["tol"], STATIONARY_VALIDATED["widen"]
+    inside = estimate_trace(u, Ns, lam0=1 / 120)
+    assert inside.regime["validated"] and inside.band["in_region"]
+    assert np.allclose(inside.h_hi, np.clip(inside.h + tol, 0, inside.h_max))
+    assert np.allclose(inside.h_lo, np.clip(inside.h - tol, 0, inside.h_max))
+    for kw, word in (
+        ({"lam0": 1 / 3600}, "λ0"),
+        ({"lam0": 1 / 120, "engine": "vllm-0.23"}, "engine"),
+        ({"lam0": 1 / 120, "metric": "blocks"}, "metric"),
+        ({"lam0": 1 / 120, "footprint": "own"}, "footprint"),
+    ):
+        out = estimate_trace(u, Ns, **kw)
+        assert not out.regime["validated"] and not out.band["in_region"]
+        note = [n for n in out.regime["notes"] if "outside the validated region" in n]
+        assert note and word in note[0]
+        assert np.allclose(out.h_hi, np.clip(out.h + tol + widen, 0, out.h_max))
+    few = read_weka(_weka_dir(tmp_path, C=3, seed=8), arrival="uniform", span=30, seed=0)
+    out = estimate_trace(few, Ns, lam0=1 / 120)
+    assert not out.regime["validated"] and "3 conversations" in out.regime["notes"][-1]
+    # the time-varying form has no stationary error band
+    assert estimate_trace(u, Ns).h_lo is None

@@ -58,11 +58,56 @@ from numba import njit
 
 from kvhit.workload.reuse import RequestReuse, request_reuse
 
-__all__ = ["AgenticError", "AgenticEstimate", "compound_poisson_cdf", "estimate_spec_agentic", "estimate_trace"]
+__all__ = [
+    "STATIONARY_VALIDATED",
+    "AgenticError",
+    "AgenticEstimate",
+    "compound_poisson_cdf",
+    "estimate_spec_agentic",
+    "estimate_trace",
+    "stationary_region_misses",
+]
 
 ENGINES = ("vllm", "vllm-0.23")
 FORMS = ("poisson", "replay")
 FOOTPRINTS = ("auto", "exact", "own")
+
+#: where ``benchmarks/agentic_accuracy.py --only whatif`` showed the stationary what-if (``lam0=``, ``footprint=
+#: "exact"``) within ``tol`` of resample-and-simulate run to a 95 % half-width ≤ 0.005 (docs/accuracy.md): the
+#: held-out WEKA pool (trace_0030 … trace_0037, 7 conversations), vLLM ≥ 0.24, token metric, λ0 from 1/600 to
+#: 1/30 per s. Inside it the stationary estimate carries the error band ``h ± tol`` and ``validated``; outside
+#: (another format, fewer sessions, another rate, engine or metric — not measured) the band is ``h ± (tol +
+#: widen)``, ``validated`` is false and a note says which condition failed.
+STATIONARY_VALIDATED: dict = {
+    "formats": ("weka",),
+    "min_sessions": 7,
+    "lam0": (1.0 / 600.0, 1.0 / 30.0),
+    "engines": ("vllm",),
+    "metrics": ("tokens",),
+    "footprint": "exact",
+    "tol": 0.01,
+    "widen": 0.01,
+}
+
+
+def stationary_region_misses(source: str, n_sessions: int, lam0: float, engine: str, metric: str, footprint: str):
+    """The conditions of :data:`STATIONARY_VALIDATED` a stationary estimate fails (empty: inside the region)."""
+    R = STATIONARY_VALIDATED
+    out = []
+    if source not in R["formats"]:
+        out.append(f"trace format {source!r} (measured: {', '.join(R['formats'])})")
+    if n_sessions < R["min_sessions"]:
+        out.append(f"{n_sessions} conversations (measured: ≥ {R['min_sessions']})")
+    lo, hi = R["lam0"]
+    if not lo * (1 - 1e-9) <= lam0 <= hi * (1 + 1e-9):
+        out.append(f"λ0 = {lam0:.3g}/s (measured: 1/{1 / lo:.0f} … 1/{1 / hi:.0f})")
+    if engine not in R["engines"]:
+        out.append(f"engine {engine} (measured: {', '.join(R['engines'])})")
+    if metric not in R["metrics"]:
+        out.append(f"metric {metric} (measured: {', '.join(R['metrics'])})")
+    if footprint != R["footprint"]:
+        out.append(f"footprint {footprint!r} (measured: {R['footprint']!r})")
+    return out
 
 
 class AgenticError(ValueError):
@@ -567,6 +612,26 @@ def estimate_trace(
         h[sel] = num / den if den else np.nan
     infeasible = Ns < N_min
     regime = _regime(u, lam0, form, notes)
+    h_lo = h_hi = band = None
+    if lam0 is not None:
+        # the stationary what-if's error band: ± the tolerance the benchmark showed inside STATIONARY_VALIDATED
+        fp = ("exact" if lam0 is not None else "own") if footprint == "auto" else footprint
+        miss = stationary_region_misses(u.source, regime["sessions"], lam0, engine, metric, fp)
+        tol = STATIONARY_VALIDATED["tol"] + (STATIONARY_VALIDATED["widen"] if miss else 0.0)
+        h_lo = np.clip(h - tol, 0.0, h_max)
+        h_hi = np.clip(h + tol, 0.0, h_max)
+        if miss:
+            regime["validated"] = False
+            regime["notes"].append(
+                "stationary what-if outside the validated region (" + "; ".join(miss) + "): error band widened "
+                f"to ±{tol:.2f} (not a measured bound; docs/accuracy.md)"
+            )
+        band = {
+            "method": "stationary error band: ± the largest error against resample-and-simulate measured inside "
+            "STATIONARY_VALIDATED (docs/accuracy.md), widened outside it",
+            "half_width": tol,
+            "in_region": not miss,
+        }
     return AgenticEstimate(
         N=Ns,
         h=h,
@@ -582,6 +647,10 @@ def estimate_trace(
         regime=regime,
         elapsed_s=_time.perf_counter() - t0,
         per_request=pr,
+        h_lo=h_lo,
+        h_hi=h_hi,
+        h_mc=None if h_lo is None else np.full(h.shape[0], np.nan),
+        band=band,
     )
 
 
