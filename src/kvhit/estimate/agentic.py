@@ -23,8 +23,14 @@ Two forms of ``D``:
 footprint of the request's own session in the window (a WEKA sub-agent burst between two main-agent
 turns); ``D_other`` the *exact* compound (marked) Poisson law of the other conversations' footprints — a
 conversation started ``u`` seconds before ``t_r`` (intensity ``λ(t_r − u)``, template ``k`` uniform over the
-trace's sessions) contributes ``f_k(u − a, u)``, the distinct blocks of its requests in the window
-(first request whole, later ones their new blocks: ``F_q − L_own,q``). ``λ`` is the trace's own start-time
+trace's sessions) contributes ``f_k(u − a, u)``, the distinct blocks of its requests in the window (Lemma D.1's
+``Φ``: each block at most once). ``footprint="exact"`` counts them exactly (a table per template over its
+request windows); ``"own"`` (first request whole, later ones their growth ``F_q − L_own,q`` over their own
+stream's previous request) over-counts a sub-agent's shared prefix and under-counts a parent's history
+re-touched after a sub-agent burst. ``"auto"`` (default): exact for the stationary form, own for the trace's own
+start times. The stationary form carries an error band ``h ± tol`` and is ``validated`` only inside
+:data:`STATIONARY_VALIDATED` (the benchmarked region; outside it the band is widened and a note says why).
+``λ`` is the trace's own start-time
 histogram (time-varying: the non-stationary pooled window) or, with ``lam0``, a stationary ``λ0`` (the
 stationary stream the trace's conversations would make at that rate; Lemma D.1's Poisson random measure
 with the discrete marks kept instead of eq. (15)'s Gaussian). The law is computed on a value grid by an
@@ -42,8 +48,8 @@ a popular block's age scales inversely with the load).
 Not modelled: requests' durations (instantaneous, as :func:`kvhit.sim.vllm.curve.block_curve`); blocks of a
 shared segment re-touched inside the window are counted twice in ``D`` (an over-estimate of ``D`` for deep
 shared segments only); the vLLM ≥ 0.24 ``e`` is exact only when the previous request's partial block is the
-last one (see :mod:`kvhit.sim.vllm.curve` (★)); a conversation's footprint assumes a dropped (diverged) block
-is never reused; colocated response blocks (Remark B.1).
+last one (see :mod:`kvhit.sim.vllm.curve` (★)); with ``footprint="own"`` a conversation's footprint assumes a
+dropped (diverged) block is never reused; colocated response blocks (Remark B.1).
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ sizes and gaps) with the empirical law of whole conversations — and :func:`res
 through the exact simulators (the vLLM block pool of :mod:`kvhit.sim.vllm.block`, both free-queue orders, via
 the one-pass curve of :mod:`kvhit.sim.vllm.curve`; or Algorithm 1 via :mod:`kvhit.sim.content.stackdist`) and reports
 the mean and a Student-t 95% interval over independent replications (seed ``seed + r``), as
-:class:`kvhit.sim.runner.Replications` does for specs.
+:class:`kvhit.sim.runner.Replications` does for specs. The *stationary* hit ratio is a ratio of expectations
+(``E[hits]/E[queries]``), not the mean of the replications' ratios:
+:meth:`ResampleResult.stationary_ci` estimates it, with each pool conversation's measured tokens (known mean
+``λ0·H·T_k/C``) as control variates.
 
 Stream of one replication
 -------------------------
