@@ -384,42 +384,46 @@ WHATIF_RATES = {600: 36000.0, 120: 36000.0, 30: 3600.0}
 def whatif_reference(cp, Ns, inv: int, horizon: float, ci: float, budget_s: float, hmax: float, cache: Path | None):
     """Replications (seeds 0, 1, …: 10, then batches of 4) until the stationary 95 % half-width
     (:meth:`ResampleResult.stationary_ci`, per-conversation token controls) is ≤ ``ci`` at every capacity of the
-    10–90 % band, or ``budget_s`` is spent. Saved to / reused from ``cache/whatif_<inv>.npz``."""
+    10–90 % band, or ``budget_s`` is spent in this call. Saved to ``cache/whatif_<inv>.npz`` after every batch; a
+    cached run is reused, and resumed (next seeds) when it had not reached ``ci``. ``elapsed`` sums all calls."""
+    from kvhit.sim.feasibility import feasibility
     from kvhit.sim.resample import resample_simulate
-    from kvhit.sim.resample_adaptive import _merge
 
+    feas = feasibility(cp.prompt_tokens, cp.block_size, Ns)
     f = None if cache is None else cache / f"whatif_{inv}.npz"
+    z = None
     if f is not None and f.exists():
         z = dict(np.load(f))
-        if np.array_equal(z["N"], Ns) and float(z["horizon"]) == horizon:
-            return z
+        if not (np.array_equal(z["N"], Ns) and float(z["horizon"]) == horizon):
+            z = None
     t0 = time.perf_counter()
-    parts, done = [], 0
+    el0 = 0.0 if z is None else float(z["elapsed"])
     while True:
+        if z is not None:
+            m, hw = _stationary(z, feas)[0]
+            band = (Ns >= cp.N_min) & (m >= 0.1 * hmax) & (m <= 0.9 * hmax)
+            n = int(z["seeds"].shape[0])
+            if (n >= 8 and np.nanmax(hw[band]) <= ci) or time.perf_counter() - t0 > budget_s:
+                return z
+        done = 0 if z is None else int(z["seeds"].shape[0])
         step = 10 if done == 0 else 4
-        parts.append(resample_simulate(cp, Ns, lam0=1.0 / inv, horizon=horizon, replications=step, seed=done))
-        done += step
-        r = _merge(parts)
-        m, hw = r.stationary_ci()
-        band = (Ns >= cp.N_min) & (m >= 0.1 * hmax) & (m <= 0.9 * hmax)
-        el = time.perf_counter() - t0
-        if (done >= 8 and np.nanmax(hw[band]) <= ci) or el > budget_s:
-            break
-    z = {
-        "N": Ns,
-        "tok": r.token_hit_ratio,
-        "q": r.token_queries,
-        "ctl": r.control_tokens,
-        "mu": r.control_mean,
-        "seeds": np.array(r.seeds),
-        "elapsed": el,
-        "horizon": horizon,
-        "warmup": r.warmup,
-    }
-    if f is not None:
-        f.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(f, **z)
-    return z
+        r = resample_simulate(cp, Ns, lam0=1.0 / inv, horizon=horizon, replications=step, seed=done)
+        new = {
+            "tok": r.token_hit_ratio,
+            "q": r.token_queries,
+            "ctl": r.control_tokens,
+            "seeds": np.array(r.seeds),
+        }
+        if z is None:
+            z = new | {"N": Ns, "mu": r.control_mean, "horizon": horizon, "warmup": r.warmup}
+        else:
+            z = z | {k: np.concatenate([z[k], v]) for k, v in new.items()}
+        z["elapsed"] = el0 + time.perf_counter() - t0
+        if f is not None:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f.with_suffix(".tmp.npz")
+            np.savez(tmp, **z)
+            tmp.replace(f)
 
 
 def _stationary(z: dict, feas, rows=None):
