@@ -243,3 +243,27 @@ def test_stationary_region_drives_validated_and_the_band(tmp_path):
     assert not out.regime["validated"] and "3 conversations" in out.regime["notes"][-1]
     # the time-varying form has no stationary error band
     assert estimate_trace(u, Ns).h_lo is None
+
+
+def test_cli_estimate_blocks_trace_lam0_shows_the_error_band(tmp_path):
+    """No traceback with a band that has no level; the JSON carries h_lo/h_hi and the validated flag."""
+    from typer.testing import CliRunner
+
+    from kvhit.cli import app
+
+    files = _weka_dir(tmp_path, C=8, seed=9)
+    pt = read_weka(files)
+    N_min = int(pt.prompt_blocks.max())
+    args = ["estimate", "--blocks-trace", str(tmp_path), "--lam0", "0.01", "--N", f"{N_min},{3 * N_min}"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "error band" in flat and "±0.01" in flat
+    j = CliRunner().invoke(app, [*args, "--json"])
+    assert j.exit_code == 0, j.output
+    out = json.loads(j.stdout)
+    for row in out["rows"]:
+        h = row["h"]["vllm"]
+        assert row["h_hi"]["vllm"] == pytest.approx(min(h + 0.01, out["h_max"]), abs=1e-9)
+        assert row["h_lo"]["vllm"] == pytest.approx(max(h - 0.01, 0.0), abs=1e-9)
+    assert out["regime"]["vllm"]["validated"] is True and out["regime"]["vllm-0.23"]["validated"] is False
