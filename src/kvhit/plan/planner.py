@@ -641,7 +641,8 @@ def plan_production(
             if p.feasible:
                 p.notes.append(
                     "(c) the largest λ0 is not answered for a block-id trace: it needs the estimator's stationary "
-                    "form, which is not validated against simulation (or one resampled simulation per trial λ0); "
+                    "form, validated only inside its measured region (docs/estimators.md §4.2), or one resampled "
+                    "simulation per trial λ0; "
                     "plan at chosen loads with --lam0/--scale instead (--verify: exact by resample-and-simulate)"
                 )
     if verify and cap is not None and p.feasible:
