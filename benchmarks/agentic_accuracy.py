@@ -381,8 +381,10 @@ def band_rows(
 WHATIF_RATES = {600: 36000.0, 120: 36000.0, 30: 3600.0}
 
 
-def whatif_reference(cp, Ns, inv: int, horizon: float, ci: float, budget_s: float, hmax: float, cache: Path | None):
-    """Replications (seeds 0, 1, …: 10, then batches of 4) until the stationary 95 % half-width
+def whatif_reference(
+    cp, Ns, inv: int, horizon: float, ci: float, budget_s: float, hmax: float, cache: Path | None, seed0: int = 0
+):
+    """Replications (seeds seed0, seed0 + 1, …: 10, then batches of 4) until the stationary 95 % half-width
     (:meth:`ResampleResult.stationary_ci`, per-conversation token controls) is ≤ ``ci`` at every capacity of the
     10–90 % band, or ``budget_s`` is spent in this call. Saved to ``cache/whatif_<inv>.npz`` after every batch; a
     cached run is reused, and resumed (next seeds) when it had not reached ``ci``. ``elapsed`` sums all calls."""
@@ -390,7 +392,7 @@ def whatif_reference(cp, Ns, inv: int, horizon: float, ci: float, budget_s: floa
     from kvhit.sim.resample import resample_simulate
 
     feas = feasibility(cp.prompt_tokens, cp.block_size, Ns)
-    f = None if cache is None else cache / f"whatif_{inv}.npz"
+    f = None if cache is None else cache / (f"whatif_{inv}.npz" if seed0 == 0 else f"whatif_{inv}_s{seed0}.npz")
     z = None
     if f is not None and f.exists():
         z = dict(np.load(f))
@@ -407,7 +409,7 @@ def whatif_reference(cp, Ns, inv: int, horizon: float, ci: float, budget_s: floa
                 return z
         done = 0 if z is None else int(z["seeds"].shape[0])
         step = 10 if done == 0 else 4
-        r = resample_simulate(cp, Ns, lam0=1.0 / inv, horizon=horizon, replications=step, seed=done)
+        r = resample_simulate(cp, Ns, lam0=1.0 / inv, horizon=horizon, replications=step, seed=seed0 + done)
         new = {
             "tok": r.token_hit_ratio,
             "q": r.token_queries,
@@ -452,7 +454,9 @@ def _stationary(z: dict, feas, rows=None):
     return r.stationary_ci(), r.stationary_ci(controls=False)
 
 
-def whatif_rows(out: list, ci: float, budget_s: float, cache: Path | None, rates=None, splits: int = 4) -> None:
+def whatif_rows(
+    out: list, ci: float, budget_s: float, cache: Path | None, rates=None, splits: int = 4, seed0: int = 0
+) -> None:
     """The stationary what-if (``lam0=``) on the held-out WEKA pool (trace_0030 … trace_0037, 7 conversations:
     never used to design the estimator nor the footprint) against :func:`whatif_reference`. Per λ0: replications,
     reference seconds, achieved half-width; max and mean (signed) error over the feasible 10–90 % band for the
@@ -472,7 +476,7 @@ def whatif_rows(out: list, ci: float, budget_s: float, cache: Path | None, rates
     )
     for inv in rates or WHATIF_RATES:
         H = WHATIF_RATES[inv]
-        z = whatif_reference(cp, Ns, inv, H, ci, budget_s, hmax, cache)
+        z = whatif_reference(cp, Ns, inv, H, ci, budget_s, hmax, cache, seed0)
         feas = feasibility(cp.prompt_tokens, cp.block_size, Ns)
         (m, hw), (mp, hwp) = _stationary(z, feas)
         band = (Ns >= cp.N_min) & (m >= 0.1 * hmax) & (m <= 0.9 * hmax) & np.isfinite(m)
@@ -492,6 +496,7 @@ def whatif_rows(out: list, ci: float, budget_s: float, cache: Path | None, rates
                 "lam0": 1.0 / inv,
                 "horizon_s": H,
                 "replications": n,
+                "first_seed": seed0,
                 "reference_s": float(z["elapsed"]),
                 "ci95_max": float(np.nanmax(hw[band])),
                 "ci95_plain_ratio_max": float(np.nanmax(hwp[band])),
@@ -536,10 +541,11 @@ def main() -> None:
     ap.add_argument("--whatif-budget", type=float, default=1800.0, help="whatif: reference seconds per λ0")
     ap.add_argument("--whatif-cache", type=Path, default=None, help="whatif: save/reuse the reference replications")
     ap.add_argument("--whatif-rates", nargs="*", type=int, default=None, help="whatif: 1/λ0 values (600 120 30)")
+    ap.add_argument("--whatif-seed0", type=int, default=0, help="whatif: first seed (another, independent reference)")
     a = ap.parse_args()
     if a.only is not None and "whatif" in a.only:
         out_w: list[dict] = []
-        whatif_rows(out_w, a.ci or 0.005, a.whatif_budget, a.whatif_cache, a.whatif_rates)
+        whatif_rows(out_w, a.ci or 0.005, a.whatif_budget, a.whatif_cache, a.whatif_rates, seed0=a.whatif_seed0)
         if a.json:
             a.json.write_text(json.dumps(out_w, indent=1))
         if a.only == ["whatif"]:
