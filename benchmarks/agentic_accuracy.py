@@ -25,6 +25,11 @@ Workloads:
   stationary; cache warmed over w = min(H, D); H = ``--horizon`` s; mean of ``--reps`` replications, seed 0).
   The simulated mean carries its own sampling error (printed: ``ci``, the 95% half-width at the band's worst
   point).
+* ``whatif`` (``--only whatif``, issue 23 §3): the stationary form (``lam0=``, footprint ``exact`` and ``own``)
+  on the held-out pool against resample-and-simulate run until the stationary 95 % half-width (ratio of
+  expectations with per-conversation token controls, :meth:`ResampleResult.stationary_ci`) is ≤ ``--ci``
+  (default 0.005) over the 10–90 % band, at λ0 = 1/600, 1/120, 1/30 (horizons 36,000 / 36,000 / 3,600 s);
+  ``--whatif-cache DIR`` keeps the replications (minutes each) for reruns.
 * ``mooncake``: the conversation trace (sessions derived from the prefix tree), time-varying form.
 * ``chat`` (``--only chat``, not run by default): ShareGPT as in ``benchmarks/estimator_accuracy.py``
   (1,000 warm-up + 5,000 measured conversations, b = 128, exponential W, seeds 0 1), measured window =
@@ -368,6 +373,152 @@ def band_rows(
                 )
 
 
+# --------------------------------------------------------------------------------------------------
+# issue 23 §3: the stationary what-if against resample-and-simulate run to a CI half-width
+# --------------------------------------------------------------------------------------------------
+
+#: λ0 (per s) → measured horizon H (s) of one replication (the warm-up is resample()'s default min(H, D))
+WHATIF_RATES = {600: 36000.0, 120: 36000.0, 30: 3600.0}
+
+
+def whatif_reference(
+    cp, Ns, inv: int, horizon: float, ci: float, budget_s: float, hmax: float, cache: Path | None, seed0: int = 0
+):
+    """Replications (seeds seed0, seed0 + 1, …: 10, then batches of 4) until the stationary 95 % half-width
+    (:meth:`ResampleResult.stationary_ci`, per-conversation token controls) is ≤ ``ci`` at every capacity of the
+    10–90 % band, or ``budget_s`` is spent in this call. Saved to ``cache/whatif_<inv>.npz`` after every batch; a
+    cached run is reused, and resumed (next seeds) when it had not reached ``ci``. ``elapsed`` sums all calls."""
+    from kvhit.sim.feasibility import feasibility
+    from kvhit.sim.resample import resample_simulate
+
+    feas = feasibility(cp.prompt_tokens, cp.block_size, Ns)
+    f = None if cache is None else cache / (f"whatif_{inv}.npz" if seed0 == 0 else f"whatif_{inv}_s{seed0}.npz")
+    z = None
+    if f is not None and f.exists():
+        z = dict(np.load(f))
+        if not (np.array_equal(z["N"], Ns) and float(z["horizon"]) == horizon):
+            z = None
+    t0 = time.perf_counter()
+    el0 = 0.0 if z is None else float(z["elapsed"])
+    while True:
+        if z is not None:
+            m, hw = _stationary(z, feas)[0]
+            band = (Ns >= cp.N_min) & (m >= 0.1 * hmax) & (m <= 0.9 * hmax)
+            n = int(z["seeds"].shape[0])
+            if (n >= 8 and np.nanmax(hw[band]) <= ci) or time.perf_counter() - t0 > budget_s:
+                return z
+        done = 0 if z is None else int(z["seeds"].shape[0])
+        step = 10 if done == 0 else 4
+        r = resample_simulate(cp, Ns, lam0=1.0 / inv, horizon=horizon, replications=step, seed=seed0 + done)
+        new = {
+            "tok": r.token_hit_ratio,
+            "q": r.token_queries,
+            "ctl": r.control_tokens,
+            "seeds": np.array(r.seeds),
+        }
+        if z is None:
+            z = new | {"N": Ns, "mu": r.control_mean, "horizon": horizon, "warmup": r.warmup}
+        else:
+            z = z | {k: np.concatenate([z[k], v]) for k, v in new.items()}
+        z["elapsed"] = el0 + time.perf_counter() - t0
+        if f is not None:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f.with_suffix(".tmp.npz")
+            np.savez(tmp, **z)
+            tmp.replace(f)
+
+
+def _stationary(z: dict, feas, rows=None):
+    """Stationary ratio and half-width (with and without the controls) of the replications ``rows`` (None: all)."""
+    from kvhit.sim.resample import ResampleResult
+
+    sl = slice(None) if rows is None else rows
+    r = ResampleResult(
+        N=z["N"],
+        engine="vllm",
+        metric="tokens",
+        lam0=float("nan"),
+        horizon=float(z["horizon"]),
+        warmup=float(z["warmup"]),
+        seeds=[int(x) for x in np.asarray(z["seeds"])[sl]],
+        token_hit_ratio=z["tok"][sl],
+        block_hit_ratio=z["tok"][sl],
+        feasibility=feas,
+        n_measured=[],
+        n_started=[],
+        token_queries=z["q"][sl],
+        block_queries=z["q"][sl],
+        control_tokens=z["ctl"][sl],
+        control_mean=z["mu"],
+    )
+    return r.stationary_ci(), r.stationary_ci(controls=False)
+
+
+def whatif_rows(
+    out: list, ci: float, budget_s: float, cache: Path | None, rates=None, splits: int = 4, seed0: int = 0
+) -> None:
+    """The stationary what-if (``lam0=``) on the held-out WEKA pool (trace_0030 … trace_0037, 7 conversations:
+    never used to design the estimator nor the footprint) against :func:`whatif_reference`. Per λ0: replications,
+    reference seconds, achieved half-width; max and mean (signed) error over the feasible 10–90 % band for the
+    ``exact`` (default) and ``own`` footprints; and the max error against each of ``splits`` disjoint seed blocks
+    of the reference (independent references with wider intervals: worst and spread)."""
+    from kvhit.sim.feasibility import feasibility
+    from kvhit.sim.resample import conversation_pool
+
+    pool = read_weka(weka_files(True), arrival="uniform", span=3600, seed=0)
+    up = request_reuse(pool)
+    cp = conversation_pool(pool)
+    hmax = up.ceiling()
+    Ns = np.unique(np.geomspace(cp.N_min, 4 * up.distinct_blocks, 100).astype(np.int64))
+    print(
+        f"\n{'λ0':>7s} {'H_s':>6s} {'reps':>5s} {'ref_s':>6s} {'hw95':>6s} {'pts':>4s} {'footprint':9s} "
+        f"{'max|err|':>8s} {'mean err':>8s} {'est_s':>6s}  per seed block: max|err| (its hw95)"
+    )
+    for inv in rates or WHATIF_RATES:
+        H = WHATIF_RATES[inv]
+        z = whatif_reference(cp, Ns, inv, H, ci, budget_s, hmax, cache, seed0)
+        feas = feasibility(cp.prompt_tokens, cp.block_size, Ns)
+        (m, hw), (mp, hwp) = _stationary(z, feas)
+        band = (Ns >= cp.N_min) & (m >= 0.1 * hmax) & (m <= 0.9 * hmax) & np.isfinite(m)
+        n = int(np.asarray(z["seeds"]).shape[0])
+        blocks = np.array_split(np.arange(n), splits)
+        sub = [_stationary(z, feas, b)[0] for b in blocks]
+        for fp in ("exact", "own"):
+            t0 = time.perf_counter()
+            e = estimate_trace(up, Ns, engine="vllm", lam0=1.0 / inv, footprint=fp)
+            dt = time.perf_counter() - t0
+            d = (e.h - m)[band]
+            per = [float(np.abs(e.h - sm)[band].max()) for sm, _ in sub]
+            per_hw = [float(np.nanmax(sh[band])) for _, sh in sub]
+            rec = {
+                "workload": "whatif",
+                "pool": "held-out trace_0030-0037",
+                "lam0": 1.0 / inv,
+                "horizon_s": H,
+                "replications": n,
+                "first_seed": seed0,
+                "reference_s": float(z["elapsed"]),
+                "ci95_max": float(np.nanmax(hw[band])),
+                "ci95_plain_ratio_max": float(np.nanmax(hwp[band])),
+                "points": int(band.sum()),
+                "footprint": fp,
+                "max_err": float(np.abs(d).max()),
+                "mean_err": float(d.mean()),
+                "max_err_plain_ratio_ref": float(np.abs(e.h - mp)[band].max()),
+                "seed_blocks_max_err": per,
+                "seed_blocks_ci95_max": per_hw,
+                "validated": bool(e.regime.get("validated")),
+                "estimate_s": dt,
+            }
+            out.append(rec)
+            print(
+                f"1/{inv:<5d} {H:6.0f} {n:5d} {rec['reference_s']:6.0f} {rec['ci95_max']:6.4f} {rec['points']:4d} "
+                f"{fp:9s} {rec['max_err']:8.4f} {rec['mean_err']:+8.4f} {dt:6.2f}  "
+                + " ".join(f"{a:.4f}({b:.4f})" for a, b in zip(per, per_hw, strict=True)),
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer capacities and resample rates")
@@ -387,7 +538,18 @@ def main() -> None:
     ap.add_argument("--level", type=float, default=0.9, help="band: level")
     ap.add_argument("--engines", nargs="*", default=None, help="band: vllm vllm-0.23 (default both; --quick vllm)")
     ap.add_argument("--pools", nargs="*", default=None, help="band: design-27 held-35a held-35b all-34 (default all)")
+    ap.add_argument("--whatif-budget", type=float, default=1800.0, help="whatif: reference seconds per λ0")
+    ap.add_argument("--whatif-cache", type=Path, default=None, help="whatif: save/reuse the reference replications")
+    ap.add_argument("--whatif-rates", nargs="*", type=int, default=None, help="whatif: 1/λ0 values (600 120 30)")
+    ap.add_argument("--whatif-seed0", type=int, default=0, help="whatif: first seed (another, independent reference)")
     a = ap.parse_args()
+    if a.only is not None and "whatif" in a.only:
+        out_w: list[dict] = []
+        whatif_rows(out_w, a.ci or 0.005, a.whatif_budget, a.whatif_cache, a.whatif_rates, seed0=a.whatif_seed0)
+        if a.json:
+            a.json.write_text(json.dumps(out_w, indent=1))
+        if a.only == ["whatif"]:
+            return
     if a.only is not None and "band" in a.only:
         out_b: list[dict] = []
         band_rows(

@@ -228,10 +228,10 @@ def test_resample_to_ci_is_the_single_call_with_the_final_count(pt):
     assert r.seeds == list(range(4, 4 + n)) and 3 <= n <= 9
     ref = resample_simulate(pool, Ns, replications=n, seed=4, **kw)
     assert np.array_equal(r.token_hit_ratio, ref.token_hit_ratio, equal_nan=True)
-    hw = ref.mean_ci()[1]
+    hw = ref.stationary_ci()[1]
     assert r.extra["achieved_ci"] == pytest.approx(float(np.nanmax(hw)), abs=1e-15)
     assert r.extra["reached"] == (r.extra["achieved_ci"] <= 0.02)
     if n < 9:  # stopped early: the target was met, and not one batch before
         assert r.extra["reached"]
-        before = resample_simulate(pool, Ns, replications=n - 2, seed=4, **kw).mean_ci()[1]
+        before = resample_simulate(pool, Ns, replications=n - 2, seed=4, **kw).stationary_ci()[1]
         assert n == 3 or float(np.nanmax(before)) > 0.02

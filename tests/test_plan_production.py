@@ -82,7 +82,7 @@ def test_plan_resampled_is_resample_simulate(pt):
         pt, _cap(N), lam0=0.01, verify=True, replications=3, n_conversations=15, seed=5, use_estimator=False
     )
     r = resample_simulate(pool, [N], lam0=0.01, n_conversations=15, replications=3, seed=5)
-    m, hw = r.mean_ci()
+    m, hw = r.stationary_ci()
     assert p.answered_by == "resample" and p.h_at_capacity == m[0]
     assert p.verify["h_simulated"] == m[0] and p.verify["h_simulated_ci95"] == hw[0]
     assert p.verify["seeds"] == [5, 6, 7]
@@ -196,6 +196,6 @@ def test_plan_stationary_answers_by_the_flagged_estimator_and_verifies_exactly(p
     est = estimate_trace(pt, [N], engine="vllm", metric="tokens", lam0=0.01)
     assert p.answered_by == "estimator" and p.h_at_capacity == pytest.approx(est.h[0], abs=1e-12)
     assert any("NOT validated" in n for n in p.notes)
-    assert p.verify["h_simulated"] == r.mean_ci()[0][0]
+    assert p.verify["h_simulated"] == r.stationary_ci()[0][0]
     assert p.verify["predictor"] == "estimator" and p.verify["h_predicted"] == pytest.approx(est.h[0], abs=1e-12)
     assert p.verify["difference"] == pytest.approx(est.h[0] - p.verify["h_simulated"], abs=1e-12)

@@ -59,7 +59,8 @@ def _print_trace_estimate(res) -> None:
     for e in engines:
         t.add_column(e, justify="right")
         if e in banded:
-            t.add_column(f"{e} {res.level:.0%} band", justify="right", overflow="fold")
+            label = "error band (stationary)" if res.level is None else f"{res.level:.0%} band"
+            t.add_column(f"{e} {label}", justify="right", overflow="fold")
 
     def cells(r) -> list[str]:
         out = []
@@ -82,6 +83,8 @@ def _print_trace_estimate(res) -> None:
             )
     console.print(t)
     for e, reg in res.regime.items():
+        if res.lam0 is not None and reg.get("validated", False):
+            console.print(f"note: {e}: {'; '.join(n for n in reg['notes'] if not n.startswith('info:'))}")
         if not reg.get("validated", True):
             console.print(f"[yellow]note: {e}: outside the estimator's validated regime: {'; '.join(reg['notes'])}[/]")
 

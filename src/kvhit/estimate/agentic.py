@@ -23,8 +23,14 @@ Two forms of ``D``:
 footprint of the request's own session in the window (a WEKA sub-agent burst between two main-agent
 turns); ``D_other`` the *exact* compound (marked) Poisson law of the other conversations' footprints — a
 conversation started ``u`` seconds before ``t_r`` (intensity ``λ(t_r − u)``, template ``k`` uniform over the
-trace's sessions) contributes ``f_k(u − a, u)``, the distinct blocks of its requests in the window
-(first request whole, later ones their new blocks: ``F_q − L_own,q``). ``λ`` is the trace's own start-time
+trace's sessions) contributes ``f_k(u − a, u)``, the distinct blocks of its requests in the window (Lemma D.1's
+``Φ``: each block at most once). ``footprint="exact"`` counts them exactly (a table per template over its
+request windows); ``"own"`` (first request whole, later ones their growth ``F_q − L_own,q`` over their own
+stream's previous request) over-counts a sub-agent's shared prefix and under-counts a parent's history
+re-touched after a sub-agent burst. ``"auto"`` (default): exact for the stationary form, own for the trace's own
+start times. The stationary form carries an error band ``h ± tol`` and is ``validated`` only inside
+:data:`STATIONARY_VALIDATED` (the benchmarked region; outside it the band is widened and a note says why).
+``λ`` is the trace's own start-time
 histogram (time-varying: the non-stationary pooled window) or, with ``lam0``, a stationary ``λ0`` (the
 stationary stream the trace's conversations would make at that rate; Lemma D.1's Poisson random measure
 with the discrete marks kept instead of eq. (15)'s Gaussian). The law is computed on a value grid by an
@@ -42,8 +48,8 @@ a popular block's age scales inversely with the load).
 Not modelled: requests' durations (instantaneous, as :func:`kvhit.sim.vllm.curve.block_curve`); blocks of a
 shared segment re-touched inside the window are counted twice in ``D`` (an over-estimate of ``D`` for deep
 shared segments only); the vLLM ≥ 0.24 ``e`` is exact only when the previous request's partial block is the
-last one (see :mod:`kvhit.sim.vllm.curve` (★)); a conversation's footprint assumes a dropped (diverged) block
-is never reused; colocated response blocks (Remark B.1).
+last one (see :mod:`kvhit.sim.vllm.curve` (★)); with ``footprint="own"`` a conversation's footprint assumes a
+dropped (diverged) block is never reused; colocated response blocks (Remark B.1).
 """
 
 from __future__ import annotations
@@ -58,10 +64,56 @@ from numba import njit
 
 from kvhit.workload.reuse import RequestReuse, request_reuse
 
-__all__ = ["AgenticError", "AgenticEstimate", "compound_poisson_cdf", "estimate_spec_agentic", "estimate_trace"]
+__all__ = [
+    "STATIONARY_VALIDATED",
+    "AgenticError",
+    "AgenticEstimate",
+    "compound_poisson_cdf",
+    "estimate_spec_agentic",
+    "estimate_trace",
+    "stationary_region_misses",
+]
 
 ENGINES = ("vllm", "vllm-0.23")
 FORMS = ("poisson", "replay")
+FOOTPRINTS = ("auto", "exact", "own")
+
+#: where ``benchmarks/agentic_accuracy.py --only whatif`` showed the stationary what-if (``lam0=``, ``footprint=
+#: "exact"``) within ``tol`` of resample-and-simulate run to a 95 % half-width ≤ 0.005 (docs/accuracy.md): the
+#: held-out WEKA pool (trace_0030 … trace_0037, 7 conversations), vLLM ≥ 0.24, token metric, λ0 from 1/600 to
+#: 1/30 per s. Inside it the stationary estimate carries the error band ``h ± tol`` and ``validated``; outside
+#: (another format, fewer sessions, another rate, engine or metric — not measured) the band is ``h ± (tol +
+#: widen)``, ``validated`` is false and a note says which condition failed.
+STATIONARY_VALIDATED: dict = {
+    "formats": ("weka",),
+    "min_sessions": 7,
+    "lam0": (1.0 / 600.0, 1.0 / 30.0),
+    "engines": ("vllm",),
+    "metrics": ("tokens",),
+    "footprint": "exact",
+    "tol": 0.01,
+    "widen": 0.01,
+}
+
+
+def stationary_region_misses(source: str, n_sessions: int, lam0: float, engine: str, metric: str, footprint: str):
+    """The conditions of :data:`STATIONARY_VALIDATED` a stationary estimate fails (empty: inside the region)."""
+    R = STATIONARY_VALIDATED
+    out = []
+    if source not in R["formats"]:
+        out.append(f"trace format {source!r} (measured: {', '.join(R['formats'])})")
+    if n_sessions < R["min_sessions"]:
+        out.append(f"{n_sessions} conversations (measured: ≥ {R['min_sessions']})")
+    lo, hi = R["lam0"]
+    if not lo * (1 - 1e-9) <= lam0 <= hi * (1 + 1e-9):
+        out.append(f"λ0 = {lam0:.3g}/s (measured: 1/{1 / lo:.0f} … 1/{1 / hi:.0f})")
+    if engine not in R["engines"]:
+        out.append(f"engine {engine} (measured: {', '.join(R['engines'])})")
+    if metric not in R["metrics"]:
+        out.append(f"metric {metric} (measured: {', '.join(R['metrics'])})")
+    if footprint != R["footprint"]:
+        out.append(f"footprint {footprint!r} (measured: {R['footprint']!r})")
+    return out
 
 
 class AgenticError(ValueError):
@@ -195,7 +247,7 @@ def _window_D(
 
 @njit(cache=True)
 def _levy_kernel(
-    t_start, t_end, tau, fx_first, cumnew, a_pts, t_pts, excl, s_grid, Lc, delta, G, scale, out, mom
+    t_start, t_end, tau, fx_first, cumnew, a_pts, t_pts, excl, s_grid, Lc, delta, G, scale, out, mom, foot, fbase
 ):  # pragma: no cover
     """Jump masses ν[p, j] of the other conversations' footprints over the window (t_p − a_p, t_p); template
     ``excl[p]`` (the tagged request's own conversation in a pool where each conversation occurs once) is left
@@ -206,7 +258,8 @@ def _levy_kernel(
     τ in (u − a, u); its weight is scale·∫ λ(t − u) du over the interval (``Lc``: cumulative intensity on
     the knots ``s_grid``, linear in between, constant outside). A jump of size f adds its weight to the two
     bins around f/δ in proportion (the mean is kept exactly); ``mom[p]`` accumulates Σw, Σw·f, Σw·f² (exact
-    units); ``G = 0``: moments only."""
+    units); ``G = 0``: moments only. ``foot`` non-empty (``footprint="exact"``): f is read from the template's
+    table instead, ``foot[fbase[k] + (lo − t_start[k])·(m + 1) + hi − t_start[k]]`` (``m`` its requests)."""
     nK = t_start.shape[0]
     for row in range(t_pts.shape[0]):
         t = t_pts[row]
@@ -236,7 +289,11 @@ def _levy_kernel(
                     u = tau[pl] + a
                 c_u = _cum(Lc, s_grid, t - u)
                 if hi > lo and u > u_prev:
-                    f = fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
+                    if foot.shape[0] > 0:
+                        m1 = i1 - t_start[k] + 1
+                        f = foot[fbase[k] + (lo - t_start[k]) * m1 + hi - t_start[k]]
+                    else:
+                        f = fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
                     w = scale * (c_prev - c_u)
                     if w > 0.0:
                         mom[row, 0] += w
@@ -385,6 +442,7 @@ def estimate_trace(
     seg_shift: Any = None,
     rejection: bool = True,
     per_request: bool = False,
+    footprint: str = "auto",
 ) -> AgenticEstimate:
     """Predicted vLLM hit ratio of a request trace at capacities ``Ns`` (blocks); see the module docstring.
 
@@ -412,6 +470,12 @@ def estimate_trace(
     ``rejection=False``: no request is refused for being larger than ``N`` (a host tier still looks up and loads
     the stored prefix of a request larger than itself); ``per_request=True`` (poisson form) also returns each
     request's expected hits (``per_request``; ``h`` = their sum over the measured requests / the denominator).
+
+    ``footprint`` (poisson form): a background conversation's contribution to ``D`` over a window — ``"exact"``
+    (the distinct blocks its requests in the window touch, Lemma D.1's ``Φ``; :func:`_footprint_table`),
+    ``"own"`` (first request whole, later ones their growth over their own stream's previous request: the
+    behaviour before issue 23 §3), or ``"auto"``: ``"exact"`` with ``lam0`` (the stationary what-if, where it was
+    validated: ``docs/accuracy.md``), ``"own"`` on the trace's own start times (not re-validated yet).
     """
     t0 = _time.perf_counter()
     if engine not in ENGINES:
@@ -420,6 +484,8 @@ def estimate_trace(
         raise AgenticError(f"metric: expected 'tokens' or 'blocks', got {metric!r}")
     if form not in FORMS:
         raise AgenticError(f"form: expected one of {FORMS}, got {form!r}")
+    if footprint not in FOOTPRINTS:
+        raise AgenticError(f"footprint: expected one of {FOOTPRINTS}, got {footprint!r}")
     if per_request and form != "poisson":
         raise AgenticError("per_request: available for form='poisson' only")
     if lam0 is not None:
@@ -518,6 +584,7 @@ def estimate_trace(
                     exclude,
                     notes,
                     work_budget,
+                    footprint=("exact" if lam0 is not None else "own") if footprint == "auto" else footprint,
                 )
             Hb, delta, rows, d_same = table
             sub = ks[keep]
@@ -551,6 +618,28 @@ def estimate_trace(
         h[sel] = num / den if den else np.nan
     infeasible = Ns < N_min
     regime = _regime(u, lam0, form, notes)
+    h_lo = h_hi = band = None
+    if lam0 is not None:
+        # the stationary what-if's error band: ± the tolerance the benchmark showed inside STATIONARY_VALIDATED
+        fp = "exact" if footprint == "auto" else footprint
+        if any(n.startswith("info: footprint table too large") for n in regime["notes"]):
+            fp = "own"  # the fallback actually used
+        miss = stationary_region_misses(u.source, regime["sessions"], lam0, engine, metric, fp)
+        tol = STATIONARY_VALIDATED["tol"] + (STATIONARY_VALIDATED["widen"] if miss else 0.0)
+        h_lo = np.clip(h - tol, 0.0, h_max)
+        h_hi = np.clip(h + tol, 0.0, h_max)
+        if miss:
+            regime["validated"] = False
+            regime["notes"].append(
+                "stationary what-if outside the validated region (" + "; ".join(miss) + "): error band widened "
+                f"to ±{tol:.2f} (not a measured bound; docs/accuracy.md)"
+            )
+        band = {
+            "method": "stationary error band: ± the tolerance met against resample-and-simulate (95 % half-width "
+            "≤ 0.005) inside STATIONARY_VALIDATED (docs/accuracy.md), widened outside it",
+            "half_width": tol,
+            "in_region": not miss,
+        }
     return AgenticEstimate(
         N=Ns,
         h=h,
@@ -566,6 +655,10 @@ def estimate_trace(
         regime=regime,
         elapsed_s=_time.perf_counter() - t0,
         per_request=pr,
+        h_lo=h_lo,
+        h_hi=h_hi,
+        h_mc=None if h_lo is None else np.full(h.shape[0], np.nan),
+        band=band,
     )
 
 
@@ -625,7 +718,99 @@ def _templates(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray, bunit: int = 1)
     )
 
 
-def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, exclude, notes, work_budget=6e7, bunit=1):
+@njit(cache=True)
+def _foot_kernel(
+    idx, starts, ends, fbase, Fx, F, seg_off, seg_end, seg_src, session, prev, L_own, bunit, foot
+):  # pragma: no cover
+    """Exact footprint table of every template (see :func:`_footprint_table`)."""
+    for k in range(starts.shape[0]):
+        a = starts[k]
+        b = ends[k]
+        m1 = b - a + 1
+        base = fbase[k]
+        for lo in range(a, b):
+            x = idx[lo]  # blocks last touched by a request at or after x (same session) are in the window
+            acc = float(Fx[idx[lo]])
+            foot[base + (lo - a) * m1 + (lo + 1 - a)] = acc
+            for q in range(lo + 1, b):
+                g = idx[q]
+                kq = 0
+                for j in range(seg_off[g], seg_off[g + 1]):
+                    sj = seg_src[j]
+                    if sj >= x and session[sj] == session[g]:
+                        kq = seg_end[j]
+                    else:
+                        break
+                if prev[g] >= x and L_own[g] > kq:
+                    kq = L_own[g]
+                if kq > F[g]:
+                    kq = F[g]
+                acc += Fx[g] - bunit * kq
+                foot[base + (lo - a) * m1 + (q + 1 - a)] = acc
+
+
+def _footprint_table(u: RequestReuse, adm: np.ndarray, Fx: np.ndarray, bunit: int = 1, max_cells: float = 3e7):
+    """Exact footprint ``f_k(lo, hi)`` of every template (Lemma D.1's ``Φ``: a background conversation adds each
+    of its blocks to the displacement at most once): the distinct blocks touched by its admitted requests
+    ``lo … hi−1`` (positions as :func:`_templates`), i.e. ``Fx_lo + Σ_{lo<q<hi} (Fx_q − b_u·k_q(lo))`` with
+    ``k_q(lo)`` the leading blocks of ``q`` last touched (same session) by a request at or after ``lo`` — or its
+    common prefix with its own stream's previous request when that one is in the window. ``footprint="own"`` used
+    ``k_q = L_own`` whatever the window (exact for one stream of growing prompts; for a WEKA conversation with
+    sub-agents it misses the parent's history re-touched after a sub-agent burst whose parent turn was before the
+    window, and counts twice what a branch shares with an older request in the window). Returns ``(foot, fbase)``
+    or ``None`` when ``Σ m_k (m_k + 1)`` exceeds ``max_cells`` (the caller falls back to ``"own"``)."""
+    idx = np.flatnonzero(adm)
+    sess = u.session[idx]
+    o = np.lexsort((idx, sess))
+    idx = idx[o].astype(np.int64)
+    sess = sess[o]
+    start_mask = np.concatenate([[True], sess[1:] != sess[:-1]]) if idx.size else np.zeros(0, bool)
+    starts = np.flatnonzero(start_mask).astype(np.int64)
+    ends = np.concatenate([starts[1:], [idx.size]]).astype(np.int64)
+    m = ends - starts
+    sz = m * (m + 1)
+    if float(sz.sum()) > max_cells:
+        return None
+    fbase = np.zeros(starts.shape[0], np.int64)
+    if sz.size:
+        fbase[1:] = np.cumsum(sz)[:-1]
+    foot = np.zeros(max(int(sz.sum()), 1))
+    _foot_kernel(
+        idx,
+        starts,
+        ends,
+        fbase,
+        np.asarray(Fx, np.int64),
+        np.asarray(u.full_blocks, np.int64),
+        np.asarray(u.seg_off, np.int64),
+        np.asarray(u.seg_end, np.int64),
+        np.asarray(u.seg_src, np.int64),
+        np.asarray(u.session, np.int64),
+        np.asarray(u.prev, np.int64),
+        np.asarray(u.L_own, np.int64),
+        int(bunit),
+        foot,
+    )
+    return foot, fbase
+
+
+def _poisson_table(
+    u,
+    sr,
+    src,
+    Fx,
+    Ns,
+    lam0,
+    bins,
+    n_values,
+    n_ages,
+    n_times,
+    exclude,
+    notes,
+    work_budget=6e7,
+    bunit=1,
+    footprint="own",
+):
     """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same.
 
     Returns ``(Hb, delta, row, D_same)``: ``Hb[row]`` = δ·cumulative CDF on the value grid of the segment's
@@ -644,6 +829,13 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
     other_sess = u.session[src] != u.session[sr]
     ts, te, tau, fx_first, cumnew, t_first, t_sess = _templates(u, adm, Fx, bunit)
     C = ts.shape[0]
+    foot, fbase = np.zeros(0), np.zeros(0, np.int64)
+    if footprint == "exact":
+        ft = _footprint_table(u, adm, Fx, bunit)
+        if ft is None:
+            notes.append("info: footprint table too large; the 'own' footprint is used")
+        else:
+            foot, fbase = ft
     span_starts = float(t_first.max() - t_first.min()) if C else 0.0
     if lam0 is not None:
         # stationary: constant intensity; ages of hot shared segments scale as 1/λ (characteristic time)
@@ -755,6 +947,8 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
             scale,
             np.zeros((1, 1)),
             mom,
+            foot,
+            fbase,
         )
     # value range: the largest N asked, or where every segment's last block fits even when D is 12 sd above
     # its mean (beyond it CDF = 1 to ~1e-30; a finer grid where it matters)
@@ -795,6 +989,8 @@ def _poisson_table(u, sr, src, Fx, Ns, lam0, bins, n_values, n_ages, n_times, ex
                 scale,
                 nu,
                 np.zeros((c_hi - c_lo, 3)),
+                foot,
+                fbase[multi] if foot.shape[0] else fbase,
             )
         if F1.size:
             nu += w1[c_lo:c_hi, None] * hist1[None, :]

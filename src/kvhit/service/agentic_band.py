@@ -2,8 +2,10 @@
 
 One function, :func:`agentic_estimates`, runs :func:`kvhit.estimate.band.estimate_trace_band` (the expected hit
 ratio plus a prediction band for one realisation of the conversations' start times, ``docs/estimators.md`` §4.1)
-for each vLLM order, or the plain estimator where no band exists (a stationary ``--lam0``, a ``--warmup-time``
-mask): then ``h_lo`` / ``h_hi`` are ``None`` and a note says why.
+for each vLLM order, or the plain estimator where no realisation band exists: with a stationary ``--lam0`` the
+band is the stationary what-if's error band (``h ± tol``, widened outside
+:data:`kvhit.estimate.agentic.STATIONARY_VALIDATED`, issue 23 §4); with a ``--warmup-time`` mask ``h_lo`` /
+``h_hi`` are ``None``. A note says which.
 
 Invariant: ``h``, ``h_lo``, ``h_hi`` are ``None`` at infeasible capacities (``N < N_min``); ``validated`` is the
 estimator's regime flag *and* the band's region (:data:`kvhit.estimate.band.VALIDATED_REGION`); outside it the
@@ -61,13 +63,20 @@ def agentic_estimates(
         else:
             est = estimate_trace(reuse, Ns, engine=e, metric=metric, lam0=lam0, mask=mask)
             lo = hi = np.full(Ns.shape[0], np.nan)
+            if lam0 is not None and est.h_lo is not None and band:
+                lo, hi = np.asarray(est.h_lo, float), np.asarray(est.h_hi, float)
         regime = dict(est.regime)
         notes = list(regime.get("notes", []))
-        if why_no_band is not None and why_no_band != "no band asked" and n_sess >= 2:
+        if lam0 is not None and why_no_band != "no band asked":
+            half = (est.band or {}).get("half_width")
+            notes.append(
+                f"stationary --lam0: the band is the what-if's error band ±{half:.2f} (the expected hit ratio of the "
+                "stationary stream, not one realisation; docs/accuracy.md)"
+                + ("" if regime.get("validated") else " — NOT validated here")
+            )
+        elif why_no_band is not None and why_no_band != "no band asked" and n_sess >= 2:
             notes.append(why_no_band)
             regime["validated"] = False
-            if lam0 is not None:
-                notes.append("the stationary form (--lam0) is not validated against simulation (docs/estimators.md §4)")
         regime["notes"] = notes
         h = np.where(est.infeasible, np.nan, est.h)
         lo = np.where(est.infeasible, np.nan, lo)
@@ -76,7 +85,7 @@ def agentic_estimates(
             "h": h,
             "h_lo": lo,
             "h_hi": hi,
-            "level": level if why_no_band is None else None,
+            "level": level if why_no_band is None else None,  # the stationary error band has no level
             "regime": regime,
             "band": est.band,
             "h_max": float(est.h_max),

@@ -9,7 +9,10 @@ sizes and gaps) with the empirical law of whole conversations — and :func:`res
 through the exact simulators (the vLLM block pool of :mod:`kvhit.sim.vllm.block`, both free-queue orders, via
 the one-pass curve of :mod:`kvhit.sim.vllm.curve`; or Algorithm 1 via :mod:`kvhit.sim.content.stackdist`) and reports
 the mean and a Student-t 95% interval over independent replications (seed ``seed + r``), as
-:class:`kvhit.sim.runner.Replications` does for specs.
+:class:`kvhit.sim.runner.Replications` does for specs. The *stationary* hit ratio is a ratio of expectations
+(``E[hits]/E[queries]``), not the mean of the replications' ratios:
+:meth:`ResampleResult.stationary_ci` estimates it, with each pool conversation's measured tokens (known mean
+``λ0·H·T_k/C``) as control variates.
 
 Stream of one replication
 -------------------------
@@ -354,7 +357,9 @@ class ResampleResult:
     (6)/(31); Algorithm 1 with the practical weight), over the measured requests; NaN where ``N`` is infeasible.
     ``horizon`` is the mean over replications (they differ with ``n_conversations``; each is in
     ``extra["horizons_s"]``). ``h`` is the one in ``metric``; :meth:`mean_ci` gives the mean and Student-t 95%
-    half-width over replications."""
+    half-width over replications (the mean of per-replication *ratios*); :meth:`stationary_ci` the stationary
+    hit ratio (a ratio of expectations, see there). ``token_queries`` / ``block_queries``: each ratio's
+    denominator (``Σ T_j`` / ``Σ ⌈T_j/b⌉`` over the measured admitted requests), same shape."""
 
     N: np.ndarray
     engine: str
@@ -369,10 +374,85 @@ class ResampleResult:
     n_measured: list[int]
     n_started: list[int]
     extra: dict = field(default_factory=dict)
+    token_queries: np.ndarray | None = None
+    block_queries: np.ndarray | None = None
+    #: per replication and pool conversation: measured prompt tokens of its copies (control variates)
+    control_tokens: np.ndarray | None = None
+    #: their known expectation ``λ0·H·T_k/C`` (``T_k`` the pool conversation's prompt tokens; only with a fixed
+    #: horizon ``H``, else None)
+    control_mean: np.ndarray | None = None
 
     @property
     def h(self) -> np.ndarray:
         return self.token_hit_ratio if self.metric == "tokens" else self.block_hit_ratio
+
+    @property
+    def queries(self) -> np.ndarray | None:
+        """Denominator of :attr:`h` per replication and capacity (None for a result built without them)."""
+        return self.token_queries if self.metric == "tokens" else self.block_queries
+
+    def stationary_ci(self, level: float = 0.95, controls: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """The stationary hit ratio ``E[hits]/E[queries]`` and its ``level`` half-width, per capacity.
+
+        The long-run hit ratio of the stationary stream is a ratio of expectations (the hits and queries of
+        a replication scale together with the number of conversations it happens to contain); the mean of
+        per-replication ratios (:meth:`mean_ci`) is a different number, biased towards replications with few
+        queries. Estimator: ``R̂ = Σ_i x_i / Σ_i q_i`` (``x_i = h_i q_i`` the hits of replication ``i``); its
+        half-width is the delta-method one, ``t_{n−1} · s_d / (√n · q̄)`` with ``s_d`` the sample standard
+        deviation of the residuals ``d_i = x_i − R̂ q_i`` — i.e. the queries act as a control variate for the
+        hits. NaN where infeasible; ∞ half-width with one replication. Falls back to :meth:`mean_ci` when the
+        denominators were not recorded.
+
+        ``controls`` (with a fixed horizon and more replications than pool conversations + 2): the measured
+        prompt tokens of each pool conversation's copies, ``c_ik``, have the known mean ``μ_k = λ0·H·T_k/C``
+        (each request of a copy started at ``s`` is measured iff ``s + τ ∈ [0, H]``; starts are Poisson on a
+        range covering ``[−D−w, H]``). They are used as control variates (regression estimator):
+        ``R̂ = (x̄ − β_x·(c̄ − μ)) / (q̄ − β_q·(c̄ − μ))`` with ``β`` the least-squares slopes, and the half-width
+        from the regression residuals of ``x − R̂ q`` (``n − 1 − C`` degrees of freedom). Which conversations a
+        replication happened to draw is most of its hit ratio's variance; the controls remove that part."""
+        q = self.queries
+        if q is None:
+            return self.mean_ci()
+        from scipy import stats
+
+        h = self.h
+        K = h.shape[1]
+        m = np.full(K, np.nan)
+        hw = np.full(K, np.nan)
+        ct, mu = self.control_tokens, self.control_mean
+        for k in range(K):
+            if not self.feasibility.feasible[k]:
+                continue
+            ok = np.isfinite(h[:, k]) & (q[:, k] > 0)
+            n = int(ok.sum())
+            if n == 0:
+                continue
+            qq = q[ok, k].astype(np.float64)
+            x = h[ok, k] * qq
+            use = controls and ct is not None and mu is not None and n >= ct.shape[1] + 3
+            if use:
+                c = ct[ok].astype(np.float64) / qq.mean()  # scaled: a well-conditioned design
+                cm = mu / qq.mean()
+                Z = np.column_stack([np.ones(n), c - c.mean(axis=0)])
+                bx = np.linalg.lstsq(Z, x, rcond=None)[0][1:]
+                bq = np.linalg.lstsq(Z, qq, rcond=None)[0][1:]
+                gap = c.mean(axis=0) - cm
+                xt = x.mean() - float(bx @ gap)
+                qt = qq.mean() - float(bq @ gap)
+                m[k] = float(xt / qt)
+                d = x - m[k] * qq
+                e = d - Z @ np.linalg.lstsq(Z, d, rcond=None)[0]
+                dof = n - 1 - c.shape[1]
+                s_e = math.sqrt(float(e @ e) / dof)
+                hw[k] = float(stats.t.ppf(0.5 + level / 2, dof) * s_e / (math.sqrt(n) * qt))
+                continue
+            m[k] = float(x.sum() / qq.sum())
+            if n == 1:
+                hw[k] = float("inf")
+                continue
+            d = x - m[k] * qq
+            hw[k] = float(stats.t.ppf(0.5 + level / 2, n - 1) * d.std(ddof=1) / (math.sqrt(n) * qq.mean()))
+        return m, hw
 
     def mean_ci(self) -> tuple[np.ndarray, np.ndarray]:
         """Mean and 95% half-width per capacity (NaN where infeasible; ∞ half-width with one replication)."""
@@ -398,6 +478,8 @@ class ResampleResult:
             "seeds": self.seeds,
             "h_mean": m.tolist(),
             "h_ci95": hw.tolist(),
+            "h_stationary": self.stationary_ci()[0].tolist(),
+            "h_stationary_ci95": self.stationary_ci()[1].tolist(),
             "h": self.h.tolist(),
             "token_hit_ratio": self.token_hit_ratio.tolist(),
             "block_hit_ratio": self.block_hit_ratio.tolist(),
@@ -407,17 +489,19 @@ class ResampleResult:
         }
 
 
-def _simulate_stream(st: ResampledStream, Ns: np.ndarray, engine: str) -> tuple[np.ndarray, np.ndarray]:
-    """(token ratio, block ratio) of one stream at the feasible capacities ``Ns``."""
+def _simulate_stream(st: ResampledStream, Ns: np.ndarray, engine: str) -> tuple[np.ndarray, ...]:
+    """(token ratio, block ratio, token queries, block queries) of one stream at the feasible capacities ``Ns``."""
     if not st.measured.any() or Ns.shape[0] == 0:
-        return np.full(Ns.shape, np.nan), np.full(Ns.shape, np.nan)
+        nan = np.full(Ns.shape, np.nan)
+        return nan, nan, np.zeros(Ns.shape), np.zeros(Ns.shape)
     if engine == "content":
         from kvhit.sim.content.stackdist import content_curve_from_thresholds, content_hit_thresholds
 
         thr = content_hit_thresholds(st.conv, st.R)
         w = np.where(st.measured, np.maximum(st.R_prev - 1, 0), 0)  # practical weight, eq. (31)
-        h = content_curve_from_thresholds(thr, w, Ns) / float(st.R[st.measured].sum())
-        return np.full(Ns.shape, np.nan), np.asarray(h, float)
+        den = float(st.R[st.measured].sum())
+        h = content_curve_from_thresholds(thr, w, Ns) / den
+        return np.full(Ns.shape, np.nan), np.asarray(h, float), np.full(Ns.shape, np.nan), np.full(Ns.shape, den)
     from kvhit.sim.vllm.curve import block_curve
 
     c = block_curve(
@@ -429,7 +513,12 @@ def _simulate_stream(st: ResampledStream, Ns: np.ndarray, engine: str) -> tuple[
         engine=engine,
         mask=st.measured,
     )
-    return np.asarray(c["token_hit_ratio"], float), np.asarray(c["block_hit_ratio"], float)
+    return (
+        np.asarray(c["token_hit_ratio"], float),
+        np.asarray(c["block_hit_ratio"], float),
+        np.asarray(c["prompt_tokens"], float),
+        np.asarray(c["prompt_blocks"], float),
+    )
 
 
 def resample_simulate(
@@ -471,7 +560,11 @@ def resample_simulate(
     K = N.shape[0]
     tok = np.full((replications, K), np.nan)
     blk = np.full((replications, K), np.nan)
+    tq = np.full((replications, K), np.nan)
+    bq = np.full((replications, K), np.nan)
     seeds, nm, ns, hz = [], [], [], []
+    C = pool.n_conversations
+    ctl = np.zeros((replications, C))
     W = lam = float("nan")
     for r in range(int(replications)):
         st = resample(
@@ -483,8 +576,9 @@ def resample_simulate(
             warmup=warmup,
             seed=int(seed) + r,
         )
-        t, b = _simulate_stream(st, N[ok], engine)
-        tok[r, ok], blk[r, ok] = t, b
+        t, b, qt, qb = _simulate_stream(st, N[ok], engine)
+        tok[r, ok], blk[r, ok], tq[r, ok], bq[r, ok] = t, b, qt, qb
+        ctl[r] = np.bincount(st.origin[st.measured], weights=st.prompt_tokens[st.measured], minlength=C)
         seeds.append(int(seed) + r)
         nm.append(int(st.measured.sum()))
         ns.append(st.n_started)
@@ -504,4 +598,14 @@ def resample_simulate(
         n_measured=nm,
         n_started=ns,
         extra={"horizons_s": hz, "pool": pool.source, "pool_rate": pool.rate},
+        token_queries=tq,
+        block_queries=bq,
+        control_tokens=ctl,
+        control_mean=None if horizon is None else _control_mean(pool, lam, float(horizon)),
     )
+
+
+def _control_mean(pool: ConversationPool, lam: float, horizon: float) -> np.ndarray:
+    """``E[c_k] = λ0·H·T_k/C``: the expected measured prompt tokens of pool conversation ``k``'s copies."""
+    Tk = np.add.reduceat(pool.prompt_tokens.astype(np.float64), pool.req_offsets[:-1])
+    return lam * horizon * Tk / pool.n_conversations

@@ -6,6 +6,12 @@
 bit-identical to that call) until the Student-t 95 % half-width is ≤ ``ci`` at every feasible capacity, or
 ``max_replications`` / ``max_seconds`` is reached (``extra["reached"]`` says which).
 
+Which interval: ``estimator="ratio"`` (:meth:`~kvhit.sim.resample.ResampleResult.stationary_ci`: the stationary
+hit ratio, a ratio of expectations, with the queries as control variate — the quantity the stationary estimator
+predicts), ``"mean"`` (:meth:`~kvhit.sim.resample.ResampleResult.mean_ci`: the mean of per-replication ratios,
+which is not the stationary hit ratio: it weights a replication with few queries like one with many), or
+``"auto"`` (``"ratio"``; the default).
+
 Invariant: the replications are the seeded ones of :func:`resample_simulate`; the stopping rule only decides how
 many. NOT modelled: anything :mod:`kvhit.sim.resample` does not model. The stopping rule is sequential, so the
 nominal 95 % is approximate (the half-width is checked after each batch, not fixed in advance).
@@ -34,13 +40,18 @@ def resample_to_ci(
     batch: int = 4,
     max_seconds: float | None = None,
     seed: int = 0,
+    estimator: str = "auto",
     **kwargs,
 ) -> ResampleResult:
     """Replications of :func:`~kvhit.sim.resample.resample_simulate` (``kwargs``: engine, metric, lam0, scale,
     horizon, n_conversations, warmup) until the 95 % half-width ≤ ``ci`` at every feasible capacity.
 
-    ``extra`` gains ``target_ci``, ``achieved_ci`` (the largest half-width), ``reached`` (bool) and ``elapsed_s``.
+    ``extra`` gains ``target_ci``, ``achieved_ci`` (the largest half-width), ``reached`` (bool), ``elapsed_s``
+    and ``estimator`` (``"ratio"`` or ``"mean"``: which interval the stopping rule used).
     """
+    if estimator not in ("auto", "ratio", "mean"):
+        raise ResampleError(f"estimator: expected auto, ratio or mean, got {estimator!r}")
+    est = "mean" if estimator == "mean" else "ratio"
     if not (isinstance(ci, float | int) and math.isfinite(ci) and ci > 0):
         raise ResampleError(f"ci: expected a half-width > 0, got {ci!r}")
     for name, v in (("min_replications", min_replications), ("max_replications", max_replications), ("batch", batch)):
@@ -56,7 +67,7 @@ def resample_to_ci(
         parts.append(resample_simulate(pool, Ns, replications=step, seed=int(seed) + done, **kwargs))
         done += step
         res = _merge(parts)
-        hw = res.mean_ci()[1]
+        hw = (res.stationary_ci() if est == "ratio" else res.mean_ci())[1]
         ok = res.feasibility.feasible
         worst = float(np.nanmax(hw[ok])) if ok.any() else 0.0
         reached = worst <= ci
@@ -68,6 +79,7 @@ def resample_to_ci(
         "achieved_ci": worst,
         "reached": bool(reached),
         "elapsed_s": time.perf_counter() - t0,
+        "estimator": est,
     }
     return replace(res, extra=extra)
 
@@ -83,7 +95,14 @@ def _merge(parts: list[ResampleResult]) -> ResampleResult:
         seeds=[s for p in parts for s in p.seeds],
         token_hit_ratio=np.concatenate([p.token_hit_ratio for p in parts]),
         block_hit_ratio=np.concatenate([p.block_hit_ratio for p in parts]),
+        token_queries=_cat([p.token_queries for p in parts]),
+        block_queries=_cat([p.block_queries for p in parts]),
+        control_tokens=_cat([p.control_tokens for p in parts]),
         n_measured=[x for p in parts for x in p.n_measured],
         n_started=[x for p in parts for x in p.n_started],
         extra=dict(first.extra) | {"horizons_s": hz},
     )
+
+
+def _cat(xs: list) -> np.ndarray | None:
+    return None if any(x is None for x in xs) else np.concatenate(xs)
