@@ -56,7 +56,9 @@ def replay(
     replay is simulated with kvhit's model of vLLM's scheduler (arrivals at the measured send times, steps paced by
     the measured finish times; --max-num-batched-tokens and --max-num-seqs as the server runs) and with holds from
     the measured times, both reported per request and in aggregate (not gating the exit status). A replay that fails
-    midway keeps its --log, marked partial, and exits 1.
+    midway keeps its --log, marked partial, and exits 1. Against an SGLang server (detected from /server_info, or
+    --engine sglang) --check simulates with kvhit's SGLang model instead (page size, pool and eviction policy read from
+    the server); its concurrent replays are simulated with holds only.
 
     SGLang servers (detected from /server_info, or --engine sglang; start them with --enable-cache-report, and
     --enable-metrics for the counters): --check reads the page size, the KV pool (max_total_num_tokens) and the
