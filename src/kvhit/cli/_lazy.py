@@ -59,8 +59,9 @@ COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "explain": (("kvhit.cli.explain",),
                 "Where the hit ratio goes: reusable share → capacity → engine → concurrency → routing → host tier."),
     "replay": (("kvhit.cli.replay",),
-               "Replay a trace against a running vLLM or SGLang server (OpenAI completions, token-id prompts) and record"
-               "\neach request's prefix-cache hit (usage.prompt_tokens_details.cached_tokens) and the server's counters."),
+               "Replay a trace against a running vLLM or SGLang server (OpenAI completions, token-id prompts) "
+               "and record\neach request's prefix-cache hit (usage.prompt_tokens_details.cached_tokens) "
+               "and the server's counters."),
     "trace": (("kvhit.cli.trace", "kvhit.cli.explain"), "Build and inspect traces (Parquet)."),
     "fleet": (("kvhit.cli.fleet",), "R replicas behind a router (exact simulation)."),
 }
