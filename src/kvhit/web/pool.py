@@ -41,6 +41,7 @@ def _init() -> None:
     die_with_parent()
     import kvhit.service.estimate  # noqa: F401  (the slider's command, imported before the first request)
     import kvhit.service.kv  # noqa: F401
+    import kvhit.service.planner  # noqa: F401  (the page's one request per slider move)
 
 
 class ApiPool:
