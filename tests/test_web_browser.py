@@ -162,7 +162,7 @@ def test_slider_is_coalesced_labelled_and_url_restores(server, page):
     )
     settle(page)
     page.wait_for_function("location.hash.includes('lam0=2')")
-    assert page.evaluate("window.kvhit.requests") - before == 4  # kv, estimate, plan, curve: once per settle
+    assert page.evaluate("window.kvhit.requests") - before == 2  # /api/planner, then the curve job: once per settle
     assert page.inner_text("#lam0_v") == "2"
     est = page.evaluate("window.kvhit.est")
     want = svc.estimate(svc.build(svc.EstimateRequest, N=est["N"], **{**SCM, "lam0": 2.0}))
@@ -170,6 +170,63 @@ def test_slider_is_coalesced_labelled_and_url_restores(server, page):
     shared = page.url
     load(page, shared)
     assert float(page.evaluate("lam0()")) == 2.0
+
+
+def test_one_request_per_slider_move_counted_on_the_wire(server, page):
+    """Issue 24 item 3: a slider move is ONE request (``/api/planner``: kv, the paper reference and the plan), counted
+    in the browser's own network log (not the page's counter): a burst of input events → one request; a drag of 30
+    events 5 ms apart → never two in flight, fewer requests than events, the last one of the final position; its
+    answer is what is drawn, and equals the service's."""
+    load(page, server + "/#workload=scm")
+    settle(page)
+    sent = []
+
+    def on_req(r):
+        if r.url.startswith(server + "/api/") and r.method == "POST":
+            sent.append((r.url.removeprefix(server), r.post_data))
+
+    page.on("request", on_req)
+    try:
+        page.evaluate(
+            "(() => { const s = document.getElementById('lam0'); for (const v of ['0.05', '0.15', '0.22', '0.4']) "
+            "{ s.value = v; s.dispatchEvent(new Event('input')); } })()"
+        )
+        page.wait_for_function("!window.kvhit.busy && window.kvhit.plan && window.kvhit.plan.lam0 === 2.51")
+        settle(page)
+        paths = [p for p, _ in sent]
+        assert paths[0] == "/api/planner" and paths.count("/api/planner") == 1, paths  # one request for the burst
+        assert not {"/api/kv", "/api/estimate", "/api/plan"} & set(paths), paths  # not the three of before
+        assert set(paths) <= {"/api/planner", "/api/curve"} and paths.count("/api/curve") <= 1, paths
+        body = json.loads(sent[0][1])
+        assert body["lam0"] == 2.51 and body["target"] == 0.3 and body["accelerator"] == "H100", body
+        est = page.evaluate("window.kvhit.est")
+        want = svc.planner(svc.build(svc.PlannerRequest, **body)).to_jsonable()
+        assert est["h"] == [r["h"] for r in want["estimate"]["estimates"]]
+        assert page.evaluate("window.kvhit.plan") == want["plan"]
+        assert page.evaluate("window.kvhit.kv") == want["kv"]
+
+        sent.clear()
+        r = page.evaluate(
+            """async () => { const s = document.getElementById('lam0'), real = window.fetch;
+            let now = 0, most = 0;  // planner requests in flight, counted around the page's own fetch calls
+            window.fetch = async (url, init) => {
+              const mine = String(url).endsWith('/api/planner'); if (mine) { now += 1; most = Math.max(most, now); }
+              try { return await real(url, init); } finally { if (mine) now -= 1; } };
+            try {
+              for (let i = 0; i < 30; i++) { s.value = (0.5 + 0.01 * i).toFixed(2); s.dispatchEvent(new Event('input'));
+                await new Promise((res) => setTimeout(res, 5)); }
+              while (window.kvhit.busy || !window.kvhit.plan || window.kvhit.plan.lam0 !== lam0())
+                await new Promise((res) => setTimeout(res, 5));
+            } finally { window.fetch = real; }
+            return { most }; }"""
+        )
+        settle(page)
+        planner = [json.loads(b) for p, b in sent if p == "/api/planner"]
+        assert 1 <= len(planner) < 30, len(planner)  # coalesced
+        assert planner[-1]["lam0"] == pytest.approx(10**0.79, rel=2e-3)  # the final position is asked last
+        assert r["most"] == 1, r  # never two planner requests in flight: each waits for the one before
+    finally:
+        page.remove_listener("request", on_req)
 
 
 def test_slider_redraws_without_waiting_for_the_running_simulation(server, page):

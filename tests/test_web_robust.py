@@ -120,7 +120,7 @@ _FIELDS = ["N", "lam0", "mean_turns", "p", "x_mean", "y_mean", "w_mean", "w_dist
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    path=st.sampled_from(["/api/estimate", "/api/kv", "/api/plan"]),
+    path=st.sampled_from(["/api/estimate", "/api/kv", "/api/plan", "/api/planner"]),
     body=st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=6) | _json,
 )
 def test_no_request_is_a_500(client, path, body):

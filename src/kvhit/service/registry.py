@@ -21,6 +21,7 @@ from kvhit.service.fleet import FleetRequest, fleet_simulate
 from kvhit.service.fleet_plan import FleetCurveRequest, FleetPlanRequest, fleet_curve, fleet_plan
 from kvhit.service.kv import KvRequest, kv
 from kvhit.service.plan import PlanRequest, plan
+from kvhit.service.planner import PlannerRequest, planner
 from kvhit.service.simulate import SimulateRequest, simulate
 from kvhit.service.stream import StreamRequest, stream
 from kvhit.service.tiers import TiersRequest, tiers
@@ -34,6 +35,7 @@ COMMANDS: dict[str, tuple[type[Request], Callable[..., Response]]] = {
     "estimate": (EstimateRequest, estimate),
     "kv": (KvRequest, kv),
     "plan": (PlanRequest, plan),
+    "planner": (PlannerRequest, planner),
     "simulate": (SimulateRequest, simulate),
     "stream": (StreamRequest, stream),
     "curve": (CurveRequest, curve),

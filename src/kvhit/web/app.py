@@ -55,6 +55,7 @@ UPLOADS = {
     "estimate": (),
     "kv": ("model_config",),
     "plan": ("trace", "blocks_trace", "model_config"),
+    "planner": ("model_config",),
     "simulate": ("trace", "blocks_trace"),
     "stream": ("trace",),
     "curve": ("trace", "blocks_trace", "model_config"),
@@ -192,7 +193,8 @@ async def _parse(request: Request, command: str, max_upload: int) -> tuple[dict[
     if not isinstance(fields, dict):
         raise Refused(422, "request body: expected a JSON object of request fields")
     _strict_types(model, fields)
-    if command == "estimate" and isinstance(fields.get("N"), list) and len(fields["N"]) > MAX_HTTP_CAPACITIES:
+    n = fields.get("N") if command in ("estimate", "planner") else None
+    if isinstance(n, list) and len(n) > MAX_HTTP_CAPACITIES:
         raise Refused(
             413,
             f"N: {len(fields['N']):,} capacities; at most {MAX_HTTP_CAPACITIES:,} over HTTP (use kvhit estimate)",
@@ -334,6 +336,7 @@ def _warm_up() -> None:
     with contextlib.suppress(Exception):
         run("estimate", {"N": [100, 1000], **scm})
         run("plan", {"engine": "paper", "kv_gb": 40, "target": 0.3, **scm})
+        run("planner", {"N": [100, 1000], "kv_gb": 40, "target": 0.3, **scm})
 
 
 def create_app(

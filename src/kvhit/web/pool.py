@@ -35,12 +35,27 @@ def answer(command: str, fields: dict) -> tuple[int, bytes]:
     return os.getpid(), run(command, fields).to_json_bytes()
 
 
+#: Answered once by every worker as it starts (its initializer), before the pool takes requests: the page's slider
+#: request — kv, the estimate and the closed-form plan — whose first answer in a fresh interpreter takes ~0.5 s
+#: (imports, first compilations); without it each worker's first slider move paid that (measured 470–500 ms).
+WARM_SLIDER = {
+    "N": [100, 1000, 10000],
+    "kv_gb": 40.0,
+    "target": 0.3,
+    **{"lam0": 1.0, "mean_turns": 5.0, "x_mean": 4.0, "y_mean": 3.0, "w_mean": 135.0},
+}
+
+
 def _init() -> None:
+    import contextlib
+
     from kvhit.service.io import die_with_parent
 
     die_with_parent()
-    import kvhit.service.estimate  # noqa: F401  (the slider's command, imported before the first request)
-    import kvhit.service.kv  # noqa: F401
+    from kvhit.service.registry import run
+
+    with contextlib.suppress(Exception):  # a warm-up that fails leaves a cold worker, never a broken pool
+        run("planner", WARM_SLIDER).to_json_bytes()
 
 
 class ApiPool:

@@ -209,8 +209,9 @@ function showWarn() {
   $("warn").textContent = st && !st.stationary ? `Simulation hidden — ${st.message}` : "";
 }
 
-// ---- one refresh per input burst (coalesced): kv, the paper reference and the plan at once; the engine's curve (a
-// simulation job, seconds) once the inputs rest for CURVE_DELAY ms. A newer question never waits for an older
+// ---- one refresh per input burst (coalesced): ONE request (/api/planner: kv, the paper reference and the plan), at
+// most one in flight — input events while it runs are folded into the next request, of the latest inputs; the
+// engine's curve (a simulation job, seconds) once the inputs rest for CURVE_DELAY ms. A newer question never waits for an older
 // question's simulation: that job is cancelled (pollJob) and its answer, if it still comes, is dropped (state.gen).
 const CURVE_DELAY = 250;
 let timer = null, curveTimer = null, curveWaiter = null;
@@ -251,12 +252,18 @@ async function question(gen) {
   const src = workload(), up = src === "trace" ? await traceUpload() : null;
   if (src === "trace" && !up) { clearResults(); return; }
   const files = up ? { [up.kind]: up.file } : {};
-  const planSrc = src === "scm" ? specFields() : src === "sharegpt" ? { sharegpt: true } : {};
-  const kvP = api("/api/kv", { ...modelFields(), ...budgetFields() }, modelFiles());
-  const estP = src === "scm" ? api("/api/estimate", { N: grid(200), ...specFields() }) : Promise.resolve(null);
-  const planP = up && up.kind === "blocks_trace" ? Promise.resolve(null)
-    : api("/api/plan", { engine: "paper", target: num("target"), ...planSrc, ...modelFields(), ...budgetFields() }, { ...files, ...modelFiles() });
-  const [kv, e, p] = await Promise.all([kvP, estP, planP]);
+  let kv, e, p;
+  if (!up) {  // the SCM or ShareGPT: ONE request answers kv, the paper's reference curve and the plan (/api/planner)
+    const work = src === "scm" ? { N: grid(200), ...specFields() } : { sharegpt: true };
+    const a = await api("/api/planner", { target: num("target"), ...work, ...modelFields(), ...budgetFields() }, modelFiles());
+    ({ kv, estimate: e, plan: p } = a);
+  } else {  // an uploaded trace: reading it is a job (the plan), kv answers at once
+    const kvP = api("/api/kv", { ...modelFields(), ...budgetFields() }, modelFiles());
+    const planP = up.kind === "blocks_trace" ? Promise.resolve(null)
+      : api("/api/plan", { engine: "paper", target: num("target"), ...modelFields(), ...budgetFields() }, { ...files, ...modelFiles() });
+    [kv, p] = await Promise.all([kvP, planP]);
+  }
+  if (gen !== state.gen) return;  // a newer question is asked: this answer is late, never drawn
   state.kv = kv; state.plan = p; state.curve = null;
   state.est = e ? { N: e.estimates.map((r) => r.N), h: e.estimates.map((r) => r.h), h_max: e.moments.h_max_hash } : null;
   showWarn(); draw(); showPlan();
