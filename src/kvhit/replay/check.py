@@ -40,6 +40,7 @@ concurrent ones with holds from the measured times only (kvhit has no model of S
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,29 @@ def _cached_outputs(m: int, rule: str) -> int:
     raise ValueError(f"output_cached: expected one of {OUTPUT_RULES}, got {rule!r}")
 
 
+def _replay_hits(eng, reqs, t_send, t_done) -> np.ndarray:
+    """Hit tokens per request (-1: rejected) of ``reqs`` (request ``r`` has rid ``r``) replayed on ``eng`` in that
+    order, or — with measured ``t_send``/``t_done`` — in send order with each request held until its finish."""
+    from kvhit.sim.engine import replay
+
+    n = len(reqs)
+    if t_send is None:
+        res = replay(eng, reqs)
+        order = np.arange(n)
+    else:
+        ts = np.asarray(t_send, np.float64)
+        td = np.asarray(t_done, np.float64)
+        order = np.argsort(ts, kind="stable")
+        sreqs = [dataclasses.replace(reqs[r], rid=i) for i, r in enumerate(order)]
+        res = replay(eng, sreqs, times=ts[order], hold=np.maximum(td[order] - ts[order], 0.0))
+    hit = np.full(n, -1, np.int64)
+    for i, r in enumerate(order):
+        o = res.outcomes[i]
+        if o is not None:
+            hit[r] = o.hit_tokens
+    return hit
+
+
 def simulate_recorded(
     prompts,
     outputs,
@@ -86,7 +110,7 @@ def simulate_recorded(
     ``prompts``/``outputs``: per request the token ids sent and returned (request order = send order for a
     sequential replay); ``t_send``/``t_done`` (both or neither): measured times, simulated as holds.
     """
-    from kvhit.sim.engine import Request, replay
+    from kvhit.sim.engine import Request
     from kvhit.sim.vllm.blockids import hashes_from_token_ids
     from kvhit.sim.vllm.engine import VllmEngine
 
@@ -104,23 +128,7 @@ def simulate_recorded(
     off, hs = hashes_from_token_ids(seqs, int(block_size)) if n else (np.zeros(1, np.int64), np.zeros(0, np.int64))
     reqs = [Request(r, int(T[r]), tuple(int(x) for x in hs[off[r] : off[r + 1]]), int(m[r])) for r in range(n)]
     eng = VllmEngine(int(num_gpu_blocks) - 1, block_size=int(block_size), engine=engine, colocated=True)
-    if t_send is None:
-        res = replay(eng, reqs)
-        order = np.arange(n)
-    else:
-        ts = np.asarray(t_send, np.float64)
-        td = np.asarray(t_done, np.float64)
-        order = np.argsort(ts, kind="stable")
-        sreqs = [
-            Request(i, reqs[r].prompt_tokens, reqs[r].block_hashes, reqs[r].output_tokens) for i, r in enumerate(order)
-        ]
-        res = replay(eng, sreqs, times=ts[order], hold=np.maximum(td[order] - ts[order], 0.0))
-    hit = np.full(n, -1, np.int64)
-    for i, r in enumerate(order):
-        o = res.outcomes[i]
-        if o is not None:
-            hit[r] = o.hit_tokens
-    return hit
+    return _replay_hits(eng, reqs, t_send, t_done)
 
 
 def simulate_recorded_sglang(
@@ -138,7 +146,7 @@ def simulate_recorded_sglang(
     """Simulated hit tokens (SGLang's ``cached_tokens``) of each recorded request on kvhit's SGLang model
     (-1: a request SGLang's pool could never hold). ``pool_tokens``: the KV pool (``max_total_num_tokens``),
     rounded down to whole pages; ``t_send``/``t_done`` (both or neither): measured times, simulated as holds."""
-    from kvhit.sim.engine import Request, replay
+    from kvhit.sim.engine import Request
     from kvhit.sim.sglang.engine import SglangEngine
 
     n = len(prompts)
@@ -153,23 +161,7 @@ def simulate_recorded_sglang(
         o = [int(x) for x in np.asarray(outputs[r], np.int64)]
         m = max(len(o), 1)
         reqs.append(Request(r, len(pr), (), m, tuple(pr + o[: m - 1])))
-    if t_send is None:
-        res = replay(eng, reqs)
-        order = np.arange(n)
-    else:
-        ts = np.asarray(t_send, np.float64)
-        td = np.asarray(t_done, np.float64)
-        order = np.argsort(ts, kind="stable")
-        sreqs = [
-            Request(i, reqs[r].prompt_tokens, (), reqs[r].output_tokens, reqs[r].token_ids) for i, r in enumerate(order)
-        ]
-        res = replay(eng, sreqs, times=ts[order], hold=np.maximum(td[order] - ts[order], 0.0))
-    hit = np.full(n, -1, np.int64)
-    for i, r in enumerate(order):
-        o = res.outcomes[i]
-        if o is not None:
-            hit[r] = o.hit_tokens
-    return hit
+    return _replay_hits(eng, reqs, t_send, t_done)
 
 
 def simulate_recorded_scheduler(

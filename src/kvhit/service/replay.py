@@ -467,19 +467,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                 f"({steady['message']}): its number is not a prediction for this window "
                 "(--warmup K and --exclude-drain measure the steady part of a long enough trace)"
             )
-        fm = allres.first_mismatch
-        first_mm = None
-        if fm is not None:
-            r = int(idx[fm])
-            first_mm = {
-                "request": r,
-                "conversation": int(plan.conv[r]),
-                "turn": int(plan.turn[r]),
-                "prompt_tokens": int(plen[r]),
-                "completion_tokens": int(run.completion_tokens[r]),
-                "measured_cached_tokens": int(run.cached_tokens[r]),
-                "simulated_hit_tokens": int(sim[r]),
-            }
+        first_mm = _first_mismatch(allres.first_mismatch, idx, plan, plen, run, sim)
         check = {
             "engine": "vllm",
             "block_size": b,
@@ -652,19 +640,7 @@ def _check_sglang(req, info, plan, run, ok, plen, window, sequential, steady, no
                 f"({steady['message']}): its number is not a prediction for this window (not applicable)"
             )
     applies = applies and est is not None
-    fm = allres.first_mismatch
-    first_mm = None
-    if fm is not None:
-        r = int(idx[fm])
-        first_mm = {
-            "request": r,
-            "conversation": int(plan.conv[r]),
-            "turn": int(plan.turn[r]),
-            "prompt_tokens": int(plen[r]),
-            "completion_tokens": int(run.completion_tokens[r]),
-            "measured_cached_tokens": int(run.cached_tokens[r]),
-            "simulated_hit_tokens": int(sim[r]),
-        }
+    first_mm = _first_mismatch(allres.first_mismatch, idx, plan, plen, run, sim)
     check = {
         "engine": "sglang",
         "block_size": p,
@@ -693,3 +669,19 @@ def _check_sglang(req, info, plan, run, ok, plen, window, sequential, steady, no
         "concurrent": concurrent,
     }
     return sim, check
+
+
+def _first_mismatch(fm, idx, plan, plen, run, sim) -> dict | None:
+    """The first request (in the compared order ``idx``) whose simulated hit differs from the measured one."""
+    if fm is None:
+        return None
+    r = int(idx[fm])
+    return {
+        "request": r,
+        "conversation": int(plan.conv[r]),
+        "turn": int(plan.turn[r]),
+        "prompt_tokens": int(plen[r]),
+        "completion_tokens": int(run.completion_tokens[r]),
+        "measured_cached_tokens": int(run.cached_tokens[r]),
+        "simulated_hit_tokens": int(sim[r]),
+    }
