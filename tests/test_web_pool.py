@@ -110,9 +110,11 @@ def test_a_killed_worker_is_replaced_and_no_request_fails():
         assert grew and grew <= set(new), (grew, new)
 
 
-def test_refusals_from_a_worker_are_422_naming_the_client_file_and_uploads_are_deleted():
+def test_refusals_from_a_worker_are_422_naming_the_client_file_and_uploads_are_deleted(tmp_path, monkeypatch):
     import glob
     import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's uploads only (tests run in parallel)
 
     def uploads() -> set[str]:
         return set(glob.glob(os.path.join(tempfile.gettempdir(), "kvhit-upload-*")))

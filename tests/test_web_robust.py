@@ -83,7 +83,8 @@ def test_oversized_estimate_is_capped(client):
     assert r.status_code == 200
 
 
-def test_config_upload_to_sync_kv_is_deleted(client):
+def test_config_upload_to_sync_kv_is_deleted(client, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's uploads only (tests run in parallel)
     cfg = json.dumps(
         {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
     ).encode()
@@ -97,7 +98,8 @@ def test_config_upload_to_sync_kv_is_deleted(client):
     assert uploads() <= before
 
 
-def test_job_uploads_are_deleted_at_shutdown(tmp_path):
+def test_job_uploads_are_deleted_at_shutdown(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's uploads only (tests run in parallel)
     before = uploads()
     with TestClient(create_app(workers=1)) as c:
         body = {"conversations": 100_000, "n_max": 500_000, "policies": ["content"], **SCM}
