@@ -474,20 +474,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             "num_gpu_blocks": G,
             "usable_blocks": G - 1,
             "output_cached": req.output_cached,
-            "per_request": sequential,
-            "requests_compared": allres.n,
-            "mismatching_requests": allres.mismatches,
-            "first_mismatch": first_mm,
-            "simulated_rejected": allres.rejected,
-            "measured_token_hit_ratio": res.measured_ratio,
-            "simulated_token_hit_ratio": res.simulated_ratio,
-            "estimated_token_hit_ratio": est,
-            "simulated_minus_measured": res.simulated_ratio - res.measured_ratio,
-            "estimated_minus_measured": None if est is None else est - res.measured_ratio,
-            "estimator_applies": bool(steady["stationary"]),
-            "simulated_hit_tokens_all": allres.simulated_hit_tokens,
-            "measured_hit_tokens_all": allres.measured_hit_tokens,
-            "passed": (allres.mismatches == 0) if sequential else None,
+            **_comparison(sequential, allres, res, est, first_mm, bool(steady["stationary"])),
             "concurrent": concurrent,
         }
     resp = ReplayResponse(
@@ -652,20 +639,7 @@ def _check_sglang(req, info, plan, run, ok, plen, window, sequential, steady, no
         "sglang_cache": req.sglang_cache,
         "tlru_tail_budget": budget,
         "output_cached": "m-1",
-        "per_request": sequential,
-        "requests_compared": allres.n,
-        "mismatching_requests": allres.mismatches,
-        "first_mismatch": first_mm,
-        "simulated_rejected": allres.rejected,
-        "measured_token_hit_ratio": res.measured_ratio,
-        "simulated_token_hit_ratio": res.simulated_ratio,
-        "estimated_token_hit_ratio": est,
-        "simulated_minus_measured": res.simulated_ratio - res.measured_ratio,
-        "estimated_minus_measured": None if est is None else est - res.measured_ratio,
-        "estimator_applies": applies,
-        "simulated_hit_tokens_all": allres.simulated_hit_tokens,
-        "measured_hit_tokens_all": allres.measured_hit_tokens,
-        "passed": (allres.mismatches == 0) if sequential else None,
+        **_comparison(sequential, allres, res, est, first_mm, applies),
         "concurrent": concurrent,
     }
     return sim, check
@@ -684,4 +658,24 @@ def _first_mismatch(fm, idx, plan, plen, run, sim) -> dict | None:
         "completion_tokens": int(run.completion_tokens[r]),
         "measured_cached_tokens": int(run.cached_tokens[r]),
         "simulated_hit_tokens": int(sim[r]),
+    }
+
+
+def _comparison(sequential, allres, res, est, first_mm, applies) -> dict:
+    """The fields every engine's check reports: per-request comparison, aggregates, estimator, verdict."""
+    return {
+        "per_request": sequential,
+        "requests_compared": allres.n,
+        "mismatching_requests": allres.mismatches,
+        "first_mismatch": first_mm,
+        "simulated_rejected": allres.rejected,
+        "measured_token_hit_ratio": res.measured_ratio,
+        "simulated_token_hit_ratio": res.simulated_ratio,
+        "estimated_token_hit_ratio": est,
+        "simulated_minus_measured": res.simulated_ratio - res.measured_ratio,
+        "estimated_minus_measured": None if est is None else est - res.measured_ratio,
+        "estimator_applies": applies,
+        "simulated_hit_tokens_all": allres.simulated_hit_tokens,
+        "measured_hit_tokens_all": allres.measured_hit_tokens,
+        "passed": (allres.mismatches == 0) if sequential else None,
     }
