@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     from kvhit.service.io import install_signal_handlers
 
     install_signal_handlers()
+    if not args or args[0] != "serve":
+        from kvhit.cli._malloc import keep_freed_memory
+
+        keep_freed_memory()  # batch commands: reuse freed arrays instead of faulting fresh pages (see _malloc)
     cmd = root()  # each command's module is imported only when that command runs or shows its own help
     try:
         rv = cmd.main(args=argv, prog_name="kvhit", standalone_mode=False)
