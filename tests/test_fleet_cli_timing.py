@@ -15,7 +15,7 @@ from kvhit.fleet.simulate import simulate_fleet
 from kvhit.service.inputs import read_blocks_trace
 
 runner = CliRunner()
-P, D, HTS = 2000.0, 20.0, 0.0004
+P, D, HTS, OV = 2000.0, 20.0, 0.0004, 0.01
 
 
 def _mooncake(path, n=300, seed=0, convs=24, bs=512):
@@ -45,12 +45,12 @@ def mc(tmp_path_factory):
     return p, rows
 
 
-def _lib(path, rows, R, N, router, params=None, ph=True, hts=HTS, decode=True):
+def _lib(path, rows, R, N, router, params=None, ph=True, hts=HTS, decode=True, ov=OV):
     pt = read_blocks_trace(path, "sequential", None, None, 0)
     T = np.array([r["input_length"] for r in rows], float)
     O = np.array([r["output_length"] for r in rows], float)
     assert np.array_equal(np.asarray(pt.prompt_tokens), T.astype(np.int64))  # the reader keeps file order
-    pre = T / P
+    pre = ov + T / P
     hold = pre + (np.maximum(O - 1, 0) / D if decode else 0.0)
     conv = np.asarray(pt.session, np.int64)
     return simulate_fleet(
@@ -60,7 +60,7 @@ def _lib(path, rows, R, N, router, params=None, ph=True, hts=HTS, decode=True):
 
 
 TIMING = ["--prefill-tokens-per-s", str(P), "--decode-tokens-per-s", str(D), "--prefill-hold",
-          "--hit-token-seconds", str(HTS)]  # fmt: skip
+          "--hit-token-seconds", str(HTS), "--prefill-overhead-s", str(OV)]  # fmt: skip
 
 
 def _json(args):
@@ -74,14 +74,14 @@ def test_simulate_equals_the_library_and_echoes_the_options(mc):
     out = _json(["fleet", "simulate", "--blocks-trace", str(path), "--replicas", "3", "--N", "40", "--router",
                  "dynamo,least-loaded", "--load-metric", "prefill_tokens", *TIMING, "--json"])  # fmt: skip
     assert out["timing"] == {"prefill_tokens_per_s": P, "decode_tokens_per_s": D, "prefill_hold": True,
-                             "hit_token_seconds": HTS}  # fmt: skip
+                             "hit_token_seconds": HTS, "prefill_overhead_s": OV}  # fmt: skip
     cases = (("dynamo", {}), ("least-loaded", {"metric": "prefill_tokens"}))
     for row, (router, params) in zip(out["rows"], cases, strict=True):
         lib = _lib(path, rows, 3, 40, router, params).summary()
         for k in ("token_hit_ratio", "mean_wait", "imbalance_requests", "prefill_tokens", "rejected"):
             assert row[k] == lib[k], (router, k)
         # the options matter here: without them the library gives another answer (the test can fail)
-        plain = _lib(path, rows, 3, 40, router, params, ph=False, hts=0.0).summary()
+        plain = _lib(path, rows, 3, 40, router, params, ph=False, hts=0.0, ov=0.0).summary()
         assert plain["token_hit_ratio"] != lib["token_hit_ratio"]
         assert row["estimate"] is None  # the KV estimator models neither option
     assert any("--prefill-hold or --hit-token-seconds" in n for n in out["notes"])
@@ -92,7 +92,7 @@ def test_decode_alone_equals_the_library(mc):
     out = _json(["fleet", "simulate", "--blocks-trace", str(path), "--replicas", "2", "--N", "40", "--router",
                  "dynamo", "--prefill-tokens-per-s", str(P), "--decode-tokens-per-s", str(D), "--json"])  # fmt: skip
     assert out["timing"]["prefill_hold"] is False and out["timing"]["hit_token_seconds"] == 0.0
-    lib = _lib(path, rows, 2, 40, "dynamo", ph=False, hts=0.0)
+    lib = _lib(path, rows, 2, 40, "dynamo", ph=False, hts=0.0, ov=0.0)
     assert out["rows"][0]["token_hit_ratio"] == lib.token_hit_ratio()
 
 
@@ -123,6 +123,8 @@ def test_plan_equals_the_library(mc):
         (["--decode-tokens-per-s", "20"], "--decode-tokens-per-s: needs --prefill-tokens-per-s"),
         (["--hit-token-seconds", "0.001"], "--hit-token-seconds: needs --prefill-tokens-per-s"),
         (["--prefill-hold"], "--prefill-hold: needs --prefill-tokens-per-s"),
+        (["--prefill-overhead-s", "0.01"], "--prefill-overhead-s: needs --prefill-tokens-per-s"),
+        (["--prefill-tokens-per-s", "2000", "--prefill-overhead-s", "-1"], "--prefill-overhead-s"),
         (["--prefill-tokens-per-s", "2000", "--prefill-hold"], "--prefill-hold: needs --decode-tokens-per-s"),
         (["--prefill-tokens-per-s", "2000", "--decode-tokens-per-s", "-1"], "--decode-tokens-per-s"),
         (["--prefill-tokens-per-s", "2000", "--decode-tokens-per-s", "nan"], "--decode-tokens-per-s"),

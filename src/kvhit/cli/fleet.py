@@ -51,6 +51,7 @@ LagO = Annotated[float, _fopt("lag", "--lag")]
 DecodeO = Annotated[float | None, _fopt("decode_tokens_per_s", "--decode-tokens-per-s")]
 PrefillHoldO = Annotated[bool, _fopt("prefill_hold", "--prefill-hold")]
 HitTokO = Annotated[float | None, _fopt("hit_token_seconds", "--hit-token-seconds")]
+OverheadO = Annotated[float | None, _fopt("prefill_overhead_s", "--prefill-overhead-s")]
 WarmupO = Annotated[int | None, _fopt("warmup", "--warmup")]
 OswO = Annotated[float | None, _fopt("overlap_score_weight", "--overlap-score-weight", "--prefill-load-scale")]
 OscO = Annotated[float | None, _fopt("overlap_score_credit", "--overlap-score-credit")]
@@ -117,6 +118,7 @@ def fleet_simulate(
     decode_tokens_per_s: DecodeO = None,
     prefill_hold: PrefillHoldO = False,
     hit_token_seconds: HitTokO = None,
+    prefill_overhead_s: OverheadO = None,
     lag: LagO = 0.0,
     warmup: WarmupO = None,
     seed: SeedOpt = 0,
@@ -240,6 +242,7 @@ def fleet_plan(
     decode_tokens_per_s: DecodeO = None,
     prefill_hold: PrefillHoldO = False,
     hit_token_seconds: HitTokO = None,
+    prefill_overhead_s: OverheadO = None,
     lag: LagO = 0.0,
     warmup: WarmupO = None,
     seed: SeedOpt = 0,
@@ -341,6 +344,7 @@ def fleet_curve(
     decode_tokens_per_s: DecodeO = None,
     prefill_hold: PrefillHoldO = False,
     hit_token_seconds: HitTokO = None,
+    prefill_overhead_s: OverheadO = None,
     lag: LagO = 0.0,
     warmup: WarmupO = None,
     seed: SeedOpt = 0,

@@ -6,11 +6,11 @@ every (router, R) asked.
 Invariant: every router parameter given applies to the routers named (one given for a router that does not read it
 is refused, never ignored); R ≥ 1; weights ≥ 0; ``--N`` is one capacity for all replicas or one per replica (then a
 single R). Without ``--prefill-tokens-per-s`` requests are instantaneous (no holds: load-based routers see zero
-load and fall back to their tie-breaks); with it request r holds its blocks for ``T_r / speed`` seconds (the whole
-prompt's prefill time), plus ``(O_r − 1) / --decode-tokens-per-s``, both shortened by ``--hit-token-seconds`` per
-cached token (0 by default: cache savings do not shorten them); ``--prefill-hold`` drops the prefill tokens from the
-router's load at the end of the prefill (:mod:`kvhit.fleet.timing`; each timing option refused where it would
-change nothing). NOT modelled: see :mod:`kvhit.fleet.simulate`.
+load and fall back to their tie-breaks); with it request r holds its blocks for ``--prefill-overhead-s + T_r /
+speed`` seconds (its prefill), plus ``(O_r − 1) / --decode-tokens-per-s``, both shortened by
+``--hit-token-seconds`` per cached token (0 by default: cache savings do not shorten them); ``--prefill-hold`` drops
+the prefill tokens from the router's load at the end of the prefill (:mod:`kvhit.fleet.timing`; each timing option
+refused where it would change nothing). NOT modelled: see :mod:`kvhit.fleet.simulate`.
 
 Estimates (docs/estimators.md §6): round-robin/random/session rows without holds get
 :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
@@ -140,10 +140,18 @@ class FleetWorkloadFields(FleetRouterFields):
         "(O output tokens; the first comes from the prefill); needs --prefill-tokens-per-s; default: none "
         "(docs/peers.md, kvhit's timing options).",
     )
+    prefill_overhead_s: float | None = Field(
+        None,
+        ge=0,
+        le=1e6,
+        description="Fixed seconds of every request's prefill, added to T/prefill speed (the "
+        "intercept of a measured prefill-time line, e.g. 0.01087 for Dynamo's mocker); ≥ 0; needs "
+        "--prefill-tokens-per-s; default 0 (docs/peers.md).",
+    )
     prefill_hold: bool = Field(
         False,
-        description="A request's prefill tokens leave the router's load when its prefill ends (T/prefill speed "
-        "after its start), its blocks at the finish: Dynamo's MarkPrefillCompleted / Free; read by dynamo and "
+        description="A request's prefill tokens leave the router's load when its prefill ends (overhead + T/prefill "
+        "speed after its start), its blocks at the finish: Dynamo's MarkPrefillCompleted / Free; read by dynamo and "
         "least-loaded --load-metric prefill_tokens; needs --decode-tokens-per-s (docs/peers.md).",
     )
     hit_token_seconds: float | None = Field(
@@ -234,7 +242,7 @@ def fleet_timing(req: FleetWorkloadFields, routers: list[str], stream=None):
     from kvhit.fleet.timing import FleetTiming
 
     p = req.prefill_tokens_per_s
-    for fld in ("decode_tokens_per_s", "prefill_hold", "hit_token_seconds"):
+    for fld in ("decode_tokens_per_s", "prefill_hold", "hit_token_seconds", "prefill_overhead_s"):
         if getattr(req, fld) not in (None, False) and p is None:
             raise InputError(f"{req.flag(fld)}: needs --prefill-tokens-per-s (a timing option of the holds it gives)")
     if req.prefill_hold:
@@ -261,7 +269,9 @@ def fleet_timing(req: FleetWorkloadFields, routers: list[str], stream=None):
             "streams resampled at --lam0)"
         )
     with translating("timing"):
-        return FleetTiming(p, req.decode_tokens_per_s, bool(req.prefill_hold), float(hts))
+        return FleetTiming(
+            p, req.decode_tokens_per_s, bool(req.prefill_hold), float(hts), req.prefill_overhead_s or 0.0
+        )
 
 
 def timing_echo(t) -> dict[str, Any]:
@@ -271,6 +281,7 @@ def timing_echo(t) -> dict[str, Any]:
         "decode_tokens_per_s": t.decode_tokens_per_s,
         "prefill_hold": t.prefill_hold,
         "hit_token_seconds": t.hit_token_seconds,
+        "prefill_overhead_s": t.prefill_overhead_s,
     }
 
 
