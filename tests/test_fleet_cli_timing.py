@@ -8,6 +8,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvhit.cli import app
@@ -206,3 +208,54 @@ def test_hit_token_seconds_on_a_kvhit_trace_equals_the_library(tmp_path):
     )  # fmt: skip
     assert out["rows"][0]["token_hit_ratio"] == lib.token_hit_ratio(mask)
     assert out["rows"][0]["mean_wait"] == lib.summary(mask)["mean_wait"]
+
+
+def test_fleet_timing_holds_closed_form():
+    """``FleetTiming.holds``: prefill = overhead + T/P, hold = prefill + (O − 1)⁺/D, by hand on three requests."""
+    from kvhit.fleet.timing import FleetTiming
+
+    t = FleetTiming(prefill_tokens_per_s=100.0, decode_tokens_per_s=10.0, prefill_hold=True, hit_token_seconds=0.01,
+                    prefill_overhead_s=0.5)  # fmt: skip
+    hold, ph, hts = t.holds(np.array([100, 50, 0]), np.array([11, 1, 0]))
+    np.testing.assert_array_equal(ph, [1.5, 1.0, 0.5])
+    np.testing.assert_array_equal(hold, [2.5, 1.0, 0.5])
+    assert hts == 0.01
+    assert FleetTiming().holds(np.array([5])) == (None, None, 0.0)
+    hold, ph, _ = FleetTiming(prefill_tokens_per_s=100.0).holds(np.array([100]))
+    assert ph is None and hold.tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(decode_tokens_per_s=1.0), "prefill_tokens_per_s: required"),
+        (dict(prefill_tokens_per_s=0.0), "prefill_tokens_per_s"),
+        (dict(prefill_tokens_per_s=float("nan")), "prefill_tokens_per_s"),
+        (dict(prefill_tokens_per_s=10.0, hit_token_seconds=0.2), "hit_token_seconds: at most"),
+        (dict(prefill_tokens_per_s=10.0, prefill_hold=True), "prefill_hold: needs decode_tokens_per_s"),
+        (dict(prefill_tokens_per_s=10.0, prefill_overhead_s=-1.0), "prefill_overhead_s"),
+    ],
+)
+def test_fleet_timing_refusals(kw, needle):
+    from kvhit.fleet.timing import FleetTiming
+
+    with pytest.raises(ValueError, match=needle):
+        FleetTiming(**kw)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    T=st.lists(st.integers(1, 5000), min_size=1, max_size=20),
+    P=st.floats(1.0, 1e5),
+    frac=st.floats(0.0, 1.0),
+    ov=st.floats(0.0, 1.0),
+)
+def test_hit_token_seconds_never_clips_a_hold(T, P, frac, ov):
+    """At any ``hit_token_seconds ≤ 1/P`` and any hit ≤ T, ``prefill − hts · hit ≥ 0``: the simulator's clip at 0
+    never acts beyond rounding (the invariant :mod:`kvhit.fleet.timing` states)."""
+    from kvhit.fleet.timing import FleetTiming
+
+    hts = frac / P
+    _, ph, h = FleetTiming(prefill_tokens_per_s=P, decode_tokens_per_s=1.0, prefill_hold=True, hit_token_seconds=hts,
+                           prefill_overhead_s=ov).holds(np.array(T), np.ones(len(T)))  # fmt: skip
+    assert (ph - h * np.array(T, float) >= -1e-12 * ph).all()  # up to the rounding of 1/P · T against T/P

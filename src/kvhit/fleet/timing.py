@@ -9,7 +9,7 @@ one costs one decode step; without a decode speed the decode term is 0). With ``
 leave the router's load then, its blocks at ``hold_r`` (Dynamo's ``MarkPrefillCompleted`` / ``Free``).
 ``hit_token_seconds`` (at most ``1 / prefill_tokens_per_s``) is passed through: the simulator shortens both holds by
 ``hit_token_seconds × hit tokens``, so with ``hit_token_seconds = 1 / prefill_tokens_per_s`` a request's prefill time
-is that of its uncached tokens, and no hold is ever clipped at 0 (``hit tokens ≤ T_r``).
+is that of its uncached tokens, and no hold is clipped at 0 beyond rounding (``hit tokens ≤ T_r``).
 
 NOT modelled: batching (speeds are per request, not shared by the requests in
 flight), decode blocks grown step by step (a request's blocks are allocated at admission), preemption.
