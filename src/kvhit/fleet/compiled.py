@@ -234,18 +234,39 @@ def _shadow_add(ids, off, nh, k, R, sh_exp, cnt, exp):
 
 
 @njit(cache=True)
-def _lru_add(hashes, off, nh, ltab, mask, skey, lnk, sfree, lst, size):
+def _lru_overlap(hashes, off, nh, ltab, mask, xs):
+    """:func:`_precise_overlap` on llm-d's LRU shadow table that also keeps each leading hash's entry (``xs[i]``),
+    so that :func:`_lru_add` on the chosen replica moves them without probing the table again."""
+    h = 0
+    while h < nh:
+        q = _ht_find(hashes[off + h], ltab, mask)
+        if q < 0:
+            break
+        xs[h] = ltab[q, 1]
+        h += 1
+    return h
+
+
+@njit(cache=True)
+def _lru_add(hashes, off, nh, ltab, mask, skey, lnk, sfree, lst, size, xs, known):
     """llm-d's ``_Shadow.add`` on one replica: every hash to the LRU tail (inserted if absent), then evict the LRU
     head while more than ``size`` entries. Slots ``0..C-1`` hold keys; ``lnk`` rows ``C``/``C + 1`` are the
-    head/tail sentinels of the doubly linked LRU order; ``lst`` = (entries, free slots on the ``sfree`` stack)."""
+    head/tail sentinels of the doubly linked LRU order; ``lst`` = (entries, free slots on the ``sfree`` stack).
+    The first ``known`` hashes are present with entries ``xs[:known]`` (:func:`_lru_overlap` just found them;
+    entries do not move while hashes are added, evictions come last)."""
     C = skey.shape[0]
     head = C
     tail = C + 1
     for i in range(nh):
         key = hashes[off + i]
-        q = _ht_find(key, ltab, mask)
+        if i < known:
+            q = 0
+            x = xs[i]
+        else:
+            q = _ht_find(key, ltab, mask)
+            if q >= 0:
+                x = ltab[q, 1]
         if q >= 0:
-            x = ltab[q, 1]
             a = lnk[x, 1]
             c = lnk[x, 0]
             lnk[a, 0] = c
@@ -368,6 +389,7 @@ def _fleet_kernel(
     lnk = np.zeros((R if lru else 1, C + 2, 2), np.int64)
     sfree = np.zeros((R if lru else 1, C), np.int64)
     lst = np.zeros((R if lru else 1, 2), np.int64)
+    lxs = np.zeros((R if lru else 1, mxh), np.int64)  # per replica: the entries of the leading hashes just probed
     if lru:
         for k in range(R):
             lnk[k, C, 0] = C + 1
@@ -485,7 +507,8 @@ def _fleet_kernel(
                         qmax = l_inf[j]
                 for j in range(R):
                     if approx:
-                        x = _precise_overlap(hashes, o, nh, ltab[j], lmask)
+                        x = _lru_overlap(hashes, o, nh, ltab[j], lmask, lxs[j])
+                        ov[j] = x
                     else:
                         x = _precise_overlap(hashes, o, maxhit, tab[j], mask)
                         router_ops += x + (1 if x < maxhit else 0)
@@ -526,7 +549,7 @@ def _fleet_kernel(
                     else:
                         k = _argmin(l_inf, R, rng, cand)
             if lru:
-                _lru_add(hashes, o, nh, ltab[k], lmask, skey[k], lnk[k], sfree[k], lst[k], Ns[k])
+                _lru_add(hashes, o, nh, ltab[k], lmask, skey[k], lnk[k], sfree[k], lst[k], Ns[k], lxs[k], ov[k])
             elif approx and kind >= 2:
                 _shadow_add(ids, o, nh, k, R, sh_exp, sh_cnt, t + ttl)
             rep_out[r] = k

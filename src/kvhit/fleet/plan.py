@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvhit.fleet.simulate import simulate_fleet
+from kvhit.fleet.timing import FleetTiming
 
 __all__ = ["FleetStream", "FleetPoint", "FleetPlanResult", "evaluate", "plan_replicas", "plan_capacity", "curve"]
 
@@ -60,6 +61,7 @@ class FleetStream:
     measured: np.ndarray
     block_size: int
     span: float
+    output_tokens: np.ndarray | None = None  #: per request (decode holds need them); None when the source has none
 
     @property
     def n_requests(self) -> int:
@@ -114,8 +116,10 @@ class FleetPoint:
         return dict(self.__dict__)
 
 
-def _hold(st: FleetStream, speed: float | None):
-    return None if speed is None else st.prompt_tokens / float(speed)
+def _timing(speed: float | None, timing: FleetTiming | None) -> FleetTiming:
+    if timing is not None and speed is not None:
+        raise FleetPlanError("prefill_tokens_per_s: give it inside timing, not both")
+    return timing if timing is not None else FleetTiming(prefill_tokens_per_s=speed)
 
 
 def inflight_imbalance(replica, times, wait, hold, rejected, R: int) -> float:
@@ -157,12 +161,16 @@ def evaluate(
     lag: float = 0.0,
     flops=None,
     gpu_flops: float | None = None,
+    timing: FleetTiming | None = None,
 ) -> FleetPoint:
     """Simulate every stream on ``replicas`` × ``N`` blocks behind ``router`` and average (module docstring).
 
     ``flops`` (:class:`kvhit.plan.compute.PrefillFlops`) adds FLOP/s saved and computed; ``gpu_flops`` (effective
-    FLOP/s of one GPU = peak × mfu) turns them into GPUs' worth of prefill.
+    FLOP/s of one GPU = peak × mfu) turns them into GPUs' worth of prefill. ``timing``
+    (:class:`kvhit.fleet.timing.FleetTiming`) instead of ``prefill_tokens_per_s``: decode time, the prefill-done
+    event and the prefill a cached token saves (the in-flight imbalance uses each request's shortened hold).
     """
+    tmg = _timing(prefill_tokens_per_s, timing)
     if not streams:
         raise FleetPlanError("streams: none given")
     if isinstance(replicas, bool) or not isinstance(replicas, int | np.integer) or replicas < 1:
@@ -172,14 +180,15 @@ def evaluate(
     span = 0.0
     f_saved = f_comp = 0.0
     for i, st in enumerate(streams):
-        hold = _hold(st, prefill_tokens_per_s)
+        hold, ph, hts = tmg.holds(st.prompt_tokens, st.output_tokens)
         res = simulate_fleet(
             st.prompt_tokens, st.hash_offsets, st.hashes, st.conv, Ns=[int(N)] * int(replicas),
             block_size=st.block_size, router=router, router_params=params, engine=engine, times=st.times,
-            hold=hold, seed=seed + i, lag=lag,
+            hold=hold, seed=seed + i, lag=lag, prefill_hold=ph, hit_token_seconds=hts,
         )  # fmt: skip
         if hold is not None:
-            imb_q.append(inflight_imbalance(res.replica, st.times, res.wait, hold, res.rejected, int(replicas)))
+            held = np.maximum(hold - hts * (res.hit_blocks * st.block_size), 0.0)  # as the simulator holds them
+            imb_q.append(inflight_imbalance(res.replica, st.times, res.wait, held, res.rejected, int(replicas)))
         s = res.summary(st.measured)
         hs.append(s["token_hit_ratio"])
         imb_r.append(s["imbalance_requests"])

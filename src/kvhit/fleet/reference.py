@@ -141,7 +141,9 @@ def reference_fleet(
             w, wr, temp = p.get("overlap_score_weight", 1.0), p.get("request_weight", 0.0), p.get("temperature", 0.0)
             cr = p.get("overlap_score_credit", 1.0)
             lg = [
-                w * max(pre[k] + T[r] - cr * ovl(k, r, t) * b, 0.0) / b + act[k] + -(-T[r] // b) + wr * inf[k]
+                # decode blocks summed first (integers, exact), as Dynamo and the router do: the float sum's order
+                # decides ties (2.3333333333333335 + 0 + 3 == 0.3333333333333333 + 2 + 3, but != 0.333... + 5)
+                w * (max(pre[k] + T[r] - cr * ovl(k, r, t) * b, 0.0) / b) + (act[k] + -(-T[r] // b)) + wr * inf[k]
                 for k in range(R)
             ]
             if temp == 0:

@@ -6,8 +6,11 @@ every (router, R) asked.
 Invariant: every router parameter given applies to the routers named (one given for a router that does not read it
 is refused, never ignored); R ≥ 1; weights ≥ 0; ``--N`` is one capacity for all replicas or one per replica (then a
 single R). Without ``--prefill-tokens-per-s`` requests are instantaneous (no holds: load-based routers see zero
-load and fall back to their tie-breaks); with it request r holds its blocks for ``T_r / speed`` seconds (the whole
-prompt's prefill time — cache savings do not shorten it). NOT modelled: see :mod:`kvhit.fleet.simulate`.
+load and fall back to their tie-breaks); with it request r holds its blocks for ``--prefill-overhead-s + T_r /
+speed`` seconds (its prefill), plus ``(O_r − 1) / --decode-tokens-per-s``, both shortened by
+``--hit-token-seconds`` per cached token (0 by default: cache savings do not shorten them); ``--prefill-hold`` drops
+the prefill tokens from the router's load at the end of the prefill (:mod:`kvhit.fleet.timing`; each timing option
+refused where it would change nothing). NOT modelled: see :mod:`kvhit.fleet.simulate`.
 
 Estimates (docs/estimators.md §6): round-robin/random/session rows without holds get
 :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
@@ -44,6 +47,7 @@ __all__ = [
     "ROUTER_PARAMS",
     "load_fleet_workload",
     "router_params",
+    "fleet_timing",
 ]
 
 Arrival = Literal["sequential", "poisson", "uniform"]
@@ -128,6 +132,36 @@ class FleetWorkloadFields(FleetRouterFields):
     prefill_tokens_per_s: float | None = Field(
         None, gt=0, le=1e12, description="Prefill speed (tokens/s), > 0, giving holds T/speed; default: none."
     )
+    decode_tokens_per_s: float | None = Field(
+        None,
+        gt=0,
+        le=1e12,
+        description="Decode speed per request (tokens/s), > 0: each hold grows by (O − 1)/speed "
+        "(O output tokens; the first comes from the prefill); needs --prefill-tokens-per-s; default: none "
+        "(docs/peers.md, kvhit's timing options).",
+    )
+    prefill_overhead_s: float | None = Field(
+        None,
+        ge=0,
+        le=1e6,
+        description="Fixed seconds of every request's prefill, added to T/prefill speed (the "
+        "intercept of a measured prefill-time line, e.g. 0.01087 for Dynamo's mocker); ≥ 0; needs "
+        "--prefill-tokens-per-s; default 0 (docs/peers.md).",
+    )
+    prefill_hold: bool = Field(
+        False,
+        description="A request's prefill tokens leave the router's load when its prefill ends (overhead + T/prefill "
+        "speed after its start), its blocks at the finish: Dynamo's MarkPrefillCompleted / Free; read by dynamo and "
+        "least-loaded --load-metric prefill_tokens; needs --decode-tokens-per-s (docs/peers.md).",
+    )
+    hit_token_seconds: float | None = Field(
+        None,
+        ge=0,
+        le=1e9,
+        description="Seconds of prefill a cached prompt token saves: both holds shrink by this × "
+        "hit tokens (known at admission); ≥ 0, at most 1/--prefill-tokens-per-s (= that: prefill of the uncached "
+        "tokens only); default 0 (docs/peers.md).",
+    )
     lag: float = Field(0.0, ge=0, le=1e9, description="Load-snapshot interval seen by the router, s; ≥ 0; default 0.")
     warmup: int | None = Field(
         None, ge=0, description="--trace: warm-up conversations; ≥ 0; default: the trace's n_warm."
@@ -186,11 +220,69 @@ class FleetResponse(Response):
     per_replica: list[dict[str, Any]] = Field(description="Per (router, R, replica): requests, hit ratio, prefill.")
     notes: list[str] = Field(default_factory=list)
     figure: list[str] | None = Field(None, description="Figure files written.")
+    timing: dict[str, Any] = Field(
+        default_factory=dict, description="The timing options of the holds (speeds, prefill_hold, hit_token_seconds)."
+    )
     stationarity: dict[str, Any] | None = Field(
         None,
         description="Whether the measured window reached steady state (active conversations over time, "
         "kvhit.workload.stationarity); null where not judged (a production block-id trace).",
     )
+
+
+#: routers whose load signal includes outstanding prefill tokens (the ones ``--prefill-hold`` changes)
+PREFILL_LOAD_ROUTERS = ("dynamo", "least-loaded --load-metric prefill_tokens")
+
+
+def fleet_timing(req: FleetWorkloadFields, routers: list[str], stream=None):
+    """The run's :class:`kvhit.fleet.timing.FleetTiming` from the request, or a one-line refusal naming the flag:
+    a timing option without the speed it modifies, ``--prefill-hold`` for routers none of which reads prefill-token
+    load (it would change nothing), ``--hit-token-seconds`` above the prefill time of a token, a decode speed on a
+    stream without output lengths."""
+    from kvhit.fleet.timing import FleetTiming
+
+    p = req.prefill_tokens_per_s
+    for fld in ("decode_tokens_per_s", "prefill_hold", "hit_token_seconds", "prefill_overhead_s"):
+        if getattr(req, fld) not in (None, False) and p is None:
+            raise InputError(f"{req.flag(fld)}: needs --prefill-tokens-per-s (a timing option of the holds it gives)")
+    if req.prefill_hold:
+        if req.decode_tokens_per_s is None:
+            raise InputError(
+                "--prefill-hold: needs --decode-tokens-per-s (without decode time a request's prefill ends at its "
+                "finish, so it would change nothing)"
+            )
+        readers = [r for r in routers if r == "dynamo" or (r == "least-loaded" and req.load_metric == "prefill_tokens")]
+        if not readers:
+            raise InputError(
+                f"--prefill-hold: only {' and '.join(PREFILL_LOAD_ROUTERS)} read prefill-token load; not --router "
+                f"{','.join(routers)} (it would change nothing)"
+            )
+    hts = req.hit_token_seconds or 0.0
+    if p is not None and hts > 1.0 / p:
+        raise InputError(
+            f"--hit-token-seconds: at most 1/--prefill-tokens-per-s = {1.0 / p:g} s (a cached token cannot save more "
+            f"prefill than it costs); got {hts:g}"
+        )
+    if req.decode_tokens_per_s is not None and stream is not None and stream.output_tokens is None:
+        raise InputError(
+            "--decode-tokens-per-s: this workload has no output lengths (a kvhit trace without response_tokens, or "
+            "streams resampled at --lam0)"
+        )
+    with translating("timing"):
+        return FleetTiming(
+            p, req.decode_tokens_per_s, bool(req.prefill_hold), float(hts), req.prefill_overhead_s or 0.0
+        )
+
+
+def timing_echo(t) -> dict[str, Any]:
+    """The timing options as the answer echoes them (JSON)."""
+    return {
+        "prefill_tokens_per_s": t.prefill_tokens_per_s,
+        "decode_tokens_per_s": t.decode_tokens_per_s,
+        "prefill_hold": t.prefill_hold,
+        "hit_token_seconds": t.hit_token_seconds,
+        "prefill_overhead_s": t.prefill_overhead_s,
+    }
 
 
 def router_params(req: FleetRouterFields, routers: list[str]) -> dict[str, dict]:
@@ -252,6 +344,7 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
         st = FleetStream(
             np.asarray(pt.prompt_tokens, np.int64), np.asarray(pt.hash_offsets, np.int64),
             np.asarray(pt.hashes, np.int64), conv, times, measured, int(pt.block_size), span,
+            np.asarray(pt.output_tokens, np.int64),
         )  # fmt: skip
         label = "WEKA" if pt.format == "weka" else Path(pt.files[0]).name
         return FleetWorkload(f"{label} ({len(pt.files)} file(s), {n:,} requests)", st, pt, notes=notes)
@@ -284,6 +377,7 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
         np.asarray(rq.prompt_tokens, np.int64), np.asarray(rq.hash_offsets, np.int64),
         np.asarray(rq.hashes, np.int64), tr.dense_conv().astype(np.int64), times, np.asarray(mask, bool),
         int(rq.block_size), span,
+        np.asarray(tr["response_tokens"], np.int64) if "response_tokens" in tr.cols else None,
     )  # fmt: skip
     lam0 = float(tr.meta["lam0"]) if "lam0" in tr.meta else None
     from kvhit.service.steady import steady_note, steady_report
@@ -345,6 +439,11 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
 
 def _kv_unmodelled(req: FleetRequest, name: str, params: dict, hold) -> str | None:
     """Why the KV-aware estimator has no number for this row (token and block-id traces alike), or None."""
+    if req.prefill_hold or req.hit_token_seconds:
+        return (
+            f"no estimate for {name} with --prefill-hold or --hit-token-seconds: the KV-aware estimator does not model "
+            "the prefill-done event or holds shortened by cache hits"
+        )
     if name == "dynamo" and float(params.get("temperature", 0.0)) != 0.0:
         return (
             "no estimate for dynamo with --temperature > 0: the KV-aware estimator models Dynamo's argmin "
@@ -415,6 +514,7 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     for N in req.N:
         check_capacity_memory(N * (req.replicas[0] if len(req.N) == 1 else 1), "--N")
     params = router_params(req, list(req.router))
+    fleet_timing(req, list(req.router))  # refused before the workload is read
     if req.plot is not None:
         from kvhit.service.io import check_output_file
 
@@ -428,7 +528,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     if steady is None and wl.tr is not None:
         steady = steady_report(wl.tr, mask)
         steady_notes = steady_note(steady)
-    hold = None if req.prefill_tokens_per_s is None else st.prompt_tokens / req.prefill_tokens_per_s
+    tmg = fleet_timing(req, list(req.router), st)
+    hold, ph, hts = tmg.holds(st.prompt_tokens, st.output_tokens)
     #: Mooncake sessions are derived from prefix sharing over the whole file: session routing sees the future
     lookahead = getattr(wl.source, "format", None) == "mooncake"
     rows, per = [], []
@@ -457,6 +558,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                     hold=hold,
                     seed=req.seed,
                     lag=req.lag,
+                    prefill_hold=ph,
+                    hit_token_seconds=hts,
                 )
             s = res.summary(mask)
             est = band = None
@@ -516,5 +619,6 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
         per_replica=per,
         notes=notes,
         figure=figure,
+        timing=timing_echo(tmg),
         stationarity=steady,
     )

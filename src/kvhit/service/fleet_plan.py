@@ -20,7 +20,15 @@ from pydantic import Field
 from kvhit.service.base import Response, check_capacity_memory
 from kvhit.service.common import Capacity
 from kvhit.service.errors import InputError, translating
-from kvhit.service.fleet import ROUTER_PARAMS, FleetWorkloadFields, RouterName, load_fleet_workload, router_params
+from kvhit.service.fleet import (
+    ROUTER_PARAMS,
+    FleetWorkloadFields,
+    RouterName,
+    fleet_timing,
+    load_fleet_workload,
+    router_params,
+    timing_echo,
+)
 from kvhit.service.steady import STEADY_WARNING, steady_note, steady_report
 
 __all__ = [
@@ -117,6 +125,9 @@ class FleetPlanResponse(Response):
     answers: list[dict[str, Any]] = Field(description="Per router: the smallest R (or N) reaching the target.")
     rows: list[dict[str, Any]] = Field(description="Every (router, R, N) simulated, with hit ratio and compute.")
     notes: list[str] = Field(default_factory=list)
+    timing: dict[str, Any] = Field(
+        default_factory=dict, description="The timing options of the holds (speeds, prefill_hold, hit_token_seconds)."
+    )
 
 
 def _compute(req: _ComputeFields, block_size: int) -> dict:
@@ -207,10 +218,13 @@ def fleet_plan(req: FleetPlanRequest, progress=None) -> FleetPlanResponse:
             if getattr(req, f) is not None:
                 raise InputError(f"{req.flag(f)}: --vary hbm finds the capacity per replica (it would be ignored)")
     params = router_params(req, list(req.router))
+    fleet_timing(req, list(req.router))  # refused before the workload is read
     wl = load_fleet_workload(req)
     b = wl.stream.block_size
     comp = _compute(req, b)
     streams, lam0 = _streams(req, wl, b)
+    for st in streams:
+        tmg = fleet_timing(req, list(req.router), st)
     cap: dict[str, Any] = {}
     notes = list(wl.notes)
     if req.vary == "replicas":
@@ -237,8 +251,7 @@ def fleet_plan(req: FleetPlanRequest, progress=None) -> FleetPlanResponse:
             )
         check_capacity_memory(N * req.max_replicas, cap["source"])
     kw = dict(
-        engine=req.engine, prefill_tokens_per_s=req.prefill_tokens_per_s, seed=req.seed, lag=req.lag,
-        flops=comp["flops"], gpu_flops=comp["gpu_flops"],
+        engine=req.engine, timing=tmg, seed=req.seed, lag=req.lag, flops=comp["flops"], gpu_flops=comp["gpu_flops"],
     )  # fmt: skip
     answers, rows = [], []
     for i, name in enumerate(req.router):
@@ -316,6 +329,7 @@ def fleet_plan(req: FleetPlanRequest, progress=None) -> FleetPlanResponse:
         answers=answers,
         rows=rows,
         notes=notes,
+        timing=timing_echo(tmg),
     )
 
 
@@ -358,6 +372,9 @@ class FleetCurveResponse(Response):
     baselines: list[dict[str, Any]] = Field(default_factory=list)
     compute: dict[str, Any]
     notes: list[str] = Field(default_factory=list)
+    timing: dict[str, Any] = Field(
+        default_factory=dict, description="The timing options of the holds (speeds, prefill_hold, hit_token_seconds)."
+    )
     figure: list[str] | None = None
     stationarity: dict[str, Any] | None = Field(
         None,
@@ -389,20 +406,21 @@ def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
     if req.param is not None and req.values is None and param != CURVE_DEFAULTS[req.router][0]:
         raise InputError(f"--values: required when --param is not the default ({CURVE_DEFAULTS[req.router][0]})")
     params = router_params(req, [req.router])[req.router]
+    fleet_timing(req, [req.router])  # refused before the workload is read
     check_capacity_memory(req.N * req.replicas, "--N")
     if req.plot is not None:
         from kvhit.service.io import check_output_file
 
         check_output_file(str(req.plot) + ".png", "--plot")
     wl = load_fleet_workload(req)
+    tmg = fleet_timing(req, [req.router], wl.stream)
     steady = None if wl.tr is None else steady_report(wl.tr, wl.stream.measured)
     b = wl.stream.block_size
     if req.N < wl.stream.N_min:
         raise InputError(f"--N: {req.N:,} blocks is below the largest request ({wl.stream.N_min:,} blocks)")
     comp = _compute(req, b)
     kw = dict(
-        engine=req.engine, prefill_tokens_per_s=req.prefill_tokens_per_s, seed=req.seed, lag=req.lag,
-        flops=comp["flops"], gpu_flops=comp["gpu_flops"],
+        engine=req.engine, timing=tmg, seed=req.seed, lag=req.lag, flops=comp["flops"], gpu_flops=comp["gpu_flops"],
     )  # fmt: skip
     name = ROUTER_PARAMS[param][0]
     with translating("router"):
@@ -441,5 +459,6 @@ def fleet_curve(req: FleetCurveRequest, progress=None) -> FleetCurveResponse:
         compute=comp["info"],
         notes=steady_note(steady) + list(wl.notes),
         figure=figure,
+        timing=timing_echo(tmg),
         stationarity=steady,
     )
