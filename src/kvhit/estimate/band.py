@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 
 from kvhit.estimate.agentic import AgenticError, estimate_trace
+from kvhit.estimate.startbins import RULES as BIN_RULES
+from kvhit.estimate.startbins import start_bins
 
 __all__ = [
     "VALIDATED_REGION",
@@ -123,12 +125,14 @@ def restart_sessions(pt, starts: np.ndarray):
     )
 
 
-def draw_starts(first: np.ndarray, rng: np.random.Generator, bins: int | None = None) -> np.ndarray:
+def draw_starts(
+    first: np.ndarray, rng: np.random.Generator, bins: int | None = None, bin_rule: str = "br"
+) -> np.ndarray:
     """``C`` i.i.d. start times from the estimator's start density: the histogram of ``first`` (the sessions'
-    start times) with ``bins`` bins (default ``clip(round(√C), 1, 24)``, as the estimator) on
-    ``[min, max]``, uniform inside a bin."""
+    start times) with ``bins`` bins (default :func:`~kvhit.estimate.startbins.start_bins` by ``bin_rule``, as
+    the estimator) on ``[min, max]``, uniform inside a bin."""
     C = first.shape[0]
-    nb = int(bins) if bins else int(np.clip(round(math.sqrt(C)), 1, 24))
+    nb = int(bins) if bins else start_bins(first, bin_rule)
     lo, hi = float(first.min()), float(first.max())
     if hi <= lo:
         return np.full(C, lo)
@@ -138,7 +142,15 @@ def draw_starts(first: np.ndarray, rng: np.random.Generator, bins: int | None = 
 
 
 def realisation_replays(
-    pt, Ns: Any, *, engine: str = "vllm", metric: str = "tokens", replays: int = 16, seed: int = 0, bins=None
+    pt,
+    Ns: Any,
+    *,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    replays: int = 16,
+    seed: int = 0,
+    bins=None,
+    bin_rule: str = "br",
 ) -> np.ndarray:
     """Exact hit ratios (``replays`` × len(Ns)) of ``replays`` start-time realisations of ``pt``'s sessions
     (:func:`draw_starts`, seeded), by :func:`kvhit.sim.vllm.curve.block_curve`; NaN below ``N_min``."""
@@ -157,7 +169,7 @@ def realisation_replays(
     if not ok.any():
         return out
     for k in range(replays):
-        rq = restart_sessions(pt, draw_starts(first, rng, bins)).to_block_requests()
+        rq = restart_sessions(pt, draw_starts(first, rng, bins, bin_rule)).to_block_requests()
         c = block_curve(
             rq.prompt_tokens,
             rq.hash_offsets,
@@ -169,6 +181,16 @@ def realisation_replays(
         )
         out[k, ok] = c[key]
     return out
+
+
+def _start_bins_of(pt, bin_rule: str) -> int:
+    sess = _session_ids(pt)
+    C = int(sess.max()) + 1 if sess.size else 0
+    if not C:
+        return 1
+    first = np.full(C, np.inf)
+    np.minimum.at(first, sess, pt.time)
+    return start_bins(first, bin_rule)
 
 
 def _t_quantile(p: float, df: int) -> float:
@@ -188,6 +210,7 @@ def estimate_trace_band(
     seed: int = 0,
     tol: float = 0.01,
     reuse=None,
+    bin_rule: str = "br",
     **kwargs: Any,
 ):
     """:func:`~kvhit.estimate.agentic.estimate_trace` (time-varying form) of a
@@ -205,8 +228,13 @@ def estimate_trace_band(
     from kvhit.workload.reuse import request_reuse
 
     u = reuse if reuse is not None else request_reuse(pt)
-    est = estimate_trace(u, Ns, engine=engine, metric=metric, **kwargs)
-    H = realisation_replays(pt, est.N, engine=engine, metric=metric, replays=replays, seed=seed)
+    if bin_rule not in BIN_RULES:
+        raise AgenticError(f"bin_rule: expected one of {BIN_RULES}, got {bin_rule!r}")
+    est = estimate_trace(u, Ns, engine=engine, metric=metric, bin_rule=bin_rule, **kwargs)
+    bins = kwargs.get("bins")
+    H = realisation_replays(
+        pt, est.N, engine=engine, metric=metric, replays=replays, seed=seed, bins=bins, bin_rule=bin_rule
+    )
     ok = ~est.infeasible
     m = np.full(est.N.shape[0], np.nan)
     s = np.full(est.N.shape[0], np.nan)
@@ -246,7 +274,8 @@ def estimate_trace_band(
         "replays": int(replays),
         "seed": int(seed),
         "widened": [bool(x) for x in off],
+        "bin_rule": bin_rule,
+        "start_bins": int(bins) if bins else _start_bins_of(pt, bin_rule),
     }
-    return replace(est, h_lo=lo, h_hi=hi, h_mc=m, level=float(level), band=band, regime=regime), BandInfo(
-        N=est.N, h=H, mean=m, sd=s, level=float(level), seed=int(seed)
-    )
+    est = replace(est, h_lo=lo, h_hi=hi, h_mc=m, h_mc_se=se, level=float(level), band=band, regime=regime)
+    return est, BandInfo(N=est.N, h=H, mean=m, sd=s, level=float(level), seed=int(seed))
