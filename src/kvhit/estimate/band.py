@@ -2,10 +2,11 @@
 
 The agentic estimator (:func:`kvhit.estimate.agentic.estimate_trace`, form ``"poisson"``) returns the expected hit
 ratio ``E[h(N)]`` over the start times ``S_1 … S_C`` of the trace's ``C`` conversations, drawn i.i.d. from the
-start-time density ``λ̂(s)/C`` it fits (the trace's own start histogram, ``clip(√C, 1, 24)`` bins — the same
-``λ̂`` the estimator uses). On a pool of a few dozen conversations the hit ratio of one realisation of ``S``
-spreads by ±0.02–0.05 around that expectation: *which* conversations overlap decides it. The band is a prediction
-interval for ``h_S(N)`` of a new realisation ``S`` of that law.
+start-time density ``λ̂(s)/C`` it fits (the trace's own start histogram, its bin count chosen by the Birgé–Rozenholc
+penalised likelihood, :mod:`kvhit.estimate.startbins` — the same ``λ̂`` the estimator uses). On a pool of a few
+dozen conversations the hit ratio of one realisation of ``S`` spreads by ±0.02–0.05 around that expectation: *which*
+conversations overlap decides it. The band is a prediction interval for ``h_S(N)`` of a new realisation ``S`` of
+that law.
 
 Method (a Monte Carlo hybrid, not a closed form). ``h_S(N)`` for a given ``S`` is computed *exactly* by one
 replay of the re-timed trace through :func:`kvhit.sim.vllm.curve.block_curve` (all capacities in one pass; on a
@@ -16,11 +17,13 @@ of a normal sample) the band at level ``1 − α`` is
 
     h_lo, h_hi = m ∓ t_{K−1, 1−α/2} · √(1 + 1/K) · s                                                      (B1)
 
-clipped to ``[0, h_max]``. Outside :data:`VALIDATED_REGION` (where the benchmark did not measure the targets)
-the band is widened by :data:`WIDEN` on each side and ``regime["validated"]`` is false. ``m`` is itself an
-unbiased Monte Carlo estimate of ``E[h]`` (standard error ``s/√K``), returned as ``h_mc`` beside the estimator's
-``h``; their difference is a consistency check of the estimator's displacement model on this very trace
-(``|h − m|`` beyond ``tol`` + 2 standard errors widens the band to contain ``h`` and clears ``validated``).
+clipped to ``[0, h_max]``. Outside :data:`VALIDATED_REGION` (where the benchmark did not measure the targets) the
+band is widened by :data:`WIDEN` on each side and ``regime["validated"]`` is false. ``m`` is itself an unbiased
+Monte Carlo estimate of ``E[h]`` under the fitted law (standard error ``s/√K``, returned as ``h_mc_se``), returned
+as ``h_mc`` beside the estimator's ``h`` — on WEKA pools, where replays are cheaper than the estimator, it is the
+expected value to report (issue 23 §2, §6); their difference is a consistency check of the estimator's displacement
+model on this very trace (``|h − m|`` beyond ``tol`` + 2 standard errors widens the band to contain ``h`` and clears
+``validated``).
 
 Invariant: the band is computed only at feasible capacities (``N ≥ N_min``; NaN below, where vLLM refuses
 requests and the realisation's ratio is not a hit ratio of the workload). ``K`` replays at seed ``seed`` give the
