@@ -226,6 +226,10 @@ def test_cli_estimate_and_curve_blocks_trace_carry_the_band(pool_dir, pt):
     # the same seed gives the same band as the library call
     e, _ = estimate_trace_band(pt, [N_min - 1, 3 * N_min], seed=0)
     assert lo["vllm"] == pytest.approx(float(e.h_lo[1]), abs=1e-15)
+    # the replays' mean and its standard error travel with the band (new fields; None where infeasible)
+    assert out["rows"][1]["h_mc"]["vllm"] == pytest.approx(float(e.h_mc[1]), abs=1e-15)
+    assert out["rows"][1]["h_mc_se"]["vllm"] == pytest.approx(float(e.h_mc_se[1]), abs=1e-15)
+    assert out["rows"][0]["h_mc"] == {"vllm": None, "vllm-0.23": None}
     c = _run("curve", *base, "--n-min", str(N_min), "--n-max", str(4 * N_min), "--points", "3", "--json")
     assert c.exit_code == 0, c.output
     curves = json.loads(c.stdout)  # the curves are top-level keys of the JSON
