@@ -258,3 +258,17 @@ def test_resample_to_ci_is_the_single_call_with_the_final_count(pt):
         assert r.extra["reached"]
         before = resample_simulate(pool, Ns, replications=n - 2, seed=4, **kw).stationary_ci()[1]
         assert n == 3 or float(np.nanmax(before)) > 0.02
+
+
+def test_estimator_bin_rule_is_checked_and_sqrt_is_the_former_rule(pt):
+    from kvhit.estimate.agentic import estimate_trace
+
+    N_min = int(pt.prompt_blocks.max())
+    with pytest.raises(AgenticError, match="bin_rule"):
+        estimate_trace(pt, [2 * N_min], bin_rule="scott")
+    # "sqrt" is the former default clip(round(√C), 1, 24): the same as passing that bin count explicitly
+    C = int(pt.session.max()) + 1
+    nb = int(np.clip(round(math.sqrt(C)), 1, 24))
+    a = estimate_trace(pt, [N_min, 2 * N_min], bin_rule="sqrt").h
+    b = estimate_trace(pt, [N_min, 2 * N_min], bins=nb).h
+    assert np.array_equal(a, b)
