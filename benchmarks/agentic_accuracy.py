@@ -237,16 +237,17 @@ def chat(out: list) -> None:
 
 def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray]]:
     """(name, held_out, base trace read sequentially, draws). ``design-27``: trace_0001 … trace_0029 (the point
-    estimator's design set; the band was developed on it); ``held-35a/b``: 35 conversations drawn with replacement
-    (seeds 100 / 101) from the 7 held-out files trace_0030 … trace_0037, ids re-namespaced per draw (each copy is
-    a distinct conversation: only 7 held-out files exist, so a held-out pool of 30–40 must repeat shapes);
-    ``all-34``: every stored file (27 design + 7 held-out; not held out for the point estimator)."""
+    estimator's design set; the band was developed on it); ``held-35a/b/c``: 35 conversations drawn with
+    replacement (seeds 100 / 101 / 102; ``held-35c`` added after the start-bin rule was fixed, issue 23 §2) from
+    the 7 held-out files trace_0030 … trace_0037, ids re-namespaced per draw (each copy is a distinct
+    conversation: only 7 held-out files exist, so a held-out pool of 30–40 must repeat shapes); ``all-34``: every
+    stored file (27 design + 7 held-out; not held out for the point estimator)."""
     out = []
     d = read_weka(weka_files(False))
     out.append(("design-27", False, d, np.arange(int(d.session.max()) + 1)))
     h = read_weka(weka_files(True))
     Ch = int(h.session.max()) + 1
-    for tag, s in (("a", 100), ("b", 101))[: 1 if quick else 2]:
+    for tag, s in (("a", 100), ("b", 101), ("c", 102))[: 1 if quick else 3]:
         out.append((f"held-35{tag}", True, h, np.random.default_rng(s).integers(0, Ch, 35)))
     if not quick:
         a = read_weka(sorted(str(p) for p in WEKA.glob("trace_*.json")))
@@ -255,11 +256,16 @@ def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray
 
 
 def realisation_starts(arrival: str, C: int, seed: int) -> np.ndarray:
-    """Start times of one realisation: uniform on [0, 3600] s, or Poisson at C/3600 per s (first at 0)."""
+    """Start times of one realisation: ``uniform`` on [0, 3600] s, or ``poisson`` at C/3600 per s (first at 0),
+    the k-th arrival going to conversation k in every seed (as ``--arrival poisson`` pools files in order: the
+    order of the conversations is the same in every realisation), or ``poisson-shuffled``: the same arrival times
+    dealt to the conversations in a random order per seed (a Poisson stream of the pool's conversations in random
+    order — the exchangeable law the estimator and the band's replays model)."""
     rng = np.random.default_rng(seed)
     if arrival == "uniform":
         return rng.uniform(0.0, 3600.0, C)
-    return np.concatenate([[0.0], np.cumsum(rng.exponential(3600.0 / C, C - 1))])
+    t = np.concatenate([[0.0], np.cumsum(rng.exponential(3600.0 / C, C - 1))])
+    return rng.permutation(t) if arrival == "poisson-shuffled" else t
 
 
 def band_rows(
@@ -272,20 +278,27 @@ def band_rows(
     points: int,
     pools=None,
     engines=None,
+    sim_seeds: int | None = None,
+    arrivals=("uniform", "poisson", "poisson-shuffled"),
 ):
+    """``seeds_mean`` realisations with an estimate; the simulated mean of target (b) is over ``sim_seeds``
+    (≥ ``seeds_mean``, default equal) realisations: more simulated seeds shrink the reference's own error."""
     from kvhit.estimate.band import estimate_trace_band
+
+    sim_seeds = max(sim_seeds or seeds_mean, seeds_mean)
 
     engines = engines or (ENGINES[:1] if quick else ENGINES)
     print(
-        f"\n{'pool':10s} {'set':8s} {'arrival':8s} {'engine':9s} {'pts':>5s} {'cover':>6s} {'width':>6s} "
-        f"{'|E-sim|':>7s} {'se_sim':>6s} {'seed|E-sim|':>11s} {'|mc-sim|':>8s} {'validated':>9s} {'s':>6s}"
+        f"\n{'pool':10s} {'set':8s} {'arrival':16s} {'engine':9s} {'pts':>5s} {'cover':>6s} {'width':>6s} "
+        f"{'|E-sim|':>7s} {'se_sim':>6s} {'seed|E-sim|':>11s} {'|mc-sim|':>8s} {'|Emc-sim|':>9s} {'validated':>9s} "
+        f"{'s':>6s}"
     )
     for name, held, base, draws in band_pools(quick):
         if pools and name not in pools:
             continue
         C = draws.shape[0]
-        for arrival in ("uniform", "poisson"):
-            traces = [compose(base, draws, realisation_starts(arrival, C, s), {"seed": s}) for s in range(seeds_mean)]
+        for arrival in arrivals:
+            traces = [compose(base, draws, realisation_starts(arrival, C, s), {"seed": s}) for s in range(sim_seeds)]
             Ns = grid(traces[0], points)
             for eng in engines:
                 t0 = time.perf_counter()
@@ -303,6 +316,9 @@ def band_rows(
                         fallback="nan",
                     )
                     sim = c["token_hit_ratio"]
+                    if s >= seeds_mean:  # a reference-only realisation: no estimate
+                        sims.append(sim)
+                        continue
                     if s < seeds_band:
                         e, _ = estimate_trace_band(pt, Ns, engine=eng, level=level, replays=replays, seed=1000 + s)
                         mcs.append(e.h_mc)
@@ -327,6 +343,8 @@ def band_rows(
                 err_mean = float(np.abs(E.mean(axis=0) - ms)[mb].max()) if mb.any() else nan
                 err_seed = float(np.abs(E - ms)[:, mb].max()) if mb.any() else nan
                 err_mc = float(np.abs(np.array(mcs) - ms)[:, mb].max()) if mb.any() and mcs else nan
+                # the replays' mean as the expected value: mean over the band seeds of h_mc against the 16-seed mean
+                err_mc_mean = float(np.abs(np.mean(mcs, axis=0) - ms)[mb].max()) if mb.any() and mcs else nan
                 # per band seed: its flag, its estimate's max |E_s − 16-seed simulated mean|, its coverage
                 per_seed = [
                     {
@@ -352,11 +370,13 @@ def band_rows(
                     "sim_mean_se_max": se_w,
                     "per_seed_expected_err_max": err_seed,
                     "replay_mean_err_max": err_mc,
+                    "replay_mean_expected_err_max": err_mc_mean,
                     "validated_share": float(np.mean(val)) if val else nan,
                     "expected_err_max_validated_seeds": max(ev) if ev else nan,
                     "miss_gap_max": float(np.concatenate(gaps).max()) if gaps and np.concatenate(gaps).size else nan,
                     "per_seed": per_seed,
                     "seeds_mean": seeds_mean,
+                    "sim_seeds": sim_seeds,
                     "seeds_band": seeds_band,
                     "replays": replays,
                     "level": level,
@@ -364,9 +384,9 @@ def band_rows(
                 }
                 out.append(r)
                 print(
-                    f"{name:10s} {'held-out' if held else 'design':8s} {arrival:8s} {eng:9s} {r['points']:5d} "
+                    f"{name:10s} {'held-out' if held else 'design':8s} {arrival:16s} {eng:9s} {r['points']:5d} "
                     f"{r['coverage']:6.3f} {r['mean_width']:6.3f} {err_mean:7.4f} {se_w:6.4f} {err_seed:11.4f} "
-                    f"{err_mc:8.4f} {r['validated_share']:9.2f} {r['elapsed_s']:6.0f}  "
+                    f"{err_mc:8.4f} {err_mc_mean:9.4f} {r['validated_share']:9.2f} {r['elapsed_s']:6.0f}  "
                     f"(validated seeds: max |E_s-sim| {r['expected_err_max_validated_seeds']:.4f}; "
                     f"largest miss outside the band {r['miss_gap_max']:.4f})",
                     flush=True,
@@ -533,11 +553,22 @@ def main() -> None:
     ap.add_argument("--ci", type=float, default=None, help="resample-stat: replications until this 95%% half-width")
     ap.add_argument("--ci-seconds", type=float, default=600.0, help="resample-stat --ci: time cap per λ0 (s)")
     ap.add_argument("--seeds", type=int, default=16, help="band: realisations for the expected-value target (b)")
+    ap.add_argument(
+        "--arrivals",
+        nargs="*",
+        default=["uniform", "poisson", "poisson-shuffled"],
+        help="band: start laws (uniform, poisson = fixed conversation order, poisson-shuffled)",
+    )
+    ap.add_argument(
+        "--sim-seeds", type=int, default=None, help="band: simulated realisations behind the reference mean of (b)"
+    )
     ap.add_argument("--band-seeds", type=int, default=8, help="band: realisations with a band (target (a))")
     ap.add_argument("--band-replays", type=int, default=16, help="band: replays K behind each band")
     ap.add_argument("--level", type=float, default=0.9, help="band: level")
     ap.add_argument("--engines", nargs="*", default=None, help="band: vllm vllm-0.23 (default both; --quick vllm)")
-    ap.add_argument("--pools", nargs="*", default=None, help="band: design-27 held-35a held-35b all-34 (default all)")
+    ap.add_argument(
+        "--pools", nargs="*", default=None, help="band: design-27 held-35a held-35b held-35c all-34 (default all)"
+    )
     ap.add_argument("--whatif-budget", type=float, default=1800.0, help="whatif: reference seconds per λ0")
     ap.add_argument("--whatif-cache", type=Path, default=None, help="whatif: save/reuse the reference replications")
     ap.add_argument("--whatif-rates", nargs="*", type=int, default=None, help="whatif: 1/λ0 values (600 120 30)")
@@ -553,7 +584,17 @@ def main() -> None:
     if a.only is not None and "band" in a.only:
         out_b: list[dict] = []
         band_rows(
-            out_b, a.quick, a.seeds, a.band_seeds, a.band_replays, a.level, 40 if a.quick else 80, a.pools, a.engines
+            out_b,
+            a.quick,
+            a.seeds,
+            a.band_seeds,
+            a.band_replays,
+            a.level,
+            40 if a.quick else 80,
+            a.pools,
+            a.engines,
+            a.sim_seeds,
+            a.arrivals,
         )
         if a.json:
             a.json.write_text(json.dumps(out_b, indent=1))

@@ -76,8 +76,19 @@ def test_draw_starts_seeded_and_inside_the_histogram():
     assert a.min() >= 0.0 and a.max() <= 1000.0
     # 2 bins (round √6): [0, 500) holds 3 starts, [500, 1000] holds 3 — many draws split ≈ evenly
     rng = np.random.default_rng(11)
-    many = np.concatenate([draw_starts(first, rng) for _ in range(1000)])
+    many = np.concatenate([draw_starts(first, rng, bin_rule="sqrt") for _ in range(1000)])
     assert abs(np.mean(many < 500.0) - 0.5) < 0.03  # 6,000 draws: sd 0.0065
+
+
+def test_draw_starts_bin_rules_differ_where_they_should():
+    # 4 of 6 starts before 500. "sqrt": 2 bins [0, 500) / [500, 1000] → P(< 500) = 4/6. Birgé–Rozenholc (by hand:
+    # D=2 (4, 2): 4 ln(8/6) + 2 ln(4/6) − 1.400 = −1.06; D=3 (4, 1, 1): 4 ln 2 + 2 ln(1/2) − 3.265 = −1.88; D=1: 0)
+    # takes one bin → uniform on [0, 1000], P(< 500) = 1/2
+    first = np.array([0.0, 10.0, 20.0, 30.0, 500.0, 1000.0])
+    rng = np.random.default_rng(5)
+    sq = np.concatenate([draw_starts(first, rng, bin_rule="sqrt") for _ in range(1000)])
+    br = np.concatenate([draw_starts(first, rng) for _ in range(1000)])
+    assert abs(np.mean(sq < 500.0) - 4 / 6) < 0.03 and abs(np.mean(br < 500.0) - 0.5) < 0.03
 
 
 def test_replays_equal_the_exact_simulator(pt):
@@ -114,13 +125,21 @@ def test_band_is_B1_by_hand_and_reproducible(pt):
     assert np.allclose(e.h_hi[1:], np.clip(hi, 0, e.h_max), atol=1e-12)
     assert np.isnan(e.h_lo[0]) and np.isnan(e.h_hi[0])  # infeasible: no band
     assert np.all(e.h_lo[1:] <= e.h_mc[1:]) and np.all(e.h_mc[1:] <= e.h_hi[1:])
+    assert np.allclose(e.h_mc_se[1:], s / math.sqrt(5), atol=1e-15) and np.isnan(e.h_mc_se[0])
+    assert e.band["bin_rule"] == "br" and e.band["start_bins"] >= 1
     d = e.to_dict()
-    assert d["level"] == 0.9 and d["h_lo"][0] is None and len(d["h_hi"]) == 4
+    assert d["level"] == 0.9 and d["h_lo"][0] is None and len(d["h_hi"]) == 4 and d["h_mc_se"][0] is None
 
 
 @pytest.mark.parametrize(
     "kw, needle",
-    [({"level": 1.2}, "level"), ({"replays": 2}, "replays"), ({"lam0": 0.01}, "lam0"), ({"replays": 3.0}, "replays")],
+    [
+        ({"level": 1.2}, "level"),
+        ({"replays": 2}, "replays"),
+        ({"lam0": 0.01}, "lam0"),
+        ({"replays": 3.0}, "replays"),
+        ({"bin_rule": "scott"}, "bin_rule"),
+    ],
 )
 def test_band_refuses_bad_arguments(pt, kw, needle):
     with pytest.raises(AgenticError, match=needle):
@@ -207,6 +226,10 @@ def test_cli_estimate_and_curve_blocks_trace_carry_the_band(pool_dir, pt):
     # the same seed gives the same band as the library call
     e, _ = estimate_trace_band(pt, [N_min - 1, 3 * N_min], seed=0)
     assert lo["vllm"] == pytest.approx(float(e.h_lo[1]), abs=1e-15)
+    # the replays' mean and its standard error travel with the band (new fields; None where infeasible)
+    assert out["rows"][1]["h_mc"]["vllm"] == pytest.approx(float(e.h_mc[1]), abs=1e-15)
+    assert out["rows"][1]["h_mc_se"]["vllm"] == pytest.approx(float(e.h_mc_se[1]), abs=1e-15)
+    assert out["rows"][0]["h_mc"] == {"vllm": None, "vllm-0.23": None}
     c = _run("curve", *base, "--n-min", str(N_min), "--n-max", str(4 * N_min), "--points", "3", "--json")
     assert c.exit_code == 0, c.output
     curves = json.loads(c.stdout)  # the curves are top-level keys of the JSON
@@ -235,3 +258,17 @@ def test_resample_to_ci_is_the_single_call_with_the_final_count(pt):
         assert r.extra["reached"]
         before = resample_simulate(pool, Ns, replications=n - 2, seed=4, **kw).stationary_ci()[1]
         assert n == 3 or float(np.nanmax(before)) > 0.02
+
+
+def test_estimator_bin_rule_is_checked_and_sqrt_is_the_former_rule(pt):
+    from kvhit.estimate.agentic import estimate_trace
+
+    N_min = int(pt.prompt_blocks.max())
+    with pytest.raises(AgenticError, match="bin_rule"):
+        estimate_trace(pt, [2 * N_min], bin_rule="scott")
+    # "sqrt" is the former default clip(round(√C), 1, 24): the same as passing that bin count explicitly
+    C = int(pt.session.max()) + 1
+    nb = int(np.clip(round(math.sqrt(C)), 1, 24))
+    a = estimate_trace(pt, [N_min, 2 * N_min], bin_rule="sqrt").h
+    b = estimate_trace(pt, [N_min, 2 * N_min], bins=nb).h
+    assert np.array_equal(a, b)

@@ -62,6 +62,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from kvhit.estimate.startbins import RULES as BIN_RULES
+from kvhit.estimate.startbins import start_bins
 from kvhit.workload.reuse import RequestReuse, request_reuse
 
 __all__ = [
@@ -150,6 +152,9 @@ class AgenticEstimate:
     h_mc: np.ndarray | None = None  #: the band's replay mean (a Monte Carlo estimate of ``h``)
     level: float | None = None
     band: dict | None = None
+    #: the Monte Carlo standard error s/√K of ``h_mc`` (the replays' mean is itself an estimate of the expected
+    #: value under the fitted start law, docs/estimators.md §4.1)
+    h_mc_se: np.ndarray | None = None
 
     def to_dict(self) -> dict:
         def fl(x):
@@ -176,6 +181,7 @@ class AgenticEstimate:
                 "h_lo": fl(self.h_lo),
                 "h_hi": fl(self.h_hi),
                 "h_mc": fl(self.h_mc),
+                "h_mc_se": None if self.h_mc_se is None else fl(self.h_mc_se),
                 "level": self.level,
                 "band": self.band,
             }
@@ -431,6 +437,7 @@ def estimate_trace(
     form: str = "poisson",
     lam0: float | None = None,
     bins: int | None = None,
+    bin_rule: str = "br",
     n_values: int = 2048,
     n_ages: int = 16,
     n_times: int = 64,
@@ -453,14 +460,15 @@ def estimate_trace(
     estimator) or ``"replay"`` (working-set identity on the trace's own load). ``lam0`` (poisson only):
     predict the *stationary* stream of the trace's conversations started as a Poisson process at ``lam0``
     per second instead of the trace's own (non-stationary) start times. ``bins``: start-time histogram bins
-    of the time-varying intensity (default ``clip(√C, 1, 24)``). ``n_values`` / ``n_ages`` / ``n_times``:
-    grid sizes of the tabulated law. ``exclude`` (time-varying form): leave the tagged request's own
-    conversation out of the background templates (a pool holds each conversation once; ``"auto"``: when
-    the trace has ≤ 64 sessions, else the Palm factor (C − 1)/C). ``mask``: boolean over the requests in
-    arrival order (a ProductionTrace's or a time-sorted kvhit Trace's row order) selecting the *measured*
-    requests (e.g. after a warm-up); every request still loads the cache. ``work_budget``: events of the
-    Lévy sweep (time cells × age cells × requests of multi-request conversations) above which the number of
-    time cells is lowered (reported in ``regime.notes``).
+    of the time-varying intensity (default: chosen by ``bin_rule``, :func:`kvhit.estimate.startbins.start_bins`:
+    ``"br"`` the Birgé–Rozenholc penalised likelihood, ``"sqrt"`` the former ``clip(√C, 1, 24)``).
+    ``n_values`` / ``n_ages`` / ``n_times``: grid sizes of the tabulated law. ``exclude`` (time-varying form):
+    leave the tagged request's own conversation out of the background templates (a pool holds each
+    conversation once; ``"auto"``: when the trace has ≤ 64 sessions, else the Palm factor (C − 1)/C).
+    ``mask``: boolean over the requests in arrival order (a ProductionTrace's or a time-sorted kvhit Trace's row
+    order) selecting the *measured* requests (e.g. after a warm-up); every request still loads the cache.
+    ``work_budget``: events of the Lévy sweep (time cells × age cells × requests of multi-request conversations)
+    above which the number of time cells is lowered (reported in ``regime.notes``).
 
     Host-tier accounting (:mod:`kvhit.estimate.tiers`, issue 16): ``head_partial=False`` drops the partial-block
     term ``e`` of (A1) (a host tier stores full chunks only: nothing unhashed sits at its LRU head);
@@ -484,6 +492,8 @@ def estimate_trace(
         raise AgenticError(f"metric: expected 'tokens' or 'blocks', got {metric!r}")
     if form not in FORMS:
         raise AgenticError(f"form: expected one of {FORMS}, got {form!r}")
+    if bin_rule not in BIN_RULES:
+        raise AgenticError(f"bin_rule: expected one of {BIN_RULES}, got {bin_rule!r}")
     if footprint not in FOOTPRINTS:
         raise AgenticError(f"footprint: expected one of {FOOTPRINTS}, got {footprint!r}")
     if per_request and form != "poisson":
@@ -585,6 +595,7 @@ def estimate_trace(
                     notes,
                     work_budget,
                     footprint=("exact" if lam0 is not None else "own") if footprint == "auto" else footprint,
+                    bin_rule=bin_rule,
                 )
             Hb, delta, rows, d_same = table
             sub = ks[keep]
@@ -810,6 +821,7 @@ def _poisson_table(
     work_budget=6e7,
     bunit=1,
     footprint="own",
+    bin_rule="sqrt",
 ):
     """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same.
 
@@ -848,7 +860,7 @@ def _poisson_table(
         scale = 1.0 / C if C else 0.0
         excl = np.full(sr.shape[0], -1, np.int64)
     else:
-        nb = int(bins) if bins else int(np.clip(round(math.sqrt(C)), 1, 24))
+        nb = int(bins) if bins else (start_bins(t_first, bin_rule) if C else 1)
         lo, hi = (float(t_first.min()), float(t_first.max())) if C else (0.0, 1.0)
         if hi <= lo:
             hi = lo + 1.0

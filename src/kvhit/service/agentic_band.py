@@ -35,7 +35,8 @@ def agentic_estimates(
     replays: int = 16,
     seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
-    """Per engine: ``h``, ``h_lo``, ``h_hi`` (arrays over ``Ns``, NaN where infeasible or no band), ``level``,
+    """Per engine: ``h``, ``h_lo``, ``h_hi``, ``h_mc``, ``h_mc_se`` (arrays over ``Ns``, NaN where infeasible or no
+    band), ``level``,
     ``regime`` (``validated``, ``notes``), ``band`` (how it was made) and ``h_max``."""
     from kvhit.estimate.agentic import estimate_trace
     from kvhit.estimate.band import estimate_trace_band
@@ -60,7 +61,9 @@ def agentic_estimates(
                 pt, Ns, engine=e, metric=metric, level=level, replays=replays, seed=seed, reuse=reuse
             )
             lo, hi = np.asarray(est.h_lo, float), np.asarray(est.h_hi, float)
+            mc, mc_se = np.asarray(est.h_mc, float), np.asarray(est.h_mc_se, float)
         else:
+            mc = mc_se = np.full(Ns.shape[0], np.nan)
             est = estimate_trace(reuse, Ns, engine=e, metric=metric, lam0=lam0, mask=mask)
             lo = hi = np.full(Ns.shape[0], np.nan)
             if lam0 is not None and est.h_lo is not None and band:
@@ -85,6 +88,10 @@ def agentic_estimates(
             "h": h,
             "h_lo": lo,
             "h_hi": hi,
+            # the replays' mean (the expected value to report on WEKA pools, docs/estimators.md §4.1) and its
+            # Monte Carlo standard error; NaN without a realisation band
+            "h_mc": np.where(est.infeasible, np.nan, mc),
+            "h_mc_se": np.where(est.infeasible, np.nan, mc_se),
             "level": level if why_no_band is None else None,  # the stationary error band has no level
             "regime": regime,
             "band": est.band,
@@ -99,7 +106,8 @@ def _f(x) -> float | None:
 
 
 def band_rows(ests: dict[str, dict[str, Any]], Ns) -> list[dict[str, Any]]:
-    """One JSON row per (engine, N): ``N``, ``engine``, ``h``, ``h_lo``, ``h_hi``, ``level``, ``validated``."""
+    """One JSON row per (engine, N): ``N``, ``engine``, ``h``, ``h_lo``, ``h_hi``, ``h_mc``, ``h_mc_se``, ``level``,
+    ``validated``."""
     rows = []
     for e, d in ests.items():
         for k, N in enumerate(Ns):
@@ -111,6 +119,8 @@ def band_rows(ests: dict[str, dict[str, Any]], Ns) -> list[dict[str, Any]]:
                     "h": _f(d["h"][k]),
                     "h_lo": _f(d["h_lo"][k]),
                     "h_hi": _f(d["h_hi"][k]),
+                    "h_mc": _f(d["h_mc"][k]) if "h_mc" in d else None,
+                    "h_mc_se": _f(d["h_mc_se"][k]) if "h_mc_se" in d else None,
                     "level": d["level"],
                     "validated": bool(d["regime"].get("validated", False)),
                 }

@@ -77,6 +77,11 @@ class TraceEstimateRow(Response):
         default_factory=dict, description="Lower end of the band for one realisation of the starts (--blocks-trace)."
     )
     h_hi: dict[str, float | None] = Field(default_factory=dict, description="Upper end of that band.")
+    h_mc: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="Mean of the band's exact replays: the expected value to report on WEKA pools (--blocks-trace).",
+    )
+    h_mc_se: dict[str, float | None] = Field(default_factory=dict, description="Monte Carlo standard error of h_mc.")
 
 
 class TraceEstimateResponse(Response):
@@ -124,6 +129,8 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
     regime: dict[str, Any] = {}
     lo: dict[str, np.ndarray] = {}
     hi: dict[str, np.ndarray] = {}
+    mc: dict[str, np.ndarray] = {}
+    mc_se: dict[str, np.ndarray] = {}
     level = None
     if req.blocks_trace is not None:
         from kvhit.service.agentic_band import agentic_estimates
@@ -132,6 +139,7 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
         with translating(str(req.blocks_trace)):
             for e, d in agentic_estimates(pt, Ns, engines, metric=req.metric, lam0=req.lam0, seed=req.seed).items():
                 h[e], lo[e], hi[e] = d["h"], d["h_lo"], d["h_hi"]
+                mc[e], mc_se[e] = d["h_mc"], d["h_mc_se"]
                 regime[e] = d["regime"]
                 level = d["level"]
                 h_max = d["h_max"]
@@ -163,6 +171,8 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
                 h={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in h.items()},
                 h_lo={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in lo.items()},
                 h_hi={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in hi.items()},
+                h_mc={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in mc.items()},
+                h_mc_se={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in mc_se.items()},
             )
         )
     return TraceEstimateResponse(
