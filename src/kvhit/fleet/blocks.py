@@ -47,8 +47,15 @@ __all__ = [
     "FleetBlocksEstimate",
     "estimate_fleet_blocks",
     "estimate_fleet_blocks_curve",
+    "METHOD_AGENTIC",
+    "METHOD_REPLAY",
+    "METHOD_STAY",
+    "REPLAY_MAX_ACCESSES",
+    "band_from_replays",
     "fleet_band_blocks",
+    "fleet_replays_blocks",
     "kv_routes_blocks",
+    "replays_affordable",
     "route_oblivious",
     "stay_probabilities_blocks",
 ]
@@ -230,60 +237,156 @@ def kv_routes_blocks(prev, q, R: int, seed: int = 0) -> np.ndarray:
     return out
 
 
-def fleet_band_blocks(
+#: The replay rule (issue 23 §6: where an exact replay is cheaper than the estimator, use it). A block-id fleet row's
+#: expected value is the mean of ``K`` exact fleet replays at redrawn start times when ``K`` × (the trace's block
+#: accesses, Σ full prompt blocks) is at most this many block accesses — ≈ 4 s at the ≈ 2.5·10⁷ accesses/s the
+#: compiled fleet passes run at (benchmarks/fleet_blocks_accuracy.py ``--only replay`` prints the cost) — and the
+#: per-replica estimator otherwise (its cost does not grow with the trace's block count: ≈ 1 s on a 35-conversation
+#: WEKA pool, 1–2 s on Mooncake, where 16 replays take ≈ 2.5 s and ≈ 1 s).
+REPLAY_MAX_ACCESSES = 100_000_000
+
+#: The method names a block-id fleet row reports (``estimate_method``).
+METHOD_REPLAY = "replay-mean"
+METHOD_AGENTIC = "agentic-per-replica"
+METHOD_STAY = "stay-model+agentic-per-replica"
+
+
+def replays_affordable(pt, replays: int) -> bool:
+    """The replay rule: ``replays`` × ``pt``'s block accesses ≤ :data:`REPLAY_MAX_ACCESSES`."""
+    return int(replays) * int(np.asarray(pt.full_blocks, np.int64).sum()) <= REPLAY_MAX_ACCESSES
+
+
+def _fleet_ratios(p2, router, caps, *, engine, router_params, speed, lag, seed) -> np.ndarray:
+    """Exact fleet token hit ratio of ``p2`` at every capacity vector in ``caps`` (P × R): per replica
+    :func:`kvhit.sim.vllm.curve.block_curve` on the routed sub-trace for an oblivious router without holds when
+    every capacity fits the largest prompt (one pass for all capacities; the fleet is R independent replicas, equal
+    to :func:`kvhit.fleet.simulate.simulate_fleet` — tested), else :func:`~kvhit.fleet.simulate.simulate_fleet` per
+    capacity vector (the compiled pass for the KV-aware routers)."""
+    from kvhit.fleet.routers import make_router
+    from kvhit.fleet.simulate import simulate_fleet
+
+    caps = np.asarray(caps, np.int64)
+    P, R = caps.shape
+    hold = None if speed is None else np.asarray(p2.prompt_tokens, float) / float(speed)
+    obl = make_router(router, R, seed, **(router_params or {})).oblivious
+    if obl and hold is None and caps.min() >= int(p2.prompt_blocks.max()):
+        from kvhit.sim.vllm.curve import block_curve
+
+        rep = route_oblivious(p2.session, router, R, seed=seed, **(router_params or {}))
+        hits = np.zeros(P)
+        for k in range(R):
+            on = rep == k
+            if not on.any():
+                continue
+            rq = p2.select(on).to_block_requests()
+            u = np.unique(caps[:, k])
+            c = block_curve(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=u, engine=engine)
+            ht = dict(zip(np.asarray(c["N"]).tolist(), np.asarray(c["hit_tokens"], float).tolist(), strict=True))
+            hits += np.array([ht[int(n)] for n in caps[:, k]])
+        return hits / float(np.asarray(p2.prompt_tokens, np.int64).sum())
+    out = np.empty(P)
+    for i in range(P):
+        res = simulate_fleet(
+            p2.prompt_tokens, p2.hash_offsets, p2.hashes, np.asarray(p2.session, np.int64), Ns=caps[i].tolist(),
+            block_size=int(p2.block_size), router=router, router_params=router_params, engine=engine,
+            times=np.asarray(p2.time, float), hold=hold, seed=seed, lag=lag,
+        )  # fmt: skip
+        out[i] = res.token_hit_ratio()
+    return out
+
+
+def fleet_replays_blocks(
     pt,
     router: str,
-    Ns,
-    est: float,
+    caps,
     *,
     engine: str = "vllm",
     router_params: dict | None = None,
-    level: float = 0.9,
+    speed: float | None = None,
+    lag: float = 0.0,
     replays: int = 16,
     seed: int = 0,
-    tol: float = 0.01,
-) -> dict:
-    """Band (B1) for one realisation of the start times of a fleet on ``pt`` behind an oblivious router: ``replays``
-    exact fleet simulations (:func:`kvhit.fleet.simulate.simulate_fleet`, router seed ``seed``) of ``pt`` re-timed
-    at start times redrawn from the estimator's start density (:func:`kvhit.estimate.band.draw_starts`, seeded),
-    then ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to contain ``est`` when they disagree by more than ``tol`` + 2
-    standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side (not validated). Returns ``h_lo``,
-    ``h_hi``, ``h_mc`` (the replays' mean), ``level``, ``replays``, ``seed``, ``validated`` (False) and ``notes``."""
-    from kvhit.estimate.band import WIDEN, _session_ids, _t_quantile, draw_starts, restart_sessions
-    from kvhit.fleet.simulate import simulate_fleet
+) -> np.ndarray:
+    """Exact fleet hit ratios (``replays`` × P) of ``pt`` re-timed at ``replays`` start-time draws
+    (:func:`kvhit.estimate.band.draw_starts` from the sessions' start density, generator ``seed``;
+    :func:`kvhit.estimate.band.restart_sessions`), at each of the P capacity vectors ``caps`` (P × R, or one vector
+    of R), any router :func:`kvhit.fleet.simulate.simulate_fleet` runs (router seed ``seed``; holds ``T/speed``
+    when ``speed`` is given, the load lag ``lag``). Replay j is ``simulate_fleet`` on the j-th re-timed trace."""
+    from kvhit.estimate.band import _session_ids, draw_starts, restart_sessions
 
-    Ns = [int(x) for x in Ns]
+    caps = np.atleast_2d(np.asarray(caps, np.int64))
     sess = _session_ids(pt)
     C = int(sess.max()) + 1 if sess.size else 0
     first = np.full(C, np.inf)
     np.minimum.at(first, sess, pt.time)
     rng = np.random.default_rng(seed)
-    H = np.empty(replays)
-    for j in range(replays):
+    H = np.empty((int(replays), caps.shape[0]))
+    for j in range(int(replays)):
         p2 = restart_sessions(pt, draw_starts(first, rng))
-        res = simulate_fleet(
-            p2.prompt_tokens, p2.hash_offsets, p2.hashes, np.asarray(p2.session, np.int64), Ns=Ns,
-            block_size=int(p2.block_size), router=router, router_params=router_params, engine=engine,
-            times=np.asarray(p2.time, float), seed=seed,
-        )  # fmt: skip
-        H[j] = res.token_hit_ratio()
-    m, s = float(H.mean()), float(H.std(ddof=1))
-    q = _t_quantile(0.5 + float(level) / 2.0, replays - 1) * math.sqrt(1.0 + 1.0 / replays)
+        H[j] = _fleet_ratios(p2, router, caps, engine=engine, router_params=router_params, speed=speed, lag=lag,
+                             seed=seed)  # fmt: skip
+    return H
+
+
+def band_from_replays(H, est: float | None = None, *, level: float = 0.9, tol: float = 0.01, widen: bool = True):
+    """``(lo, hi, m, se, notes)`` from replay ratios ``H`` (K,): eq. (B1) ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to
+    contain ``est`` when it differs from ``m`` by more than ``tol`` + 2 standard errors, then by
+    :data:`~kvhit.estimate.band.WIDEN` on each side when ``widen``; ``se = s/√K`` (the mean's Monte Carlo error)."""
+    from kvhit.estimate.band import WIDEN, _t_quantile
+
+    H = np.asarray(H, float)
+    K = H.shape[0]
+    m, s = float(H.mean()), float(H.std(ddof=1)) if K > 1 else 0.0
+    q = _t_quantile(0.5 + float(level) / 2.0, K - 1) * math.sqrt(1.0 + 1.0 / K) if K > 1 else 0.0
     lo, hi = m - q * s, m + q * s
     notes = []
-    if math.isfinite(est) and abs(est - m) > tol + 2.0 * s / math.sqrt(replays):
+    if est is not None and math.isfinite(est) and abs(est - m) > tol + 2.0 * s / math.sqrt(K):
         lo, hi = min(lo, est), max(hi, est)
-        notes.append(f"the estimate differs from the mean of {replays} exact fleet replays by {abs(est - m):.3f}")
-    lo, hi = max(lo - WIDEN, 0.0), min(hi + WIDEN, 1.0)
-    notes.append(f"not validated (no benchmark measured the fleet band's coverage): widened by ±{WIDEN}")
+        notes.append(f"the estimate differs from the mean of {K} exact fleet replays by {abs(est - m):.3f}")
+    if widen:
+        lo, hi = lo - WIDEN, hi + WIDEN
+    return max(lo, 0.0), min(hi, 1.0), m, s / math.sqrt(K), notes
+
+
+def fleet_band_blocks(
+    pt,
+    router: str,
+    Ns,
+    est: float | None = None,
+    *,
+    engine: str = "vllm",
+    router_params: dict | None = None,
+    speed: float | None = None,
+    lag: float = 0.0,
+    level: float = 0.9,
+    replays: int = 16,
+    seed: int = 0,
+    tol: float = 0.01,
+) -> dict:
+    """Expected value and band (B1) for one realisation of the start times of a fleet on ``pt`` (one capacity per
+    replica in ``Ns``) behind any router ``simulate_fleet`` runs (oblivious, or KV-aware through the compiled fleet
+    pass, holds ``T/speed``): ``replays`` exact fleet replays (:func:`fleet_replays_blocks`). ``h_mc`` (their mean)
+    is the row's expected value (``method`` :data:`METHOD_REPLAY`), ``h_se`` its Monte Carlo standard error; the band
+    is ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to contain ``est`` (an estimator's value, when given) if they disagree
+    by more than ``tol`` + 2 standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side. Returns
+    ``h_lo``, ``h_hi``, ``h_mc``, ``h_se``, ``level``, ``replays``, ``seed``, ``validated`` (False), ``method``,
+    ``notes``."""
+    from kvhit.estimate.band import WIDEN
+
+    Ns = [int(x) for x in Ns]
+    H = fleet_replays_blocks(pt, router, [Ns], engine=engine, router_params=router_params, speed=speed, lag=lag,
+                             replays=replays, seed=seed)[:, 0]  # fmt: skip
+    lo, hi, m, se, notes = band_from_replays(H, est, level=level, tol=tol)
+    notes.append(f"not validated (docs/estimators.md §6, block-id traces): widened by ±{WIDEN}")
     return {
         "h_lo": lo,
         "h_hi": hi,
         "h_mc": m,
+        "h_se": se,
         "level": float(level),
         "replays": int(replays),
         "seed": int(seed),
         "validated": False,
-        "method": "exact fleet replays at redrawn start times (docs/estimators.md §4.1 eq. (B1); §6, block-id traces)",
+        "method": METHOD_REPLAY,
         "notes": notes,
     }
