@@ -123,17 +123,24 @@ def test_band_of_a_single_session_is_the_replay_widened():
 
 
 def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None):
-    """The replays by hand: K start-time draws (draw_starts on the sessions' first times, one generator), each a
-    plain simulate_fleet call on the re-timed trace."""
+    """The replays by hand: K start-time draws (one generator; uniform on the starts' range widened by one mean
+    spacing each side unless a KS test rejects uniformity, then draw_starts' histogram), each a plain
+    simulate_fleet call on the re-timed trace."""
+    from scipy.stats import kstest
+
     from kvhit.estimate.band import draw_starts, restart_sessions
 
     C = int(pt.session.max()) + 1
     first = np.full(C, np.inf)
     np.minimum.at(first, pt.session, pt.time)
+    lo, hi = first.min(), first.max()
+    uniform = C < 3 or kstest(first, "uniform", args=(lo, hi - lo)).pvalue >= 0.05
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(K):
-        p2 = restart_sessions(pt, draw_starts(first, rng))
+        d = (hi - lo) / (C - 1) if C > 1 else 0.0
+        starts = rng.uniform(lo - d, hi + d, C) if uniform else draw_starts(first, rng)
+        p2 = restart_sessions(pt, starts)
         hold = None if speed is None else p2.prompt_tokens / speed
         res = simulate_fleet(p2.prompt_tokens, p2.hash_offsets, p2.hashes, p2.session, Ns=Ns, block_size=p2.block_size,
                              router=router, router_params=params, times=p2.time, hold=hold, seed=seed)  # fmt: skip
@@ -166,6 +173,18 @@ def test_replay_mean_is_the_mean_of_direct_simulate_fleet_calls(router, speed, p
     assert b["h_mc"] == pytest.approx(H[:, 1].mean(), abs=1e-12)
     assert b["h_se"] == pytest.approx(H[:, 1].std(ddof=1) / np.sqrt(K), abs=1e-12)
     assert b["h_lo"] < b["h_mc"] < b["h_hi"] and b["method"] == "replay-mean"
+
+
+def test_start_law_is_uniform_unless_the_starts_show_structure():
+    from kvhit.fleet.blocks import draw_fleet_starts, start_law
+
+    even = np.linspace(0.0, 3600.0, 35)
+    assert start_law(even) == "uniform" and start_law(np.array([5.0, 7.0])) == "uniform"
+    lumpy = np.concatenate([np.linspace(0.0, 60.0, 30), np.linspace(1000.0, 3600.0, 5)])
+    assert start_law(lumpy) == "histogram"
+    x = draw_fleet_starts(even, np.random.default_rng(1), "uniform")
+    d = 3600.0 / 34
+    assert x.shape == (35,) and x.min() >= -d and x.max() <= 3600.0 + d
 
 
 def test_replay_rule_counts_block_accesses(monkeypatch):
