@@ -308,9 +308,9 @@ def start_law(first) -> str:
     histogram with ≈ √C bins fitted to C starts is lumpier than the process that drew them (its bins' counts
     vary by ±√(C/bins)), and replays at lumpier starts overlap more and hit less: on the held-out WEKA pool
     ``held-35a`` (uniform starts, R = 2 round-robin, 8 seeds) the histogram's replay mean was 0.008–0.010 below the
-    simulated mean, one bin (uniform on ``[min, max]``) within 0.0023. So the histogram is used only where the data show structure:
-    a KS test of uniformity on ``[min, max]`` rejected at :data:`UNIFORM_KS_LEVEL` (or fewer than 3 sessions:
-    uniform)."""
+    simulated mean, one bin (uniform on ``[min, max]``) within 0.0023. So the histogram is used only where the data
+    show structure: a KS test of uniformity on ``[min, max]`` rejected at :data:`UNIFORM_KS_LEVEL` (or fewer than 3
+    sessions: uniform)."""
     f = np.asarray(first, float)
     lo, hi = float(f.min()), float(f.max())
     if f.shape[0] < 3 or hi <= lo:
@@ -414,9 +414,7 @@ def fleet_band_blocks(
     by more than ``tol`` + 2 standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side. Returns
     ``h_lo``, ``h_hi``, ``h_mc``, ``h_se``, ``level``, ``replays``, ``seed``, ``validated`` (False), ``method``,
     ``notes``."""
-    from kvhit.estimate.band import WIDEN
-
-    from kvhit.estimate.band import _session_ids
+    from kvhit.estimate.band import WIDEN, _session_ids
 
     Ns = [int(x) for x in Ns]
     sess = _session_ids(pt)
