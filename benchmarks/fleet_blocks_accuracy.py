@@ -195,7 +195,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", default=["weka", "mooncake", "kv"],
                     choices=["weka", "mooncake", "kv", "replay"])  # fmt: skip
-    ap.add_argument("--pools", nargs="+", default=["held-35a"], choices=["held-35a", "held-35new"])
+    ap.add_argument("--pools", nargs="*", default=["held-35a"], choices=["held-35a", "held-35new"])
     ap.add_argument("--sim-seeds", type=int, default=16, help="replay: realisations behind the simulated mean")
     ap.add_argument("--kv-routers", nargs="+", default=["dynamo"])
     ap.add_argument("--replays", type=int, default=16)

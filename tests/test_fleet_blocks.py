@@ -124,8 +124,8 @@ def test_band_of_a_single_session_is_the_replay_widened():
 
 def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None):
     """The replays by hand: K start-time draws (one generator; uniform on the starts' range widened by one mean
-    spacing each side unless a KS test rejects uniformity, then draw_starts' histogram), each a plain
-    simulate_fleet call on the re-timed trace."""
+    spacing each side unless a KS test rejects uniformity, then draw_starts' histogram; sorted and handed out in
+    the sessions' observed order), each a plain simulate_fleet call on the re-timed trace."""
     from scipy.stats import kstest
 
     from kvhit.estimate.band import draw_starts, restart_sessions
@@ -139,7 +139,10 @@ def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None):
     out = []
     for _ in range(K):
         d = (hi - lo) / (C - 1) if C > 1 else 0.0
-        starts = rng.uniform(lo - d, hi + d, C) if uniform else draw_starts(first, rng)
+        x = np.sort(rng.uniform(lo - d, hi + d, C) if uniform else draw_starts(first, rng))
+        starts = np.empty(C)
+        for rank, k in enumerate(sorted(range(C), key=lambda k: (first[k], k))):  # the observed order, kept
+            starts[k] = x[rank]
         p2 = restart_sessions(pt, starts)
         hold = None if speed is None else p2.prompt_tokens / speed
         res = simulate_fleet(p2.prompt_tokens, p2.hash_offsets, p2.hashes, p2.session, Ns=Ns, block_size=p2.block_size,
@@ -185,6 +188,9 @@ def test_start_law_is_uniform_unless_the_starts_show_structure():
     x = draw_fleet_starts(even, np.random.default_rng(1), "uniform")
     d = 3600.0 / 34
     assert x.shape == (35,) and x.min() >= -d and x.max() <= 3600.0 + d
+    assert (np.diff(x) >= 0).all()  # the sessions' order is kept
+    rev = draw_fleet_starts(lumpy[::-1].copy(), np.random.default_rng(1), "histogram")
+    assert (np.diff(rev) <= 0).all()
 
 
 def test_replay_rule_counts_block_accesses(monkeypatch):
