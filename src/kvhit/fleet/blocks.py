@@ -23,10 +23,16 @@ Routing (the per-replica thinning, from each router's rule):
   blocks, gap W = t_r − t_prev, independent M/G/∞ load snapshots) and otherwise sends it to one of the R − 1 others
   uniformly (:func:`kv_routes_blocks`); a request without a previous one goes to a uniform replica.
 
-Band for one realisation (oblivious routers): ``K`` exact fleet replays at start times redrawn from the estimator's
-start density (:func:`kvhit.estimate.band.draw_starts`, the single-replica machinery of docs/estimators.md §4.1),
-combined by eq. (B1), widened by :data:`kvhit.estimate.band.WIDEN` and flagged not validated (the fleet band was
-not shown to meet issue 23's targets).
+Expected value by replay, and the band for one realisation (any router :func:`kvhit.fleet.simulate.simulate_fleet`
+runs — the KV-aware ones through the compiled fleet pass): ``K`` exact fleet replays of the trace with its session
+starts redrawn (:func:`fleet_replays_blocks`: :func:`start_law` / :func:`draw_fleet_starts` — uniform on the
+observed range unless a KS test rejects it, then :func:`kvhit.estimate.band.draw_starts`' histogram; the sessions'
+order kept; :func:`kvhit.estimate.band.restart_sessions`). Their mean is the expected value where they are
+affordable (:func:`replays_affordable`, :data:`REPLAY_MAX_ACCESSES`; issue 23 §6: where an exact replay is cheaper
+than the estimator, use it), with its Monte Carlo standard error; the band is eq. (B1) from the same replays,
+widened by :data:`kvhit.estimate.band.WIDEN` and flagged not validated (:func:`fleet_band_blocks`). Elsewhere the
+per-replica estimator above is the fast path. Invariant: replay j equals ``simulate_fleet`` on the j-th re-timed
+trace (tested against a direct loop).
 
 NOT modelled: everything :mod:`kvhit.estimate.agentic` does not (request durations, in-flight holds, queueing);
 the simulator leaves rejected requests out of its ratio while the estimate counts them as misses, so below
