@@ -176,7 +176,8 @@ def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, rout
                     "sim_mean": float(S.mean()),
                     "sim_se": float(S.std(ddof=1) / np.sqrt(S.size)) if S.size > 1 else 0.0,
                     "exp_mean": float(E.mean()), "gap": float(E.mean() - S.mean()),
-                    "paired_gap_se": float(d.std(ddof=1) / np.sqrt(d.size)),
+                    "paired_gap": float(d.mean()), "paired_gap_se": float(d.std(ddof=1) / np.sqrt(d.size)),
+                    "sim_at_seeds": [float(sim[s][j]) for s in seeds], "exp_at_seeds": [float(x) for x in E],
                     "mc_se": float(np.mean([rep[s][:, j].std(ddof=1) / np.sqrt(replays) for s in seeds])),
                     "cover_raw": float(np.mean(cov_raw)), "cover_widened": float(np.mean(cov_w)),
                     "width_raw": float(np.mean(w_raw)), "width_widened": float(np.mean(w_w)),
@@ -185,7 +186,8 @@ def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, rout
                 out.append(r)
                 print(
                     f"{name:9s} {arrival:8s} R={R} {router:11s} N={N:6d}: sim {r['sim_mean']:.4f}±{r['sim_se']:.4f} "
-                    f"exp {r['exp_mean']:.4f} gap {r['gap']:+.4f} cover {r['cover_raw']:.2f}/{r['cover_widened']:.2f}"
+                    f"exp {r['exp_mean']:.4f} gap {r['gap']:+.4f} paired {r['paired_gap']:+.4f}±{r['paired_gap_se']:.4f} "
+                    f"cover {r['cover_raw']:.2f}/{r['cover_widened']:.2f}"
                     f" width {r['width_raw']:.3f}/{r['width_widened']:.3f} mc_se {r['mc_se']:.4f} ({dt:.0f} s)",
                     flush=True,
                 )
