@@ -186,7 +186,8 @@ def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, rout
                 out.append(r)
                 print(
                     f"{name:9s} {arrival:8s} R={R} {router:11s} N={N:6d}: sim {r['sim_mean']:.4f}±{r['sim_se']:.4f} "
-                    f"exp {r['exp_mean']:.4f} gap {r['gap']:+.4f} paired {r['paired_gap']:+.4f}±{r['paired_gap_se']:.4f} "
+                    f"exp {r['exp_mean']:.4f} gap {r['gap']:+.4f} "
+                    f"paired {r['paired_gap']:+.4f}±{r['paired_gap_se']:.4f} "
                     f"cover {r['cover_raw']:.2f}/{r['cover_widened']:.2f}"
                     f" width {r['width_raw']:.3f}/{r['width_widened']:.3f} mc_se {r['mc_se']:.4f} ({dt:.0f} s)",
                     flush=True,
