@@ -38,8 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agentic_accuracy import MOON, band_pools, compose, realisation_starts  # noqa: E402
 from kvhit.fleet.blocks import (  # noqa: E402
+    _fleet_ratios,
+    band_from_replays,
     estimate_fleet_blocks,
     estimate_fleet_blocks_curve,
+    fleet_replays_blocks,
     kv_routes_blocks,
     route_oblivious,
     stay_probabilities_blocks,
@@ -132,9 +135,73 @@ def kv_rows(out, name, pt, N, replicas, speed, seed):
         )
 
 
+#: the second held-out WEKA pool of the replay check: 35 conversations drawn (with replacement) from the held-out files
+#: with this seed, fixed on 2026-12-03 after the replay method and its band rule were fixed on held-35a
+NEW_POOL_SEED = 20261203
+
+
+def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, routers, speed, replays, Ns_fixed=None):
+    """The replay mean as the expected value (docs/estimators.md §6, block-id traces): for each (R, router, N) the
+    mean over ``sim_seeds`` start-time realisations of the exact fleet ratio, the mean over ``seeds`` of the replays'
+    mean at that realisation (:func:`fleet_replays_blocks`, seed 0 as ``fleet simulate``), the coverage of the
+    realisations by the band of their own replays (raw eq. (B1), and widened by WIDEN) and the mean widths."""
+    pts = {s: pt_of_seed(s) for s in sorted(set(sim_seeds) | set(seeds))}
+    for R in replicas:
+        for router in routers:
+            t0 = time.time()
+            kv = router not in ROUTERS
+            sp = speed if kv else None
+            m = int(max(p.prompt_blocks.max() for p in pts.values()))
+            Ns = Ns_fixed or ([int(1.5 * m)] if kv else [m, int(1.5 * m), 2 * m])
+            caps = [[N] * R for N in Ns]
+            sim = {s: _fleet_ratios(pts[s], router, np.asarray(caps), engine="vllm", router_params=None, speed=sp,
+                                    lag=0.0, seed=0) for s in pts}  # fmt: skip
+            rep = {s: fleet_replays_blocks(pts[s], router, caps, speed=sp, replays=replays, seed=0) for s in seeds}
+            dt = time.time() - t0
+            for j, N in enumerate(Ns):
+                S = np.array([sim[s][j] for s in sim_seeds])
+                E = np.array([rep[s][:, j].mean() for s in seeds])
+                cov_raw, cov_w, w_raw, w_w = [], [], [], []
+                for s in seeds:
+                    lo, hi, *_ = band_from_replays(rep[s][:, j], widen=False)
+                    cov_raw.append(lo <= sim[s][j] <= hi)
+                    w_raw.append(hi - lo)
+                    lo, hi, *_ = band_from_replays(rep[s][:, j], widen=True)
+                    cov_w.append(lo <= sim[s][j] <= hi)
+                    w_w.append(hi - lo)
+                d = np.array([rep[s][:, j].mean() - sim[s][j] for s in seeds] * (1 if len(seeds) > 1 else 2))
+                r = {
+                    "workload": name, "arrival": arrival, "R": R, "router": router, "N": int(N), "speed": sp,
+                    "sim_seeds": len(sim_seeds), "seeds": len(seeds), "replays": replays,
+                    "sim_mean": float(S.mean()),
+                    "sim_se": float(S.std(ddof=1) / np.sqrt(S.size)) if S.size > 1 else 0.0,
+                    "exp_mean": float(E.mean()), "gap": float(E.mean() - S.mean()),
+                    "paired_gap": float(d.mean()), "paired_gap_se": float(d.std(ddof=1) / np.sqrt(d.size)),
+                    "sim_at_seeds": [float(sim[s][j]) for s in seeds], "exp_at_seeds": [float(x) for x in E],
+                    "mc_se": float(np.mean([rep[s][:, j].std(ddof=1) / np.sqrt(replays) for s in seeds])),
+                    "cover_raw": float(np.mean(cov_raw)), "cover_widened": float(np.mean(cov_w)),
+                    "width_raw": float(np.mean(w_raw)), "width_widened": float(np.mean(w_w)),
+                    "seconds": dt, "block_accesses": int(pts[seeds[0]].full_blocks.sum()),
+                }  # fmt: skip
+                out.append(r)
+                print(
+                    f"{name:9s} {arrival:8s} R={R} {router:11s} N={N:6d}: sim {r['sim_mean']:.4f}±{r['sim_se']:.4f} "
+                    f"exp {r['exp_mean']:.4f} gap {r['gap']:+.4f} "
+                    f"paired {r['paired_gap']:+.4f}±{r['paired_gap_se']:.4f} "
+                    f"cover {r['cover_raw']:.2f}/{r['cover_widened']:.2f}"
+                    f" width {r['width_raw']:.3f}/{r['width_widened']:.3f} mc_se {r['mc_se']:.4f} ({dt:.0f} s)",
+                    flush=True,
+                )
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="+", default=["weka", "mooncake", "kv"], choices=["weka", "mooncake", "kv"])
+    ap.add_argument("--only", nargs="+", default=["weka", "mooncake", "kv"],
+                    choices=["weka", "mooncake", "kv", "replay"])  # fmt: skip
+    ap.add_argument("--pools", nargs="*", default=["held-35a"], choices=["held-35a", "held-35new"])
+    ap.add_argument("--sim-seeds", type=int, default=16, help="replay: realisations behind the simulated mean")
+    ap.add_argument("--kv-routers", nargs="+", default=["dynamo"])
+    ap.add_argument("--replays", type=int, default=16)
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     ap.add_argument("--arrivals", nargs="+", default=["uniform", "poisson"])
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -156,7 +223,24 @@ def main(argv=None) -> None:
         check_once(weka("uniform")(0), "random", 4, grid(weka("uniform")(0))[0])
         for arrival in a.arrivals:
             oblivious_rows(rows, "held-35a", weka(arrival), a.seeds, grid, a.replicas, arrival, a.routers)
-    if "mooncake" in a.only:
+    if "replay" in a.only:
+        h = [p for p in band_pools(True) if p[0] == "held-35a"][0][2]
+        Ch = int(h.session.max()) + 1
+        pools = {"held-35a": draws, "held-35new": np.random.default_rng(NEW_POOL_SEED).integers(0, Ch, 35)}
+        for pool in a.pools:
+            for arrival in a.arrivals:
+
+                def of_seed(s, arrival=arrival, d=pools[pool]):
+                    return compose(base, d, realisation_starts(arrival, d.size, s), {})
+
+                replay_rows(rows, pool, of_seed, list(range(a.sim_seeds)), a.seeds, a.replicas, arrival,
+                            list(a.routers) + list(a.kv_routers), 50_000.0, a.replays)  # fmt: skip
+        if "mooncake" in a.only:
+            mc = read_mooncake(MOON)
+            replay_rows(rows, "mooncake", lambda s: mc, [0], [0], a.replicas, "own",
+                        list(a.routers) + list(a.kv_routers), 10_000.0, a.replays,
+                        [1000, 4000, 16000, 64000])  # fmt: skip
+    if "mooncake" in a.only and "replay" not in a.only:
         mc = read_mooncake(MOON)
         check_once(mc, "round-robin", 2, 4000)
         oblivious_rows(
@@ -167,7 +251,24 @@ def main(argv=None) -> None:
             pt = weka("uniform")(s)
             kv_rows(rows, "held-35a", pt, int(1.5 * pt.prompt_blocks.max()), [2, 4], 50_000.0, s)
         kv_rows(rows, "mooncake", read_mooncake(MOON), 4000, [2, 4], 10_000.0, 0)
-    ob = [r for r in rows if "sim_mean" in r]
+    rp = [r for r in rows if "exp_mean" in r]
+    if rp:
+        print(
+            "\n| pool | arrival | routers | points | worst |gap| | worst gap / paired se | mean |gap| | coverage raw "
+            "(mean, worst point) | coverage ±WIDEN (mean, worst point) | mean width raw / ±WIDEN | mean MC se |"
+        )
+        print("|---|---|---|---:|---:|---:|---:|---|---|---|---:|")
+        for w in sorted({(r["workload"], r["arrival"], r["speed"] is not None) for r in rp}):
+            sel = [r for r in rp if (r["workload"], r["arrival"], r["speed"] is not None) == w]
+            g = np.abs([r["gap"] for r in sel])
+            k = int(np.argmax(g))
+            cr, cw = [r["cover_raw"] for r in sel], [r["cover_widened"] for r in sel]
+            print(f"| {w[0]} | {w[1]} | {'KV-aware' if w[2] else 'oblivious'} | {len(sel)} | {g.max():.4f} | "
+                  f"{g[k] / max(sel[k]['paired_gap_se'], 1e-12):.1f} | {g.mean():.4f} | {np.mean(cr):.3f}, "
+                  f"{min(cr):.3f} | {np.mean(cw):.3f}, {min(cw):.3f} | "
+                  f"{np.mean([r['width_raw'] for r in sel]):.3f} / {np.mean([r['width_widened'] for r in sel]):.3f} | "
+                  f"{np.mean([r['mc_se'] for r in sel]):.4f} |")  # fmt: skip
+    ob = [r for r in rows if "mean_gap" in r]
     if ob:
         print("\n| workload | arrival | points | worst |mean est − mean sim| | mean |gap| | worst single point |")
         print("|---|---|---:|---:|---:|---:|")

@@ -20,11 +20,13 @@ from kvhit.fleet.blocks import (
     stay_probabilities_blocks,
 )
 from kvhit.fleet.simulate import simulate_fleet
-from kvhit.workload.production import ProductionTrace, read_production
+from kvhit.workload.production import ProductionTrace, read_production, read_weka
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data" / "production"
 B = 4
+#: three WEKA conversations (3 sessions, 18 requests): redrawn start times change their interleaving
+WEKA3 = ("weka_0014_cut.json", "weka_0022.json", "weka_0026.json")
 
 
 def _pt(rows):
@@ -120,19 +122,129 @@ def test_band_of_a_single_session_is_the_replay_widened():
                                                               replays=4, seed=3)  # fmt: skip
 
 
-def test_fleet_simulate_blocks_trace_prints_the_estimate():
+def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None):
+    """The replays by hand: K start-time draws (one generator; uniform on the starts' range widened by one mean
+    spacing each side unless a KS test rejects uniformity, then draw_starts' histogram; sorted and handed out in
+    the sessions' observed order), each a plain simulate_fleet call on the re-timed trace."""
+    from scipy.stats import kstest
+
+    from kvhit.estimate.band import draw_starts, restart_sessions
+
+    C = int(pt.session.max()) + 1
+    first = np.full(C, np.inf)
+    np.minimum.at(first, pt.session, pt.time)
+    lo, hi = first.min(), first.max()
+    uniform = C < 3 or kstest(first, "uniform", args=(lo, hi - lo)).pvalue >= 0.05
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(K):
+        d = (hi - lo) / (C - 1) if C > 1 else 0.0
+        x = np.sort(rng.uniform(lo - d, hi + d, C) if uniform else draw_starts(first, rng))
+        starts = np.empty(C)
+        for rank, k in enumerate(sorted(range(C), key=lambda k: (first[k], k))):  # the observed order, kept
+            starts[k] = x[rank]
+        p2 = restart_sessions(pt, starts)
+        hold = None if speed is None else p2.prompt_tokens / speed
+        res = simulate_fleet(p2.prompt_tokens, p2.hash_offsets, p2.hashes, p2.session, Ns=Ns, block_size=p2.block_size,
+                             router=router, router_params=params, times=p2.time, hold=hold, seed=seed)  # fmt: skip
+        out.append(res.token_hit_ratio())
+    return np.array(out)
+
+
+@pytest.mark.parametrize(
+    ("router", "speed", "params"),
+    [("round-robin", None, None), ("random", None, None), ("session", None, None), ("dynamo", 20000.0, None),
+     ("sticky", 5000.0, {"ttl": 30.0}), ("llm-d", None, None)],
+)  # fmt: skip
+def test_replay_mean_is_the_mean_of_direct_simulate_fleet_calls(router, speed, params):
+    """fleet_replays_blocks (oblivious routers: block_curve per replica, all capacities in one pass; KV-aware: the
+    compiled fleet pass with holds) equals a direct loop over simulate_fleet at the same seeds, replay by replay,
+    and fleet_band_blocks' h_mc / h_se are their mean and sd/√K."""
+    from kvhit.fleet.blocks import fleet_replays_blocks
+
+    pt = read_weka([str(DATA / f) for f in WEKA3])
+    R, K, seed = 3, 5, 4
+    Nmin = int(pt.prompt_blocks.max())
+    caps = [[Nmin] * R, [2 * Nmin] * R, [Nmin, 3 * Nmin, 2 * Nmin]]
+    H = fleet_replays_blocks(pt, router, caps, router_params=params, speed=speed, replays=K, seed=seed)
+    for i, Ns in enumerate(caps):
+        want = _direct_replays(pt, router, Ns, seed=seed, K=K, speed=speed, params=params)
+        assert H[:, i] == pytest.approx(want, abs=1e-12)
+    if router != "session":  # session affinity here puts each of the 3 sessions on its own replica: timing-free
+        assert np.ptp(H, axis=0).max() > 1e-3  # the draws move the ratio: the test can see a wrong seed or order
+    b = fleet_band_blocks(pt, router, caps[1], router_params=params, speed=speed, replays=K, seed=seed)
+    assert b["h_mc"] == pytest.approx(H[:, 1].mean(), abs=1e-12)
+    assert b["h_se"] == pytest.approx(H[:, 1].std(ddof=1) / np.sqrt(K), abs=1e-12)
+    assert b["h_lo"] < b["h_mc"] < b["h_hi"] and b["method"] == "replay-mean"
+
+
+def test_start_law_is_uniform_unless_the_starts_show_structure():
+    from kvhit.fleet.blocks import draw_fleet_starts, start_law
+
+    even = np.linspace(0.0, 3600.0, 35)
+    assert start_law(even) == "uniform" and start_law(np.array([5.0, 7.0])) == "uniform"
+    lumpy = np.concatenate([np.linspace(0.0, 60.0, 30), np.linspace(1000.0, 3600.0, 5)])
+    assert start_law(lumpy) == "histogram"
+    x = draw_fleet_starts(even, np.random.default_rng(1), "uniform")
+    d = 3600.0 / 34
+    assert x.shape == (35,) and x.min() >= -d and x.max() <= 3600.0 + d
+    assert (np.diff(x) >= 0).all()  # the sessions' order is kept
+    rev = draw_fleet_starts(lumpy[::-1].copy(), np.random.default_rng(1), "histogram")
+    assert (np.diff(rev) <= 0).all()
+
+
+def test_replay_rule_counts_block_accesses(monkeypatch):
+    import kvhit.fleet.blocks as fb
+
+    pt = read_production(DATA / "mooncake_small.jsonl")
+    n = int(pt.full_blocks.sum())
+    monkeypatch.setattr(fb, "REPLAY_MAX_ACCESSES", 16 * n)
+    assert fb.replays_affordable(pt, 16) and not fb.replays_affordable(pt, 17)
+
+
+def test_fleet_simulate_blocks_trace_prints_the_estimate(monkeypatch, tmp_path):
+    import shutil
+
+    import kvhit.fleet.blocks as fb
+    from kvhit.service.fleet import BAND_REPLAYS
+
+    for f in WEKA3:
+        shutil.copy(DATA / f, tmp_path / f)
+    wk = read_production(tmp_path)
+    assert int(wk.session.max()) + 1 == 3
+    # a small trace: the replays are affordable, so every router's expected value is the replays' mean
+    wbase = ["fleet", "simulate", "--blocks-trace", str(tmp_path), "--replicas", "2", "--N", "1500"]
+    r = runner.invoke(app, [*wbase, "--router", "round-robin,least-loaded", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {x["router"]: x for x in json.loads(r.stdout)["rows"]}
+    for name, row in rows.items():
+        H = _direct_replays(wk, name, [1500, 1500], seed=0, K=BAND_REPLAYS)
+        assert row["estimate"] == pytest.approx(H.mean(), abs=1e-12) and row["estimate_method"] == "replay-mean"
+        assert row["estimate_se"] == pytest.approx(H.std(ddof=1) / np.sqrt(BAND_REPLAYS), abs=1e-12)
+        band = row["estimate_band"]
+        assert band["h_lo"] <= band["h_mc"] <= band["h_hi"] and band["validated"] is False
+    assert H.std() > 0
+    r = runner.invoke(app, [*wbase, "--router", "dynamo", "--prefill-tokens-per-s", "2000", "--seed", "2", "--json"])
+    row = json.loads(r.stdout)["rows"][0]
+    H = _direct_replays(wk, "dynamo", [1500, 1500], seed=2, K=BAND_REPLAYS, speed=2000.0)
+    assert row["estimate"] == pytest.approx(H.mean(), abs=1e-12) and row["estimate_method"] == "replay-mean"
+    r = runner.invoke(app, [*wbase, "--router", "round-robin"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "band 90%" in r.output and f"{rows['round-robin']['estimate']:.4f}" in r.output and "replay ±" in r.output
+    # replays too expensive: the per-replica estimator answers, without a band
     path = DATA / "mooncake_small.jsonl"
+    pt = read_production(path)
     base = ["fleet", "simulate", "--blocks-trace", str(path), "--replicas", "2", "--N", "300"]
+    monkeypatch.setattr(fb, "REPLAY_MAX_ACCESSES", 0)
     r = runner.invoke(app, [*base, "--router", "round-robin,least-loaded", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     rows = {x["router"]: x for x in out["rows"]}
-    pt = read_production(path)
     rep = route_oblivious(pt.session, "round-robin", 2)
     want = estimate_fleet_blocks(pt, rep, [300, 300]).h
     assert 0 < want < 1 and rows["round-robin"]["estimate"] == pytest.approx(want, abs=0, rel=0)
-    band = rows["round-robin"]["estimate_band"]
-    assert band["h_lo"] <= band["h_mc"] <= band["h_hi"] and band["validated"] is False
+    assert rows["round-robin"]["estimate_method"] == "agentic-per-replica"
+    assert rows["round-robin"]["estimate_band"] is None and rows["round-robin"]["estimate_se"] is None
     assert rows["round-robin"]["estimate_validated"] is False
     assert rows["least-loaded"]["estimate"] is None and any("least-loaded" in n for n in out["notes"])
     # KV-aware: the stay model's routing (holds T/speed, the measured rate, seed) → the same per-replica estimator
@@ -144,7 +256,4 @@ def test_fleet_simulate_blocks_trace_prints_the_estimate():
     q, prev = stay_probabilities_blocks(pt, "dynamo", 2, hold=hold, Ns=[300, 300], rate=rate, seed=2)
     want = estimate_fleet_blocks(pt, kv_routes_blocks(prev, q, 2, seed=3), [300, 300]).h
     assert row["estimate"] == pytest.approx(want, abs=0, rel=0) and row["estimate_band"] is None
-    # the table prints the estimate and the band
-    r = runner.invoke(app, [*base, "--router", "round-robin"], env={"COLUMNS": "200"})
-    assert r.exit_code == 0, r.output
-    assert "band 90%" in r.output and f"{rows['round-robin']['estimate']:.4f}" in r.output
+    assert row["estimate_method"] == "stay-model+agentic-per-replica"

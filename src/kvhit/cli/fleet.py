@@ -94,6 +94,16 @@ def _band(b: dict | None) -> str:
     return f"{_fmt(b['h_lo'])}–{_fmt(b['h_hi'])}" + ("" if b.get("validated") else "*")
 
 
+def _method(r: dict) -> str:
+    """Which answered a row's estimate: ``replay ±se`` (the mean of exact fleet replays), ``agentic``, ``stay``."""
+    m = r.get("estimate_method")
+    if r.get("estimate") is None or not m:
+        return "–"
+    if m == "replay-mean":
+        return f"replay ±{r['estimate_se']:.4f}"
+    return "stay" if m.startswith("stay") else "agentic"
+
+
 @fleet_app.command("simulate")
 def fleet_simulate(
     replicas: Annotated[list[str], _fopt("replicas", "--replicas")],
@@ -157,8 +167,8 @@ def fleet_simulate(
     if as_json:
         _print_json(res)
         return
-    cols = ["router", "R", "token h", "estimate", "band 90%", "imbalance req", "imbalance prefill", "prefill tokens",
-            "mean wait s", "rejected"]  # fmt: skip
+    cols = ["router", "R", "token h", "estimate", "method", "band 90%", "imbalance req", "imbalance prefill",
+            "prefill tokens", "mean wait s", "rejected"]  # fmt: skip
     rows = [
         [
             r["router"]
@@ -167,6 +177,7 @@ def fleet_simulate(
             _fmt(r["replicas"]),
             _fmt(r["token_hit_ratio"]),
             _fmt(r["estimate"]),
+            _method(r),
             _band(r.get("estimate_band")),
             _fmt(r["imbalance_requests"], 3),
             _fmt(r["imbalance_prefill_tokens"], 3),
@@ -181,7 +192,7 @@ def fleet_simulate(
         console.print(
             Text(
                 "note: band 90% = one realisation of the start times (exact fleet replays, docs/estimators.md §6, "
-                "block-id traces); * = not validated",
+                "block-id traces); replay ±se = the mean of those replays and its standard error; * = not validated",
                 style="italic",
             )
         )

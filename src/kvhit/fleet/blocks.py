@@ -23,10 +23,16 @@ Routing (the per-replica thinning, from each router's rule):
   blocks, gap W = t_r − t_prev, independent M/G/∞ load snapshots) and otherwise sends it to one of the R − 1 others
   uniformly (:func:`kv_routes_blocks`); a request without a previous one goes to a uniform replica.
 
-Band for one realisation (oblivious routers): ``K`` exact fleet replays at start times redrawn from the estimator's
-start density (:func:`kvhit.estimate.band.draw_starts`, the single-replica machinery of docs/estimators.md §4.1),
-combined by eq. (B1), widened by :data:`kvhit.estimate.band.WIDEN` and flagged not validated (the fleet band was
-not shown to meet issue 23's targets).
+Expected value by replay, and the band for one realisation (any router :func:`kvhit.fleet.simulate.simulate_fleet`
+runs — the KV-aware ones through the compiled fleet pass): ``K`` exact fleet replays of the trace with its session
+starts redrawn (:func:`fleet_replays_blocks`: :func:`start_law` / :func:`draw_fleet_starts` — uniform on the
+observed range unless a KS test rejects it, then :func:`kvhit.estimate.band.draw_starts`' histogram; the sessions'
+order kept; :func:`kvhit.estimate.band.restart_sessions`). Their mean is the expected value where they are
+affordable (:func:`replays_affordable`, :data:`REPLAY_MAX_ACCESSES`; issue 23 §6: where an exact replay is cheaper
+than the estimator, use it), with its Monte Carlo standard error; the band is eq. (B1) from the same replays,
+widened by :data:`kvhit.estimate.band.WIDEN` and flagged not validated (:func:`fleet_band_blocks`). Elsewhere the
+per-replica estimator above is the fast path. Invariant: replay j equals ``simulate_fleet`` on the j-th re-timed
+trace (tested against a direct loop).
 
 NOT modelled: everything :mod:`kvhit.estimate.agentic` does not (request durations, in-flight holds, queueing);
 the simulator leaves rejected requests out of its ratio while the estimate counts them as misses, so below
@@ -47,9 +53,19 @@ __all__ = [
     "FleetBlocksEstimate",
     "estimate_fleet_blocks",
     "estimate_fleet_blocks_curve",
+    "METHOD_AGENTIC",
+    "METHOD_REPLAY",
+    "METHOD_STAY",
+    "REPLAY_MAX_ACCESSES",
+    "UNIFORM_KS_LEVEL",
+    "band_from_replays",
+    "draw_fleet_starts",
     "fleet_band_blocks",
+    "fleet_replays_blocks",
     "kv_routes_blocks",
+    "replays_affordable",
     "route_oblivious",
+    "start_law",
     "stay_probabilities_blocks",
 ]
 
@@ -230,60 +246,210 @@ def kv_routes_blocks(prev, q, R: int, seed: int = 0) -> np.ndarray:
     return out
 
 
+#: The replay rule (issue 23 §6: where an exact replay is cheaper than the estimator, use it). A block-id fleet row's
+#: expected value is the mean of ``K`` exact fleet replays at redrawn start times when ``K`` × (the trace's block
+#: accesses, Σ full prompt blocks) is at most this many block accesses — ≈ 4 s at the ≈ 2.5·10⁷ accesses/s the
+#: compiled fleet passes run at (benchmarks/fleet_blocks_accuracy.py ``--only replay`` prints the cost) — and the
+#: per-replica estimator otherwise (its cost does not grow with the trace's block count: ≈ 1 s on a 35-conversation
+#: WEKA pool, 1–2 s on Mooncake, where 16 replays take ≈ 2.5 s and ≈ 1 s).
+REPLAY_MAX_ACCESSES = 100_000_000
+
+#: The method names a block-id fleet row reports (``estimate_method``).
+METHOD_REPLAY = "replay-mean"
+METHOD_AGENTIC = "agentic-per-replica"
+METHOD_STAY = "stay-model+agentic-per-replica"
+
+
+def replays_affordable(pt, replays: int) -> bool:
+    """The replay rule: ``replays`` × ``pt``'s block accesses ≤ :data:`REPLAY_MAX_ACCESSES`."""
+    return int(replays) * int(np.asarray(pt.full_blocks, np.int64).sum()) <= REPLAY_MAX_ACCESSES
+
+
+def _fleet_ratios(p2, router, caps, *, engine, router_params, speed, lag, seed) -> np.ndarray:
+    """Exact fleet token hit ratio of ``p2`` at every capacity vector in ``caps`` (P × R): per replica
+    :func:`kvhit.sim.vllm.curve.block_curve` on the routed sub-trace for an oblivious router without holds when
+    every capacity fits the largest prompt (one pass for all capacities; the fleet is R independent replicas, equal
+    to :func:`kvhit.fleet.simulate.simulate_fleet` — tested), else :func:`~kvhit.fleet.simulate.simulate_fleet` per
+    capacity vector (the compiled pass for the KV-aware routers)."""
+    from kvhit.fleet.routers import make_router
+    from kvhit.fleet.simulate import simulate_fleet
+
+    caps = np.asarray(caps, np.int64)
+    P, R = caps.shape
+    hold = None if speed is None else np.asarray(p2.prompt_tokens, float) / float(speed)
+    obl = make_router(router, R, seed, **(router_params or {})).oblivious
+    if obl and hold is None and caps.min() >= int(p2.prompt_blocks.max()):
+        from kvhit.sim.vllm.curve import block_curve
+
+        rep = route_oblivious(p2.session, router, R, seed=seed, **(router_params or {}))
+        hits = np.zeros(P)
+        for k in range(R):
+            on = rep == k
+            if not on.any():
+                continue
+            rq = p2.select(on).to_block_requests()
+            u = np.unique(caps[:, k])
+            c = block_curve(rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=rq.block_size, Ns=u, engine=engine)
+            ht = dict(zip(np.asarray(c["N"]).tolist(), np.asarray(c["hit_tokens"], float).tolist(), strict=True))
+            hits += np.array([ht[int(n)] for n in caps[:, k]])
+        return hits / float(np.asarray(p2.prompt_tokens, np.int64).sum())
+    out = np.empty(P)
+    for i in range(P):
+        res = simulate_fleet(
+            p2.prompt_tokens, p2.hash_offsets, p2.hashes, np.asarray(p2.session, np.int64), Ns=caps[i].tolist(),
+            block_size=int(p2.block_size), router=router, router_params=router_params, engine=engine,
+            times=np.asarray(p2.time, float), hold=hold, seed=seed, lag=lag,
+        )  # fmt: skip
+        out[i] = res.token_hit_ratio()
+    return out
+
+
+#: The start-time law of the replays: the sessions' start times are taken as uniform on their range unless a
+#: Kolmogorov–Smirnov test rejects uniformity at this level, then the estimator's histogram (``draw_starts``).
+UNIFORM_KS_LEVEL = 0.05
+
+
+def start_law(first) -> str:
+    """``"uniform"`` or ``"histogram"``: the law :func:`fleet_replays_blocks` redraws session starts from. A
+    histogram with ≈ √C bins fitted to C starts is lumpier than the process that drew them (its bins' counts
+    vary by ±√(C/bins)), and replays at lumpier starts overlap more and hit less: on the held-out WEKA pool
+    ``held-35a`` (uniform starts, R = 2 round-robin, 8 seeds) the histogram's replay mean was 0.008–0.010 below the
+    simulated mean, one bin (uniform on ``[min, max]``) within 0.0023. So the histogram is used only where the data
+    show structure: a KS test of uniformity on ``[min, max]`` rejected at :data:`UNIFORM_KS_LEVEL` (or fewer than 3
+    sessions: uniform)."""
+    f = np.asarray(first, float)
+    lo, hi = float(f.min()), float(f.max())
+    if f.shape[0] < 3 or hi <= lo:
+        return "uniform"
+    from scipy.stats import kstest
+
+    return "histogram" if kstest(f, "uniform", args=(lo, hi - lo)).pvalue < UNIFORM_KS_LEVEL else "uniform"
+
+
+def draw_fleet_starts(first, rng: np.random.Generator, law: str) -> np.ndarray:
+    """C start times that keep the sessions' observed order: C draws sorted and handed out by the rank of
+    ``first`` (ties by session id). ``"uniform"`` — i.i.d. uniform on ``[min − d, max + d]``, ``d = (max − min)/(C −
+    1)`` (the unbiased estimate of a uniform law's support from C draws; ``[min, max]`` alone would pack the sessions
+    (C + 1)/(C − 1) times denser); ``"histogram"`` — :func:`kvhit.estimate.band.draw_starts` (the estimator's start
+    density). Keeping the order conditions the replays on which conversations follow which — the statistic that
+    decides a small pool's ratio (issue 23: shuffling which conversation gets which start moved one realisation's
+    error from 0.059 to 0.005): the replays' mean is then E[h | order], whose mean over realisations is still E[h],
+    and it follows a process whose order is not random (the benchmark's Poisson starts hand the k-th draw the k-th
+    start: the unordered uniform law missed their mean by 0.014–0.026 on held-35a, R = 2)."""
+    from kvhit.estimate.band import draw_starts
+
+    f = np.asarray(first, float)
+    C = f.shape[0]
+    if law == "histogram":
+        x = draw_starts(f, rng)
+    else:
+        lo, hi = float(f.min()), float(f.max())
+        d = (hi - lo) / (C - 1) if C > 1 else 0.0
+        x = rng.uniform(lo - d, hi + d, C)
+    out = np.empty(C)
+    out[np.argsort(f, kind="stable")] = np.sort(x)
+    return out
+
+
+def fleet_replays_blocks(
+    pt,
+    router: str,
+    caps,
+    *,
+    engine: str = "vllm",
+    router_params: dict | None = None,
+    speed: float | None = None,
+    lag: float = 0.0,
+    replays: int = 16,
+    seed: int = 0,
+    law: str | None = None,
+) -> np.ndarray:
+    """Exact fleet hit ratios (``replays`` × P) of ``pt`` re-timed at ``replays`` start-time draws
+    (:func:`draw_fleet_starts` with the law :func:`start_law` picks, or ``law``; generator ``seed``;
+    :func:`kvhit.estimate.band.restart_sessions`), at each of the P capacity vectors ``caps`` (P × R, or one vector
+    of R), any router :func:`kvhit.fleet.simulate.simulate_fleet` runs (router seed ``seed``; holds ``T/speed``
+    when ``speed`` is given, the load lag ``lag``). Replay j is ``simulate_fleet`` on the j-th re-timed trace."""
+    from kvhit.estimate.band import _session_ids, restart_sessions
+
+    caps = np.atleast_2d(np.asarray(caps, np.int64))
+    sess = _session_ids(pt)
+    C = int(sess.max()) + 1 if sess.size else 0
+    first = np.full(C, np.inf)
+    np.minimum.at(first, sess, pt.time)
+    law = law or start_law(first)
+    rng = np.random.default_rng(seed)
+    H = np.empty((int(replays), caps.shape[0]))
+    for j in range(int(replays)):
+        p2 = restart_sessions(pt, draw_fleet_starts(first, rng, law))
+        H[j] = _fleet_ratios(p2, router, caps, engine=engine, router_params=router_params, speed=speed, lag=lag,
+                             seed=seed)  # fmt: skip
+    return H
+
+
+def band_from_replays(H, est: float | None = None, *, level: float = 0.9, tol: float = 0.01, widen: bool = True):
+    """``(lo, hi, m, se, notes)`` from replay ratios ``H`` (K,): eq. (B1) ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to
+    contain ``est`` when it differs from ``m`` by more than ``tol`` + 2 standard errors, then by
+    :data:`~kvhit.estimate.band.WIDEN` on each side when ``widen``; ``se = s/√K`` (the mean's Monte Carlo error)."""
+    from kvhit.estimate.band import WIDEN, _t_quantile
+
+    H = np.asarray(H, float)
+    K = H.shape[0]
+    m, s = float(H.mean()), float(H.std(ddof=1)) if K > 1 else 0.0
+    q = _t_quantile(0.5 + float(level) / 2.0, K - 1) * math.sqrt(1.0 + 1.0 / K) if K > 1 else 0.0
+    lo, hi = m - q * s, m + q * s
+    notes = []
+    if est is not None and math.isfinite(est) and abs(est - m) > tol + 2.0 * s / math.sqrt(K):
+        lo, hi = min(lo, est), max(hi, est)
+        notes.append(f"the estimate differs from the mean of {K} exact fleet replays by {abs(est - m):.3f}")
+    if widen:
+        lo, hi = lo - WIDEN, hi + WIDEN
+    return max(lo, 0.0), min(hi, 1.0), m, s / math.sqrt(K), notes
+
+
 def fleet_band_blocks(
     pt,
     router: str,
     Ns,
-    est: float,
+    est: float | None = None,
     *,
     engine: str = "vllm",
     router_params: dict | None = None,
+    speed: float | None = None,
+    lag: float = 0.0,
     level: float = 0.9,
     replays: int = 16,
     seed: int = 0,
     tol: float = 0.01,
 ) -> dict:
-    """Band (B1) for one realisation of the start times of a fleet on ``pt`` behind an oblivious router: ``replays``
-    exact fleet simulations (:func:`kvhit.fleet.simulate.simulate_fleet`, router seed ``seed``) of ``pt`` re-timed
-    at start times redrawn from the estimator's start density (:func:`kvhit.estimate.band.draw_starts`, seeded),
-    then ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to contain ``est`` when they disagree by more than ``tol`` + 2
-    standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side (not validated). Returns ``h_lo``,
-    ``h_hi``, ``h_mc`` (the replays' mean), ``level``, ``replays``, ``seed``, ``validated`` (False) and ``notes``."""
-    from kvhit.estimate.band import WIDEN, _session_ids, _t_quantile, draw_starts, restart_sessions
-    from kvhit.fleet.simulate import simulate_fleet
+    """Expected value and band (B1) for one realisation of the start times of a fleet on ``pt`` (one capacity per
+    replica in ``Ns``) behind any router ``simulate_fleet`` runs (oblivious, or KV-aware through the compiled fleet
+    pass, holds ``T/speed``): ``replays`` exact fleet replays (:func:`fleet_replays_blocks`). ``h_mc`` (their mean)
+    is the row's expected value (``method`` :data:`METHOD_REPLAY`), ``h_se`` its Monte Carlo standard error; the band
+    is ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to contain ``est`` (an estimator's value, when given) if they disagree
+    by more than ``tol`` + 2 standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side. Returns
+    ``h_lo``, ``h_hi``, ``h_mc``, ``h_se``, ``level``, ``replays``, ``seed``, ``validated`` (False), ``method``,
+    ``notes``."""
+    from kvhit.estimate.band import WIDEN, _session_ids
 
     Ns = [int(x) for x in Ns]
     sess = _session_ids(pt)
-    C = int(sess.max()) + 1 if sess.size else 0
-    first = np.full(C, np.inf)
+    first = np.full(int(sess.max()) + 1 if sess.size else 0, np.inf)
     np.minimum.at(first, sess, pt.time)
-    rng = np.random.default_rng(seed)
-    H = np.empty(replays)
-    for j in range(replays):
-        p2 = restart_sessions(pt, draw_starts(first, rng))
-        res = simulate_fleet(
-            p2.prompt_tokens, p2.hash_offsets, p2.hashes, np.asarray(p2.session, np.int64), Ns=Ns,
-            block_size=int(p2.block_size), router=router, router_params=router_params, engine=engine,
-            times=np.asarray(p2.time, float), seed=seed,
-        )  # fmt: skip
-        H[j] = res.token_hit_ratio()
-    m, s = float(H.mean()), float(H.std(ddof=1))
-    q = _t_quantile(0.5 + float(level) / 2.0, replays - 1) * math.sqrt(1.0 + 1.0 / replays)
-    lo, hi = m - q * s, m + q * s
-    notes = []
-    if math.isfinite(est) and abs(est - m) > tol + 2.0 * s / math.sqrt(replays):
-        lo, hi = min(lo, est), max(hi, est)
-        notes.append(f"the estimate differs from the mean of {replays} exact fleet replays by {abs(est - m):.3f}")
-    lo, hi = max(lo - WIDEN, 0.0), min(hi + WIDEN, 1.0)
-    notes.append(f"not validated (no benchmark measured the fleet band's coverage): widened by ±{WIDEN}")
+    law = start_law(first)
+    H = fleet_replays_blocks(pt, router, [Ns], engine=engine, router_params=router_params, speed=speed, lag=lag,
+                             replays=replays, seed=seed, law=law)[:, 0]  # fmt: skip
+    lo, hi, m, se, notes = band_from_replays(H, est, level=level, tol=tol)
+    notes.append(f"not validated (docs/estimators.md §6, block-id traces): widened by ±{WIDEN}")
     return {
         "h_lo": lo,
         "h_hi": hi,
         "h_mc": m,
+        "h_se": se,
         "level": float(level),
         "replays": int(replays),
         "seed": int(seed),
         "validated": False,
-        "method": "exact fleet replays at redrawn start times (docs/estimators.md §4.1 eq. (B1); §6, block-id traces)",
+        "method": METHOD_REPLAY,
+        "starts": law,
         "notes": notes,
     }

@@ -15,12 +15,16 @@ refused where it would change nothing). NOT modelled: see :mod:`kvhit.fleet.simu
 Estimates (docs/estimators.md §6): round-robin/random/session rows without holds get
 :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
 :func:`kvhit.fleet.estimate.estimate_fleet_kv` (the stay model, with the run's holds, capacities, parameters and
-seed). On ``--blocks-trace`` the same rows get :func:`kvhit.fleet.blocks.estimate_fleet_blocks` (the agentic
-estimator per replica on the routed sub-trace; §6, block-id traces), oblivious rows also a band for one realisation
-of the start times (``estimate_band``: :data:`BAND_REPLAYS` exact fleet replays,
-:func:`kvhit.fleet.blocks.fleet_band_blocks`), and ``estimate_validated`` false. A row the estimators do not model
-(least-loaded, Dynamo temperature > 0, a load lag under holds, oblivious routers under holds, a block-id capacity
-below N_min) has ``estimate`` None and a note saying why — never an estimate of a different setting.
+seed). On ``--blocks-trace`` (§6, block-id traces) the expected value is the mean of :data:`BAND_REPLAYS` exact
+fleet replays at redrawn start times when they are affordable (:func:`kvhit.fleet.blocks.replays_affordable`: any
+router, with the run's holds, lag, parameters and seed; ``estimate_method`` ``replay-mean``, ``estimate_se`` its
+Monte Carlo standard error, ``estimate_band`` the band for one realisation from the same replays,
+:func:`kvhit.fleet.blocks.fleet_band_blocks`); otherwise the same rows as above get
+:func:`kvhit.fleet.blocks.estimate_fleet_blocks` (the agentic estimator per replica on the routed sub-trace,
+``agentic-per-replica``; KV-aware on the stay model's routing, ``stay-model+agentic-per-replica``) without a band.
+``estimate_validated`` is false on block-id rows. A row the estimators do not model (least-loaded, Dynamo
+temperature > 0, a load lag under holds, oblivious routers under holds, a block-id capacity below N_min, when the
+replays are not run) has ``estimate`` None and a note saying why — never an estimate of a different setting.
 """
 
 from __future__ import annotations
@@ -459,13 +463,34 @@ BAND_REPLAYS = 16
 
 
 def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params: dict, res, Ns, hold):
-    """A ``--blocks-trace`` row: ``(estimate, None)`` with the estimate a dict (``h``, the band for one realisation
-    of the start times where it applies, ``validated``), or ``(None, reason)``. Oblivious routers: the simulated
-    routing; KV-aware: the stay model's routing (:mod:`kvhit.fleet.blocks`)."""
-    from kvhit.fleet.blocks import estimate_fleet_blocks, fleet_band_blocks, kv_routes_blocks, stay_probabilities_blocks
+    """A ``--blocks-trace`` row: ``(estimate, None)`` with the estimate a dict (``h``, ``method``, ``se``, the band
+    for one realisation of the start times where it applies, ``validated``), or ``(None, reason)``.
+
+    The replay rule (:func:`kvhit.fleet.blocks.replays_affordable`): when :data:`BAND_REPLAYS` exact fleet replays
+    at redrawn start times cost at most :data:`kvhit.fleet.blocks.REPLAY_MAX_ACCESSES` block accesses, the expected
+    value is their mean (``method`` ``replay-mean``, ``se`` its Monte Carlo standard error) and the band comes from
+    the same replays — for every router the simulator runs (the replays are the simulator itself, with the run's
+    holds, lag, parameters and seed). Otherwise the per-replica estimator answers (oblivious routers: the simulated
+    routing; KV-aware: the stay model's routing, :mod:`kvhit.fleet.blocks`), without a band."""
+    from kvhit.fleet.blocks import (
+        METHOD_AGENTIC,
+        METHOD_STAY,
+        estimate_fleet_blocks,
+        fleet_band_blocks,
+        kv_routes_blocks,
+        replays_affordable,
+        stay_probabilities_blocks,
+    )
 
     pt = wl.source
     st = wl.stream
+    if pt.session is not None and replays_affordable(pt, BAND_REPLAYS):
+        with translating("estimate"):
+            band = fleet_band_blocks(
+                pt, name, Ns, engine=req.engine, router_params=params, speed=req.prefill_tokens_per_s, lag=req.lag,
+                replays=BAND_REPLAYS, seed=req.seed,
+            )  # fmt: skip
+        return {"h": band["h_mc"], "method": band["method"], "se": band["h_se"], "validated": False, "band": band}, None
     if name in OBLIVIOUS_ESTIMATED:
         if hold is not None:
             return None, (
@@ -473,6 +498,7 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
                 "estimator is measured without holds only (docs/estimators.md §6)"
             )
         rep = res.replica
+        method = METHOD_AGENTIC
     elif name in KV_ESTIMATED:
         why = _kv_unmodelled(req, name, params, hold)
         if why is not None:
@@ -483,6 +509,7 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
                 seed=req.seed,
             )  # fmt: skip
             rep = kv_routes_blocks(prev, q, len(Ns), seed=req.seed + 1)
+        method = METHOD_STAY
     else:
         return None, f"no estimate for {name}: no fleet estimator models it"
     with translating("estimate"):
@@ -492,13 +519,7 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
             "no estimate below N_min (a replica's largest prompt does not fit: the simulator drops refused requests "
             "from its ratio, the estimator counts them as misses)"
         )
-    out = {"h": e.h, "validated": False, "band": None}
-    if name in OBLIVIOUS_ESTIMATED and pt.session is not None:
-        with translating("estimate"):
-            out["band"] = fleet_band_blocks(
-                pt, name, Ns, e.h, engine=req.engine, router_params=params, replays=BAND_REPLAYS, seed=req.seed
-            )
-    return out, None
+    return {"h": e.h, "method": method, "se": None, "validated": False, "band": None}, None
 
 
 def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
@@ -563,11 +584,11 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                 )
             s = res.summary(mask)
             est = band = None
-            validated = None
+            validated = method = se = None
             if req.estimates:
                 est, why = _row_estimate(req, wl, name, params[name], res, Ns, hold)
-                if isinstance(est, dict):  # a block-id row: the point, its band and the validation flag
-                    est, band, validated = est["h"], est["band"], est["validated"]
+                if isinstance(est, dict):  # a block-id row: the point, its method, band and the validation flag
+                    est, method, se, band, validated = est["h"], est["method"], est["se"], est["band"], est["validated"]
                 if why is not None and why not in est_notes:
                     est_notes.append(why)
                 if est is not None and (s["rejected"] > 0 or s["mean_wait"] > 0):
@@ -585,6 +606,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                     "estimate": est,
                     "estimate_band": band,
                     "estimate_validated": validated,
+                    "estimate_method": method,
+                    "estimate_se": se,
                     "N_total": int(sum(Ns)),
                     "params": params[name],
                     "busiest_replica_share": share,
