@@ -124,3 +124,72 @@ def test_bad_arguments_refused(pt):
         sglang_replays(pt, [0], replays=2)
     with pytest.raises(AgenticError, match="level"):
         replay_band(np.zeros((3, 2)), 1.5)
+
+
+@pytest.fixture()
+def weka_dir(tmp_path):
+    import shutil
+
+    for f in FILES:
+        shutil.copy(f, tmp_path)
+    return tmp_path
+
+
+def test_cli_estimate_sglang_replays(weka_dir):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvhit.cli import app
+    from kvhit.service.inputs import load_production_file
+
+    pt = load_production_file(weka_dir, arrival="uniform", span=600.0, seed=4)
+    need = int((pt.prompt_tokens + np.maximum(pt.output_tokens, 1) - 1).max())
+    Ns = [need - 1, need, 2 * need]
+    args = ["estimate", "--blocks-trace", str(weka_dir), "--arrival", "uniform", "--span", "600", "--seed", "4"]
+    args += ["--engine", "sglang", "--N", ",".join(map(str, Ns)), "--replays", "3", "--json"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    ref = sglang_replays(pt, Ns, replays=3, seed=4).mean(axis=0)  # --seed seeds the redraws too
+    rows = d["rows"]
+    assert rows[0]["h"]["sglang"] is None and rows[0]["h_lo"]["sglang"] is None  # infeasible
+    for k in (1, 2):
+        assert rows[k]["h"]["sglang"] == pytest.approx(ref[k], abs=1e-12)
+        assert rows[k]["h_mc"]["sglang"] == rows[k]["h"]["sglang"]
+        assert rows[k]["h_lo"]["sglang"] <= rows[k]["h"]["sglang"] <= rows[k]["h_hi"]["sglang"]
+    assert d["level"] == 0.9 and d["band"]["replays"] == 3 and not d["regime"]["sglang"]["validated"]
+    assert len(d["band"]["estimator_h"]) == 3
+    for bad, msg in (
+        (["--replays", "3", "--lam0", "0.01"], "--lam0"),
+        (["--replays", "1"], "--replays"),
+    ):
+        r = CliRunner().invoke(app, [*args[:-3], *bad])
+        assert r.exit_code == 2 and "--replays" in r.output and "Traceback" not in r.output, (bad, msg)
+    r = CliRunner().invoke(app, ["estimate", "--blocks-trace", str(weka_dir), "--N", "2000", "--replays", "3"])
+    assert r.exit_code == 2 and "--engine sglang" in r.output
+
+
+def test_cli_tiers_replays(weka_dir):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvhit.cli import app
+    from kvhit.service.inputs import load_production_file
+
+    pt = load_production_file(weka_dir)
+    N_min = int((-(-pt.prompt_tokens // pt.block_size)).max())
+    args = ["tiers", "--blocks-trace", str(weka_dir), "--tier", "simple", "--hbm-blocks", f"{N_min},{N_min + 300}"]
+    args += ["--host-units", "1,600", "--replays", "3", "--json"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    ref = tier_replays(pt, [N_min, N_min + 300], [1, 600], tier="simple", replays=3, seed=0).mean(axis=0)
+    assert np.allclose(np.array(d["h_mc"], float), ref, atol=1e-12)
+    assert d["validated"] is False and d["level"] == 0.9 and d["band"]["replays"] == 3
+    lo, hi, m = (np.array(d[k], float) for k in ("h_lo", "h_hi", "h_mc"))
+    assert np.all(lo <= m + 1e-15) and np.all(m <= hi + 1e-15)
+    r = CliRunner().invoke(app, ["tiers", "--trace", "nope.parquet", "--hbm-blocks", "10", "--host-units", "1",
+                                 "--replays", "3"])  # fmt: skip
+    assert r.exit_code == 2 and "--replays: applies to --blocks-trace" in r.output and "Traceback" not in r.output

@@ -41,7 +41,22 @@ import numpy as np
 from kvhit.estimate.agentic import AgenticError
 from kvhit.estimate.band import draw_starts, restart_sessions
 
-__all__ = ["ReplayBand", "replay_band", "sglang_replays", "start_draws", "tier_replays"]
+__all__ = [
+    "ReplayBand",
+    "replay_band",
+    "sglang_band",
+    "sglang_replays",
+    "start_draws",
+    "tier_replays",
+    "tiers_band",
+]
+
+#: the note every output of this module carries: no benchmark has shown the targets for these bands
+NOT_VALIDATED = (
+    "not validated: the expected value is the mean of {K} exact {what} replays at start times redrawn from the "
+    "trace's start histogram (Monte Carlo standard error up to {se:.3f}); benchmarks/replay_band_accuracy.py "
+    "measures it against held-out WEKA pools (docs/estimators.md §4.2)"
+)
 
 
 def _first_starts(pt) -> np.ndarray:
@@ -93,6 +108,7 @@ def tier_replays(
     seed: int = 0,
     bins=None,
     engine: str = "vllm",
+    workers: int = 1,
     **kw: Any,
 ) -> np.ndarray:
     """Exact two-tier hit ratios (``replays`` × len(hbm) × len(host)) of ``replays`` start-time realisations of
@@ -118,6 +134,7 @@ def tier_replays(
             host=Hs,
             block_size=rq.block_size,
             engine=engine,
+            workers=workers,
             **kw,
         )
         out[k, ok] = s.hit
@@ -169,3 +186,90 @@ def replay_band(H: np.ndarray, level: float = 0.9, h_max: float = 1.0) -> Replay
     lo = np.clip(m - q * s, 0.0, top)
     hi = np.clip(m + q * s, 0.0, top)
     return ReplayBand(h=H, mean=m, se=s / math.sqrt(K), sd=s, lo=lo, hi=hi, level=float(level))
+
+
+def _max_se(se: np.ndarray) -> float:
+    f = np.asarray(se, float)[np.isfinite(se)]
+    return float(f.max()) if f.size else float("nan")
+
+
+def sglang_band(
+    pt,
+    Cs: Any,
+    *,
+    level: float = 0.9,
+    replays: int = 16,
+    seed: int = 0,
+    widen: float = 0.0,
+    workers: int | None = None,
+    estimate: Any = None,
+):
+    """SGLang on a block-id trace at pools ``Cs`` (tokens): an
+    :class:`~kvhit.estimate.agentic.AgenticEstimate` whose ``h`` (= ``h_mc``) is the mean of ``replays`` exact
+    replays at redrawn start times (the expected value), ``h_lo`` / ``h_hi`` the band (B1) at ``level`` widened by
+    ``widen`` on each side, ``band`` (method, replays, seed, ``mc_se`` per pool, ``estimator_h``: the analytic
+    estimate, :func:`kvhit.estimate.sglang_agentic.estimate_trace_sglang`, kept for comparison) and
+    ``regime["validated"]`` false. ``estimate``: that analytic estimate if already computed."""
+    from dataclasses import replace
+
+    from kvhit.estimate.sglang_agentic import estimate_trace_sglang
+
+    est = estimate if estimate is not None else estimate_trace_sglang(pt, Cs)
+    H = sglang_replays(pt, est.N, replays=replays, seed=seed, workers=workers)
+    rb = replay_band(H, level, est.h_max)
+    ok = ~est.infeasible
+    m = np.where(ok, rb.mean, np.nan)
+    lo = np.where(ok, np.clip(rb.lo - widen, 0.0, est.h_max), np.nan)
+    hi = np.where(ok, np.clip(rb.hi + widen, 0.0, est.h_max), np.nan)
+    regime = dict(est.regime)
+    regime["validated"] = False
+    notes = list(regime.get("notes", []))
+    notes.append(NOT_VALIDATED.format(K=replays, what="SGLang", se=_max_se(rb.se[ok])))
+    regime["notes"] = notes
+    band = rb.band_dict(seed, "SGLang (UnifiedRadixCache, LRU)")
+    band["widen"] = float(widen)
+    band["estimator_h"] = [float(x) if ok[i] else None for i, x in enumerate(est.h)]
+    return replace(est, h=m, h_mc=m, h_lo=lo, h_hi=hi, level=float(level), band=band, regime=regime)
+
+
+def tiers_band(
+    pt,
+    hbm_blocks: Any,
+    host_units: Any,
+    *,
+    tier: str,
+    level: float = 0.9,
+    replays: int = 16,
+    seed: int = 0,
+    widen: float = 0.0,
+    workers: int = 1,
+    **kw: Any,
+) -> dict:
+    """Two-tier surface of a block-id trace from ``replays`` exact replays at redrawn start times: ``h`` (the
+    replays' mean, the expected value; NaN where a request is larger than the GPU), ``h_lo`` / ``h_hi`` (B1 at
+    ``level``, widened by ``widen``), ``mc_se``, ``level``, ``band`` (how), ``validated`` (false) and ``notes``
+    — arrays of shape (len(hbm), len(host)). ``kw``: the tier's options (``chunk_tokens``, …)."""
+    H = tier_replays(pt, hbm_blocks, host_units, tier=tier, replays=replays, seed=seed, workers=workers, **kw)
+    from kvhit.workload.reuse import request_reuse
+
+    u = request_reuse(pt)
+    T = u.prompt_tokens.astype(np.float64)
+    # the ceiling: every full block seen before is found (no tier caps its hit at T − 1 here: native does not),
+    # or the largest replay where a realisation's own order reaches further
+    ceil = float(np.minimum(u.block_size * u.L_any, T).sum() / T.sum()) if T.sum() else 1.0
+    top = np.fmax(ceil, np.nanmax(np.where(np.isfinite(H), H, -np.inf), axis=0))
+    rb = replay_band(H, level, 1.0)
+    lo = np.clip(rb.lo - widen, 0.0, top)
+    hi = np.clip(rb.hi + widen, 0.0, top)
+    band = rb.band_dict(seed, f"two-tier ({tier})")
+    band["widen"] = float(widen)
+    return {
+        "h": rb.mean,
+        "h_lo": lo,
+        "h_hi": hi,
+        "mc_se": rb.se,
+        "level": float(level),
+        "band": band,
+        "validated": False,
+        "notes": [NOT_VALIDATED.format(K=replays, what=f"two-tier ({tier})", se=_max_se(rb.se))],
+    }
