@@ -18,6 +18,7 @@ from scipy.stats import t as student_t
 from kvhit.estimate.agentic import AgenticError
 from kvhit.estimate.band import draw_starts, realisation_replays, restart_sessions
 from kvhit.estimate.replay_band import replay_band, sglang_replays, start_draws, tier_replays
+from kvhit.estimate.sglang_agentic import estimate_trace_sglang
 from kvhit.sim.engine import replay, requests_from_stream
 from kvhit.sim.sglang.radix import simulate_radix
 from kvhit.sim.sglang.streams import streams_from_production
@@ -152,14 +153,17 @@ def test_cli_estimate_sglang_replays(weka_dir):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     ref = sglang_replays(pt, Ns, replays=3, seed=4).mean(axis=0)  # --seed seeds the redraws too
+    est = estimate_trace_sglang(pt, Ns)
     rows = d["rows"]
     assert rows[0]["h"]["sglang"] is None and rows[0]["h_lo"]["sglang"] is None  # infeasible
     for k in (1, 2):
-        assert rows[k]["h"]["sglang"] == pytest.approx(ref[k], abs=1e-12)
-        assert rows[k]["h_mc"]["sglang"] == rows[k]["h"]["sglang"]
-        assert rows[k]["h_lo"]["sglang"] <= rows[k]["h"]["sglang"] <= rows[k]["h_hi"]["sglang"]
+        assert rows[k]["h_mc"]["sglang"] == pytest.approx(ref[k], abs=1e-12)
+        assert rows[k]["h"]["sglang"] == pytest.approx(est.h[k], abs=1e-12)  # h stays the analytic estimate
+        lo, hi = rows[k]["h_lo"]["sglang"], rows[k]["h_hi"]["sglang"]
+        assert lo <= rows[k]["h_mc"]["sglang"] <= hi
+        if abs(est.h[k] - ref[k]) > 0.01 + 2 * rows[k]["h_mc_se"]["sglang"]:  # widened to contain h
+            assert lo <= est.h[k] <= hi
     assert d["level"] == 0.9 and d["band"]["replays"] == 3 and not d["regime"]["sglang"]["validated"]
-    assert len(d["band"]["estimator_h"]) == 3
     for bad, msg in (
         (["--replays", "3", "--lam0", "0.01"], "--lam0"),
         (["--replays", "1"], "--replays"),
@@ -193,3 +197,22 @@ def test_cli_tiers_replays(weka_dir):
     r = CliRunner().invoke(app, ["tiers", "--trace", "nope.parquet", "--hbm-blocks", "10", "--host-units", "1",
                                  "--replays", "3"])  # fmt: skip
     assert r.exit_code == 2 and "--replays: applies to --blocks-trace" in r.output and "Traceback" not in r.output
+
+
+def test_sglang_band_widens_to_contain_a_distant_estimate(pt):
+    from dataclasses import replace
+
+    from kvhit.estimate.replay_band import sglang_band
+
+    need = int((pt.prompt_tokens + np.maximum(pt.output_tokens, 1) - 1).max())
+    Ns = np.array([need, 2 * need])
+    est = estimate_trace_sglang(pt, Ns)
+    far = replace(est, h=np.array([0.05, 0.05]))  # an estimate far below every replay
+    e = sglang_band(pt, Ns, replays=3, seed=1, estimate=far)
+    H = sglang_replays(pt, Ns, replays=3, seed=1)
+    assert np.allclose(e.h_mc, H.mean(axis=0), atol=1e-12) and np.array_equal(e.h, far.h)
+    assert np.all(e.h_lo <= 0.05) and np.all(e.h_hi >= e.h_mc) and e.band["widened"] == [True, True]
+    assert e.regime["validated"] is False and any("widened to contain" in n for n in e.regime["notes"])
+    near = sglang_band(pt, Ns, replays=3, seed=1, estimate=replace(est, h=H.mean(axis=0)))
+    b = replay_band(H, 0.9, est.h_max)
+    assert near.band["widened"] == [False, False] and np.allclose(near.h_lo, b.lo) and np.allclose(near.h_hi, b.hi)

@@ -124,7 +124,7 @@ def estimate(
     From a trace: --trace (kvhit Parquet: the engine-aware estimator) or --blocks-trace (Mooncake/WEKA block ids:
     the agentic estimator, at the trace's own load or a stationary --lam0), both vLLM orders unless --engine;
     --engine sglang: SGLang's estimators (both sources), --N in tokens (docs/estimators.md §7); with
-    --blocks-trace, --replays K gives the mean of K exact SGLang replays at redrawn start times and their band;
+    --blocks-trace, --replays K adds the band of K exact SGLang replays at redrawn start times (and their mean);
     capacities below the largest request are infeasible (refused shares, no ratio).
     """
     if trace is None and blocks_trace is None and page_size is not None:

@@ -1,5 +1,5 @@
 """Expected value and realisation band of SGLang and of the host tiers on a block-id trace, by exact replays at
-redrawn start times (issue 23 §5/§6; ``docs/estimators.md`` §4.2).
+redrawn start times (issue 23 §5/§6; ``docs/estimators.md`` §4.3).
 
 The vLLM band (:mod:`kvhit.estimate.band`) replays the trace ``K`` times through the exact vLLM simulator, the
 conversations' start times redrawn i.i.d. from the fitted start law (:func:`kvhit.estimate.band.draw_starts`: the
@@ -55,7 +55,7 @@ __all__ = [
 NOT_VALIDATED = (
     "not validated: the expected value is the mean of {K} exact {what} replays at start times redrawn from the "
     "trace's start histogram (Monte Carlo standard error up to {se:.3f}); benchmarks/replay_band_accuracy.py "
-    "measures it against held-out WEKA pools (docs/estimators.md §4.2)"
+    "measures it against held-out WEKA pools (docs/estimators.md §4.3)"
 )
 
 
@@ -159,7 +159,7 @@ class ReplayBand:
         se = np.asarray(self.se, float).ravel()
         return {
             "method": f"mean and spread of {self.h.shape[0]} exact {what} replays at redrawn start times "
-            "(docs/estimators.md §4.2, eq. (B1))",
+            "(docs/estimators.md §4.3, eq. (B1))",
             "level": float(self.level),
             "replays": int(self.h.shape[0]),
             "seed": int(seed),
@@ -201,15 +201,17 @@ def sglang_band(
     replays: int = 16,
     seed: int = 0,
     widen: float = 0.0,
+    tol: float = 0.01,
     workers: int | None = None,
     estimate: Any = None,
 ):
-    """SGLang on a block-id trace at pools ``Cs`` (tokens): an
-    :class:`~kvhit.estimate.agentic.AgenticEstimate` whose ``h`` (= ``h_mc``) is the mean of ``replays`` exact
-    replays at redrawn start times (the expected value), ``h_lo`` / ``h_hi`` the band (B1) at ``level`` widened by
-    ``widen`` on each side, ``band`` (method, replays, seed, ``mc_se`` per pool, ``estimator_h``: the analytic
-    estimate, :func:`kvhit.estimate.sglang_agentic.estimate_trace_sglang`, kept for comparison) and
-    ``regime["validated"]`` false. ``estimate``: that analytic estimate if already computed."""
+    """SGLang on a block-id trace at pools ``Cs`` (tokens), treated as the vLLM band
+    (:func:`kvhit.estimate.band.estimate_trace_band`): an :class:`~kvhit.estimate.agentic.AgenticEstimate` whose
+    ``h`` is the analytic estimate (:func:`kvhit.estimate.sglang_agentic.estimate_trace_sglang`; ``estimate``: it,
+    if already computed), ``h_mc`` the mean of ``replays`` exact SGLang replays at redrawn start times (an
+    unbiased Monte Carlo estimate of the expected value; its standard error in ``band["mc_se"]``), ``h_lo`` /
+    ``h_hi`` the band (B1) at ``level`` around ``h_mc`` — widened to contain ``h`` where ``|h − h_mc|`` exceeds
+    ``tol`` + 2 standard errors, and by ``widen`` on each side — and ``regime["validated"]`` false."""
     from dataclasses import replace
 
     from kvhit.estimate.sglang_agentic import estimate_trace_sglang
@@ -219,17 +221,27 @@ def sglang_band(
     rb = replay_band(H, level, est.h_max)
     ok = ~est.infeasible
     m = np.where(ok, rb.mean, np.nan)
-    lo = np.where(ok, np.clip(rb.lo - widen, 0.0, est.h_max), np.nan)
-    hi = np.where(ok, np.clip(rb.hi + widen, 0.0, est.h_max), np.nan)
+    off = ok & (np.abs(est.h - rb.mean) > tol + 2.0 * rb.se)
+    lo = np.where(off, np.minimum(rb.lo, est.h), rb.lo)
+    hi = np.where(off, np.maximum(rb.hi, est.h), rb.hi)
+    lo = np.where(ok, np.clip(lo - widen, 0.0, est.h_max), np.nan)
+    hi = np.where(ok, np.clip(hi + widen, 0.0, est.h_max), np.nan)
     regime = dict(est.regime)
     regime["validated"] = False
     notes = list(regime.get("notes", []))
+    if off.any():
+        worst = float(np.abs(est.h - rb.mean)[off].max())
+        notes.append(
+            f"the estimate differs from the mean of {replays} exact replays by up to {worst:.3f} at "
+            f"{int(off.sum())} pools: band widened to contain it"
+        )
     notes.append(NOT_VALIDATED.format(K=replays, what="SGLang", se=_max_se(rb.se[ok])))
     regime["notes"] = notes
     band = rb.band_dict(seed, "SGLang (UnifiedRadixCache, LRU)")
+    band["expected_value"] = "h: the analytic estimate; h_mc: the replay mean"
     band["widen"] = float(widen)
-    band["estimator_h"] = [float(x) if ok[i] else None for i, x in enumerate(est.h)]
-    return replace(est, h=m, h_mc=m, h_lo=lo, h_hi=hi, level=float(level), band=band, regime=regime)
+    band["widened"] = [bool(x) for x in off]
+    return replace(est, h_mc=m, h_lo=lo, h_hi=hi, level=float(level), band=band, regime=regime)
 
 
 def tiers_band(

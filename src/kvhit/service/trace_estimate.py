@@ -11,9 +11,10 @@ capacities that cannot serve it marked.
   :mod:`kvhit.estimate.sglang_agentic` on a block-id trace; docs/estimators.md §7); ``--N`` is then its KV pool in
   **tokens** (as ``simulate --engine sglang``), feasibility is SGLang's (a request needing
   ``T + n − 1`` tokens more than the pool is refused), the ratio is SGLang's token hit ratio. With ``--replays K``
-  (``--blocks-trace`` only) ``h`` is the mean of K exact SGLang replays at start times redrawn from the trace's
-  start histogram and ``h_lo`` / ``h_hi`` their (B1) band (:func:`kvhit.estimate.replay_band.sglang_band`; the
-  analytic estimate stays in ``band["estimator_h"]``); ``validated`` is false.
+  (``--blocks-trace`` only) ``h_mc`` is the mean of K exact SGLang replays at start times redrawn from the trace's
+  start histogram (``h_mc_se`` its standard error) and ``h_lo`` / ``h_hi`` their (B1) band, widened to contain the
+  analytic ``h`` where they disagree (:func:`kvhit.estimate.replay_band.sglang_band`, as the vLLM band);
+  ``validated`` is false.
 
 Invariant: a capacity below the largest request (``N_min``) is infeasible: its ``h`` is ``None`` for every engine
 and the row carries the shares of requests and prompt tokens vLLM would refuse (:mod:`kvhit.sim.feasibility`).
@@ -69,7 +70,7 @@ class TraceEstimateRequest(Request):
         ge=2,
         le=1000,
         description="--engine sglang with --blocks-trace: K exact SGLang replays at start times redrawn from the "
-        "trace's start histogram; h becomes their mean (the expected value) and h_lo/h_hi the 90 % band of one "
+        "trace's start histogram: h_mc (their mean), h_mc_se and h_lo/h_hi (the 90 % band of one "
         "realisation (K simulations per pool: ~0.4 s each on a 35-conversation WEKA pool); 2–1,000; default none "
         "(the analytic estimate, no band).",
     )
@@ -97,7 +98,7 @@ class TraceEstimateRow(Response):
     )
     h_hi: dict[str, float | None] = Field(default_factory=dict, description="Upper end of that band.")
     h_mc: dict[str, float | None] = Field(
-        default_factory=dict, description="Mean of the band's exact replays (--engine sglang --replays: equals h)."
+        default_factory=dict, description="Mean of the band's exact replays (--engine sglang --replays)."
     )
     h_mc_se: dict[str, float | None] = Field(
         default_factory=dict, description="Monte Carlo standard error of h_mc (--engine sglang --replays)."
@@ -233,7 +234,7 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
     if req.replays is not None and req.lam0 is not None:
         raise InputError("--replays: the band redraws the trace's own start times; not with a stationary --lam0")
     level = band = None
-    lo = hi = se = None
+    lo = hi = se = mc = None
     if req.blocks_trace is not None:
         from kvhit.estimate.sglang_agentic import estimate_trace_sglang
         from kvhit.sim.sglang.streams import streams_from_production
@@ -247,15 +248,12 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
 
                 est = sglang_band(pt, Ns, replays=req.replays, seed=req.seed, estimate=est)
                 level, band, lo, hi = est.level, est.band, est.h_lo, est.h_hi
-                se = band["mc_se"]
+                se, mc = band["mc_se"], est.h_mc
         regime["sglang"] = est.regime
         src, fmt, lam, h_max = str(req.blocks_trace), pt.format, req.lam0, float(est.h_max)
         what = "SGLang agentic (kvhit.estimate.sglang_agentic: compound Poisson displacement, whole-node recursion)"
         if req.replays is not None:
-            what = (
-                f"SGLang exact replays (mean of {req.replays} simulations at start times redrawn from the trace's "
-                "start histogram, kvhit.estimate.replay_band; the analytic estimate in band.estimator_h)"
-            )
+            what += f"; band: {req.replays} exact SGLang replays at redrawn start times (kvhit.estimate.replay_band)"
     else:
         with translating(str(req.trace)):
             tr = Trace.read(req.trace)
@@ -280,7 +278,7 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
                 h={"sglang": float(h[k]) if r["feasible"] else None},
                 h_lo={} if lo is None else {"sglang": float(lo[k]) if r["feasible"] else None},
                 h_hi={} if hi is None else {"sglang": float(hi[k]) if r["feasible"] else None},
-                h_mc={} if lo is None else {"sglang": float(h[k]) if r["feasible"] else None},
+                h_mc={} if mc is None else {"sglang": float(mc[k]) if r["feasible"] else None},
                 h_mc_se={} if se is None else {"sglang": se[k] if r["feasible"] else None},
             )
         )
