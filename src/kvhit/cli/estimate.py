@@ -111,6 +111,7 @@ def estimate(
     span: SpanOpt = None,
     metric: Annotated[str, _opt(svc.TraceEstimateRequest, "metric", "--metric")] = "tokens",
     page_size: Annotated[int | None, _opt(svc.TraceEstimateRequest, "page_size", "--page-size")] = None,
+    replays: Annotated[int | None, _opt(svc.TraceEstimateRequest, "replays", "--replays")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Mean-field estimate from a workload spec: moments, T_C, h_max and h (base eq. (25), practical eq. (32)).
@@ -122,11 +123,14 @@ def estimate(
 
     From a trace: --trace (kvhit Parquet: the engine-aware estimator) or --blocks-trace (Mooncake/WEKA block ids:
     the agentic estimator, at the trace's own load or a stationary --lam0), both vLLM orders unless --engine;
-    --engine sglang: SGLang's estimators (both sources), --N in tokens (docs/estimators.md §7);
+    --engine sglang: SGLang's estimators (both sources), --N in tokens (docs/estimators.md §7); with
+    --blocks-trace, --replays K adds the band of K exact SGLang replays at redrawn start times (and their mean);
     capacities below the largest request are infeasible (refused shares, no ratio).
     """
     if trace is None and blocks_trace is None and page_size is not None:
         _fail("--page-size: applies to --trace/--blocks-trace with --engine sglang")
+    if blocks_trace is None and replays is not None:
+        _fail("--replays: applies to --blocks-trace with --engine sglang")
     if trace is not None or blocks_trace is not None:
         if spec is not None or any(v is not None for v in (p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)):
             _fail("--trace/--blocks-trace: not with --spec or spec flags (the trace is the workload)")
@@ -144,6 +148,7 @@ def estimate(
             metric=metric,
             lam0=lam0,
             page_size=page_size,
+            replays=replays,
         )
         if as_json:
             _print_json(res)

@@ -75,6 +75,7 @@ def tiers(
     ] = None,
     workers: Annotated[int, typer.Option("--workers", help=_help(svc.TiersRequest, "workers"))] = 1,
     estimate: Annotated[str, typer.Option("--estimate", help=_help(svc.TiersRequest, "estimate"))] = "none",
+    replays: Annotated[int | None, typer.Option("--replays", help=_help(svc.TiersRequest, "replays"))] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help=_help(svc.TiersRequest, "plot"))] = None,
     measure: Annotated[str, typer.Option("--measure", help=_help(svc.TiersRequest, "measure"))] = "all",
     warmup: Annotated[int | None, typer.Option("--warmup", help=_help(svc.TiersRequest, "warmup"))] = None,
@@ -110,6 +111,7 @@ def tiers(
         price_dram_per_gib=price_dram,
         workers=workers,
         estimate=estimate,
+        replays=replays,
         plot=plot,
         measure=measure,
         warmup=warmup,
@@ -141,6 +143,20 @@ def tiers(
             [
                 [f"{N:,}", _fmt(hg), *(_fmt(v) for v in row)]
                 for N, hg, row in zip(res.hbm_blocks, res.h_gpu_estimate, res.h_estimate, strict=True)
+            ],
+        )
+    if res.h_mc is not None:
+
+        def cell(m, lo, hi) -> str:
+            return "–" if m is None else f"{m:.4f} ({lo:.4f}–{hi:.4f})"
+
+        _table(
+            f"mean of {res.band['replays']} exact replays at redrawn start times ({res.level:.0%} band of one "
+            "realisation)",
+            ["HBM blocks", *(f"{c:g} {unit}" for c in cols)],
+            [
+                [f"{N:,}", *(cell(*v) for v in zip(m, lo, hi, strict=True))]
+                for N, m, lo, hi in zip(res.hbm_blocks, res.h_mc, res.h_lo, res.h_hi, strict=True)
             ],
         )
     if res.ttft_saved_s is not None:

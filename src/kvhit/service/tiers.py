@@ -9,6 +9,9 @@ with ``--estimate only`` nothing is simulated and ``h`` is the estimate (``h_sou
 With ``--measure window`` (``--trace``) h counts the requests after the trace's warm-up only (every request still
 fills both tiers), and a kvhit trace's answer carries its ``stationarity`` report (service/steady.py); with the
 default ``--measure all`` every request counts from an empty cache, which is not a steady-state window.
+With ``--replays K`` (``--blocks-trace``) the surface is also replayed exactly at K redrawn sets of the
+conversations' start times (:func:`kvhit.estimate.replay_band.tiers_band`, seed 0): ``h_mc`` (their mean, the
+expected value), ``h_mc_se`` and the band ``h_lo`` / ``h_hi`` for one realisation; ``validated`` false.
 NOT modelled: what the tier models do not model (their docstrings), timing (``hold``); the estimator's own
 omissions are in :mod:`kvhit.estimate.tiers`; a warm-up window for ``--tier hicache``.
 """
@@ -124,6 +127,14 @@ class TiersRequest(Request):
         description="Two-tier estimator (native LRU without --store-threshold, simple, lmcache): none | also "
         "(h_estimate beside the simulated h) | only (no simulation: h is the estimate, fast); default none.",
     )
+    replays: int | None = Field(
+        None,
+        ge=2,
+        le=1000,
+        description="--blocks-trace: K exact replays of the surface at start times redrawn from the trace's start "
+        "histogram: h_mc (their mean, the expected value), h_mc_se and h_lo/h_hi (the 90 % band of one "
+        "realisation); K surfaces: slow; 2–1,000; default none.",
+    )
     plot: Path | None = Field(
         None, description="Write a heatmap with iso-hit contours to PLOT.png/.svg; default: none."
     )
@@ -146,6 +157,7 @@ class TiersRequest(Request):
         "hicache_ratio": "--hicache-ratio",
         "write_policy": "--hicache-write-policy",
         "max_num_batched_tokens": "--max-num-batched-tokens",
+        "replays": "--replays",
     }
 
 
@@ -182,6 +194,17 @@ class TiersResponse(Response):
     h_gpu: list[float | None] = Field(
         description="Token hit ratio of the GPU alone per HBM (hicache: SGLang without HiCache)."
     )
+    h_mc: list[list[float | None]] | None = Field(
+        None, description="--replays: mean of the K exact replays at redrawn start times (the expected value)."
+    )
+    h_mc_se: list[list[float | None]] | None = Field(None, description="--replays: Monte Carlo standard error of h_mc.")
+    h_lo: list[list[float | None]] | None = Field(
+        None, description="--replays: lower end of the band for one realisation of the start times."
+    )
+    h_hi: list[list[float | None]] | None = Field(None, description="--replays: upper end of that band.")
+    level: float | None = Field(None, description="--replays: level of the h_lo–h_hi band.")
+    band: dict | None = Field(None, description="--replays: how the band was made (replays, seed, method).")
+    validated: bool | None = Field(None, description="--replays: whether a benchmark showed the band's targets.")
     ttft_saved_s: list[list[float | None]] | None = Field(
         None,
         description="Mean TTFT saved per request vs recomputing the host hits (s): Σ c_r·(1/prefill − "
@@ -261,6 +284,10 @@ def tiers(req: TiersRequest) -> TiersResponse:
     :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.sim.tiers.sizing import host_units
 
+    if req.tier == "hicache" and req.replays is not None:
+        raise InputError("--replays: covers native, lmcache, simple and simple-lazy, not hicache")
+    if req.replays is not None and req.blocks_trace is None:
+        raise InputError("--replays: applies to --blocks-trace (it redraws the conversations' start times)")
     if req.tier == "hicache":
         return _hicache(req)
     if req.hicache_ratio is not None:
@@ -342,6 +369,15 @@ def tiers(req: TiersRequest) -> TiersResponse:
                 chunk_tokens=req.chunk_tokens,
                 measured=measured,
             )
+    rb = None
+    if req.replays is not None:
+        from kvhit.estimate.replay_band import tiers_band
+
+        with translating("--replays"):
+            rb = tiers_band(
+                src, req.hbm_blocks, units, tier=req.tier, replays=req.replays, seed=0, workers=req.workers, **kw
+            )
+        notes = notes + rb["notes"]
     if req.estimate == "only":
         s = _estimated_surface(est, br, measured)
     else:
@@ -395,6 +431,13 @@ def tiers(req: TiersRequest) -> TiersResponse:
         h_source="estimate" if req.estimate == "only" else "simulated",
         h_estimate=None if est is None else [[None if np.isnan(v) else float(v) for v in row] for row in est.hit],
         h_gpu_estimate=None if est is None else [None if np.isnan(v) else float(v) for v in est.gpu_hit],
+        h_mc=None if rb is None else _grid2(rb["h"]),
+        h_mc_se=None if rb is None else _grid2(rb["mc_se"]),
+        h_lo=None if rb is None else _grid2(rb["h_lo"]),
+        h_hi=None if rb is None else _grid2(rb["h_hi"]),
+        level=None if rb is None else rb["level"],
+        band=None if rb is None else rb["band"],
+        validated=None if rb is None else rb["validated"],
         ttft_saved_s=ttft,
         dram_for_target=need,
         hbm_gib=hbm_gib,
@@ -404,6 +447,10 @@ def tiers(req: TiersRequest) -> TiersResponse:
         stationarity=steady,
         notes=notes,
     )
+
+
+def _grid2(a) -> list[list[float | None]]:
+    return [[None if not np.isfinite(v) else float(v) for v in row] for row in np.asarray(a, float)]
 
 
 def _simulate(req: TiersRequest, br, b: int, units: list[int], kw: dict, measured=None):

@@ -10,7 +10,11 @@ capacities that cannot serve it marked.
 * ``--engine sglang``: SGLang 0.5.23's radix cache (:mod:`kvhit.estimate.sglang` on a kvhit trace,
   :mod:`kvhit.estimate.sglang_agentic` on a block-id trace; docs/estimators.md §7); ``--N`` is then its KV pool in
   **tokens** (as ``simulate --engine sglang``), feasibility is SGLang's (a request needing
-  ``T + n − 1`` tokens more than the pool is refused), the ratio is SGLang's token hit ratio.
+  ``T + n − 1`` tokens more than the pool is refused), the ratio is SGLang's token hit ratio. With ``--replays K``
+  (``--blocks-trace`` only) ``h_mc`` is the mean of K exact SGLang replays at start times redrawn from the trace's
+  start histogram (``h_mc_se`` its standard error) and ``h_lo`` / ``h_hi`` their (B1) band, widened to contain the
+  analytic ``h`` where they disagree (:func:`kvhit.estimate.replay_band.sglang_band`, as the vLLM band);
+  ``validated`` is false.
 
 Invariant: a capacity below the largest request (``N_min``) is infeasible: its ``h`` is ``None`` for every engine
 and the row carries the shares of requests and prompt tokens vLLM would refuse (:mod:`kvhit.sim.feasibility`).
@@ -61,7 +65,23 @@ class TraceEstimateRequest(Request):
         None, gt=0, description="Predict a stationary stream of the trace's conversations at λ0 (conversations/s)."
     )
 
-    FLAGS = {"N": "--N", "blocks_trace": "--blocks-trace", "lam0": "--lam0", "page_size": "--page-size"}
+    replays: int | None = Field(
+        None,
+        ge=2,
+        le=1000,
+        description="--engine sglang with --blocks-trace: K exact SGLang replays at start times redrawn from the "
+        "trace's start histogram: h_mc (their mean), h_mc_se and h_lo/h_hi (the 90 % band of one "
+        "realisation (K simulations per pool: ~0.4 s each on a 35-conversation WEKA pool); 2–1,000; default none "
+        "(the analytic estimate, no band).",
+    )
+
+    FLAGS = {
+        "N": "--N",
+        "blocks_trace": "--blocks-trace",
+        "lam0": "--lam0",
+        "page_size": "--page-size",
+        "replays": "--replays",
+    }
 
 
 class TraceEstimateRow(Response):
@@ -79,7 +99,8 @@ class TraceEstimateRow(Response):
     h_hi: dict[str, float | None] = Field(default_factory=dict, description="Upper end of that band.")
     h_mc: dict[str, float | None] = Field(
         default_factory=dict,
-        description="Mean of the band's exact replays: the expected value to report on WEKA pools (--blocks-trace).",
+        description="Mean of the band's exact replays: the expected value to report on WEKA pools (--blocks-trace; "
+        "SGLang with --replays).",
     )
     h_mc_se: dict[str, float | None] = Field(default_factory=dict, description="Monte Carlo standard error of h_mc.")
 
@@ -98,6 +119,9 @@ class TraceEstimateResponse(Response):
     unit: Literal["blocks", "tokens"] = Field("blocks", description="Unit of N and N_min.")
     regime: dict[str, Any] = Field(default_factory=dict, description="The estimator's own validity flag and notes.")
     level: float | None = Field(None, description="Level of the h_lo–h_hi band (None: no band).")
+    band: dict[str, Any] | None = Field(
+        None, description="How the band was made (--engine sglang --replays: replays, seed, the analytic estimate)."
+    )
     rows: list[TraceEstimateRow]
 
 
@@ -121,6 +145,8 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
         raise InputError("--trace / --blocks-trace: give exactly one")
     if req.engine == "sglang":
         return _sglang(req)
+    if req.replays is not None:
+        raise InputError("--replays: applies to --engine sglang (the vLLM band always replays 16 realisations)")
     if req.page_size is not None:
         raise InputError("--page-size: applies to --engine sglang")
     engines = [req.engine] if req.engine else ["vllm", "vllm-0.23"]
@@ -208,6 +234,12 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
     regime: dict[str, Any] = {}
     if req.blocks_trace is not None and p > 1:
         raise InputError("--page-size: the SGLang estimator for --blocks-trace models page size 1 only")
+    if req.replays is not None and req.blocks_trace is None:
+        raise InputError("--replays: applies to --blocks-trace (it redraws the conversations' start times)")
+    if req.replays is not None and req.lam0 is not None:
+        raise InputError("--replays: the band redraws the trace's own start times; not with a stationary --lam0")
+    level = band = None
+    lo = hi = se = mc = None
     if req.blocks_trace is not None:
         from kvhit.estimate.sglang_agentic import estimate_trace_sglang
         from kvhit.sim.sglang.streams import streams_from_production
@@ -216,9 +248,17 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
         with translating(str(req.blocks_trace)):
             est = estimate_trace_sglang(pt, Ns, lam0=req.lam0)
             feas = radix_feasibility(streams_from_production(pt), Ns, 1)
+            if req.replays is not None:
+                from kvhit.estimate.replay_band import sglang_band
+
+                est = sglang_band(pt, Ns, replays=req.replays, seed=req.seed, estimate=est)
+                level, band, lo, hi = est.level, est.band, est.h_lo, est.h_hi
+                se, mc = band["mc_se"], est.h_mc
         regime["sglang"] = est.regime
         src, fmt, lam, h_max = str(req.blocks_trace), pt.format, req.lam0, float(est.h_max)
         what = "SGLang agentic (kvhit.estimate.sglang_agentic: compound Poisson displacement, whole-node recursion)"
+        if req.replays is not None:
+            what += f"; band: {req.replays} exact SGLang replays at redrawn start times (kvhit.estimate.replay_band)"
     else:
         with translating(str(req.trace)):
             tr = Trace.read(req.trace)
@@ -241,6 +281,10 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
                 refused_request_share=r["refused_request_share"],
                 refused_token_share=r["refused_token_share"],
                 h={"sglang": float(h[k]) if r["feasible"] else None},
+                h_lo={} if lo is None else {"sglang": float(lo[k]) if r["feasible"] else None},
+                h_hi={} if hi is None else {"sglang": float(hi[k]) if r["feasible"] else None},
+                h_mc={} if mc is None else {"sglang": float(mc[k]) if r["feasible"] else None},
+                h_mc_se={} if se is None else {"sglang": se[k] if r["feasible"] else None},
             )
         )
     return TraceEstimateResponse(
@@ -253,6 +297,8 @@ def _sglang(req: TraceEstimateRequest) -> TraceEstimateResponse:
         N_min=feas.C_min,
         unit="tokens",
         regime=regime,
+        level=level,
+        band=band,
         rows=rows,
     )
 
