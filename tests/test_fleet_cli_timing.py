@@ -86,7 +86,8 @@ def test_simulate_equals_the_library_and_echoes_the_options(mc):
         plain = _lib(path, rows, 3, 40, router, params, ph=False, hts=0.0, ov=0.0).summary()
         assert plain["token_hit_ratio"] != lib["token_hit_ratio"]
         assert row["estimate"] is None  # the KV estimator models neither option
-    assert any("--prefill-hold or --hit-token-seconds" in n for n in out["notes"])
+    # block-id rows: the replay mean and the per-replica estimators hold T / --prefill-tokens-per-s only
+    assert any("--prefill-hold" in n and "holds of T / --prefill-tokens-per-s only" in n for n in out["notes"])
 
 
 def test_decode_alone_equals_the_library(mc):

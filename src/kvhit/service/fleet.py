@@ -484,6 +484,14 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
 
     pt = wl.source
     st = wl.stream
+    extra = [
+        f for f in ("decode_tokens_per_s", "prefill_hold", "hit_token_seconds", "prefill_overhead_s") if getattr(req, f)
+    ]
+    if extra:  # the replays hold each request T/speed: they would answer a different setting
+        return None, (
+            f"no estimate for {name} with {', '.join(req.flag(f) for f in extra)}: the block-id fleet estimates "
+            "(replay mean and per-replica estimators) model holds of T / --prefill-tokens-per-s only"
+        )
     if pt.session is not None and replays_affordable(pt, BAND_REPLAYS):
         with translating("estimate"):
             band = fleet_band_blocks(
