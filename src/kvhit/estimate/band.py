@@ -50,6 +50,8 @@ from kvhit.estimate.startbins import start_bins
 __all__ = [
     "VALIDATED_REGION",
     "WIDEN",
+    "DEFAULT_ORDER",
+    "ORDERS",
     "BandInfo",
     "draw_starts",
     "estimate_trace_band",
@@ -131,12 +133,27 @@ def restart_sessions(pt, starts: np.ndarray):
     )
 
 
+#: the orders :func:`draw_starts` hands its draws out in
+ORDERS = ("keep", "random")
+#: the band's default (docs/estimators.md §4.1, issue 23 §2)
+DEFAULT_ORDER = "random"
+
+
 def draw_starts(
-    first: np.ndarray, rng: np.random.Generator, bins: int | None = None, bin_rule: str = "br"
+    first: np.ndarray,
+    rng: np.random.Generator,
+    bins: int | None = None,
+    bin_rule: str = "br",
+    order: str = "random",
 ) -> np.ndarray:
-    """``C`` i.i.d. start times from the estimator's start density: the histogram of ``first`` (the sessions'
+    """``C`` start times from the estimator's start density: the histogram of ``first`` (the sessions'
     start times) with ``bins`` bins (default :func:`~kvhit.estimate.startbins.start_bins` by ``bin_rule``, as
-    the estimator) on ``[min, max]``, uniform inside a bin."""
+    the estimator) on ``[min, max]``, uniform inside a bin. ``order="random"``: i.i.d., session ``k`` gets the
+    ``k``-th draw; ``order="keep"``: the same ``C`` draws (same ``rng`` calls, same multiset) sorted and handed
+    out by the rank of ``first`` (ties by session id), so the sessions start in their observed order — the
+    replays then sample ``h`` given that order, whose mean over realisations of the order is still ``E[h]``."""
+    if order not in ORDERS:
+        raise AgenticError(f"order: expected one of {ORDERS}, got {order!r}")
     C = first.shape[0]
     nb = int(bins) if bins else start_bins(first, bin_rule)
     lo, hi = float(first.min()), float(first.max())
@@ -144,7 +161,12 @@ def draw_starts(
         return np.full(C, lo)
     cnt, edges = np.histogram(first, bins=nb, range=(lo, hi))
     b = rng.choice(nb, size=C, p=cnt / cnt.sum())
-    return edges[b] + rng.uniform(0.0, 1.0, C) * (edges[b + 1] - edges[b])
+    x = edges[b] + rng.uniform(0.0, 1.0, C) * (edges[b + 1] - edges[b])
+    if order == "random":
+        return x
+    out = np.empty(C)
+    out[np.argsort(first, kind="stable")] = np.sort(x)
+    return out
 
 
 def realisation_replays(
@@ -157,9 +179,10 @@ def realisation_replays(
     seed: int = 0,
     bins=None,
     bin_rule: str = "br",
+    order: str = DEFAULT_ORDER,
 ) -> np.ndarray:
     """Exact hit ratios (``replays`` × len(Ns)) of ``replays`` start-time realisations of ``pt``'s sessions
-    (:func:`draw_starts`, seeded), by :func:`kvhit.sim.vllm.curve.block_curve`; NaN below ``N_min``."""
+    (:func:`draw_starts` with ``order``, seeded), by :func:`kvhit.sim.vllm.curve.block_curve`; NaN below ``N_min``."""
     from kvhit.sim.vllm.curve import block_curve
 
     Ns = np.asarray(Ns, np.int64)
@@ -175,7 +198,7 @@ def realisation_replays(
     if not ok.any():
         return out
     for k in range(replays):
-        rq = restart_sessions(pt, draw_starts(first, rng, bins, bin_rule)).to_block_requests()
+        rq = restart_sessions(pt, draw_starts(first, rng, bins, bin_rule, order)).to_block_requests()
         c = block_curve(
             rq.prompt_tokens,
             rq.hash_offsets,
@@ -217,12 +240,15 @@ def estimate_trace_band(
     tol: float = 0.01,
     reuse=None,
     bin_rule: str = "br",
+    order: str = DEFAULT_ORDER,
     **kwargs: Any,
 ):
     """:func:`~kvhit.estimate.agentic.estimate_trace` (time-varying form) of a
     :class:`~kvhit.workload.production.ProductionTrace` plus the band (B1) for one realisation of the start
     times: ``h_lo`` / ``h_hi`` at ``level``, ``h_mc`` (the replays' mean), ``band`` (method, replays, seed,
-    widened capacities). ``reuse``: a precomputed :func:`~kvhit.workload.reuse.request_reuse` of ``pt``.
+    widened capacities). ``order``: ``"keep"`` — the replays keep the sessions' observed start order, ``"random"``
+    — they redraw it (:func:`draw_starts`). ``reuse``: a precomputed :func:`~kvhit.workload.reuse.request_reuse`
+    of ``pt``.
     ``kwargs`` go to the estimator (``lam0`` and ``mask`` are refused: no realisation band for them)."""
     if not (isinstance(level, float | int) and 0.5 <= float(level) < 1.0):
         raise AgenticError(f"level: expected a probability in [0.5, 1), got {level!r}")
@@ -231,6 +257,8 @@ def estimate_trace_band(
     for k in ("lam0", "mask", "form"):
         if kwargs.get(k) is not None:
             raise AgenticError(f"{k}: the realisation band is for the trace's own (time-varying) load only")
+    if order not in ORDERS:
+        raise AgenticError(f"order: expected one of {ORDERS}, got {order!r}")
     from kvhit.workload.reuse import request_reuse
 
     u = reuse if reuse is not None else request_reuse(pt)
@@ -239,7 +267,15 @@ def estimate_trace_band(
     est = estimate_trace(u, Ns, engine=engine, metric=metric, bin_rule=bin_rule, **kwargs)
     bins = kwargs.get("bins")
     H = realisation_replays(
-        pt, est.N, engine=engine, metric=metric, replays=replays, seed=seed, bins=bins, bin_rule=bin_rule
+        pt,
+        est.N,
+        engine=engine,
+        metric=metric,
+        replays=replays,
+        seed=seed,
+        bins=bins,
+        bin_rule=bin_rule,
+        order=order,
     )
     ok = ~est.infeasible
     m = np.full(est.N.shape[0], np.nan)
@@ -282,6 +318,7 @@ def estimate_trace_band(
         "seed": int(seed),
         "widened": [bool(x) for x in off],
         "bin_rule": bin_rule,
+        "order": order,
         "start_bins": int(bins) if bins else _start_bins_of(pt, bin_rule),
     }
     est = replace(est, h_lo=lo, h_hi=hi, h_mc=m, h_mc_se=se, level=float(level), band=band, regime=regime)
