@@ -238,7 +238,8 @@ def chat(out: list) -> None:
 def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray]]:
     """(name, held_out, base trace read sequentially, draws). ``design-27``: trace_0001 … trace_0029 (the point
     estimator's design set; the band was developed on it); ``held-35a/b/c``: 35 conversations drawn with
-    replacement (seeds 100 / 101 / 102; ``held-35c`` added after the start-bin rule was fixed, issue 23 §2) from
+    replacement (seeds 100 / 101 / 102 / 103; ``held-35c`` added after the start-bin rule was fixed, ``held-35d`` after
+    the replays' order option was coded, issue 23 §2) from
     the 7 held-out files trace_0030 … trace_0037, ids re-namespaced per draw (each copy is a distinct
     conversation: only 7 held-out files exist, so a held-out pool of 30–40 must repeat shapes); ``all-34``: every
     stored file (27 design + 7 held-out; not held out for the point estimator)."""
@@ -247,7 +248,7 @@ def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray
     out.append(("design-27", False, d, np.arange(int(d.session.max()) + 1)))
     h = read_weka(weka_files(True))
     Ch = int(h.session.max()) + 1
-    for tag, s in (("a", 100), ("b", 101), ("c", 102))[: 1 if quick else 3]:
+    for tag, s in (("a", 100), ("b", 101), ("c", 102), ("d", 103))[: 1 if quick else 4]:
         out.append((f"held-35{tag}", True, h, np.random.default_rng(s).integers(0, Ch, 35)))
     if not quick:
         a = read_weka(sorted(str(p) for p in WEKA.glob("trace_*.json")))
@@ -280,16 +281,20 @@ def band_rows(
     engines=None,
     sim_seeds: int | None = None,
     arrivals=("uniform", "poisson", "poisson-shuffled"),
+    orders=None,
 ):
     """``seeds_mean`` realisations with an estimate; the simulated mean of target (b) is over ``sim_seeds``
-    (≥ ``seeds_mean``, default equal) realisations: more simulated seeds shrink the reference's own error."""
-    from kvhit.estimate.band import estimate_trace_band
+    (≥ ``seeds_mean``, default equal) realisations: more simulated seeds shrink the reference's own error.
+    ``orders``: the replays' start orders (``keep`` / ``random``), one row each on the same seeds and references."""
+    from kvhit.estimate.band import DEFAULT_ORDER, estimate_trace_band
+
+    orders = list(orders or [DEFAULT_ORDER])
 
     sim_seeds = max(sim_seeds or seeds_mean, seeds_mean)
 
     engines = engines or (ENGINES[:1] if quick else ENGINES)
     print(
-        f"\n{'pool':10s} {'set':8s} {'arrival':16s} {'engine':9s} {'pts':>5s} {'cover':>6s} {'width':>6s} "
+        f"\n{'pool':10s} {'set':8s} {'arrival':16s} {'engine':9s} {'order':6s} {'pts':>5s} {'cover':>6s} {'width':>6s} "
         f"{'|E-sim|':>7s} {'se_sim':>6s} {'seed|E-sim|':>11s} {'|mc-sim|':>8s} {'|Emc-sim|':>9s} {'validated':>9s} "
         f"{'s':>6s}"
     )
@@ -302,7 +307,8 @@ def band_rows(
             Ns = grid(traces[0], points)
             for eng in engines:
                 t0 = time.perf_counter()
-                sims, ests, mcs, cover, widths, val, gaps = [], [], [], [], [], [], []
+                sims, ests = [], []
+                mcs, cover, widths, val, gaps, own = ({o: [] for o in orders} for _ in range(6))
                 h_max = N_min = None
                 for s, pt in enumerate(traces):
                     rq = pt.to_block_requests()
@@ -320,14 +326,18 @@ def band_rows(
                         sims.append(sim)
                         continue
                     if s < seeds_band:
-                        e, _ = estimate_trace_band(pt, Ns, engine=eng, level=level, replays=replays, seed=1000 + s)
-                        mcs.append(e.h_mc)
-                        h_max, N_min = e.h_max, e.N_min
-                        m = (Ns >= N_min) & (sim >= 0.1 * h_max) & (sim <= 0.9 * h_max) & np.isfinite(sim)
-                        cover.append(((sim >= e.h_lo) & (sim <= e.h_hi))[m])
-                        gaps.append(np.maximum(np.maximum(e.h_lo - sim, sim - e.h_hi), 0.0)[m])
-                        widths.append((e.h_hi - e.h_lo)[m])
-                        val.append(bool(e.regime.get("validated")))
+                        for o in orders:  # same seed per order: the draws' multiset is the same, only the order differs
+                            e, _ = estimate_trace_band(
+                                pt, Ns, engine=eng, level=level, replays=replays, seed=1000 + s, order=o
+                            )
+                            mcs[o].append(e.h_mc)
+                            h_max, N_min = e.h_max, e.N_min
+                            m = (Ns >= N_min) & (sim >= 0.1 * h_max) & (sim <= 0.9 * h_max) & np.isfinite(sim)
+                            cover[o].append(((sim >= e.h_lo) & (sim <= e.h_hi))[m])
+                            gaps[o].append(np.maximum(np.maximum(e.h_lo - sim, sim - e.h_hi), 0.0)[m])
+                            widths[o].append((e.h_hi - e.h_lo)[m])
+                            own[o].append(np.abs(e.h_mc - sim)[m])  # h_mc against its own realisation
+                            val[o].append(bool(e.regime.get("validated")))
                     else:
                         e = estimate_trace(pt, Ns, engine=eng)
                         h_max, N_min = e.h_max, e.N_min
@@ -337,60 +347,69 @@ def band_rows(
                 ms = S.mean(axis=0)
                 se = S.std(axis=0, ddof=1) / math.sqrt(S.shape[0])
                 mb = (Ns >= N_min) & (ms >= 0.1 * h_max) & (ms <= 0.9 * h_max) & np.isfinite(ms)
-                cov = np.concatenate(cover) if cover else np.zeros(0, bool)
-                wid = np.concatenate(widths) if widths else np.zeros(0)
-                nan = float("nan")
-                err_mean = float(np.abs(E.mean(axis=0) - ms)[mb].max()) if mb.any() else nan
-                err_seed = float(np.abs(E - ms)[:, mb].max()) if mb.any() else nan
-                err_mc = float(np.abs(np.array(mcs) - ms)[:, mb].max()) if mb.any() and mcs else nan
-                # the replays' mean as the expected value: mean over the band seeds of h_mc against the 16-seed mean
-                err_mc_mean = float(np.abs(np.mean(mcs, axis=0) - ms)[mb].max()) if mb.any() and mcs else nan
-                # per band seed: its flag, its estimate's max |E_s − 16-seed simulated mean|, its coverage
-                per_seed = [
-                    {
-                        "seed": s,
-                        "validated": val[s],
-                        "expected_err_max": float(np.abs(E[s] - ms)[mb].max()) if mb.any() else nan,
-                        "coverage": float(cover[s].mean()) if cover[s].size else nan,
+                for o in orders:
+                    cover_o, widths_o, gaps_o, mcs_o, val_o = cover[o], widths[o], gaps[o], mcs[o], val[o]
+                    cov = np.concatenate(cover_o) if cover_o else np.zeros(0, bool)
+                    wid = np.concatenate(widths_o) if widths_o else np.zeros(0)
+                    nan = float("nan")
+                    err_mean = float(np.abs(E.mean(axis=0) - ms)[mb].max()) if mb.any() else nan
+                    err_seed = float(np.abs(E - ms)[:, mb].max()) if mb.any() else nan
+                    err_mc = float(np.abs(np.array(mcs_o) - ms)[:, mb].max()) if mb.any() and mcs_o else nan
+                    # the replays' mean as the expected value: mean over the band seeds of h_mc vs the simulated mean
+                    err_mc_mean = float(np.abs(np.mean(mcs_o, axis=0) - ms)[mb].max()) if mb.any() and mcs_o else nan
+                    # per band seed: its flag, its estimate's max |E_s − 16-seed simulated mean|, its coverage
+                    per_seed = [
+                        {
+                            "seed": s,
+                            "validated": val_o[s],
+                            "expected_err_max": float(np.abs(E[s] - ms)[mb].max()) if mb.any() else nan,
+                            "coverage": float(cover_o[s].mean()) if cover_o[s].size else nan,
+                        }
+                        for s in range(len(val_o))
+                    ]
+                    ev = [q["expected_err_max"] for q in per_seed if q["validated"]]
+                    se_w = float(se[mb].max()) if mb.any() else nan
+                    r = {
+                        "workload": "band",
+                        "pool": name,
+                        "held_out": held,
+                        "arrival": arrival,
+                        "engine": eng,
+                        "order": o,
+                        "points": int(cov.size),
+                        "coverage": float(cov.mean()) if cov.size else nan,
+                        "mean_width": float(wid.mean()) if wid.size else nan,
+                        "expected_err_max": err_mean,
+                        "sim_mean_se_max": se_w,
+                        "per_seed_expected_err_max": err_seed,
+                        "replay_mean_err_max": err_mc,
+                        "replay_mean_expected_err_max": err_mc_mean,
+                        "validated_share": float(np.mean(val_o)) if val_o else nan,
+                        "expected_err_max_validated_seeds": max(ev) if ev else nan,
+                        "own_err_mean": float(np.concatenate(own[o]).mean()) if own[o] else nan,
+                        "own_err_max": float(np.concatenate(own[o]).max()) if own[o] else nan,
+                        "miss_gap_max": float(g.max())
+                        if (g := np.concatenate(gaps_o) if gaps_o else np.zeros(0)).size
+                        else nan,
+                        "per_seed": per_seed,
+                        "seeds_mean": seeds_mean,
+                        "sim_seeds": sim_seeds,
+                        "seeds_band": seeds_band,
+                        "replays": replays,
+                        "level": level,
+                        "elapsed_s": time.perf_counter() - t0,
                     }
-                    for s in range(len(val))
-                ]
-                ev = [q["expected_err_max"] for q in per_seed if q["validated"]]
-                se_w = float(se[mb].max()) if mb.any() else nan
-                r = {
-                    "workload": "band",
-                    "pool": name,
-                    "held_out": held,
-                    "arrival": arrival,
-                    "engine": eng,
-                    "points": int(cov.size),
-                    "coverage": float(cov.mean()) if cov.size else nan,
-                    "mean_width": float(wid.mean()) if wid.size else nan,
-                    "expected_err_max": err_mean,
-                    "sim_mean_se_max": se_w,
-                    "per_seed_expected_err_max": err_seed,
-                    "replay_mean_err_max": err_mc,
-                    "replay_mean_expected_err_max": err_mc_mean,
-                    "validated_share": float(np.mean(val)) if val else nan,
-                    "expected_err_max_validated_seeds": max(ev) if ev else nan,
-                    "miss_gap_max": float(np.concatenate(gaps).max()) if gaps and np.concatenate(gaps).size else nan,
-                    "per_seed": per_seed,
-                    "seeds_mean": seeds_mean,
-                    "sim_seeds": sim_seeds,
-                    "seeds_band": seeds_band,
-                    "replays": replays,
-                    "level": level,
-                    "elapsed_s": time.perf_counter() - t0,
-                }
-                out.append(r)
-                print(
-                    f"{name:10s} {'held-out' if held else 'design':8s} {arrival:16s} {eng:9s} {r['points']:5d} "
-                    f"{r['coverage']:6.3f} {r['mean_width']:6.3f} {err_mean:7.4f} {se_w:6.4f} {err_seed:11.4f} "
-                    f"{err_mc:8.4f} {err_mc_mean:9.4f} {r['validated_share']:9.2f} {r['elapsed_s']:6.0f}  "
-                    f"(validated seeds: max |E_s-sim| {r['expected_err_max_validated_seeds']:.4f}; "
-                    f"largest miss outside the band {r['miss_gap_max']:.4f})",
-                    flush=True,
-                )
+                    out.append(r)
+                    print(
+                        f"{name:10s} {'held-out' if held else 'design':8s} {arrival:16s} {eng:9s} {o:6s} "
+                        f"{r['points']:5d} "
+                        f"{r['coverage']:6.3f} {r['mean_width']:6.3f} {err_mean:7.4f} {se_w:6.4f} {err_seed:11.4f} "
+                        f"{err_mc:8.4f} {err_mc_mean:9.4f} {r['validated_share']:9.2f} {r['elapsed_s']:6.0f}  "
+                        f"(validated seeds: max |E_s-sim| {r['expected_err_max_validated_seeds']:.4f}; "
+                        f"largest miss outside the band {r['miss_gap_max']:.4f}; |h_mc - own sim| mean "
+                        f"{r['own_err_mean']:.4f} max {r['own_err_max']:.4f})",
+                        flush=True,
+                    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -564,6 +583,12 @@ def main() -> None:
     )
     ap.add_argument("--band-seeds", type=int, default=8, help="band: realisations with a band (target (a))")
     ap.add_argument("--band-replays", type=int, default=16, help="band: replays K behind each band")
+    ap.add_argument(
+        "--band-orders",
+        nargs="*",
+        default=None,
+        help="band: the replays' start orders, one row each on the same seeds (keep random; default the band's)",
+    )
     ap.add_argument("--level", type=float, default=0.9, help="band: level")
     ap.add_argument("--engines", nargs="*", default=None, help="band: vllm vllm-0.23 (default both; --quick vllm)")
     ap.add_argument(
@@ -595,6 +620,7 @@ def main() -> None:
             a.engines,
             a.sim_seeds,
             a.arrivals,
+            a.band_orders,
         )
         if a.json:
             a.json.write_text(json.dumps(out_b, indent=1))

@@ -91,15 +91,47 @@ def test_draw_starts_bin_rules_differ_where_they_should():
     assert abs(np.mean(sq < 500.0) - 4 / 6) < 0.03 and abs(np.mean(br < 500.0) - 0.5) < 0.03
 
 
-def test_replays_equal_the_exact_simulator(pt):
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.0, 1.0, 7.5, 30.0, 100.0]) | st.floats(0.0, 1e4), min_size=1, max_size=40),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(["br", "sqrt"]),
+)
+def test_draw_starts_keep_order_is_the_random_draws_sorted_by_rank(first, seed, rule):
+    first = np.array(first)
+    r_keep, r_rand = np.random.default_rng(seed), np.random.default_rng(seed)
+    keep = draw_starts(first, r_keep, bin_rule=rule, order="keep")
+    rand = draw_starts(first, r_rand, bin_rule=rule, order="random")
+    # the same rng calls: the same multiset of draws, and the generators end in the same state
+    assert np.array_equal(np.sort(keep), np.sort(rand))
+    assert r_keep.random() == r_rand.random()
+    # the observed order is kept exactly: sessions ranked by their start (ties by session id) get rising draws
+    rank = sorted(range(first.shape[0]), key=lambda k: (first[k], k))
+    assert all(keep[rank[i]] <= keep[rank[i + 1]] for i in range(len(rank) - 1))
+    # and the default is the former i.i.d. draw, bit for bit
+    assert np.array_equal(draw_starts(first, np.random.default_rng(seed), bin_rule=rule), rand)
+
+
+def test_keep_order_replays_restart_sessions_in_their_observed_order(pt):
+    first = _first(pt)
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        r = restart_sessions(pt, draw_starts(first, rng, order="keep"))
+        assert np.array_equal(np.argsort(_first(r), kind="stable"), np.argsort(first, kind="stable"))
+    with pytest.raises(AgenticError, match="order"):
+        draw_starts(first, rng, order="sorted")
+
+
+@pytest.mark.parametrize("order", ["random", "keep"])
+def test_replays_equal_the_exact_simulator(pt, order):
     N_min = int(pt.prompt_blocks.max())
     Ns = np.array([N_min - 1, N_min, 2 * N_min])
-    H = realisation_replays(pt, Ns, replays=3, seed=7)
+    H = realisation_replays(pt, Ns, replays=3, seed=7, order=order)
     assert np.isnan(H[:, 0]).all()
     rng = np.random.default_rng(7)
     first = _first(pt)
     for k in range(3):
-        rq = restart_sessions(pt, draw_starts(first, rng)).to_block_requests()
+        rq = restart_sessions(pt, draw_starts(first, rng, order=order)).to_block_requests()
         for j in (1, 2):
             res = simulate_block(rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=int(Ns[j]), block_size=rq.block_size)
             assert H[k, j] == pytest.approx(token_hit_ratio(res), abs=1e-12)
@@ -131,6 +163,19 @@ def test_band_is_B1_by_hand_and_reproducible(pt):
     assert d["level"] == 0.9 and d["h_lo"][0] is None and len(d["h_hi"]) == 4 and d["h_mc_se"][0] is None
 
 
+def test_band_order_is_recorded_reproducible_and_leaves_the_estimate_alone(pt):
+    N_min = int(pt.prompt_blocks.max())
+    Ns = np.array([N_min, 2 * N_min, 8 * N_min])
+    k1, i1 = estimate_trace_band(pt, Ns, replays=4, seed=9, order="keep")
+    k2, i2 = estimate_trace_band(pt, Ns, replays=4, seed=9, order="keep")
+    r1, j1 = estimate_trace_band(pt, Ns, replays=4, seed=9, order="random")
+    assert np.array_equal(i1.h, i2.h) and np.array_equal(k1.h_lo, k2.h_lo) and np.array_equal(k1.h_hi, k2.h_hi)
+    assert k1.band["order"] == "keep" and r1.band["order"] == "random"
+    assert np.array_equal(k1.h, r1.h)  # the estimator does not depend on the replays' order
+    assert np.array_equal(i1.h, realisation_replays(pt, Ns, replays=4, seed=9, order="keep"))
+    assert np.array_equal(j1.h, realisation_replays(pt, Ns, replays=4, seed=9, order="random"))
+
+
 @pytest.mark.parametrize(
     "kw, needle",
     [
@@ -139,6 +184,7 @@ def test_band_is_B1_by_hand_and_reproducible(pt):
         ({"lam0": 0.01}, "lam0"),
         ({"replays": 3.0}, "replays"),
         ({"bin_rule": "scott"}, "bin_rule"),
+        ({"order": "sorted"}, "order"),
     ],
 )
 def test_band_refuses_bad_arguments(pt, kw, needle):
