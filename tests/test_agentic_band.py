@@ -318,3 +318,12 @@ def test_estimator_bin_rule_is_checked_and_sqrt_is_the_former_rule(pt):
     a = estimate_trace(pt, [N_min, 2 * N_min], bin_rule="sqrt").h
     b = estimate_trace(pt, [N_min, 2 * N_min], bins=nb).h
     assert np.array_equal(a, b)
+
+
+def test_prediction_factor_is_the_t_table_value():
+    from kvhit.estimate.band import prediction_factor
+
+    # t_{15, 0.95} = 1.753050 and t_{11, 0.975} = 2.200985 (Student-t tables), times √(1 + 1/K)
+    assert abs(prediction_factor(0.9, 16) - 1.753050 * math.sqrt(17 / 16)) < 2e-6
+    assert abs(prediction_factor(0.95, 12) - 2.200985 * math.sqrt(13 / 12)) < 2e-6
+    assert prediction_factor(0.9, 1) == 0.0

@@ -59,6 +59,7 @@ __all__ = [
     "draw_starts",
     "estimate_trace_band",
     "in_validated_region",
+    "prediction_factor",
     "realisation_replays",
     "restart_sessions",
 ]
@@ -235,6 +236,15 @@ def _t_quantile(p: float, df: int) -> float:
     return float(student_t.ppf(p, df))
 
 
+def prediction_factor(level: float, replays: int) -> float:
+    """The multiplier of ``s`` in (B1): ``t_{K−1, (1+level)/2} · √(1 + 1/K)`` — the half-width, in standard
+    deviations of ``K`` replays, of a normal prediction interval for one new realisation (0 for ``K < 2``)."""
+    K = int(replays)
+    if K < 2:
+        return 0.0
+    return _t_quantile(0.5 + float(level) / 2.0, K - 1) * math.sqrt(1.0 + 1.0 / K)
+
+
 def estimate_trace_band(
     pt,
     Ns: Any,
@@ -290,7 +300,7 @@ def estimate_trace_band(
     if ok.any():
         m[ok] = H[:, ok].mean(axis=0)
         s[ok] = H[:, ok].std(axis=0, ddof=1)
-    q = _t_quantile(0.5 + float(level) / 2.0, replays - 1) * math.sqrt(1.0 + 1.0 / replays)
+    q = prediction_factor(level, replays)
     lo = np.clip(m - q * s, 0.0, est.h_max)
     hi = np.clip(m + q * s, 0.0, est.h_max)
     # consistency of the estimator with the replays: beyond tol + 2 standard errors, widen to contain h

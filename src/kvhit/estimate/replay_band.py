@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from kvhit.estimate.agentic import AgenticError
-from kvhit.estimate.band import draw_starts, restart_sessions
+from kvhit.estimate.band import draw_starts, prediction_factor, restart_sessions
 
 __all__ = [
     "ReplayBand",
@@ -171,8 +171,6 @@ class ReplayBand:
 def replay_band(H: np.ndarray, level: float = 0.9, h_max: float = 1.0) -> ReplayBand:
     """(B1) over axis 0 of ``H`` (replays × …): mean, standard error, and the prediction band for one new
     realisation at ``level``; NaN where any replay is NaN (infeasible)."""
-    from scipy.stats import t as student_t
-
     if not (isinstance(level, float | int) and 0.5 <= float(level) < 1.0):
         raise AgenticError(f"level: expected a probability in [0.5, 1), got {level!r}")
     H = np.asarray(H, np.float64)
@@ -181,7 +179,7 @@ def replay_band(H: np.ndarray, level: float = 0.9, h_max: float = 1.0) -> Replay
         raise AgenticError(f"replays: expected at least 2, got {K}")
     m = H.mean(axis=0)
     s = H.std(axis=0, ddof=1)
-    q = float(student_t.ppf(0.5 + float(level) / 2.0, K - 1)) * math.sqrt(1.0 + 1.0 / K)
+    q = prediction_factor(level, K)
     top = float(h_max) if math.isfinite(h_max) else 1.0
     lo = np.clip(m - q * s, 0.0, top)
     hi = np.clip(m + q * s, 0.0, top)

@@ -390,12 +390,12 @@ def band_from_replays(H, est: float | None = None, *, level: float = 0.9, tol: f
     """``(lo, hi, m, se, notes)`` from replay ratios ``H`` (K,): eq. (B1) ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to
     contain ``est`` when it differs from ``m`` by more than ``tol`` + 2 standard errors, then by
     :data:`~kvhit.estimate.band.WIDEN` on each side when ``widen``; ``se = s/√K`` (the mean's Monte Carlo error)."""
-    from kvhit.estimate.band import WIDEN, _t_quantile
+    from kvhit.estimate.band import WIDEN, prediction_factor
 
     H = np.asarray(H, float)
     K = H.shape[0]
     m, s = float(H.mean()), float(H.std(ddof=1)) if K > 1 else 0.0
-    q = _t_quantile(0.5 + float(level) / 2.0, K - 1) * math.sqrt(1.0 + 1.0 / K) if K > 1 else 0.0
+    q = prediction_factor(level, K)
     lo, hi = m - q * s, m + q * s
     notes = []
     if est is not None and math.isfinite(est) and abs(est - m) > tol + 2.0 * s / math.sqrt(K):
