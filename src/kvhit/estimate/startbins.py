@@ -47,9 +47,13 @@ def start_bins(first, rule: str = "br") -> int:
     if hi <= lo:
         return 1
     d_max = int(min(MAX_BINS, max(1, math.floor(n / math.log(n)))))
+    # bins on the unit interval: np.histogram refuses d bins on a range too narrow to split (subnormal spreads)
+    y = (x - lo) / (hi - lo)
+    if not np.isfinite(y).all():
+        return 1
     best, best_d = -math.inf, 1
     for d in range(1, d_max + 1):
-        cnt, _ = np.histogram(x, bins=d, range=(lo, hi))
+        cnt, _ = np.histogram(y, bins=d, range=(0.0, 1.0))
         c = cnt[cnt > 0].astype(np.float64)
         val = float(np.sum(c * np.log(d * c / n))) - (d - 1 + math.log(d) ** 2.5)
         if val > best + 1e-12:
