@@ -59,9 +59,11 @@ __all__ = [
     "draw_starts",
     "estimate_trace_band",
     "in_validated_region",
+    "keep_order",
     "prediction_factor",
     "realisation_replays",
     "restart_sessions",
+    "session_starts",
 ]
 
 #: where ``benchmarks/agentic_accuracy.py --only band`` showed both targets hold (docs/estimators.md §4.1): nowhere a
@@ -102,6 +104,23 @@ def _session_ids(pt) -> np.ndarray:
     return np.asarray(pt.session, np.int64)
 
 
+def session_starts(pt) -> np.ndarray:
+    """Each session's first request time (``C`` values, session ids dense in ``[0, C)``): what the start-time
+    law is fitted to and what the replays redraw."""
+    sess = _session_ids(pt)
+    first = np.full(int(sess.max()) + 1 if sess.size else 0, np.inf)
+    np.minimum.at(first, sess, pt.time)
+    return first
+
+
+def keep_order(first: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The draws ``x`` sorted and handed out by the rank of ``first`` (ties by session id): the sessions start in
+    their observed order."""
+    out = np.empty(first.shape[0])
+    out[np.argsort(first, kind="stable")] = np.sort(x)
+    return out
+
+
 def restart_sessions(pt, starts: np.ndarray):
     """``pt`` with session ``k`` re-timed to start at ``starts[k]`` (its requests keep their offsets from the
     session's first request and their ids), requests re-sorted by time (stable)."""
@@ -110,8 +129,7 @@ def restart_sessions(pt, starts: np.ndarray):
     starts = np.asarray(starts, np.float64)
     if starts.shape != (C,):
         raise AgenticError(f"starts: expected {C} start times (one per session), got shape {starts.shape}")
-    first = np.full(C, np.inf)
-    np.minimum.at(first, sess, pt.time)
+    first = session_starts(pt)
     t = starts[sess] + (pt.time - first[sess])
     order = np.argsort(t, kind="stable")
     counts = pt.full_blocks
@@ -170,11 +188,7 @@ def draw_starts(
     cnt, edges = np.histogram(first, bins=nb, range=(lo, hi))
     b = rng.choice(nb, size=C, p=cnt / cnt.sum())
     x = edges[b] + rng.uniform(0.0, 1.0, C) * (edges[b + 1] - edges[b])
-    if order == "random":
-        return x
-    out = np.empty(C)
-    out[np.argsort(first, kind="stable")] = np.sort(x)
-    return out
+    return x if order == "random" else keep_order(first, x)
 
 
 def realisation_replays(
@@ -194,10 +208,7 @@ def realisation_replays(
     from kvhit.sim.vllm.curve import block_curve
 
     Ns = np.asarray(Ns, np.int64)
-    sess = _session_ids(pt)
-    C = int(sess.max()) + 1 if sess.size else 0
-    first = np.full(C, np.inf)
-    np.minimum.at(first, sess, pt.time)
+    first = session_starts(pt)
     rng = np.random.default_rng(seed)
     key = "token_hit_ratio" if metric == "tokens" else "block_hit_ratio"
     out = np.full((replays, Ns.shape[0]), np.nan)
@@ -221,13 +232,8 @@ def realisation_replays(
 
 
 def _start_bins_of(pt, bin_rule: str) -> int:
-    sess = _session_ids(pt)
-    C = int(sess.max()) + 1 if sess.size else 0
-    if not C:
-        return 1
-    first = np.full(C, np.inf)
-    np.minimum.at(first, sess, pt.time)
-    return start_bins(first, bin_rule)
+    first = session_starts(pt)
+    return start_bins(first, bin_rule) if first.size else 1
 
 
 def _t_quantile(p: float, df: int) -> float:

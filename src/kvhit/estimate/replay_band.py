@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from kvhit.estimate.agentic import AgenticError
-from kvhit.estimate.band import draw_starts, prediction_factor, restart_sessions
+from kvhit.estimate.band import draw_starts, prediction_factor, restart_sessions, session_starts
 
 __all__ = [
     "ReplayBand",
@@ -59,23 +59,13 @@ NOT_VALIDATED = (
 )
 
 
-def _first_starts(pt) -> np.ndarray:
-    if pt.session is None:
-        raise AgenticError("blocks trace: no sessions (session_source 'none'): a realisation band redraws sessions")
-    sess = np.asarray(pt.session, np.int64)
-    C = int(sess.max()) + 1 if sess.size else 0
-    first = np.full(C, np.inf)
-    np.minimum.at(first, sess, pt.time)
-    return first
-
-
 def start_draws(pt, replays: int, seed: int, bins=None):
     """The ``replays`` re-timed traces of ``pt`` (generator), start times from
     :func:`~kvhit.estimate.band.draw_starts` with one ``default_rng(seed)`` drawn in order — the realisations of
     :func:`kvhit.estimate.band.realisation_replays` at the same seed."""
     if isinstance(replays, bool) or not isinstance(replays, int) or not 2 <= replays <= 1000:
         raise AgenticError(f"replays: expected an integer in 2–1000, got {replays!r}")
-    first = _first_starts(pt)
+    first = session_starts(pt)
     rng = np.random.default_rng(seed)
     for _ in range(replays):
         yield restart_sessions(pt, draw_starts(first, rng, bins))

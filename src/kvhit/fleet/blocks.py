@@ -336,19 +336,15 @@ def draw_fleet_starts(first, rng: np.random.Generator, law: str) -> np.ndarray:
     error from 0.059 to 0.005): the replays' mean is then E[h | order], whose mean over realisations is still E[h],
     and it follows a process whose order is not random (the benchmark's Poisson starts hand the k-th draw the k-th
     start: the unordered uniform law missed their mean by 0.014–0.026 on held-35a, R = 2)."""
-    from kvhit.estimate.band import draw_starts
+    from kvhit.estimate.band import draw_starts, keep_order
 
     f = np.asarray(first, float)
-    C = f.shape[0]
     if law == "histogram":
-        x = draw_starts(f, rng)
-    else:
-        lo, hi = float(f.min()), float(f.max())
-        d = (hi - lo) / (C - 1) if C > 1 else 0.0
-        x = rng.uniform(lo - d, hi + d, C)
-    out = np.empty(C)
-    out[np.argsort(f, kind="stable")] = np.sort(x)
-    return out
+        return draw_starts(f, rng, order="keep")
+    C = f.shape[0]
+    lo, hi = float(f.min()), float(f.max())
+    d = (hi - lo) / (C - 1) if C > 1 else 0.0
+    return keep_order(f, rng.uniform(lo - d, hi + d, C))
 
 
 def fleet_replays_blocks(
@@ -369,13 +365,10 @@ def fleet_replays_blocks(
     :func:`kvhit.estimate.band.restart_sessions`), at each of the P capacity vectors ``caps`` (P × R, or one vector
     of R), any router :func:`kvhit.fleet.simulate.simulate_fleet` runs (router seed ``seed``; holds ``T/speed``
     when ``speed`` is given, the load lag ``lag``). Replay j is ``simulate_fleet`` on the j-th re-timed trace."""
-    from kvhit.estimate.band import _session_ids, restart_sessions
+    from kvhit.estimate.band import restart_sessions, session_starts
 
     caps = np.atleast_2d(np.asarray(caps, np.int64))
-    sess = _session_ids(pt)
-    C = int(sess.max()) + 1 if sess.size else 0
-    first = np.full(C, np.inf)
-    np.minimum.at(first, sess, pt.time)
+    first = session_starts(pt)
     law = law or start_law(first)
     rng = np.random.default_rng(seed)
     H = np.empty((int(replays), caps.shape[0]))
@@ -429,13 +422,10 @@ def fleet_band_blocks(
     by more than ``tol`` + 2 standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side. Returns
     ``h_lo``, ``h_hi``, ``h_mc``, ``h_se``, ``level``, ``replays``, ``seed``, ``validated`` (False), ``method``,
     ``notes``."""
-    from kvhit.estimate.band import WIDEN, _session_ids
+    from kvhit.estimate.band import WIDEN, session_starts
 
     Ns = [int(x) for x in Ns]
-    sess = _session_ids(pt)
-    first = np.full(int(sess.max()) + 1 if sess.size else 0, np.inf)
-    np.minimum.at(first, sess, pt.time)
-    law = start_law(first)
+    law = start_law(session_starts(pt))
     H = fleet_replays_blocks(pt, router, [Ns], engine=engine, router_params=router_params, speed=speed, lag=lag,
                              replays=replays, seed=seed, law=law)[:, 0]  # fmt: skip
     lo, hi, m, se, notes = band_from_replays(H, est, level=level, tol=tol)
