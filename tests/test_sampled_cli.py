@@ -55,6 +55,8 @@ def test_salt_changes_the_sample(trace):
         (["--sample-rate", "0"], "--sample-rate"),
         (["--sample-rate", "1.5"], "--sample-rate"),
         (["--sample-salt", "3"], "--sample-salt"),
+        (["--sample-estimator", "step"], "--sample-estimator"),
+        (["--sample-rate", "0.1", "--sample-estimator", "median"], "--sample-estimator"),
         (["--sample-rate", "0.1", "--policies", "sglang"], "--sample-rate"),
     ],
 )
@@ -79,3 +81,25 @@ def test_blocks_trace_default_policies(tmp_path):
     assert any(k.endswith("sampled 50%") for k in d) and d["sample_rate"] == 0.5
     r = kvhit("curve", "--blocks-trace", files[0], "--sample-rate", "0.5", "--policies", "content")
     assert r.code == 2 and len(r.err_lines) == 1 and "--policies" in r.err_lines[0]
+
+
+def test_estimator_echoed_and_equal_to_the_library(trace):
+    """--sample-estimator is echoed and each reading is the library's (kvhit.sim.sampled_estimate); below rate 1
+    the two readings differ."""
+    from kvhit.experiments.sampled_curve import sampled_curve_from_parquet
+
+    key = "vLLM ≥ 0.24 (block cache), sampled 20%"
+    got = {}
+    for est in ("step", "deblurred"):
+        r = kvhit(
+            "curve", "--trace", trace, "--sample-rate", "0.2", "--points", "40", "--warmup", "0", "--json",
+            "--sample-estimator", est,
+        )  # fmt: skip
+        assert r.code == 0, r.err
+        out = json.loads(r.out)
+        assert out["sample_estimator"] == est
+        Ns = np.asarray(out["N"], np.int64)
+        lib = sampled_curve_from_parquet(trace, rate=0.2, Ns=Ns, n_warm=0, estimator=est, block_size=out["block_size"])
+        got[est] = np.array([np.nan if x is None else x for x in out[key]])
+        assert np.allclose(got[est], lib[key], equal_nan=True, rtol=0, atol=1e-12)
+    assert np.nanmax(np.abs(got["deblurred"] - got["step"])) > 1e-4

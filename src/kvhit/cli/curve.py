@@ -84,6 +84,7 @@ def curve(
     kv_gb: Annotated[float | None, _opt(CR, "kv_gb", "--kv-gb")] = None,
     sample_rate: Annotated[float | None, _opt(CR, "sample_rate", "--sample-rate")] = None,
     sample_salt: Annotated[int | None, _opt(CR, "sample_salt", "--sample-salt")] = None,
+    sample_estimator: Annotated[str | None, _opt(CR, "sample_estimator", "--sample-estimator")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
@@ -93,6 +94,8 @@ def curve(
     the --trace streamed from Parquet.
     """
     extra = {} if sample_salt is None else {"sample_salt": sample_salt}
+    if sample_estimator is not None:
+        extra["sample_estimator"] = sample_estimator
     res = _call(
         svc.curve,
         CR,
@@ -164,7 +167,8 @@ def curve(
             f"{k}: {v.get('kept_lookups', v.get('kept_events', 0)):,}" for k, v in (res.sample or {}).items()
         )
         console.print(
-            f"SHARDS sample at rate {res.sample_rate:g}, salt {res.sample_salt} (kept lookups / events: {sizes}); "
+            f"SHARDS sample at rate {res.sample_rate:g}, salt {res.sample_salt} (kept lookups / events: {sizes}; "
+            f"vLLM curves read {res.sample_estimator}); "
             "estimates of the exact curves, error measured in docs/sampling.md",
             markup=False,
         )

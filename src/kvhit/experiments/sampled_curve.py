@@ -74,16 +74,21 @@ def default_n_max(blocks: dict[str, SampledBlockCurve], content: SampledContentC
 
 
 def curves_from_sampled(
-    Ns: np.ndarray, blocks: dict[str, SampledBlockCurve], content: SampledContentCurve | None, rate: float
+    Ns: np.ndarray,
+    blocks: dict[str, SampledBlockCurve],
+    content: SampledContentCurve | None,
+    rate: float,
+    estimator: str = "deblurred",
 ) -> dict:
-    """Series over ``Ns`` (block-weighted h and vLLM's token ratio per engine; Algorithm 1's practical h)."""
+    """Series over ``Ns`` (block-weighted h and vLLM's token ratio per engine, read with ``estimator`` of
+    :mod:`kvhit.sim.sampled_estimate`; Algorithm 1's practical h)."""
     out: dict = {"N": Ns}
     if content is not None:
         out[sampled_label("content", rate)] = content.curve(Ns)
     feasible = np.ones(Ns.shape, bool)
     n_min = 0
     for e, bc in blocks.items():
-        c = bc.curve(Ns)
+        c = bc.curve(Ns, estimator)
         out[sampled_label(e, rate)] = c["block_hit_ratio"]
         out[sampled_label(e, rate) + " token ratio"] = c["token_hit_ratio"]
         feasible &= c["feasible"]
@@ -117,6 +122,7 @@ def sampled_curve_from_parquet(
     points: int = 1000,
     chunk: int = 1 << 20,
     progress: Callable[[int], None] | None = None,
+    estimator: str = "deblurred",
 ) -> dict:
     """Sampled curves of a kvhit Parquet trace streamed by row groups; keys as :func:`curves_from_sampled` plus
     ``events``, ``sample`` (kept accesses / lookups per engine, kept events of Algorithm 1)."""
@@ -137,7 +143,7 @@ def sampled_curve_from_parquet(
     if Ns is None:
         hi = n_max or default_n_max(res["blocks"], res["content"], n_min)
         Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
-    out = curves_from_sampled(np.asarray(Ns, np.int64), res["blocks"], res["content"], rate)
+    out = curves_from_sampled(np.asarray(Ns, np.int64), res["blocks"], res["content"], rate, estimator)
     out["events"] = res["events"]
     out["sample"] = {
         **{
