@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.estimate.engine import estimate, estimate_engine, estimate_finite, estimate_window, trace_moments
+from kvhit.estimate.engine import estimate_engine, estimate_finite, estimate_window
+from kvhit.estimate.mean_field import estimate
+from kvhit.estimate.trace_stats import trace_moments
 from kvhit.experiments import (
     ESTIMATORS,
     SETTINGS,

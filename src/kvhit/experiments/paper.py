@@ -37,7 +37,8 @@ measured conversations, ``block="paper"``; unscaled λ0 = the setting's λ0; thr
 
 and the engine-aware estimators of :mod:`kvhit.estimate.engine` (docs/estimators.md), each registered with the actual
 it predicts (:data:`ESTIMATOR_TARGETS`), fed the empirical F̂ of the realized eq. (80) gaps of the measured
-conversations (:func:`kvhit.estimate.engine.engine_accounting`) and the setting's λ0 (nothing fitted to the actuals):
+conversations (:func:`kvhit.estimate.accounting.engine_accounting`) and the setting's λ0 (nothing fitted to the
+actuals):
 
 * ``engine:<e>`` / ``engine:<e>:token`` (e = ``vllm``, ``vllm-0.23``): :func:`kvhit.estimate.engine.estimate_engine`
   with the engine's block accounting, finite N, tail-first partial prefix hits and Gaussian fluctuations of the
@@ -77,15 +78,10 @@ from typing import Any
 
 import numpy as np
 
-from kvhit.estimate.engine import (
-    EstimateError,
-    engine_accounting,
-    estimate,
-    estimate_engine,
-    estimate_finite,
-    estimate_window,
-    trace_moments,
-)
+from kvhit.estimate.accounting import engine_accounting
+from kvhit.estimate.engine import estimate_engine, estimate_finite, estimate_window
+from kvhit.estimate.mean_field import estimate
+from kvhit.estimate.trace_stats import EstimateError, trace_moments
 from kvhit.sim.metrics import mean_ci
 from kvhit.workload.dists import EmpiricalW, Exponential
 from kvhit.workload.trace import Trace, Window
