@@ -26,21 +26,17 @@ from kvhit.experiments import (
     reproduce,
     summarize,
 )
-from kvhit.experiments.paper import (
+from kvhit.experiments.paper import points, run_experiments
+from kvhit.experiments.paper_estimators import (
     ENGINE_TARGET,
     ESTIMATOR_TARGETS,
     INGREDIENT_COLUMNS,
     PAPER_ESTIMATORS,
-    _block_requests,
     ingredient_estimates,
-    load_sample,
     measured_window,
     observed_gaps,
-    points,
-    retime,
-    run_experiments,
-    run_point,
 )
+from kvhit.experiments.paper_runs import _block_requests, load_sample, retime, run_point
 from kvhit.sim.runner import block_requests
 from kvhit.workload.dists import Exponential
 from kvhit.workload.sharegpt_trace import build_sharegpt_trace

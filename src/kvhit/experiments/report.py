@@ -33,15 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from kvhit.experiments.paper import (
-    ENGINE_TARGET,
-    PAPER_ESTIMATORS,
-    PRIMARY_ACTUAL,
-    Setting,
-    get_setting,
-    run_experiments,
-    summarize,
-)
+from kvhit.experiments.paper import run_experiments, summarize
+from kvhit.experiments.paper_estimators import ENGINE_TARGET, PAPER_ESTIMATORS
+from kvhit.experiments.paper_runs import PRIMARY_ACTUAL
+from kvhit.experiments.paper_setting import Setting, get_setting
 from kvhit.workload.sharegpt import PAPER_WORKLOAD
 
 __all__ = [
@@ -872,7 +867,7 @@ def reproduce(
         setting: a setting name (``"paper"``, ``"quick"``, ``"tiny"``) or a :class:`Setting`; overrides
             ``quick``.
         cache_dir: the ShareGPT token cache directory (default: the library's).
-        estimators: the estimator registry to use (default :data:`kvhit.experiments.paper.ESTIMATORS`).
+        estimators: the estimator registry to use (default :data:`kvhit.experiments.paper_estimators.ESTIMATORS`).
     """
     t0 = time.perf_counter()
     st = get_setting(setting if setting is not None else "quick" if quick else "paper")
