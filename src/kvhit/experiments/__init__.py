@@ -3,7 +3,8 @@
 Entry point: :func:`reproduce` (``kvhit reproduce`` on the command line). Settings and the latency model of
 eq. (80) live in :mod:`kvhit.experiments.paper_setting`, the estimator registry in
 :mod:`kvhit.experiments.paper_estimators`, one run in :mod:`kvhit.experiments.paper_runs`, the grids and the
-summary in :mod:`kvhit.experiments.paper`; figures and the report in :mod:`kvhit.experiments.report`.
+summary in :mod:`kvhit.experiments.paper`; the outputs in :mod:`kvhit.experiments.report` (figures:
+:mod:`kvhit.experiments.report_figures`, ``report.md``: :mod:`kvhit.experiments.report_markdown`).
 """
 
 from kvhit.experiments.paper import PAPER_BOUNDS, run_experiments, summarize

@@ -345,3 +345,14 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     if ing is not None:
         out["ingredients"] = ing
     return out
+
+
+def _targets(summary: dict[str, Any]) -> dict[str, str]:
+    """estimator → the actual it targets, in a :func:`summarize` result."""
+    return dict(summary.get("targets") or {})
+
+
+def _untargeted(summary: dict[str, Any]) -> list[str]:
+    """The estimators of a :func:`summarize` result without a target (the paper's, compared with every actual)."""
+    t = _targets(summary)
+    return [en for en in summary["estimators"] if en not in t]
