@@ -438,7 +438,7 @@ def plan_production(
     band_level: float = 0.9,
     band_replays: int = 16,
 ) -> Plan:
-    """Plan from a production block-id trace (:class:`~kvhit.workload.production.ProductionTrace`).
+    """Plan from a production block-id trace (:class:`~kvhit.workload.production_trace.ProductionTrace`).
 
     The load is the trace's own (its conversations at the start times it was read with: the answer is exact by
     *replay*, :mod:`kvhit.sim.tracerun`) or, with ``lam0`` / ``scale``, a stationary stream of its conversations
