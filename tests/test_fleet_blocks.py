@@ -20,7 +20,8 @@ from kvhit.fleet.blocks import (
     stay_probabilities_blocks,
 )
 from kvhit.fleet.simulate import simulate_fleet
-from kvhit.workload.production import ProductionTrace, read_production, read_weka
+from kvhit.workload.production import read_production, read_weka
+from kvhit.workload.production_trace import ProductionTrace
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data" / "production"
