@@ -17,7 +17,8 @@ log-spaced feasible capacities (from the largest request ``N_min`` to 1.25× the
 the best. The 10⁶-turn ShareGPT-derived trace (seed 0, λ0 = 1/s) is where the deblurred reading was designed;
 ``--heldout`` adds one it was not designed on (seed 1, λ0 = 0.5/s), ``--large`` the 10⁷-turn one (seed 0).
 Run: ``python benchmarks/sampling_accuracy.py [--large] [--heldout] [--salts 5]``; ``--profile``: the error over
-capacities with at least ``k`` sampled cache slots (``R·N ≥ k``), 3 salts, the 10⁶-turn trace.
+capacities with at least ``k`` sampled cache slots (``R·N ≥ k``), 3 salts, the 10⁶-turn trace; ``--se-calibration``:
+the stated standard error against the spread over 20 salts.
 """
 
 from __future__ import annotations
@@ -194,6 +195,73 @@ def profile_rows(n_conv: int = 270_000, salts: int = 3, rates=(0.01, 0.02, 0.05)
     return lines
 
 
+def se_calibration_rows(salts: int = 20) -> list[str]:
+    """Is the stated standard error (``SampledBlockCurve.standard_error``, the sample-size part) the spread over
+    salts? Per workload and rate: quantiles over capacities of sd(ĥ over salts) / mean se, and the share of (salt,
+    capacity) points with |ĥ − exact| ≤ 2 se and ≤ 3 se, per reading (``--se-calibration``)."""
+    from kvhit.experiments.curve import curve_inputs, default_capacity_range
+    from kvhit.experiments.sampled_curve import sampled_production_curve
+    from kvhit.sim.sampled import sampled_stream_curve
+    from kvhit.sim.tracerun import measured_mask, production_curve
+    from kvhit.workload.generate import generate
+    from kvhit.workload.production import read_production
+    from kvhit.workload.trace import Window
+
+    cases = []
+    for name, path in (
+        ("Mooncake", TRACES / "mooncake_fast25" / "conversation_trace.jsonl"),
+        ("WEKA", TRACES / "weka_kv_cache_tester" / "traces"),
+    ):
+        if not path.exists():
+            continue
+        pt = read_production(path)
+        mask = measured_mask(pt, None)
+        n_min = int(production_curve(pt, np.array([10**9], np.int64))["N_min"])
+        Ns = _grid(n_min, int(4 * pt.describe().get("distinct_blocks", n_min * 10)))
+        ex = production_curve(pt, Ns)["engines"]["vllm"]["block_hit_ratio"]
+
+        def samp(rate, salt, pt=pt, mask=mask):
+            return sampled_production_curve(pt, rate=rate, salt=salt, mask=mask, engines=("vllm",))["vllm"]
+
+        cases.append((name, Ns, ex, samp, (0.01, 0.05) if name == "WEKA" else (0.01, 0.05, 0.25)))
+    spec, _ = sharegpt_spec()
+    tr = generate(spec, 0, n_conversations=270_000)
+    tr.meta["block_size"] = 128
+    w = Window.warmup_conversations(tr, 270_000 // 5)
+    inp = curve_inputs(tr, w, ("vllm",))
+    _, hi = default_capacity_range(inp, 64)
+    Ns = _grid(inp.N_min, hi)
+    ex = inp.blocks["vllm"].hit(Ns) / inp.blocks["vllm"].prompt_blocks
+
+    def samp_sg(rate, salt):
+        out = sampled_stream_curve(
+            _chunks(tr), rate=rate, salt=salt, engines=("vllm",), content=False, window=(w.start, w.end)
+        )
+        return out["blocks"]["vllm"]
+
+    cases.append((f"ShareGPT-derived {tr.n_turns:,} turns", Ns, ex, samp_sg, (0.01, 0.05)))
+    lines = [
+        "| workload | rate | reading | sd/se (10 / 50 / 90 % of capacities) | |err| ≤ 2 se | |err| ≤ 3 se "
+        "| max over N of |err|/se (median salt) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, Ns, ex, samp, rates in cases:
+        ok = np.isfinite(ex)
+        for rate in rates:
+            runs = [samp(rate, salt) for salt in range(salts)]
+            se = np.array([r.standard_error(Ns)[ok] for r in runs])
+            mse = se.mean(0)
+            for rd in READINGS:
+                h = np.array([r.curve(Ns, rd)["block_hit_ratio"][ok] for r in runs])
+                q = np.quantile((h.std(0, ddof=1) / np.maximum(mse, 1e-12))[mse > 1e-4], [0.1, 0.5, 0.9])
+                z = np.abs(h - ex[ok]) / np.maximum(se, 1e-12)
+                lines.append(
+                    f"| {name} | {rate:g} | {rd} | {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f} | {np.mean(z <= 2):.3f} | "
+                    f"{np.mean(z <= 3):.3f} | {np.median(z.max(1)):.1f} |"
+                )
+    return lines
+
+
 def run(large: bool | None = None, salts: int = 5, heldout: bool = False) -> dict:
     if large is None:
         large = os.environ.get("KVHIT_BENCH_LARGE") == "1"
@@ -229,6 +297,9 @@ def render(out: dict) -> str:
 
 
 def main() -> None:
+    if "--se-calibration" in sys.argv:
+        print("\n".join(se_calibration_rows()))
+        return
     if "--profile" in sys.argv:
         print("\n".join(profile_rows()))
         return

@@ -102,4 +102,8 @@ def test_estimator_echoed_and_equal_to_the_library(trace):
         lib = sampled_curve_from_parquet(trace, rate=0.2, Ns=Ns, n_warm=0, estimator=est, block_size=out["block_size"])
         got[est] = np.array([np.nan if x is None else x for x in out[key]])
         assert np.allclose(got[est], lib[key], equal_nan=True, rtol=0, atol=1e-12)
+        lo, hi = (np.array([np.nan if x is None else x for x in out[f"band {s}: " + key]]) for s in ("low", "high"))
+        assert np.allclose(hi - got[est], lib["band high: " + key] - lib[key], equal_nan=True, atol=1e-12)
+        assert np.allclose(got[est] - lo, hi - got[est], equal_nan=True, atol=1e-12)
+        assert np.nanmin(hi - lo) > 0
     assert np.nanmax(np.abs(got["deblurred"] - got["step"])) > 1e-4

@@ -73,6 +73,9 @@ def default_n_max(blocks: dict[str, SampledBlockCurve], content: SampledContentC
     return max(int(math.ceil(SATURATION_MARGIN * top)), 2 * int(n_min))
 
 
+SE_BAND = 2.0  #: half-width of a sampled curve's band in standard errors (sample-size part; calibration §2)
+
+
 def curves_from_sampled(
     Ns: np.ndarray,
     blocks: dict[str, SampledBlockCurve],
@@ -81,7 +84,8 @@ def curves_from_sampled(
     estimator: str = "deblurred",
 ) -> dict:
     """Series over ``Ns`` (block-weighted h and vLLM's token ratio per engine, read with ``estimator`` of
-    :mod:`kvhit.sim.sampled_estimate`; Algorithm 1's practical h)."""
+    :mod:`kvhit.sim.sampled_estimate`, with ``band low: …``/``band high: …`` at ± :data:`SE_BAND` standard errors
+    of the sample size; Algorithm 1's practical h)."""
     out: dict = {"N": Ns}
     if content is not None:
         out[sampled_label("content", rate)] = content.curve(Ns)
@@ -90,6 +94,9 @@ def curves_from_sampled(
     for e, bc in blocks.items():
         c = bc.curve(Ns, estimator)
         out[sampled_label(e, rate)] = c["block_hit_ratio"]
+        half = SE_BAND * bc.standard_error(Ns)  # the sample-size part of the error (docs/sampling.md §2)
+        out["band low: " + sampled_label(e, rate)] = c["block_hit_ratio"] - half
+        out["band high: " + sampled_label(e, rate)] = c["block_hit_ratio"] + half
         out[sampled_label(e, rate) + " token ratio"] = c["token_hit_ratio"]
         feasible &= c["feasible"]
         n_min = max(n_min, bc.N_min)

@@ -551,6 +551,11 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
         data["figures"] = plot_curves(
             {k: (Ns, data[k]) for k in _curve_keys(data)},
             str(req.plot),
+            bands={
+                k[len("band low: ") :]: (Ns, v, data["band high: " + k[len("band low: ") :]])
+                for k, v in data.items()
+                if k.startswith("band low: ")
+            },
             h_max=None,
             bytes_per_block=data["bytes_per_block"],
             model=model.name,

@@ -65,7 +65,7 @@ from numba import njit
 
 from kvhit.sim.content.lru import ContentInputError, _previous_sizes_kernel
 from kvhit.sim.content.stackdist import FIRST_TURN, content_curve_from_thresholds, content_hit_thresholds
-from kvhit.sim.sampled_estimate import sampled_hits
+from kvhit.sim.sampled_estimate import id_ranks, sampled_hits, sampling_se
 from kvhit.sim.vllm.block import ENGINES, BlockSimError, request_stream
 from kvhit.sim.vllm.blockids import _MAX_POS, MAX_CONVERSATION_ID, _seedmix
 from kvhit.sim.vllm.blockids import _POS_BITS as _BLOCKID_POS_BITS
@@ -383,6 +383,8 @@ class SampledBlockCurve:
     weights: np.ndarray | None = None  #: 1/p per kept lookup (None: all 1/rate, no hot ids)
     exact: bool = False  #: no entry was kept with probability < 1 (rate 1, or every kept entry hot): no noise
     kept_above: np.ndarray | None = None  #: per kept lookup, the non-hot kept entries above it (None: no hot ids)
+    id_rank: np.ndarray | None = None  #: rank (1-based) of the lookup among its id's by threshold; 0: a hot id
+    id_lookups: np.ndarray | None = None  #: kept measured lookups of the lookup's id (0: a hot id)
 
     def hit_blocks(self, Ns, estimator: str = "deblurred") -> np.ndarray:
         """Estimated Σ hit blocks of the measured requests at each capacity (float64); ``estimator``: ``deblurred``
@@ -396,6 +398,18 @@ class SampledBlockCurve:
         )
         total = self.sampled_lookups if self.weights is None else float(self.weights.sum())
         return hit * (self.lookup_blocks / total)
+
+    def standard_error(self, Ns) -> np.ndarray:
+        """Standard error of :meth:`curve`'s ``block_hit_ratio`` from *which ids* the sample kept (the sample-size
+        part of the error, :func:`kvhit.sim.sampled_estimate.sampling_se`; not the lattice or the blur); NaN below
+        ``N_min``, 0 where the pass is exact."""
+        Ns = np.asarray(Ns, np.int64)
+        if self.exact or self.rate >= 1.0 or self.sampled_lookups == 0 or self.id_rank is None:
+            se = np.zeros(Ns.shape)
+        else:
+            se = sampling_se(self.thresholds, self.id_rank, self.id_lookups, self.weights, self.rate, Ns)
+            se = se * self.lookup_blocks / self.prompt_blocks if self.prompt_blocks else se * np.nan
+        return np.where(Ns >= self.N_min, se, np.nan)
 
     def curve(self, Ns, estimator: str = "deblurred") -> dict:
         """``N``, ``hit_blocks`` (estimated), ``block_hit_ratio`` (h of eq. (6)), ``token_hit_ratio``, ``feasible``
@@ -460,11 +474,16 @@ class _BlockSampler:
         meas = np.repeat(rec[:, 3].astype(bool), per)
         look = np.repeat(rec[:, 0], per) > bi
         sel = meas & look
-        del meas, look, bi, bid
+        del meas, look, bi
         st = self.st
         w = np.where(bh[sel] != 0, 1.0, 1.0 / self.rate) if self.hot.size else None
+        t_sel = np.ascontiguousarray(thr[sel])
+        rank, group = id_ranks(bid[sel], t_sel, bh[sel] != 0)
+        del bid
         return SampledBlockCurve(
-            thresholds=np.ascontiguousarray(thr[sel]),
+            thresholds=t_sel,
+            id_rank=rank,
+            id_lookups=group,
             weights=w,
             kept_above=np.ascontiguousarray(kab[sel]) if track else None,
             rate=self.rate,

@@ -46,7 +46,7 @@ import numpy as np
 
 from kvhit.sim.content.stackdist import content_curve_from_thresholds
 
-__all__ = ["ESTIMATORS", "sampled_hits"]
+__all__ = ["ESTIMATORS", "id_ranks", "sampled_hits", "sampling_se"]
 
 ESTIMATORS: tuple[str, ...] = ("deblurred", "step")
 _NEVER = np.iinfo(np.int64).max
@@ -129,3 +129,58 @@ def sampled_hits(
     sig = np.sqrt(above * (1.0 - rate) / rate)
     f0 = ramps(N)
     return f0 - 0.5 * (ramps(N + sig) + ramps(N - sig) - 2.0 * f0)
+
+
+# --------------------------------------------------------------------------------------------------
+# the sample-size part of the error
+# --------------------------------------------------------------------------------------------------
+
+
+def id_ranks(ids: np.ndarray, thresholds: np.ndarray, hot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per kept lookup: its rank (1-based) among the lookups of its id ordered by threshold, and how many lookups
+    that id has (both 0 for a hot id, which is in every sample). Inputs of :func:`sampling_se`."""
+    n = ids.shape[0]
+    rank = np.zeros(n, np.int32)
+    group = np.zeros(n, np.int32)
+    cold = np.flatnonzero(~np.asarray(hot, bool))
+    if cold.size == 0:
+        return rank, group
+    o = cold[np.lexsort((thresholds[cold], ids[cold]))]
+    x = ids[o]
+    start = np.flatnonzero(np.concatenate([[True], x[1:] != x[:-1]]))
+    size = np.diff(np.concatenate([start, [x.size]]))
+    first = np.repeat(start, size)
+    rank[o] = (np.arange(x.size) - first + 1).astype(np.int32)
+    group[o] = np.repeat(size, size).astype(np.int32)
+    return rank, group
+
+
+def sampling_se(thresholds, id_rank, id_lookups, weights, rate: float, Ns) -> np.ndarray:
+    """Standard error of the step reading ``F̂(N) = Σ w_a 1{t_a ≤ N} / Σ w_a`` from which ids were kept, each
+    independently with probability ``rate`` (hot ids always): the linearised Horvitz–Thompson variance of a ratio,
+
+        Var F̂(N) ≈ (1 − R)/R² · Σ_{kept ids j} (c_j(N) − F̂(N) n_j)² / (Σ_a w_a)²,
+
+    ``c_j(N)`` = the id's lookups with ``t ≤ N``, ``n_j`` its lookups. ``Σ_j c_j²`` is ``Σ_a (2 r_a − 1) 1{t_a ≤
+    N}`` with ``r_a`` the lookup's rank within its id (pairs of lookups counted once each way), ``Σ_j c_j n_j`` is
+    ``Σ_a n_{j(a)} 1{t_a ≤ N}``. It is the error of the sample *size* only, for either reading: it leaves out the
+    noise of the thresholds themselves (which ids above a block were kept), so it is a lower bound of the spread
+    over salts (measured in docs/sampling.md §2)."""
+    thr = np.asarray(thresholds, np.int64)
+    Ns = np.asarray(Ns, np.int64)
+    r = np.asarray(id_rank, np.float64)
+    g = np.asarray(id_lookups, np.float64)
+    w = np.ones(thr.shape[0]) / rate if weights is None else np.asarray(weights, np.float64)
+    cold = g > 0
+    o = np.argsort(thr, kind="stable")
+    ts = thr[o]
+    j = np.searchsorted(ts, Ns, side="right")
+    A = np.concatenate([[0.0], np.cumsum(w[o])])[j]
+    B = float(w.sum())
+    F = A / B
+    S2 = np.concatenate([[0.0], np.cumsum(np.where(cold, 2 * r - 1, 0.0)[o])])[j]
+    S1 = np.concatenate([[0.0], np.cumsum(np.where(cold, g, 0.0)[o])])[j]
+    # Σ_j n_j² over the kept cold ids: each lookup of id j adds n_j, so Σ_a n_{j(a)} = Σ_j n_j²
+    S0 = float(g[cold].sum())
+    var = (1.0 - rate) / rate**2 * np.maximum(S2 - 2 * F * S1 + F * F * S0, 0.0) / B**2
+    return np.sqrt(var)
