@@ -639,6 +639,7 @@ def sampled_stream_curve(
     block_size: int = 128,
     engines: tuple[str, ...] = ("vllm",),
     content: bool = True,
+    content_rate: float | None = None,
     warmup: int = 0,
     window: tuple[float, float] | None = None,
     progress: Callable[[int], None] | None = None,
@@ -648,8 +649,10 @@ def sampled_stream_curve(
     (``T = cum_tokens`` or ``R·b − 1``), events at stream index ≥ ``warmup`` measured (or, given ``window = (start,
     end)``, events at times in ``[start, end]``, as :class:`kvhit.workload.trace.Window`). Only the sample is kept:
     memory O(chunk + sampled accesses). Returns ``{"blocks": {engine: SampledBlockCurve}, "content":
-    SampledContentCurve | None, "events": n}``."""
+    SampledContentCurve | None, "events": n}``. ``content_rate``: Algorithm 1's own rate
+    (default ``rate``; 1: its exact pass, which holds every event's ``(conv, R)`` — 17 bytes a turn — but no block)"""
     r = check_rate(rate)
+    rc = r if content_rate is None else check_rate(content_rate)
     b = int(block_size)
     samplers = {e: _BlockSampler(b, e, r, salt) for e in engines}
     cc: list[np.ndarray] = []
@@ -668,7 +671,7 @@ def sampled_stream_curve(
             for s in samplers.values():
                 s.push(T, T, _EMPTY, _EMPTY, meas, conv=ch.conv)
         if content:
-            k = conversation_keep(ch.conv, r, salt)
+            k = conversation_keep(ch.conv, rc, salt)
             cc.append(ch.conv[k])
             cr.append(ch.R[k])
             cm.append(meas[k])
@@ -682,5 +685,5 @@ def sampled_stream_curve(
         conv = np.concatenate(cc) if cc else np.zeros(0, np.int64)
         R = np.concatenate(cr) if cr else np.zeros(0, np.int64)
         m = np.concatenate(cm) if cm else np.zeros(0, bool)
-        out["content"] = _content_from_kept(conv, R, m, r, salt)
+        out["content"] = _content_from_kept(conv, R, m, rc, salt)
     return out
