@@ -188,8 +188,8 @@ def test_curve_and_plan_refusals(mc, tmp_path):
     for cmd in (["simulate", "--replicas", "2"], ["plan", "--target", "0.5"]):
         r = runner.invoke(app, ["fleet", *cmd, "--trace", str(tr), "--N", "60", "--block-size", "16", "--decode-kv"])
         err = (r.stderr or r.output).strip()
-        assert r.exit_code == 2 and err.endswith("--decode-kv: this workload has no output lengths (a kvhit trace "
-                                                 "without response_tokens, or streams resampled at --lam0)")  # fmt: skip
+        want = "--decode-kv: this workload has no output lengths (a kvhit trace without response_tokens, or streams"
+        assert r.exit_code == 2 and want in err
         assert len(err.splitlines()) == 1 and "Traceback" not in r.output
     r = runner.invoke(app, ["fleet", "plan", "--blocks-trace", path, "--target", "0.5", "--N", "40", "--lam0", "0.1",
                             "--decode-kv"])  # fmt: skip
