@@ -88,6 +88,8 @@ def test_simulate_equals_the_library_and_echoes_the_options(mc):
         # block-id rows: the exact replays run under the same timing (tests/test_fleet_blocks.py pins their values)
         assert row["estimate_method"] == "replay-mean" and 0 < row["estimate"] < 1
     assert not any("no estimate" in n for n in out["notes"])
+    # the replays queue and reject as the run does: no "the estimates do not model queueing" note for them
+    assert max(r["mean_wait"] for r in out["rows"]) > 0 and not any("queueing" in n for n in out["notes"])
 
 
 def test_decode_alone_equals_the_library(mc):

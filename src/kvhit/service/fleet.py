@@ -564,6 +564,7 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
 def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     """``kvhit fleet simulate``: cross-field checks and output paths first, then the library; refused input raises
     :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
+    from kvhit.fleet.blocks import METHOD_REPLAY
     from kvhit.fleet.simulate import simulate_fleet
 
     if len(req.N) > 1 and (len(req.replicas) != 1 or req.replicas[0] != len(req.N)):
@@ -631,7 +632,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                     est, method, se, band, validated = est["h"], est["method"], est["se"], est["band"], est["validated"]
                 if why is not None and why not in est_notes:
                     est_notes.append(why)
-                if est is not None and (s["rejected"] > 0 or s["mean_wait"] > 0):
+                # the replays are the simulator itself: they queue and reject as the run does
+                if est is not None and method != METHOD_REPLAY and (s["rejected"] > 0 or s["mean_wait"] > 0):
                     queued.append(f"{name} R = {R}")
             reps = res.per_replica(mask)
             n_req = [p["requests"] for p in reps]
