@@ -31,8 +31,11 @@ order kept; :func:`kvhit.estimate.band.restart_sessions`). Their mean is the exp
 affordable (:func:`replays_affordable`, :data:`REPLAY_MAX_ACCESSES`; issue 23 §6: where an exact replay is cheaper
 than the estimator, use it), with its Monte Carlo standard error; the band is eq. (B1) from the same replays,
 widened by :data:`kvhit.estimate.band.WIDEN` and flagged not validated (:func:`fleet_band_blocks`). Elsewhere the
-per-replica estimator above is the fast path. Invariant: replay j equals ``simulate_fleet`` on the j-th re-timed
-trace (tested against a direct loop).
+per-replica estimator above is the fast path. The replays run under the run's whole
+:class:`~kvhit.fleet.timing.FleetTiming` (holds, decode time, prefill-done events, hit-token savings, decode KV, from
+each re-timed trace's own lengths); the per-replica estimator models none of it beyond holds ``T/speed``. Invariant:
+replay j equals ``simulate_fleet`` on the j-th re-timed trace under that timing (tested against a direct loop with
+the holds computed by hand).
 
 NOT modelled: everything :mod:`kvhit.estimate.agentic` does not (request durations, in-flight holds, queueing);
 the simulator leaves rejected requests out of its ratio while the estimate counts them as misses, so below
