@@ -145,8 +145,8 @@ NEW_POOL_SEED = 20261203
 #: mocker isolated-request timing of docs/peers.md (prefill 10.87 ms + T/53,056 tok/s, decode 173.5 tok/s, the
 #: prefill-done event, hit tokens saving their prefill) with the decode KV; ``slow`` a loaded engine (prefill 50 ms +
 #: T/5,000 tok/s, decode 20 tok/s, prefill-done, hit-token savings, decode KV). Oblivious routers get the same
-#: prefill, decode and decode KV but no hit-token savings (with them they run step-wise, 20–40× slower) and no
-#: prefill-done event (they read no load).
+#: prefill, decode and decode KV but no hit-token savings (the preset was fixed when they ran step-wise, 20–40×
+#: slower; they now run compiled) and no prefill-done event (they read no load).
 TIMINGS = {
     "isolated": dict(
         prefill_tokens_per_s=1000 / 0.018848, prefill_overhead_s=0.01087, decode_tokens_per_s=1000 / 5.764

@@ -206,9 +206,11 @@ def test_replay_mean_is_the_mean_of_direct_simulate_fleet_calls(router, speed, p
     assert b["h_lo"] < b["h_mc"] < b["h_hi"] and b["method"] == "replay-mean"
 
 
-#: timing cases: (router, router params, hand timing); hit_token_seconds on an oblivious router runs step-wise
+#: timing cases: (router, router params, hand timing); hit_token_seconds on an oblivious router runs the compiled
+#: fleet pass with the routes fixed in advance
 TIMED = [
     ("round-robin", None, {"P": 2000.0, "D": 20.0, "ov": 0.01, "hts": 0.0004}),
+    ("random", None, {"P": 2000.0, "D": 0.5, "hts": 0.0004, "kv": True}),
     ("random", None, {"P": 2000.0, "D": 5.0, "kv": True}),
     ("dynamo", None, {"P": 2000.0, "D": 20.0, "ov": 0.01, "ph": True, "hts": 0.0004}),
     ("dynamo", None, {"P": 2000.0, "D": 20.0, "ph": True, "hts": 0.0005, "kv": True}),
@@ -272,13 +274,6 @@ def test_replay_rule_counts_block_accesses(monkeypatch):
     n = int(pt.full_blocks.sum())
     monkeypatch.setattr(fb, "REPLAY_MAX_ACCESSES", 16 * n)
     assert fb.replays_affordable(pt, 16) and not fb.replays_affordable(pt, 17)
-    monkeypatch.setattr(fb, "REPLAY_MAX_ACCESSES_STEPWISE", 4 * n)
-    assert fb.replays_affordable(pt, 4, stepwise=True) and not fb.replays_affordable(pt, 5, stepwise=True)
-    # step-wise: exactly simulate_fleet's rule (an oblivious router with hit-token savings)
-    hts, plain = _fleet_timing({"P": 2000.0, "hts": 0.0001}), _fleet_timing({"P": 2000.0, "D": 1.0, "ph": True})
-    assert fb.replays_stepwise("round-robin", 2, hts) and fb.replays_stepwise("session", 2, hts)
-    assert not fb.replays_stepwise("dynamo", 2, hts) and not fb.replays_stepwise("round-robin", 2, plain)
-    assert not fb.replays_stepwise("random", 2, None)
 
 
 def test_fleet_simulate_blocks_trace_prints_the_estimate(monkeypatch, tmp_path):

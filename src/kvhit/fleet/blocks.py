@@ -67,9 +67,7 @@ __all__ = [
     "fleet_replays_blocks",
     "kv_routes_blocks",
     "replays_affordable",
-    "replays_stepwise",
     "replay_timing",
-    "REPLAY_MAX_ACCESSES_STEPWISE",
     "route_oblivious",
     "start_law",
     "stay_probabilities_blocks",
@@ -266,29 +264,11 @@ METHOD_AGENTIC = "agentic-per-replica"
 METHOD_STAY = "stay-model+agentic-per-replica"
 
 
-#: The replay rule's budget where the replays run step-wise (:func:`replays_stepwise`: an oblivious router with
-#: ``hit_token_seconds > 0``, which :func:`kvhit.fleet.simulate.simulate_fleet` has no compiled path for): measured
-#: 2026-12-03 (load average 4.4 on 2 cores) at ≈ 6.7·10⁵ block accesses/s on held-35a (one replay 5.2 s, R = 2
-#: round-robin) and ≈ 2.6·10⁵ on the Mooncake conversation trace (1.1 s), 20–40× the compiled passes; this budget
-#: keeps 16 step-wise replays to seconds (held-35a and Mooncake then get no estimate).
-REPLAY_MAX_ACCESSES_STEPWISE = 4_000_000
-
-
-def replays_stepwise(router: str, R: int, timing=None, router_params: dict | None = None) -> bool:
-    """Whether the replays of ``router`` under ``timing`` run step-wise: an oblivious router with
-    ``hit_token_seconds > 0`` (simulate_fleet's own rule: the compiled paths are the KV-aware fleet pass and the
-    oblivious routers without hit-token savings)."""
-    from kvhit.fleet.routers import make_router
-
-    hts = 0.0 if timing is None else float(timing.hit_token_seconds)
-    return hts > 0 and make_router(router, R, 0, **(router_params or {})).oblivious
-
-
-def replays_affordable(pt, replays: int, stepwise: bool = False) -> bool:
-    """The replay rule: ``replays`` × ``pt``'s block accesses ≤ :data:`REPLAY_MAX_ACCESSES`
-    (:data:`REPLAY_MAX_ACCESSES_STEPWISE` when the replays run step-wise, :func:`replays_stepwise`)."""
-    budget = REPLAY_MAX_ACCESSES_STEPWISE if stepwise else REPLAY_MAX_ACCESSES
-    return int(replays) * int(np.asarray(pt.full_blocks, np.int64).sum()) <= budget
+def replays_affordable(pt, replays: int) -> bool:
+    """The replay rule: ``replays`` × ``pt``'s block accesses ≤ :data:`REPLAY_MAX_ACCESSES` (every router and timing
+    runs compiled: the KV-aware fleet pass, or an oblivious router per replica or, with hit-token savings, through
+    the fleet pass with its routes fixed in advance)."""
+    return int(replays) * int(np.asarray(pt.full_blocks, np.int64).sum()) <= REPLAY_MAX_ACCESSES
 
 
 def replay_timing(speed=None, timing=None):

@@ -491,8 +491,7 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
     for one realisation of the start times where it applies, ``validated``), or ``(None, reason)``.
 
     The replay rule (:func:`kvhit.fleet.blocks.replays_affordable`): when :data:`BAND_REPLAYS` exact fleet replays
-    at redrawn start times cost at most :data:`kvhit.fleet.blocks.REPLAY_MAX_ACCESSES` block accesses
-    (:data:`~kvhit.fleet.blocks.REPLAY_MAX_ACCESSES_STEPWISE` where they run step-wise), the expected
+    at redrawn start times cost at most :data:`kvhit.fleet.blocks.REPLAY_MAX_ACCESSES` block accesses, the expected
     value is their mean (``method`` ``replay-mean``, ``se`` its Monte Carlo standard error) and the band comes from
     the same replays — for every router the simulator runs and every timing option (the replays are the simulator
     itself under the run's :class:`~kvhit.fleet.timing.FleetTiming` ``tmg``, lag, parameters and seed). Otherwise
@@ -505,14 +504,12 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
         fleet_band_blocks,
         kv_routes_blocks,
         replays_affordable,
-        replays_stepwise,
         stay_probabilities_blocks,
     )
 
     pt = wl.source
     st = wl.stream
-    stepwise = replays_stepwise(name, len(Ns), tmg, params)
-    if pt.session is not None and replays_affordable(pt, BAND_REPLAYS, stepwise):
+    if pt.session is not None and replays_affordable(pt, BAND_REPLAYS):
         with translating("estimate"):
             band = fleet_band_blocks(
                 pt, name, Ns, engine=req.engine, router_params=params, lag=req.lag, replays=BAND_REPLAYS,
@@ -521,11 +518,7 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
         return {"h": band["h_mc"], "method": band["method"], "se": band["h_se"], "validated": False, "band": band}, None
     extra = [f for f in TIMING_FLAGS if getattr(req, f)]
     if extra:  # the per-replica estimators hold T/speed at most: they would answer a different setting
-        why = (
-            "no session ids" if pt.session is None
-            else "too many block accesses for the replays" + (" (step-wise: --hit-token-seconds with an oblivious "
-                                                              "router)" if stepwise else "")
-        )  # fmt: skip
+        why = "no session ids" if pt.session is None else "too many block accesses for the replays"
         return None, (
             f"no estimate for {name} with {', '.join(req.flag(f) for f in extra)}: {why}, and the per-replica "
             "block-id fleet estimators model holds of T / --prefill-tokens-per-s and the prompt's KV only"
