@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from kvhit.plan import hardware
+from kvhit.plan import model_config
 from kvhit.sim.tiers.sizing import host_units
 from kvhit.sim.tiers.surface import hit_surface
 from kvhit.workload.production import read_production
@@ -33,7 +33,7 @@ DRAM_GB = (0, 128, 256, 512, 1024, 2048)
 def run(path: str = MOONCAKE, tiers=("native", "lmcache", "simple", "simple-lazy")) -> dict:
     rq = read_production(path).to_block_requests()
     b = int(rq.block_size)
-    bpb = hardware.resolve_model("qwen3-8b").bytes_per_block(b, "bf16", 1)
+    bpb = model_config.resolve_model("qwen3-8b").bytes_per_block(b, "bf16", 1)
     out: dict = {"requests": int(rq.prompt_tokens.shape[0]), "block_size": b, "hbm_blocks": list(HBM)}
     for tier in tiers:
         kw = {"chunk_tokens": 512} if tier == "lmcache" else {}  # LMCache chunks: a multiple of the 512-token block

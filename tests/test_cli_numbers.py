@@ -12,7 +12,7 @@ import pytest
 
 from clihelp import kvhit
 from kvhit.estimate import theory
-from kvhit.plan import hardware
+from kvhit.plan import hardware, model_config
 from kvhit.sim.runner import simulate_trace_block, simulate_trace_content
 from kvhit.workload import Trace, Window, WorkloadSpec
 
@@ -63,7 +63,7 @@ def test_kv_paper_capacity_and_deepseek_mla():
 
 def test_kv_accelerator_budget():
     d = run_json("kv", "--model", "llama-3.1-70b", "--gpu", "H200", "--tp", "4")
-    m = hardware.get_model("Llama-3.1-70B")
+    m = model_config.get_model("Llama-3.1-70B")
     kv = hardware.kv_budget_bytes("H200", m, tp=4)
     assert d["N"] == kv // m.bytes_per_block(128, "bf16", 4)
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.estimate.agentic import AgenticError, compound_poisson_cdf, estimate_trace
+from kvhit.estimate.agentic import AgenticError, estimate_trace
+from kvhit.estimate.agentic_displacement import compound_poisson_cdf
 from kvhit.sim.vllm.curve import block_curve
 from kvhit.workload.production import read_mooncake, read_weka
 from kvhit.workload.reuse import request_reuse

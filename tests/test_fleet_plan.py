@@ -287,10 +287,10 @@ def test_inflight_imbalance_against_a_time_grid():
 
 
 def test_plan_capacity_from_kv_gb_and_gpu(trace):
-    from kvhit.plan import hardware
+    from kvhit.plan import hardware, model_config
 
     out = _plan(trace, "--target", "0.3", "--kv-gb", "0.4", "--router", "session", "--max-replicas", "2")
-    bpb = hardware.get_model("qwen3-8b").bytes_per_block(B)
+    bpb = model_config.get_model("qwen3-8b").bytes_per_block(B)
     assert out["capacity"]["N"] == int(hardware.gb_to_bytes(0.4) // bpb) and out["capacity"]["source"] == "--kv-gb"
     out = _plan(trace, "--target", "0.3", "--vary", "hbm", "--replicas", "2", "--router", "session", "--gpu", "H100")
     budget = hardware.kv_budget_bytes("H100", "qwen3-8b")

@@ -10,22 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.plan import hardware as hw
+from kvhit.plan import model_config
 from kvhit.plan.hardware import (
     GIB,
     Accelerator,
-    HardwareError,
-    ModelConfigError,
-    ModelKV,
     blocks_from_bytes,
     blocks_from_gb,
     gb_from_blocks,
     get_accelerator,
-    get_model,
     kv_budget_bytes,
     kv_capacity_blocks,
-    model_from_config,
 )
+from kvhit.plan.model_config import get_model, model_from_config
+from kvhit.plan.model_kv import HardwareError, ModelConfigError, ModelKV
 
 QWEN3_8B_CFG = {
     "model_type": "qwen3",
@@ -425,7 +422,7 @@ def test_preset_files_are_config_shaped():
         data = json.loads(root.joinpath(f).read_text(encoding="utf-8"))
         assert "num_hidden_layers" in data and data["_kvhit"]["name"]
         assert isinstance(data["_kvhit"]["num_parameters"], int)
-    assert set(hw.list_models()) >= {
+    assert set(model_config.list_models()) >= {
         "Qwen3-8B",
         "Qwen3-32B",
         "Llama-3.1-8B",
@@ -446,14 +443,14 @@ def test_dense_parameter_counts(name, published):
     root = resources.files("kvhit").joinpath("data", "models")
     stem = {"Qwen3-8B": "qwen3-8b", "Qwen3-32B": "qwen3-32b", "Llama-3.1-8B": "llama-3.1-8b"}.get(name, "llama-3.1-70b")
     cfg = json.loads(root.joinpath(stem + ".json").read_text(encoding="utf-8"))
-    assert hw.estimate_num_parameters(cfg) == published  # config-derived count agrees with stored count
+    assert model_config.estimate_num_parameters(cfg) == published  # config-derived count agrees with stored count
 
 
 def test_estimate_returns_none_for_moe_and_mla():
     root = resources.files("kvhit").joinpath("data", "models")
     for stem in ("deepseek-v3", "gpt-oss-20b"):
         cfg = json.loads(root.joinpath(stem + ".json").read_text(encoding="utf-8"))
-        assert hw.estimate_num_parameters(cfg) is None
+        assert model_config.estimate_num_parameters(cfg) is None
 
 
 def test_accelerators():

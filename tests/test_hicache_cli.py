@@ -107,9 +107,9 @@ def test_dram_gb_is_hicache_size_per_rank(mooncake, capsys):
     )  # fmt: skip
     assert rc == 0
     res = json.loads(out)
-    from kvhit.plan import hardware
+    from kvhit.plan import model_config
 
-    bpt = hardware.resolve_model("qwen3-8b").bytes_per_token("bf16", 2)
+    bpt = model_config.resolve_model("qwen3-8b").bytes_per_token("bf16", 2)
     assert res["host_tokens"] == [[0, int(2**30 / 2 // bpt) + 1]]
 
 

@@ -13,7 +13,7 @@ from kvhit.estimate.accounting import engine_accounting
 from kvhit.estimate.engine import estimate_engine
 from kvhit.estimate.mean_field import empirical_F
 from kvhit.estimate.trace_stats import trace_moments
-from kvhit.plan import hardware
+from kvhit.plan import hardware, model_config
 from kvhit.plan.planner import PlanError, _largest_lam0, _smallest_capacity, capacity, make_workload, plan
 from kvhit.sim.runner import simulate_trace_block, simulate_trace_content
 from kvhit.workload import Geometric, Window, WorkloadSpec, generate
@@ -37,7 +37,7 @@ def trace(spec):
 
 
 def _cap_at(N: int, model: str = "qwen3-8b"):
-    bpb = hardware.resolve_model(model).bytes_per_block(B)
+    bpb = model_config.resolve_model(model).bytes_per_block(B)
     cap = capacity(model, kv_gb=N * bpb / hardware.GIB, block_size=B)
     assert cap.N == N
     return cap

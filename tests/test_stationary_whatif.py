@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.estimate.agentic import AgenticError, _footprint_table, estimate_trace
+from kvhit.estimate.agentic import AgenticError, estimate_trace
+from kvhit.estimate.agentic_footprint import _footprint_table
 from kvhit.sim.feasibility import feasibility
 from kvhit.sim.resample import ResampleError, ResampleResult, conversation_pool, resample, resample_simulate
 from kvhit.sim.resample_adaptive import resample_to_ci

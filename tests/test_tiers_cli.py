@@ -56,9 +56,9 @@ def test_tiers_dram_gb_conversion_and_plot(mooncake, tmp_path, capsys):
     )  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    from kvhit.plan import hardware
+    from kvhit.plan import model_config
 
-    bpb = hardware.resolve_model("qwen3-8b").bytes_per_block(512, "bf16", 1)
+    bpb = model_config.resolve_model("qwen3-8b").bytes_per_block(512, "bf16", 1)
     assert out["host_units"] == [host_units("simple", int(g * 2**30), bytes_per_block_rank=bpb, block_size=512)
                                  for g in (0.2, 1)]  # fmt: skip
     assert (tmp_path / "surf.png").stat().st_size > 0 and (tmp_path / "surf.svg").stat().st_size > 0
@@ -127,9 +127,9 @@ def test_tiers_ttft_saved(mooncake, capsys):
     rc = main([*args, "--prefill-tokens-per-s", "10000", "--pcie-gb-per-s", "20"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    from kvhit.plan import hardware
+    from kvhit.plan import model_config
 
-    bpt = hardware.resolve_model("qwen3-8b").bytes_per_token("bf16", 1)
+    bpt = model_config.resolve_model("qwen3-8b").bytes_per_token("bf16", 1)
     rq = read_production(mooncake).to_block_requests()
     T = rq.prompt_tokens
     adm = -(-T // 512) <= 4  # a request needing more than the 4 GPU blocks is rejected

@@ -6,8 +6,10 @@
   :mod:`~kvhit.estimate.mean_field` — the practical estimator (eq. (38)–(39)).
 * :mod:`~kvhit.estimate.engine` — the vLLM engine-aware estimators, built on the block accounting of
   :mod:`~kvhit.estimate.accounting` and the occupancy law of :mod:`~kvhit.estimate.occupancy`.
-* :mod:`~kvhit.estimate.agentic` — block-id (agentic) traces; :mod:`~kvhit.estimate.sglang`,
-  :mod:`~kvhit.estimate.sglang_agentic` — SGLang's radix accounting; :mod:`~kvhit.estimate.tiers` — host tiers.
+* :mod:`~kvhit.estimate.agentic` — block-id (agentic) traces, with the law of their displacement in
+  :mod:`~kvhit.estimate.agentic_displacement` and its marks in :mod:`~kvhit.estimate.agentic_footprint`;
+  :mod:`~kvhit.estimate.sglang`, :mod:`~kvhit.estimate.sglang_agentic` — SGLang's radix accounting;
+  :mod:`~kvhit.estimate.tiers` — host tiers.
 
 Layer: imports ``workload`` and ``sim`` only. The names of the old ``kvhit.estimate`` module
 (``estimate``, ``estimate_engine``, ``trace_moments``, …) stay importable from here (lazily).

@@ -9,7 +9,7 @@ prompt tail and outputs are its own tokens (never reused). Changes against the v
 * footprint of a request: everything it inserts, T + max(n, 1) − 1 tokens (prompt, own tail, cached outputs —
   the outputs are a leaf of their own that displaces like any other), and its new part
   T + max(n, 1) − 1 − b·L_own when its conversation's previous request is already in the window
-  (``bunit = b`` in :func:`kvhit.estimate.agentic._poisson_table`);
+  (``bunit = b`` in :func:`kvhit.estimate.agentic_displacement._poisson_table`);
 * hit condition: whole nodes. A node [s, e) (tokens from the root) last touched by ``src`` at age a survives iff
   D_r(a) + e ≤ C; the hit is the end of the last surviving node, cut at SGLang's cap T_r − 1 (vLLM: block i
   survives iff D + i + 1 + e ≤ N, block by block);
@@ -40,7 +40,9 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from kvhit.estimate.agentic import AgenticError, AgenticEstimate, _poisson_table, _regime, _templates, _window_D
+from kvhit.estimate.agentic import AgenticError, AgenticEstimate, _regime
+from kvhit.estimate.agentic_displacement import _poisson_table, _window_D
+from kvhit.estimate.agentic_footprint import _templates
 from kvhit.workload.reuse import request_reuse
 
 __all__ = ["sglang_node_pieces", "estimate_trace_sglang"]
@@ -209,7 +211,7 @@ def _joint_other(
 def _joint_draws(u, sr, src, Fx, b, bins, samples, seed):
     """Displacements of every piece for ``samples`` joint realizations of the time-varying background: each of
     the trace's conversations once (the tagged one's own left out), its start drawn from the start-time
-    histogram (``bins``, as :func:`kvhit.estimate.agentic._poisson_table`) — a pool holds each conversation
+    histogram (``bins``, as :func:`kvhit.estimate.agentic_displacement._poisson_table`) — a pool holds each conversation
     once, and consecutive windows see the same realization (the dependence independent draws lose)."""
     n = u.n
     adm = np.ones(n, bool)
@@ -282,8 +284,8 @@ def estimate_trace_sglang(
     start-time intensity, or a stationary ``lam0``). ``mask``: the measured requests (arrival order).
     ``AgenticEstimate.N`` holds the pools in tokens and ``N_min`` the largest request (tokens). ``samples``
     displacement draws (stratified, ``seed``) feed the node recursion. ``form="replay"``: the displacement of
-    every window read from the trace's own requests (:func:`kvhit.estimate.agentic._window_D`, the working-set
-    identity; a check of the hit rule and the recursion, not a model: it needs the trace it predicts).
+    every window read from the trace's own requests (:func:`kvhit.estimate.agentic_displacement._window_D`, the
+    working-set identity; a check of the hit rule and the recursion, not a model: it needs the trace it predicts).
     ``background`` (time-varying form): ``"joint"`` (default) draws whole realizations of the background — each
     of the trace's other conversations once, its start from the start-time histogram — so that the windows of
     consecutive requests see the same realization; ``"marginal"`` draws each request's D independently from its

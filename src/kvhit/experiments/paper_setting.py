@@ -134,7 +134,8 @@ class Setting:
         """N in blocks (App. E: ⌊40 GB / 18 MB⌋ = 2,275 for Qwen3-8B)."""
         if self.N is not None:
             return int(self.N)
-        from kvhit.plan.hardware import get_model, kv_capacity_blocks
+        from kvhit.plan.hardware import kv_capacity_blocks
+        from kvhit.plan.model_config import get_model
 
         return int(kv_capacity_blocks(get_model(self.model), kv_gb=self.kv_gb, block_size=self.block_size))
 

@@ -1,7 +1,9 @@
 """Capacity planning for one replica: hardware (KV bytes per token from model configs), compute (prefill
 FLOPs), and the capacity questions per engine and tier.
 
-* :mod:`~kvhit.plan.hardware` — KV bytes/token and blocks per GiB from a model's ``config.json``.
+* :mod:`~kvhit.plan.model_kv` — KV bytes/token and per block of a model; :mod:`~kvhit.plan.model_config` — a
+  model's shape from its ``config.json`` or a shipped preset; :mod:`~kvhit.plan.hardware` — accelerators, blocks
+  per GiB and the KV budget.
 * :mod:`~kvhit.plan.compute` — prefill FLOPs/token and GPU-time saved.
 * :mod:`~kvhit.plan.planner` — the smallest N reaching a target h (vLLM), :mod:`~kvhit.plan.sglang`,
   :mod:`~kvhit.plan.tiers` — the same for SGLang and host tiers.

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from kvhit.plan import hardware
+from kvhit.plan import hardware, model_config, model_kv
 
 __all__ = ["PEAK_BF16_TFLOPS", "DEFAULT_MFU", "ComputeError", "PrefillFlops", "prefill_flops", "peak_flops"]
 
@@ -71,7 +71,7 @@ def peak_flops(accelerator: str | None, peak_tflops: float | None = None) -> flo
     return v * 1e12
 
 
-def _raw_config(m: hardware.ModelKV) -> dict[str, Any]:
+def _raw_config(m: model_kv.ModelKV) -> dict[str, Any]:
     src = m.source
     if src.startswith("preset:"):
         fn = src.removeprefix("preset:")
@@ -167,11 +167,11 @@ class PrefillFlops:
 
 
 def prefill_flops(model, active_params: int | None = None) -> PrefillFlops:
-    """The prefill FLOPs model of ``model`` (a preset name, config path or :class:`~kvhit.plan.hardware.ModelKV`).
+    """The prefill FLOPs model of ``model`` (a preset name, config path or :class:`~kvhit.plan.model_kv.ModelKV`).
 
     ``active_params`` overrides ``P_lin`` (required for architectures not counted from the config).
     """
-    m = hardware.resolve_model(model)
+    m = model_config.resolve_model(model)
     cfg = _raw_config(m)
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
     counted = None

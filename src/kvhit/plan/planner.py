@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvhit.plan import hardware
+from kvhit.plan import hardware, model_config
 from kvhit.workload.spec import WorkloadSpec
 from kvhit.workload.trace import Trace
 
@@ -195,7 +195,7 @@ def capacity(
 ) -> Capacity:
     """KV capacity in blocks for a model on an accelerator (or a KV budget in GiB, the paper's reading: 40 GiB of
     Qwen3-8B at 128-token blocks is N = 2,275)."""
-    m = hardware.resolve_model(model)
+    m = model_config.resolve_model(model)
     bpb = m.bytes_per_block(block_size, dtype, tp)
     if (accelerator is None) == (kv_gb is None):
         raise PlanError("give exactly one of an accelerator or a KV budget in GB")

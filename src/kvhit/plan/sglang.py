@@ -3,7 +3,7 @@ memory, with the difference and its confidence interval.
 
 The budget of ``kv_bytes`` holds ``N = ⌊kv_bytes / (b · bytes per token)⌋`` vLLM blocks
 (:func:`kvhit.plan.planner.capacity`) or ``C = ⌊kv_bytes / bytes per token⌋`` SGLang tokens rounded down to whole
-pages — the same bytes per token (:mod:`kvhit.plan.hardware`; both engines store every layer's K and V per token).
+pages — the same bytes per token (:mod:`kvhit.plan.model_kv`; both engines store every layer's K and V per token).
 Both are exact simulations of the same request stream: vLLM's block pool (:func:`kvhit.sim.vllm.block.simulate_block`)
 in two modes — *colocated* (the response KV is kept, Remark B.1: what a vLLM server that also decodes does, and what
 SGLang always does) and *prefill-only* (a PD-disaggregated prefiller, the paper's Fig. 1) — and SGLang's radix cache

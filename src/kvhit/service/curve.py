@@ -278,7 +278,7 @@ def _split_curves(data: dict, model: str, grid: str = "log") -> CurveResponse:
 def curve(req: CurveRequest, progress=None) -> CurveResponse:
     """``kvhit curve``: cross-field checks and output paths first, then the library; refused input raises
     :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
-    from kvhit.plan import hardware
+    from kvhit.plan import hardware, model_config
 
     if req.sharegpt:
         check_sharegpt_alone(req)
@@ -303,7 +303,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
     if source != "spec" and req.conversations is not None:
         raise InputError("--conversations: applies to a spec (a trace file is used as it is)")
     with translating("--model"):
-        model = hardware.resolve_model(req.model)
+        model = model_config.resolve_model(req.model)
     if req.sample_rate is not None:
         return _sampled(req, source, model, block_policies)
     for f, flag in (("sample_salt", "--sample-salt"), ("sample_estimator", "--sample-estimator")):

@@ -154,12 +154,12 @@ def explain(req: ExplainRequest) -> ExplainResponse:
         raise InputError("--block-size: the trace records no block size; give one")
     N, host_blocks, sizing = req.N, req.host_blocks, None
     if req.kv_gb is not None or req.dram_gb is not None:
-        from kvhit.plan import hardware
+        from kvhit.plan import model_config
         from kvhit.plan.planner import capacity
         from kvhit.sim.tiers.sizing import host_units
 
         with translating("--model"):
-            m = hardware.resolve_model(req.model)
+            m = model_config.resolve_model(req.model)
         with translating("--kv-dtype"):
             bpb = m.bytes_per_block(int(b), req.dtype, 1)
         sizing = {"model": m.name, "dtype": req.dtype, "bytes_per_block": int(bpb)}

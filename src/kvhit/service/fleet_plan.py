@@ -131,10 +131,10 @@ class FleetPlanResponse(Response):
 
 
 def _compute(req: _ComputeFields, block_size: int) -> dict:
-    from kvhit.plan import compute, hardware
+    from kvhit.plan import compute, model_config
 
     with translating("--model"):
-        m = hardware.resolve_model(req.model)
+        m = model_config.resolve_model(req.model)
     with translating("--active-params"):
         fl = compute.prefill_flops(m, req.active_params)
     try:

@@ -43,10 +43,10 @@ class HardwareFields(Request):
 
     def resolve(self):
         """The model and its KV bytes per block, each error naming the flag at fault."""
-        from kvhit.plan import hardware
+        from kvhit.plan import model_config
 
         with translating("--model"):
-            m = hardware.resolve_model(self.model)
+            m = model_config.resolve_model(self.model)
         try:
             bpb = m.bytes_per_block(self.block_size, self.dtype, self.tp)
         except ValueError as e:
@@ -163,6 +163,6 @@ def kv(req: KvRequest) -> KvResponse:
 
 def list_presets() -> dict[str, list[str]]:
     """The model and accelerator presets ``kvhit kv --list`` prints."""
-    from kvhit.plan import hardware
+    from kvhit.plan import hardware, model_config
 
-    return {"models": hardware.list_models(), "accelerators": hardware.list_accelerators()}
+    return {"models": model_config.list_models(), "accelerators": hardware.list_accelerators()}

@@ -327,10 +327,10 @@ def tiers(req: TiersRequest) -> TiersResponse:
         kw = {"max_num_batched_tokens": req.max_num_batched_tokens or 8192}
     bpb = bpt = None
     if req.dram_gb is not None or req.prefill_tokens_per_s is not None or all(priced):
-        from kvhit.plan import hardware
+        from kvhit.plan import model_config
 
         with translating("--model"):
-            m = hardware.resolve_model(req.model)
+            m = model_config.resolve_model(req.model)
         with translating("--tp"):
             bpb = m.bytes_per_block(b, req.dtype, req.tp)
             bpt = m.bytes_per_token(req.dtype, req.tp)
@@ -531,10 +531,10 @@ def _hicache(req: TiersRequest) -> TiersResponse:
         raise InputError(f"--page-size: {p} does not divide the block size {b} (the device pool must be whole pages)")
     bpb = bpt = None
     if req.dram_gb is not None or req.prefill_tokens_per_s is not None or all(priced):
-        from kvhit.plan import hardware
+        from kvhit.plan import model_config
 
         with translating("--model"):
-            m = hardware.resolve_model(req.model)
+            m = model_config.resolve_model(req.model)
         with translating("--tp"):
             bpb = m.bytes_per_block(b, req.dtype, req.tp)
             bpt = m.bytes_per_token(req.dtype, req.tp)

@@ -146,9 +146,9 @@ class Grid:
 
     def blocks(self, gib: float, block_size: int) -> int:
         """KV blocks of ``gib`` GiB of the grid's model (:func:`kvhit.plan.hardware.blocks_from_bytes`)."""
-        from kvhit.plan import hardware
+        from kvhit.plan import hardware, model_config
 
-        model = hardware.resolve_model(self.model)
+        model = model_config.resolve_model(self.model)
         return max(1, int(hardware.blocks_from_bytes(hardware.gb_to_bytes(gib), model.bytes_per_block(block_size))))
 
     def tasks(self) -> list[Task]:
@@ -276,10 +276,10 @@ def load_grid(path: str | Path) -> Grid:
         fail("sweep.tier: applies to a dram_gb axis (none given)")
     _check_combinations(grid, fail)
     _check_combinations(grid, fail)
-    from kvhit.plan import hardware
+    from kvhit.plan import model_config
 
     try:  # always: an unknown model is refused before any point runs, whichever capacity axis is given
-        m = hardware.resolve_model(model if not model.endswith(".json") else str(path.parent / model))
+        m = model_config.resolve_model(model if not model.endswith(".json") else str(path.parent / model))
     except (ValueError, OSError) as e:
         fail(f"sweep.model: {e}")
     if "hbm_gb" in axes or "dram_gb" in axes:

@@ -1,7 +1,7 @@
 """Host-tier capacity from a DRAM size, as each engine computes it (vLLM 0.33.0, LMCache 0.5.6).
 
 ``dram_bytes`` is the host memory given to the KV tier over all TP ranks; ``bytes_per_block_rank`` the KV bytes
-of one GPU block on one rank (:meth:`kvhit.plan.hardware.Model.bytes_per_block` with ``tp``).
+of one GPU block on one rank (:meth:`kvhit.plan.model_kv.ModelKV.bytes_per_block` with ``tp``).
 
 * native (``CPUOffloadingSpec``): ``cpu_bytes_to_use // round_up(bytes_per_block_rank · tp · bpc, alignment)``
   chunks — one chunk holds every rank's copy (:func:`kvhit.sim.tiers.native.cpu_chunks`);

@@ -1,0 +1,431 @@
+"""The law of the displacement ``D_r(a)`` in the agentic estimator's hit condition (A1).
+
+(A1) and the estimator built on this law: :mod:`kvhit.estimate.agentic`.
+
+Two forms of ``D``:
+
+``form="poisson"`` (the estimator; :func:`_poisson_table`). ``D_r(a) = D_same + D_other``: ``D_same`` the
+deterministic footprint of the request's own session in the window (a WEKA sub-agent burst between two main-agent
+turns); ``D_other`` the *exact* compound (marked) Poisson law of the other conversations' footprints — a
+conversation started ``u`` seconds before ``t_r`` (intensity ``λ(t_r − u)``, template ``k`` uniform over the
+trace's sessions) contributes ``f_k(u − a, u)``, the distinct blocks of its requests in the window (Lemma D.1's
+``Φ``: each block at most once; :mod:`kvhit.estimate.agentic_footprint`). ``λ`` is the trace's own start-time
+histogram (time-varying: the non-stationary pooled window) or, with ``lam0``, a stationary ``λ0`` (the
+stationary stream the trace's conversations would make at that rate; Lemma D.1's Poisson random measure
+with the discrete marks kept instead of eq. (15)'s Gaussian). The law is computed on a value grid by an
+exponentially tilted FFT (no wrap-around, :func:`compound_poisson_cdf`), tabulated over ``(t, a)`` and
+interpolated.
+
+``form="replay"`` (the working-set identity; :func:`_window_D`): ``D_r(a)`` = ``Σ_{src<q<r} (F_q − k_q)`` from
+the trace's own requests (``k_q`` = leading blocks of ``q`` already touched in the window), i.e. the trace's own
+load ``T_C(t)`` at request granularity. It needs the very trace it predicts (no new λ0) and is near-exact by
+construction; it is offered as the reference for the model's ingredients, not as a model.
+
+Hot shared prefixes (a system prompt touched by many sessions) are segments whose ``src`` is another
+session: their age is the trace's own (with ``lam0``: scaled by ``λ̂/λ0``, the characteristic-time rule that
+a popular block's age scales inversely with the load).
+
+Invariant: every row of the tabulated law is a distribution function on the value grid (the CDF of
+:func:`compound_poisson_cdf` is non-decreasing and at most 1), so ``Hb[row]`` (δ times its running sum) is
+non-decreasing from 0; the replay ``D`` is a whole count of ``Fx`` units over admitted requests only.
+
+Not modelled: blocks of a shared segment re-touched inside the window are counted twice in ``D`` (an
+over-estimate of ``D`` for deep shared segments only); the cache itself (the hit sums are
+:mod:`kvhit.estimate.agentic`'s).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from kvhit.estimate.agentic_footprint import _footprint_table, _templates
+from kvhit.estimate.startbins import start_bins
+
+__all__ = ["compound_poisson_cdf"]
+
+
+# --------------------------------------------------------------------------------------------------
+# the compound Poisson law (tilted FFT)
+# --------------------------------------------------------------------------------------------------
+
+
+def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
+    """CDF on ``0..G−1`` of ``D = Σ_{k ≤ K} X_k``, ``K`` Poisson, jump masses ``nu[j] = E[#jumps of size j]``
+    (``j ≥ 1``; ``nu[0]`` ignored; rows of a 2-D ``nu`` are independent laws). Jumps ``≥ G`` must be
+    clamped to ``G`` by the caller (they only matter as "≥ G"). Exponential tilting ``θ^j`` with
+    ``θ^M = 10⁻⁹`` (``M ≥ 2G`` the FFT size, a power of two) removes the FFT's wrap-around: the returned
+    CDF is exact up to ~1e-9 relative (closed form: ``P(D = x) θ^x = IDFT[exp(DFT(ν θ^j) − Λ)]``)."""
+    nu = np.atleast_2d(np.asarray(nu, np.float64))
+    M = 1 << int(math.ceil(math.log2(max(2 * G, 8))))
+    J = nu.shape[1]
+    theta = 10.0 ** (-9.0 / M)
+    tilt = theta ** np.arange(M)
+    buf = np.zeros((nu.shape[0], M))
+    buf[:, 1:J] = nu[:, 1:J]
+    lam = buf.sum(axis=1, keepdims=True)
+    phi = np.fft.rfft(buf * tilt, axis=1)
+    g = np.fft.irfft(np.exp(phi - lam), n=M, axis=1)[:, :G]
+    pmf = np.maximum(g / tilt[:G], 0.0)
+    return np.minimum(np.cumsum(pmf, axis=1), 1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _window_D(
+    tag_req, tag_src, seg_src, seg_off, seg_end, Fx, session, adm, out_same, out_other, bunit=1
+):  # pragma: no cover
+    """Replay displacement of the tagged segments (request ``tag_req``, last toucher ``tag_src``): Σ over
+    requests q strictly between src and r (admitted) of F_q + x_q − k_q, k_q = leading blocks of q whose last
+    toucher is after src (from *all* segments: ``seg_src``/``seg_off``/``seg_end``); split into the tagged
+    request's own session and the others. ``bunit``: units of ``Fx`` per block (b when Fx counts tokens:
+    SGLang)."""
+    for s in range(tag_req.shape[0]):
+        r = tag_req[s]
+        x = tag_src[s]
+        sr = session[r]
+        same = 0
+        other = 0
+        for q in range(x + 1, r):
+            if not adm[q]:
+                continue
+            k = 0
+            for j in range(seg_off[q], seg_off[q + 1]):
+                if seg_src[j] > x:
+                    k = seg_end[j]
+                else:
+                    break
+            c = Fx[q] - bunit * k
+            if session[q] == sr:
+                same += c
+            else:
+                other += c
+        out_same[s] = same
+        out_other[s] = other
+
+
+@njit(cache=True)
+def _levy_kernel(
+    t_start, t_end, tau, fx_first, cumnew, a_pts, t_pts, excl, s_grid, Lc, delta, G, scale, out, mom, foot, fbase
+):  # pragma: no cover
+    """Jump masses ν[p, j] of the other conversations' footprints over the window (t_p − a_p, t_p); template
+    ``excl[p]`` (the tagged request's own conversation in a pool where each conversation occurs once) is left
+    out (−1: none).
+
+    Template k = requests t_start[k]:t_end[k] (relative times ``tau``, sorted); a conversation of template k
+    started at s = t − u contributes f = fx_first[lo] + cumnew[hi] − cumnew[lo+1] over the requests with
+    τ in (u − a, u); its weight is scale·∫ λ(t − u) du over the interval (``Lc``: cumulative intensity on
+    the knots ``s_grid``, linear in between, constant outside). A jump of size f adds its weight to the two
+    bins around f/δ in proportion (the mean is kept exactly); ``mom[p]`` accumulates Σw, Σw·f, Σw·f² (exact
+    units); ``G = 0``: moments only. ``foot`` non-empty (``footprint="exact"``): f is read from the template's
+    table instead, ``foot[fbase[k] + (lo − t_start[k])·(m + 1) + hi − t_start[k]]`` (``m`` its requests)."""
+    nK = t_start.shape[0]
+    for row in range(t_pts.shape[0]):
+        t = t_pts[row]
+        a = a_pts[row]
+        if a <= 0.0:
+            continue
+        u_min = t - s_grid[s_grid.shape[0] - 1]  # λ(t − u) > 0 only for u in [u_min, u_max]
+        u_max = t - s_grid[0]
+        for k in range(nK):
+            if k == excl[row]:
+                continue
+            i1 = t_end[k]
+            # requests with τ ≤ u_min − a have left the window before u_min: start after them
+            i0 = t_start[k] + np.searchsorted(tau[t_start[k] : i1], u_min - a, side="right")
+            if i0 >= i1:
+                continue
+            pe = i0  # next enter event (tau[pe])
+            pl = i0  # next leave event (tau[pl] + a)
+            lo = i0
+            hi = i0
+            u_prev = tau[i0]
+            c_prev = _cum(Lc, s_grid, t - u_prev)
+            while (pe < i1 or pl < i1) and u_prev < u_max:
+                if pe < i1 and tau[pe] <= tau[pl] + a:
+                    u = tau[pe]
+                else:
+                    u = tau[pl] + a
+                c_u = _cum(Lc, s_grid, t - u)
+                if hi > lo and u > u_prev:
+                    if foot.shape[0] > 0:
+                        m1 = i1 - t_start[k] + 1
+                        f = foot[fbase[k] + (lo - t_start[k]) * m1 + hi - t_start[k]]
+                    else:
+                        f = fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
+                    w = scale * (c_prev - c_u)
+                    if w > 0.0:
+                        mom[row, 0] += w
+                        mom[row, 1] += w * f
+                        mom[row, 2] += w * f * f
+                        if G > 0:
+                            x = f / delta
+                            j = int(x)
+                            if j >= G:
+                                out[row, G] += w
+                            else:
+                                fr = x - j
+                                out[row, j] += w * (1.0 - fr)
+                                out[row, j + 1] += w * fr
+                if pe < i1 and tau[pe] <= tau[pl] + a:
+                    pe += 1
+                    hi = pe
+                else:
+                    pl += 1
+                    lo = pl
+                u_prev = u
+                c_prev = c_u
+
+
+@njit(cache=True)
+def _cum(Lc, s_grid, s):  # pragma: no cover
+    n = s_grid.shape[0]
+    if s <= s_grid[0]:
+        return Lc[0]
+    if s >= s_grid[n - 1]:
+        return Lc[n - 1]
+    lo = 0
+    hi = n - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if s_grid[mid] <= s:
+            lo = mid
+        else:
+            hi = mid
+    f = (s - s_grid[lo]) / (s_grid[hi] - s_grid[lo])
+    return Lc[lo] + f * (Lc[hi] - Lc[lo])
+
+
+# --------------------------------------------------------------------------------------------------
+# the tabulated law
+# --------------------------------------------------------------------------------------------------
+
+
+def _split_hist(f: np.ndarray, delta: float, G: int) -> np.ndarray:
+    """Counts of the values ``f`` on the grid ``jδ`` (a value between two knots split in proportion; ``≥ Gδ``
+    clamped to ``G``), as the kernel bins jumps."""
+    out = np.zeros(G + 1)
+    x = np.asarray(f, np.float64) / delta
+    j = np.floor(x).astype(np.int64)
+    big = j >= G
+    np.add.at(out, np.full(int(big.sum()), G), 1.0)
+    j, fr = j[~big], (x - np.floor(x))[~big]
+    np.add.at(out, j, 1.0 - fr)
+    np.add.at(out, j + 1, fr)
+    return out
+
+
+def _poisson_table(
+    u,
+    sr,
+    src,
+    Fx,
+    Ns,
+    lam0,
+    bins,
+    n_values,
+    n_ages,
+    n_times,
+    exclude,
+    notes,
+    work_budget=6e7,
+    bunit=1,
+    footprint="own",
+    bin_rule="sqrt",
+):
+    """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same.
+
+    Returns ``(Hb, delta, row, D_same)``: ``Hb[row]`` = δ·cumulative CDF on the value grid of the segment's
+    cell. Cells: ``n_times`` uniform time bins × log-age bins of ratio ``1 + 1/n_ages`` (× the tagged
+    conversation when its own template is excluded); the law is computed exactly at each occupied cell's
+    centre (nearest cell: no interpolation across a lumpy law). ``bunit``: units of ``Fx`` (and of ``Ns``)
+    per block (1: blocks, vLLM; b: tokens, :mod:`kvhit.estimate.sglang_agentic`)."""
+    n = u.n
+    adm = np.ones(n, bool)
+    same = np.zeros(sr.shape[0], np.int64)
+    other = np.zeros(sr.shape[0], np.int64)
+    if sr.shape[0]:
+        _window_D(sr, src, u.seg_src, u.seg_off, u.seg_end, Fx, u.session, adm, same, other, bunit)
+    t_r = u.time[sr]
+    age = t_r - u.time[src]
+    other_sess = u.session[src] != u.session[sr]
+    ts, te, tau, fx_first, cumnew, t_first, t_sess = _templates(u, adm, Fx, bunit)
+    C = ts.shape[0]
+    foot, fbase = np.zeros(0), np.zeros(0, np.int64)
+    if footprint == "exact":
+        ft = _footprint_table(u, adm, Fx, bunit)
+        if ft is None:
+            notes.append("info: footprint table too large; the 'own' footprint is used")
+        else:
+            foot, fbase = ft
+    span_starts = float(t_first.max() - t_first.min()) if C else 0.0
+    if lam0 is not None:
+        # stationary: constant intensity; ages of hot shared segments scale as 1/λ (characteristic time)
+        lam_hat = (C - 1) / span_starts if span_starts > 0 and C > 1 else lam0
+        age = np.where(other_sess, age * lam_hat / lam0, age)
+        t_eval = np.zeros_like(t_r)
+        lo = -float((tau.max() if tau.size else 0.0) + (age.max() if age.size else 0.0) + 1.0)
+        s_grid = np.array([lo, 1.0])
+        Lc = np.array([0.0, lam0 * (1.0 - lo)])
+        scale = 1.0 / C if C else 0.0
+        excl = np.full(sr.shape[0], -1, np.int64)
+    else:
+        nb = int(bins) if bins else (start_bins(t_first, bin_rule) if C else 1)
+        lo, hi = (float(t_first.min()), float(t_first.max())) if C else (0.0, 1.0)
+        if hi <= lo:
+            hi = lo + 1.0
+        cnt, edges = np.histogram(t_first, bins=nb, range=(lo, hi))
+        s_grid = edges
+        Lc = np.concatenate([[0.0], np.cumsum(cnt).astype(np.float64)])
+        scale = 1.0 / C if C else 0.0
+        # the others are the C − 1 other conversations: leave the tagged one's template out of the marks.
+        # Identical templates (copies of one conversation in a resampled stream) form one class, and leaving
+        # out any copy is the same, so cells are keyed by the class's first template; with more than 64
+        # classes the Palm factor (C − 1)/C is used instead (``exclude="auto"``)
+        rep = np.arange(C, dtype=np.int64)
+        seen: dict = {}
+        cn = np.diff(cumnew)
+        for k in range(C):
+            a_, b_ = int(ts[k]), int(te[k])
+            sig = (b_ - a_, tau[a_:b_].tobytes(), fx_first[a_:b_].tobytes(), cn[a_ + 1 : b_].tobytes())
+            rep[k] = seen.setdefault(sig, k)
+        n_classes = len(seen)
+        excl_on = n_classes <= 64 if exclude == "auto" else bool(exclude)
+        tmpl_of = np.full(int(u.session.max()) + 1 if n else 1, -1, np.int64)
+        tmpl_of[t_sess] = rep
+        if excl_on:
+            excl = tmpl_of[u.session[sr]]
+        else:
+            excl = np.full(sr.shape[0], -1, np.int64)
+            scale = (C - 1) / C / C if C > 1 else 0.0
+        # time cells: quantiles of the tagged requests' times (dense where the requests are), evaluated at the
+        # cell's median request time; halved until (occupied cells × requests of multi-request conversations)
+        # fits the work budget of the Lévy sweep
+        qa = math.log1p(1.0 / max(int(n_ages), 1))
+        la_ = np.where(age > 0, np.round(np.log(np.maximum(age, 1e-9)) / qa), -(10**9))
+        n_multi = max(int((te - ts)[(te - ts) > 1].sum()), 1)
+        nt = max(int(n_times), 1)
+        t_eval = t_r.copy()
+        while t_r.size:
+            edges_t = np.unique(np.quantile(t_r, np.linspace(0.0, 1.0, nt + 1)))
+            ti = np.clip(np.searchsorted(edges_t, t_r, side="right") - 1, 0, max(edges_t.shape[0] - 2, 0))
+            cnt_t = np.bincount(ti)
+            med = np.zeros(cnt_t.shape[0])
+            o_t = np.lexsort((t_r, ti))
+            starts_t = np.concatenate([[0], np.cumsum(cnt_t)[:-1]])
+            ok_t = cnt_t > 0
+            med[ok_t] = t_r[o_t][starts_t[ok_t] + (cnt_t[ok_t] - 1) // 2]  # lower median (a request time)
+            t_eval = med[ti]
+            n_cells = np.unique(np.stack([t_eval, la_, excl.astype(np.float64)], axis=1), axis=0).shape[0]
+            if n_cells * n_multi <= work_budget or nt <= 4:
+                break
+            nt = max(4, nt // 2)
+        if nt < int(n_times):
+            notes.append(f"info: time cells reduced to {nt} (work budget)")
+    q = math.log1p(1.0 / max(int(n_ages), 1))
+    la = np.where(age > 0, np.round(np.log(np.maximum(age, 1e-9)) / q), -(10**9)).astype(np.int64)
+    a_eval = np.where(age > 0, np.exp(la * q), 0.0)
+    key = np.stack([t_eval, a_eval, excl.astype(np.float64)], axis=1)
+    cells, row = np.unique(key, axis=0, return_inverse=True)
+    row = row.reshape(-1).astype(np.int64)
+    P = cells.shape[0]
+    a_c = cells[:, 1].copy()
+    t_c = cells[:, 0].copy()
+    x_c = cells[:, 2].astype(np.int64)
+    # one-request conversations (most of a production trace) in closed form: footprint F over u ∈ (0, a),
+    # weight scale·(Λ(t) − Λ(t − a)); the others through the kernel
+    single = (te - ts) == 1
+    F1 = fx_first[ts[single]]
+    w1 = scale * (np.interp(t_c, s_grid, Lc) - np.interp(t_c - a_c, s_grid, Lc))
+    excl_single = np.zeros(P)  # the excluded template's own footprint when it is a one-request one
+    if C:
+        ex = (x_c >= 0) & single[np.maximum(x_c, 0)]
+        excl_single[ex] = fx_first[ts[x_c[ex]]]
+    multi = np.flatnonzero(~single)
+    remap = np.full(C + 1, -1, np.int64)
+    remap[multi] = np.arange(multi.shape[0])
+    x_m = np.where(x_c >= 0, remap[np.maximum(x_c, 0)], -1)
+    ts_m, te_m = ts[multi], te[multi]
+    # moments at the oldest cell of every (time, excluded) group (D grows with the age: an upper bound)
+    grp = np.unique(np.stack([t_c, x_c.astype(np.float64)], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+    oldest = np.full(int(grp.max()) + 1 if P else 0, -1, np.int64)
+    order_a = np.argsort(a_c, kind="stable")
+    oldest[grp[order_a]] = order_a  # last write wins: the largest age of each group
+    mom = np.zeros((oldest.shape[0], 3))
+    if C and P:
+        _levy_kernel(
+            ts,
+            te,
+            tau,
+            fx_first,
+            cumnew,
+            a_c[oldest],
+            t_c[oldest],
+            x_c[oldest],
+            s_grid,
+            Lc,
+            1.0,
+            0,
+            scale,
+            np.zeros((1, 1)),
+            mom,
+            foot,
+            fbase,
+        )
+    # value range: the largest N asked, or where every segment's last block fits even when D is 12 sd above
+    # its mean (beyond it CDF = 1 to ~1e-30; a finer grid where it matters)
+    sd = np.sqrt(mom[:, 2])
+    d_hi = float(
+        np.max(mom[:, 1] + 12.0 * sd + 12.0 * np.sqrt(np.maximum(mom[:, 2] / np.maximum(mom[:, 0], 1e-300), 0.0)))
+    )
+    big = (
+        float(u.prompt_blocks.max()) * bunit
+        if bunit == 1
+        else max(float(u.prompt_blocks.max()) * bunit, float(Fx.max()))
+    )
+    fit = float(np.max(same) if same.size else 0.0) + big + 2.0
+    Vmax = int(min(int(Ns.max()) + 1, math.ceil(fit + d_hi)))
+    Vmax = max(Vmax, 2)
+    G = int(min(n_values, Vmax))
+    delta = Vmax / G
+    Hb = np.zeros((P, G + 1))
+    hist1 = _split_hist(F1, delta, G)
+    chunk = max(1, (1 << 22) // (4 * G))
+    for c_lo in range(0, P, chunk):
+        c_hi = min(P, c_lo + chunk)
+        nu = np.zeros((c_hi - c_lo, G + 1))
+        if multi.size:
+            _levy_kernel(
+                ts_m,
+                te_m,
+                tau,
+                fx_first,
+                cumnew,
+                a_c[c_lo:c_hi],
+                t_c[c_lo:c_hi],
+                x_m[c_lo:c_hi],
+                s_grid,
+                Lc,
+                delta,
+                G,
+                scale,
+                nu,
+                np.zeros((c_hi - c_lo, 3)),
+                foot,
+                fbase[multi] if foot.shape[0] else fbase,
+            )
+        if F1.size:
+            nu += w1[c_lo:c_hi, None] * hist1[None, :]
+            xs = excl_single[c_lo:c_hi]
+            for r_ in np.flatnonzero(xs > 0):
+                nu[r_] -= w1[c_lo + r_] * _split_hist(np.array([xs[r_]]), delta, G)
+            np.maximum(nu, 0.0, out=nu)
+        cdf = compound_poisson_cdf(nu, G)
+        np.cumsum(cdf * delta, axis=1, out=Hb[c_lo:c_hi, 1:])
+    return Hb, delta, row, same
