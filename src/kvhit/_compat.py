@@ -51,6 +51,38 @@ MOVED: dict[str, str] = {
 }
 
 
+#: old paths of modules later split in several (issue 21's "one concept per file"): the old path is a module that
+#: looks each name up in these, in order — no longer the very module object, so monkeypatch the new module instead
+SPLIT: dict[str, tuple[str, ...]] = {
+    "kvhit.estimate_agentic": (
+        "kvhit.estimate.agentic",
+        "kvhit.estimate.agentic_displacement",
+        "kvhit.estimate.agentic_footprint",
+    ),
+    "kvhit.hardware": ("kvhit.plan.hardware", "kvhit.plan.model_kv", "kvhit.plan.model_config"),
+}
+
+
+def _split_module(old: str) -> types.ModuleType:
+    """A module whose attributes are those of :data:`SPLIT`'s modules for ``old`` (first found wins)."""
+    homes = SPLIT[old]
+    mod = types.ModuleType(old, f"Deprecated: {old}'s names now live in {', '.join(homes)}.")
+
+    def __getattr__(name: str):
+        for h in homes:
+            m = importlib.import_module(h)
+            if hasattr(m, name):
+                return getattr(m, name)
+        raise AttributeError(f"module {old!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted({n for h in homes for n in dir(importlib.import_module(h))})
+
+    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
+    mod.__dir__ = __dir__  # type: ignore[method-assign]
+    return mod
+
+
 class _AliasFinder:
     """A meta path finder and loader (the protocols, without importing ``importlib.abc``: ``import kvhit`` stays
     cheap) that resolves an old module path to its new module."""
@@ -71,7 +103,7 @@ class _AliasFinder:
             DeprecationWarning,
             stacklevel=3,
         )
-        sys.modules[old] = importlib.import_module(new)
+        sys.modules[old] = _split_module(old) if old in SPLIT else importlib.import_module(new)
 
 
 def install() -> None:
