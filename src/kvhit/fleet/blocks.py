@@ -359,24 +359,40 @@ def fleet_replays_blocks(
     replays: int = 16,
     seed: int = 0,
     law: str | None = None,
+    se_target: float | None = None,
+    max_replays: int = 1024,
 ) -> np.ndarray:
     """Exact fleet hit ratios (``replays`` × P) of ``pt`` re-timed at ``replays`` start-time draws
     (:func:`draw_fleet_starts` with the law :func:`start_law` picks, or ``law``; generator ``seed``;
     :func:`kvhit.estimate.band.restart_sessions`), at each of the P capacity vectors ``caps`` (P × R, or one vector
     of R), any router :func:`kvhit.fleet.simulate.simulate_fleet` runs (router seed ``seed``; holds ``T/speed``
-    when ``speed`` is given, the load lag ``lag``). Replay j is ``simulate_fleet`` on the j-th re-timed trace."""
+    when ``speed`` is given, the load lag ``lag``). Replay j is ``simulate_fleet`` on the j-th re-timed trace.
+
+    ``se_target`` (opt-in, default off): after the first ``replays`` draws, keep drawing (same generator, so the
+    first ``replays`` rows are those of the fixed count) until the Monte Carlo standard error of the mean, ``s/√K``,
+    is at most ``se_target`` at every capacity, or ``max_replays`` rows. The replays' mean is an estimate of
+    E[h | order] with that error (docs/estimators.md §6, block-id traces: the error of 16 replays, not the start law,
+    is what ``benchmarks/fleet_bias_diagnosis.py`` found behind the held-35new miss)."""
     from kvhit.estimate.band import restart_sessions, session_starts
 
     caps = np.atleast_2d(np.asarray(caps, np.int64))
     first = session_starts(pt)
     law = law or start_law(first)
     rng = np.random.default_rng(seed)
-    H = np.empty((int(replays), caps.shape[0]))
-    for j in range(int(replays)):
+    if se_target is not None and not se_target > 0:
+        raise ValueError(f"se_target: expected a positive standard error, got {se_target}")
+    K0 = int(replays)
+    cap = max(K0, int(max_replays)) if se_target is not None else K0
+    H = np.empty((cap, caps.shape[0]))
+    K = 0
+    while K < cap:
+        if K >= max(K0, 2) and float(H[:K].std(axis=0, ddof=1).max()) / math.sqrt(K) <= se_target:
+            break
         p2 = restart_sessions(pt, draw_fleet_starts(first, rng, law))
-        H[j] = _fleet_ratios(p2, router, caps, engine=engine, router_params=router_params, speed=speed, lag=lag,
+        H[K] = _fleet_ratios(p2, router, caps, engine=engine, router_params=router_params, speed=speed, lag=lag,
                              seed=seed)  # fmt: skip
-    return H
+        K += 1
+    return H[:K]
 
 
 def band_from_replays(H, est: float | None = None, *, level: float = 0.9, tol: float = 0.01, widen: bool = True):
@@ -413,6 +429,8 @@ def fleet_band_blocks(
     replays: int = 16,
     seed: int = 0,
     tol: float = 0.01,
+    se_target: float | None = None,
+    max_replays: int = 1024,
 ) -> dict:
     """Expected value and band (B1) for one realisation of the start times of a fleet on ``pt`` (one capacity per
     replica in ``Ns``) behind any router ``simulate_fleet`` runs (oblivious, or KV-aware through the compiled fleet
@@ -420,14 +438,15 @@ def fleet_band_blocks(
     is the row's expected value (``method`` :data:`METHOD_REPLAY`), ``h_se`` its Monte Carlo standard error; the band
     is ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to contain ``est`` (an estimator's value, when given) if they disagree
     by more than ``tol`` + 2 standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side. Returns
-    ``h_lo``, ``h_hi``, ``h_mc``, ``h_se``, ``level``, ``replays``, ``seed``, ``validated`` (False), ``method``,
-    ``notes``."""
+    ``h_lo``, ``h_hi``, ``h_mc``, ``h_se``, ``level``, ``replays`` (drawn: more than asked with ``se_target``,
+    :func:`fleet_replays_blocks`), ``seed``, ``validated`` (False), ``method``, ``notes``."""
     from kvhit.estimate.band import WIDEN, session_starts
 
     Ns = [int(x) for x in Ns]
     law = start_law(session_starts(pt))
     H = fleet_replays_blocks(pt, router, [Ns], engine=engine, router_params=router_params, speed=speed, lag=lag,
-                             replays=replays, seed=seed, law=law)[:, 0]  # fmt: skip
+                             replays=replays, seed=seed, law=law, se_target=se_target,
+                             max_replays=max_replays)[:, 0]  # fmt: skip
     lo, hi, m, se, notes = band_from_replays(H, est, level=level, tol=tol)
     notes.append(f"not validated (docs/estimators.md §6, block-id traces): widened by ±{WIDEN}")
     return {
@@ -436,7 +455,7 @@ def fleet_band_blocks(
         "h_mc": m,
         "h_se": se,
         "level": float(level),
-        "replays": int(replays),
+        "replays": int(H.shape[0]),
         "seed": int(seed),
         "validated": False,
         "method": METHOD_REPLAY,
