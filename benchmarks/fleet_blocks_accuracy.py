@@ -230,7 +230,7 @@ def main(argv=None) -> None:
         "--se-target", type=float, default=None, help="replay: adaptive replay count (fleet_replays_blocks)"
     )
     ap.add_argument("--sim-seeds", type=int, default=16, help="replay: realisations behind the simulated mean")
-    ap.add_argument("--kv-routers", nargs="+", default=["dynamo"])
+    ap.add_argument("--kv-routers", nargs="*", default=["dynamo"])
     ap.add_argument("--replays", type=int, default=16)
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     ap.add_argument("--arrivals", nargs="+", default=["uniform", "poisson"])

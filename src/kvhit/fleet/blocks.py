@@ -335,7 +335,11 @@ def draw_fleet_starts(first, rng: np.random.Generator, law: str) -> np.ndarray:
     decides a small pool's ratio (issue 23: shuffling which conversation gets which start moved one realisation's
     error from 0.059 to 0.005): the replays' mean is then E[h | order], whose mean over realisations is still E[h],
     and it follows a process whose order is not random (the benchmark's Poisson starts hand the k-th draw the k-th
-    start: the unordered uniform law missed their mean by 0.014–0.026 on held-35a, R = 2)."""
+    start: the unordered uniform law missed their mean by 0.014–0.026 on held-35a, R = 2). The widened uniform law
+    is, up to a jitter of the span (sd ≈ 4 % at C = 35), the exact conditional law of i.i.d. uniform starts and of
+    the benchmark's ordered Poisson starts given the order and the first and last start (the inner starts uniform
+    between them), whose replay mean is unbiased for E[h]: the two gave means ≤ 0.001 apart on held-35new
+    (``benchmarks/fleet_bias_diagnosis.py --law``)."""
     from kvhit.estimate.band import draw_starts, keep_order
 
     f = np.asarray(first, float)
