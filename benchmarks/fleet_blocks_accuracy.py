@@ -19,6 +19,11 @@ over the start seeds of the simulated realisations and of the estimates, the wor
 |mean estimate − mean simulated| (issue 23 target (b): ≤ 0.01). Capacities whose estimate is infeasible (a
 replica's largest prompt > N) are skipped.
 
+``--only replay``: the replays' mean as the expected value (:func:`replay_rows`; ``--replay-seed fixed`` = seed 0
+at every realisation, what ``fleet simulate`` prints; ``per-realisation`` separates the start law's bias from one
+answer's Monte Carlo error, benchmarks/fleet_bias_diagnosis.py; pools ``held-35a``, ``held-35new``,
+``held-35fresh``).
+
 Run (nice; ≈ 10 min for ``weka`` with 8 seeds on one free core)::
 
     NUMBA_CACHE_DIR=.numba_cache python benchmarks/fleet_blocks_accuracy.py --only weka mooncake kv [--json out.json]
