@@ -52,7 +52,8 @@ import numpy as np
 
 from kvhit.estimate.agentic import estimate_trace
 from kvhit.sim.vllm.curve import block_curve
-from kvhit.workload.production import ProductionTrace, read_mooncake, read_weka
+from kvhit.workload.production import read_mooncake, read_weka
+from kvhit.workload.production_trace import ProductionTrace
 from kvhit.workload.reuse import request_reuse
 
 ROOT = Path(__file__).resolve().parents[1]

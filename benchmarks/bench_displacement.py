@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvhit.estimate.accounting import engine_accounting
 from kvhit.estimate.displacement import phi_moments, phi_moments_reference
-from kvhit.estimate.engine import _fluct_grid, _resolve_F, engine_accounting
+from kvhit.estimate.occupancy import _fluct_grid, _resolve_F
 from kvhit.workload import WorkloadSpec, generate
 
 SPEC = Path(__file__).resolve().parents[1] / "examples" / "scm.toml"

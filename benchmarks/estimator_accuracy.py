@@ -34,14 +34,10 @@ import time
 
 import numpy as np
 
-from kvhit.estimate.engine import (
-    engine_accounting,
-    estimate,
-    estimate_engine,
-    estimate_finite,
-    estimate_window,
-    trace_moments,
-)
+from kvhit.estimate.accounting import engine_accounting
+from kvhit.estimate.engine import estimate_engine, estimate_finite, estimate_window
+from kvhit.estimate.mean_field import estimate
+from kvhit.estimate.trace_stats import trace_moments
 from kvhit.sim.runner import block_requests, simulate_trace_block, simulate_trace_content
 from kvhit.workload.blocks import block_accounting
 from kvhit.workload.dists import Exponential

@@ -150,21 +150,36 @@ NEW_POOL_SEED = 20261203
 FRESH_POOL_SEED = 20261204
 
 
-def replay_rows(
-    out,
-    name,
-    pt_of_seed,
-    sim_seeds,
-    seeds,
-    replicas,
-    arrival,
-    routers,
-    speed,
-    replays,
-    Ns_fixed=None,
-    replay_seed="fixed",
-    se_target=None,
-):
+#: timing presets of ``--only replay --timing`` (kvhit.fleet.timing.FleetTiming per router class): ``speed`` holds
+#: T/speed for the KV-aware routers and none for the oblivious ones (the default, as before); ``isolated`` Dynamo's
+#: mocker isolated-request timing of docs/peers.md (prefill 10.87 ms + T/53,056 tok/s, decode 173.5 tok/s, the
+#: prefill-done event, hit tokens saving their prefill) with the decode KV; ``slow`` a loaded engine (prefill 50 ms +
+#: T/5,000 tok/s, decode 20 tok/s, prefill-done, hit-token savings, decode KV). Oblivious routers get the same
+#: prefill, decode and decode KV but no hit-token savings (the preset was fixed when they ran step-wise, 20–40×
+#: slower; they now run compiled) and no prefill-done event (they read no load).
+TIMINGS = {
+    "isolated": dict(
+        prefill_tokens_per_s=1000 / 0.018848, prefill_overhead_s=0.01087, decode_tokens_per_s=1000 / 5.764
+    ),
+    "slow": dict(prefill_tokens_per_s=5000.0, prefill_overhead_s=0.05, decode_tokens_per_s=20.0),
+}
+
+
+def preset_timing(preset: str, router: str, speed: float):
+    """The FleetTiming of a ``--timing`` preset for ``router`` (see :data:`TIMINGS`)."""
+    from kvhit.fleet.timing import FleetTiming
+
+    kv = router not in ROUTERS
+    if preset == "speed":
+        return FleetTiming(speed if kv else None)
+    t = TIMINGS[preset]
+    if not kv:
+        return FleetTiming(**t, decode_kv=True)
+    return FleetTiming(**t, prefill_hold=True, hit_token_seconds=1.0 / t["prefill_tokens_per_s"], decode_kv=True)
+
+
+def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, routers, speed, replays, Ns_fixed=None,
+                timing="speed", replay_seed="fixed", se_target=None):  # fmt: skip
     """The replay mean as the expected value (docs/estimators.md §6, block-id traces): for each (R, router, N) the
     mean over ``sim_seeds`` start-time realisations of the exact fleet ratio, the mean over ``seeds`` of the replays'
     mean at that realisation (:func:`fleet_replays_blocks`, seed 0 as ``fleet simulate``), the coverage of the
@@ -178,14 +193,15 @@ def replay_rows(
         for router in routers:
             t0 = time.time()
             kv = router not in ROUTERS
-            sp = speed if kv else None
+            tm = preset_timing(timing, router, speed)
+            sp = tm.prefill_tokens_per_s
             m = int(max(p.prompt_blocks.max() for p in pts.values()))
             Ns = Ns_fixed or ([int(1.5 * m)] if kv else [m, int(1.5 * m), 2 * m])
             caps = [[N] * R for N in Ns]
-            sim = {s: _fleet_ratios(pts[s], router, np.asarray(caps), engine="vllm", router_params=None, speed=sp,
-                                    lag=0.0, seed=0) for s in pts}  # fmt: skip
-            rep = {s: fleet_replays_blocks(pts[s], router, caps, speed=sp, replays=replays,
-                                           seed=0 if replay_seed == "fixed" else 1000 + s,
+            sim = {s: _fleet_ratios(pts[s], router, np.asarray(caps), engine="vllm", router_params=None, lag=0.0,
+                                    seed=0, timing=tm) for s in pts}  # fmt: skip
+            rep = {s: fleet_replays_blocks(pts[s], router, caps, replays=replays,
+                                           seed=0 if replay_seed == "fixed" else 1000 + s, timing=tm,
                                            se_target=se_target) for s in seeds}  # fmt: skip
             dt = time.time() - t0
             for j, N in enumerate(Ns):
@@ -202,6 +218,7 @@ def replay_rows(
                 d = np.array([rep[s][:, j].mean() - sim[s][j] for s in seeds] * (1 if len(seeds) > 1 else 2))
                 r = {
                     "workload": name, "arrival": arrival, "R": R, "router": router, "N": int(N), "speed": sp,
+                    "timing": timing,
                     "sim_seeds": len(sim_seeds), "seeds": len(seeds), "replays": replays,
                     "sim_mean": float(S.mean()),
                     "sim_se": float(S.std(ddof=1) / np.sqrt(S.size)) if S.size > 1 else 0.0,
@@ -216,7 +233,8 @@ def replay_rows(
                 }  # fmt: skip
                 out.append(r)
                 print(
-                    f"{name:9s} {arrival:8s} R={R} {router:11s} N={N:6d}: sim {r['sim_mean']:.4f}±{r['sim_se']:.4f} "
+                    f"{name:9s} {arrival:8s} {timing:8s} R={R} {router:11s} N={N:6d}: "
+                    f"sim {r['sim_mean']:.4f}±{r['sim_se']:.4f} "
                     f"exp {r['exp_mean']:.4f} gap {r['gap']:+.4f} "
                     f"paired {r['paired_gap']:+.4f}±{r['paired_gap_se']:.4f} "
                     f"cover {r['cover_raw']:.2f}/{r['cover_widened']:.2f}"
@@ -237,6 +255,13 @@ def main(argv=None) -> None:
     ap.add_argument("--sim-seeds", type=int, default=16, help="replay: realisations behind the simulated mean")
     ap.add_argument("--kv-routers", nargs="*", default=["dynamo"])
     ap.add_argument("--replays", type=int, default=16)
+    ap.add_argument(
+        "--timing",
+        default="speed",
+        choices=["speed", *TIMINGS],
+        help="replay: the timing preset (TIMINGS; default speed: holds T/speed, KV-aware routers only)",
+    )
+    ap.add_argument("--kv-speed", type=float, default=50_000.0, help="replay --timing speed: KV routers' T/speed")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     ap.add_argument("--arrivals", nargs="+", default=["uniform", "poisson"])
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -273,13 +298,13 @@ def main(argv=None) -> None:
                     return compose(base, d, realisation_starts(arrival, d.size, s), {})
 
                 replay_rows(rows, pool, of_seed, list(range(a.sim_seeds)), a.seeds, a.replicas, arrival,
-                            list(a.routers) + list(a.kv_routers), 50_000.0, a.replays, None, a.replay_seed,
-                            a.se_target)  # fmt: skip
+                            list(a.routers) + list(a.kv_routers), a.kv_speed, a.replays,
+                            timing=a.timing, replay_seed=a.replay_seed, se_target=a.se_target)  # fmt: skip
         if "mooncake" in a.only:
             mc = read_mooncake(MOON)
             replay_rows(rows, "mooncake", lambda s: mc, [0], [0], a.replicas, "own",
                         list(a.routers) + list(a.kv_routers), 10_000.0, a.replays,
-                        [1000, 4000, 16000, 64000])  # fmt: skip
+                        [1000, 4000, 16000, 64000], timing=a.timing)  # fmt: skip
     if "mooncake" in a.only and "replay" not in a.only:
         mc = read_mooncake(MOON)
         check_once(mc, "round-robin", 2, 4000)
@@ -299,8 +324,8 @@ def main(argv=None) -> None:
             "mean MC se |"
         )
         print("|---|---|---|---:|---:|---:|---:|---:|---|---|---|---:|")
-        for w in sorted({(r["workload"], r["arrival"], r["speed"] is not None) for r in rp}):
-            sel = [r for r in rp if (r["workload"], r["arrival"], r["speed"] is not None) == w]
+        for w in sorted({(r["workload"], r["arrival"], r["router"] not in ROUTERS) for r in rp}):
+            sel = [r for r in rp if (r["workload"], r["arrival"], r["router"] not in ROUTERS) == w]
             g = np.abs([r["gap"] for r in sel])
             k = int(np.argmax(g))
             cr, cw = [r["cover_raw"] for r in sel], [r["cover_widened"] for r in sel]

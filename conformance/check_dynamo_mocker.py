@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from kvhit.fleet.simulate import simulate_fleet
-from kvhit.workload.production import ProductionTraceError, read_mooncake
+from kvhit.workload.production import read_mooncake
+from kvhit.workload.production_trace import ProductionTraceError
 from kvhit.workload.requests import kv_tokens
 
 MAPPINGS = ("instant", "prefill", "isolated", "loaded")

@@ -3,7 +3,9 @@
 import numpy as np
 
 from kvhit.estimate import theory
-from kvhit.estimate.engine import estimate, estimate_engine, trace_moments
+from kvhit.estimate.engine import estimate_engine
+from kvhit.estimate.mean_field import estimate
+from kvhit.estimate.trace_stats import trace_moments
 from kvhit.sim.runner import simulate_trace_block, simulate_trace_content
 from kvhit.workload import Geometric, Window, WorkloadSpec, generate
 

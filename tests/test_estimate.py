@@ -1,5 +1,6 @@
-"""kvhit.estimate.engine: eq. (35)–(39) on hand-computed traces, on large generated SCM traces against the theory
-(within sampling error from the sample (co)variance), F̂ exactness, vectorization, monotonicity."""
+"""kvhit.estimate.trace_stats and kvhit.estimate.mean_field: eq. (35)–(39) on hand-computed traces, on large
+generated SCM traces against the theory (within sampling error from the sample (co)variance), F̂ exactness,
+vectorization, monotonicity."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, optimize
 
-from kvhit.estimate import engine as est
+from kvhit.estimate import mean_field as est
 from kvhit.estimate import theory
+from kvhit.estimate.trace_stats import trace_moments
 from kvhit.workload import (
     EmpiricalW,
     Exponential,
@@ -45,7 +47,7 @@ def _trace(convs, *, times=None, extra=None):
 
 def test_three_turn_example():
     """App. B.3: one conversation with R = (2, 8, 16): Â_R = 26, Â_H = 10, Â_H^hash = 10 − 2, Ê[B] = 16."""
-    tm = est.trace_moments(_trace([[2, 6, 8]]))
+    tm = trace_moments(_trace([[2, 6, 8]]))
     assert (tm.A_R, tm.A_H, tm.A_H_hash, tm.E_B, tm.E_M) == (26, 10, 8, 16, 3)
     assert tm.L == 1 and tm.n_turns == 3 and tm.max_M == 3 and tm.Var_M == 0
     assert tm.h_max == pytest.approx(10 / 26) and tm.h_max_hash == pytest.approx(8 / 26)
@@ -54,7 +56,7 @@ def test_three_turn_example():
 
 def test_small_trace_by_hand():
     convs = [[2, 6, 8], [5], [1, 1], [3, 4, 1, 2]]
-    tm = est.trace_moments(_trace(convs))
+    tm = trace_moments(_trace(convs))
     # R: (2, 8, 16), (5), (1, 2), (3, 7, 8, 10)
     assert tm.A_R == pytest.approx((26 + 5 + 3 + 28) / 4)
     assert tm.A_H == pytest.approx((10 + 0 + 1 + 18) / 4)
@@ -65,12 +67,12 @@ def test_small_trace_by_hand():
     assert tm.se_A_R == pytest.approx(np.std([26, 5, 3, 28], ddof=1) / 2)
     assert tm.lam0_hat == pytest.approx(3 / 3)
     # conversation selection: boolean mask (id order), ids, row mask
-    sub = est.trace_moments(_trace(convs), np.array([True, False, False, True]))
+    sub = trace_moments(_trace(convs), np.array([True, False, False, True]))
     assert sub.A_R == pytest.approx((26 + 28) / 2) and sub.L == 2
-    assert est.trace_moments(_trace(convs), np.array([3, 0])).A_R == sub.A_R
+    assert trace_moments(_trace(convs), np.array([3, 0])).A_R == sub.A_R
     tr = _trace(convs)
     rows = tr["conv"] % 3 == 0
-    assert est.trace_moments(tr, rows=rows).A_R == sub.A_R
+    assert trace_moments(tr, rows=rows).A_R == sub.A_R
 
 
 def test_M_column_not_row_count():
@@ -79,8 +81,8 @@ def test_M_column_not_row_count():
     tr = _trace([[2, 6, 8], [5], [1, 1]])
     cut = tr.select(Window(end=15.0).mask(tr))  # conversation 0 loses its turn 3 (at t = 20)
     with pytest.raises(ValueError, match="conversation 0 has M = 3 turns but 2 rows"):
-        est.trace_moments(cut)
-    tm = est.trace_moments(cut, incomplete="drop")
+        trace_moments(cut)
+    tm = trace_moments(cut, incomplete="drop")
     assert tm.L == 2 and tm.A_R == pytest.approx((5 + 3) / 2)
 
 
@@ -90,14 +92,14 @@ def test_block_rules():
     cum = np.array([7, 16, 30])  # tokens: R_phys = ⌈T/4⌉ = (2, 4, 8), R_full = ⌊T/4⌋ = (1, 4, 7)
     extra = {"cum_tokens": cum, "R_phys": -(-cum // b), "R_full": cum // b}
     tr = _trace([[2, 2, 4]], extra=extra)
-    phys = est.trace_moments(tr, block="phys")
+    phys = trace_moments(tr, block="phys")
     assert (phys.A_R, phys.A_H_hash, phys.E_B) == (14, 4, 8)
-    full = est.trace_moments(tr, block="full")
+    full = trace_moments(tr, block="full")
     assert (full.A_R, full.A_H, full.A_H_hash, full.E_B) == (14, 6, 5, 8)
     with pytest.raises(ValueError, match="R_full"):
-        est.trace_moments(_trace([[2, 2]]), block="full")
+        trace_moments(_trace([[2, 2]]), block="full")
     with pytest.raises(ValueError, match="block"):
-        est.trace_moments(tr, block="nope")
+        trace_moments(tr, block="nope")
 
 
 def test_empirical_F_exact_vs_quadrature():
@@ -135,7 +137,7 @@ SPEC = WorkloadSpec.scm(1.5, 0.75, x=Geometric.from_mean(3.0), y=Geometric.from_
 @pytest.fixture(scope="module")
 def big():
     tr = generate(SPEC, seed=11, n_conversations=40_000)
-    return tr, est.trace_moments(tr)
+    return tr, trace_moments(tr)
 
 
 # a 5-sigma band: the seeded draw is fixed, the band is the sampling error, not a tuned tolerance
@@ -260,15 +262,15 @@ def test_bad_inputs(big):
     with pytest.raises(ValueError, match="lam0"):
         est.estimate(dataclasses.replace(tm, lam0_hat=float("nan")), 10.0)
     with pytest.raises(ValueError, match="mask"):
-        est.trace_moments(tr, np.ones(3, dtype=bool))
+        trace_moments(tr, np.ones(3, dtype=bool))
     with pytest.raises(ValueError, match="not in the trace"):
-        est.trace_moments(tr, np.array([10**9]))
+        trace_moments(tr, np.array([10**9]))
     with pytest.raises(ValueError, match="single turn"):
         est.empirical_F(_trace([[1], [2]]))
-    single = est.trace_moments(_trace([[3]]))
+    single = trace_moments(_trace([[3]]))
     assert np.isnan(single.lam0_hat) and np.isnan(single.se_A_R)
     with pytest.raises(ValueError, match="Trace"):
-        est.trace_moments(tm)  # type: ignore[arg-type]
+        trace_moments(tm)  # type: ignore[arg-type]
 
 
 def test_single_turn_conversations_give_zero():

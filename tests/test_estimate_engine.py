@@ -7,16 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.estimate.engine import (
-    EstimateError,
-    displacement_moments,
-    engine_accounting,
-    estimate,
-    estimate_engine,
-    estimate_finite,
-    estimate_window,
-    trace_moments,
-)
+from kvhit.estimate.accounting import displacement_moments, engine_accounting
+from kvhit.estimate.engine import estimate_engine, estimate_finite, estimate_window
+from kvhit.estimate.mean_field import estimate
+from kvhit.estimate.trace_stats import EstimateError, trace_moments
 from kvhit.sim.metrics import mean_ci
 from kvhit.sim.runner import block_requests, simulate_trace_block
 from kvhit.workload.blocks import block_accounting
@@ -273,7 +267,7 @@ def test_rejection_aware_estimate_hand_worked():
 def test_prefix_variance_table_equals_direct_moments_of_admitted_set():
     # the per-prefix ∫Φ² table summed at J_i(N) must equal displacement_moments of the admitted accounting
     # (an independent kernel), for every admitted set
-    from kvhit.estimate.engine import _PrefixVariance
+    from kvhit.estimate.occupancy import _PrefixVariance
 
     acc = engine_accounting(_TR, engine="vllm-0.23", metric="tokens")
     tg = np.array([0.0, 1.5, 7.0, 20.0, 55.0, 200.0])

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from kvhit.estimate.agentic import AgenticError
-from kvhit.estimate.engine import EstimateError
 from kvhit.estimate.sglang import estimate_sglang, estimate_sglang_window, sglang_accounting
 from kvhit.estimate.sglang_agentic import estimate_trace_sglang, sglang_node_pieces
+from kvhit.estimate.trace_stats import EstimateError
 from kvhit.sim.sglang.radix import simulate_radix
 from kvhit.sim.sglang.streams import streams_from_production, streams_from_trace
 from kvhit.workload.dists import Exponential

@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvhit.estimate.engine import estimate, estimate_engine, estimate_finite, estimate_window, trace_moments
+from kvhit.estimate.engine import estimate_engine, estimate_finite, estimate_window
+from kvhit.estimate.mean_field import estimate
+from kvhit.estimate.trace_stats import trace_moments
 from kvhit.experiments import (
     ESTIMATORS,
     SETTINGS,
@@ -24,21 +26,17 @@ from kvhit.experiments import (
     reproduce,
     summarize,
 )
-from kvhit.experiments.paper import (
+from kvhit.experiments.paper import points, run_experiments
+from kvhit.experiments.paper_estimators import (
     ENGINE_TARGET,
     ESTIMATOR_TARGETS,
     INGREDIENT_COLUMNS,
     PAPER_ESTIMATORS,
-    _block_requests,
     ingredient_estimates,
-    load_sample,
     measured_window,
     observed_gaps,
-    points,
-    retime,
-    run_experiments,
-    run_point,
 )
+from kvhit.experiments.paper_runs import _block_requests, load_sample, retime, run_point
 from kvhit.sim.runner import block_requests
 from kvhit.workload.dists import Exponential
 from kvhit.workload.sharegpt_trace import build_sharegpt_trace

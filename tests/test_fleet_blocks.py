@@ -20,7 +20,8 @@ from kvhit.fleet.blocks import (
     stay_probabilities_blocks,
 )
 from kvhit.fleet.simulate import simulate_fleet
-from kvhit.workload.production import ProductionTrace, read_production, read_weka
+from kvhit.workload.production import read_production, read_weka
+from kvhit.workload.production_trace import ProductionTrace
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data" / "production"
@@ -122,10 +123,34 @@ def test_band_of_a_single_session_is_the_replay_widened():
                                                               replays=4, seed=3)  # fmt: skip
 
 
-def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None):
+def _hand_timing(p2, tm):
+    """simulate_fleet's timing arguments for the re-timed trace ``p2`` by hand from ``tm`` (keys P, D, ov, ph, hts,
+    kv): prefill = ov + T/P, hold = prefill + (O − 1)⁺/D; with ``kv`` the CSR gets (T + O − 1)//b − T//b fresh
+    negative ids after each prompt's (the generated tokens' blocks) and the run is colocated."""
+    T = np.asarray(p2.prompt_tokens, float)
+    O = np.asarray(p2.output_tokens, float)
+    pre = tm.get("ov", 0.0) + T / tm["P"]
+    hold = pre + (np.maximum(O - 1.0, 0.0) / tm["D"] if "D" in tm else 0.0)
+    kw = dict(hold=hold, prefill_hold=pre if tm.get("ph") else None, hit_token_seconds=tm.get("hts", 0.0))
+    off, hs = p2.hash_offsets, p2.hashes
+    if tm.get("kv"):
+        ids, nxt = [], -1
+        for r in range(p2.n_requests):
+            own = [int(x) for x in p2.hashes[p2.hash_offsets[r] : p2.hash_offsets[r + 1]]]
+            k = (int(T[r]) + max(int(O[r]) - 1, 0)) // p2.block_size - len(own)
+            ids.append(own + list(range(nxt, nxt - k, -1)))
+            nxt -= k
+        off = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
+        hs = np.array([h for x in ids for h in x], np.int64)
+        kw.update(colocated=True, response_tokens=p2.output_tokens)
+    return off, hs, kw
+
+
+def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None, tm=None):
     """The replays by hand: K start-time draws (one generator; uniform on the starts' range widened by one mean
     spacing each side unless a KS test rejects uniformity, then draw_starts' histogram; sorted and handed out in
-    the sessions' observed order), each a plain simulate_fleet call on the re-timed trace."""
+    the sessions' observed order), each a plain simulate_fleet call on the re-timed trace (holds T/speed, or the
+    timing ``tm`` by hand, :func:`_hand_timing`)."""
     from scipy.stats import kstest
 
     from kvhit.estimate.band import draw_starts, restart_sessions
@@ -144,9 +169,13 @@ def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None):
         for rank, k in enumerate(sorted(range(C), key=lambda k: (first[k], k))):  # the observed order, kept
             starts[k] = x[rank]
         p2 = restart_sessions(pt, starts)
-        hold = None if speed is None else p2.prompt_tokens / speed
-        res = simulate_fleet(p2.prompt_tokens, p2.hash_offsets, p2.hashes, p2.session, Ns=Ns, block_size=p2.block_size,
-                             router=router, router_params=params, times=p2.time, hold=hold, seed=seed)  # fmt: skip
+        if tm is None:
+            off, hs = p2.hash_offsets, p2.hashes
+            kw = dict(hold=None if speed is None else p2.prompt_tokens / speed)
+        else:
+            off, hs, kw = _hand_timing(p2, tm)
+        res = simulate_fleet(p2.prompt_tokens, off, hs, p2.session, Ns=Ns, block_size=p2.block_size, router=router,
+                             router_params=params, times=p2.time, seed=seed, **kw)  # fmt: skip
         out.append(res.token_hit_ratio())
     return np.array(out)
 
@@ -176,6 +205,52 @@ def test_replay_mean_is_the_mean_of_direct_simulate_fleet_calls(router, speed, p
     assert b["h_mc"] == pytest.approx(H[:, 1].mean(), abs=1e-12)
     assert b["h_se"] == pytest.approx(H[:, 1].std(ddof=1) / np.sqrt(K), abs=1e-12)
     assert b["h_lo"] < b["h_mc"] < b["h_hi"] and b["method"] == "replay-mean"
+
+
+#: timing cases: (router, router params, hand timing); hit_token_seconds on an oblivious router runs the compiled
+#: fleet pass with the routes fixed in advance
+TIMED = [
+    ("round-robin", None, {"P": 2000.0, "D": 20.0, "ov": 0.01, "hts": 0.0004}),
+    ("random", None, {"P": 2000.0, "D": 0.5, "hts": 0.0004, "kv": True}),
+    ("random", None, {"P": 2000.0, "D": 5.0, "kv": True}),
+    ("dynamo", None, {"P": 2000.0, "D": 20.0, "ov": 0.01, "ph": True, "hts": 0.0004}),
+    ("dynamo", None, {"P": 2000.0, "D": 20.0, "ph": True, "hts": 0.0005, "kv": True}),
+    ("least-loaded", {"metric": "prefill_tokens"}, {"P": 2000.0, "D": 0.05, "ph": True}),
+    ("sticky", {"ttl": 30.0}, {"P": 5000.0, "D": 0.05, "ov": 0.2}),
+]
+
+
+def _fleet_timing(tm):
+    from kvhit.fleet.timing import FleetTiming
+
+    return FleetTiming(tm["P"], tm.get("D"), bool(tm.get("ph")), tm.get("hts", 0.0), tm.get("ov", 0.0),
+                       bool(tm.get("kv")))  # fmt: skip
+
+
+@pytest.mark.parametrize(("router", "params", "tm"), TIMED)
+def test_replay_mean_under_timing_is_the_mean_of_direct_simulate_fleet_calls(router, params, tm):
+    """Under a FleetTiming (decode time, prefill overhead, prefill-done events, hit-token savings, decode KV) each
+    replay is simulate_fleet on the re-timed trace with holds computed by hand from that trace's own prompt and output
+    lengths (restart_sessions carries them with their requests): equal replay by replay; and the timing changes the
+    replays (the test can see it dropped)."""
+    from kvhit.fleet.blocks import fleet_replays_blocks
+
+    pt = read_weka([str(DATA / f) for f in WEKA3])
+    assert pt.output_tokens.min() >= 1 and np.ptp(pt.output_tokens) > 0
+    R, K, seed = 3, 4, 5
+    Nmin = int(pt.prompt_blocks.max()) + (int(pt.output_tokens.max()) // B + 2 if tm.get("kv") else 0)
+    caps = [[Nmin] * R, [Nmin, 3 * Nmin, 2 * Nmin]]
+    tmg = _fleet_timing(tm)
+    H = fleet_replays_blocks(pt, router, caps, router_params=params, replays=K, seed=seed, timing=tmg)
+    for i, Ns in enumerate(caps):
+        want = _direct_replays(pt, router, Ns, seed=seed, K=K, params=params, tm=tm)
+        assert H[:, i] == pytest.approx(want, abs=1e-12)
+    plain = fleet_replays_blocks(pt, router, caps, router_params=params, replays=K, seed=seed, speed=tm["P"])
+    assert np.abs(H - plain).max() > 1e-6
+    b = fleet_band_blocks(pt, router, caps[1], router_params=params, replays=K, seed=seed, timing=tmg)
+    assert b["h_mc"] == pytest.approx(H[:, 1].mean(), abs=1e-12) and b["method"] == "replay-mean"
+    with pytest.raises(ValueError, match="speed"):
+        fleet_replays_blocks(pt, router, caps, replays=1, speed=1.0, timing=tmg)
 
 
 def test_start_law_is_uniform_unless_the_starts_show_structure():
@@ -257,6 +332,42 @@ def test_fleet_simulate_blocks_trace_prints_the_estimate(monkeypatch, tmp_path):
     want = estimate_fleet_blocks(pt, kv_routes_blocks(prev, q, 2, seed=3), [300, 300]).h
     assert row["estimate"] == pytest.approx(want, abs=0, rel=0) and row["estimate_band"] is None
     assert row["estimate_method"] == "stay-model+agentic-per-replica"
+
+
+def test_fleet_simulate_blocks_trace_estimates_under_timing(monkeypatch, tmp_path):
+    """``fleet simulate --blocks-trace`` with the timing flags: the row's estimate is the mean of the exact replays
+    run under the same timing (a direct loop with holds by hand), with its band; where the replays are not affordable
+    the per-replica estimators (holds T/speed at most) give none, with a one-line reason."""
+    import shutil
+
+    import kvhit.fleet.blocks as fb
+    from kvhit.service.fleet import BAND_REPLAYS
+
+    for f in WEKA3:
+        shutil.copy(DATA / f, tmp_path / f)
+    wk = read_production(tmp_path)
+    tm = {"P": 2000.0, "D": 20.0, "ov": 0.01, "ph": True, "hts": 0.0004, "kv": True}
+    flags = ["--prefill-tokens-per-s", "2000", "--decode-tokens-per-s", "20", "--prefill-overhead-s", "0.01",
+             "--prefill-hold", "--hit-token-seconds", "0.0004", "--decode-kv"]  # fmt: skip
+    base = ["fleet", "simulate", "--blocks-trace", str(tmp_path), "--replicas", "2", "--N", "1500"]
+    r = runner.invoke(app, [*base, "--router", "dynamo", *flags, "--seed", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    row = out["rows"][0]
+    H = _direct_replays(wk, "dynamo", [1500, 1500], seed=1, K=BAND_REPLAYS, tm=tm)
+    assert row["estimate"] == pytest.approx(H.mean(), abs=1e-12) and row["estimate_method"] == "replay-mean"
+    assert row["estimate_se"] == pytest.approx(H.std(ddof=1) / np.sqrt(BAND_REPLAYS), abs=1e-12)
+    assert row["estimate_band"]["h_lo"] <= row["estimate"] <= row["estimate_band"]["h_hi"]
+    assert out["timing"]["decode_kv"] is True and not any("no estimate" in n for n in out["notes"])
+    untimed = _direct_replays(wk, "dynamo", [1500, 1500], seed=1, K=BAND_REPLAYS, speed=2000.0)
+    assert abs(untimed.mean() - H.mean()) > 1e-6  # the timing reaches the replays
+    monkeypatch.setattr(fb, "REPLAY_MAX_ACCESSES", 0)
+    r = runner.invoke(app, [*base, "--router", "round-robin", *flags[:4], "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["rows"][0]["estimate"] is None
+    why = [n for n in out["notes"] if n.startswith("no estimate")]
+    assert len(why) == 1 and "--decode-tokens-per-s" in why[0] and "too many block accesses" in why[0]
 
 
 def test_se_target_extends_the_same_replays_until_the_standard_error_is_met():

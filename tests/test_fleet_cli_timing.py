@@ -76,7 +76,7 @@ def test_simulate_equals_the_library_and_echoes_the_options(mc):
     out = _json(["fleet", "simulate", "--blocks-trace", str(path), "--replicas", "3", "--N", "40", "--router",
                  "dynamo,least-loaded", "--load-metric", "prefill_tokens", *TIMING, "--json"])  # fmt: skip
     assert out["timing"] == {"prefill_tokens_per_s": P, "decode_tokens_per_s": D, "prefill_hold": True,
-                             "hit_token_seconds": HTS, "prefill_overhead_s": OV}  # fmt: skip
+                             "hit_token_seconds": HTS, "prefill_overhead_s": OV, "decode_kv": False}  # fmt: skip
     cases = (("dynamo", {}), ("least-loaded", {"metric": "prefill_tokens"}))
     for row, (router, params) in zip(out["rows"], cases, strict=True):
         lib = _lib(path, rows, 3, 40, router, params).summary()
@@ -85,9 +85,11 @@ def test_simulate_equals_the_library_and_echoes_the_options(mc):
         # the options matter here: without them the library gives another answer (the test can fail)
         plain = _lib(path, rows, 3, 40, router, params, ph=False, hts=0.0, ov=0.0).summary()
         assert plain["token_hit_ratio"] != lib["token_hit_ratio"]
-        assert row["estimate"] is None  # the KV estimator models neither option
-    # block-id rows: the replay mean and the per-replica estimators hold T / --prefill-tokens-per-s only
-    assert any("--prefill-hold" in n and "holds of T / --prefill-tokens-per-s only" in n for n in out["notes"])
+        # block-id rows: the exact replays run under the same timing (tests/test_fleet_blocks.py pins their values)
+        assert row["estimate_method"] == "replay-mean" and 0 < row["estimate"] < 1
+    assert not any("no estimate" in n for n in out["notes"])
+    # the replays queue and reject as the run does: no "the estimates do not model queueing" note for them
+    assert max(r["mean_wait"] for r in out["rows"]) > 0 and not any("queueing" in n for n in out["notes"])
 
 
 def test_decode_alone_equals_the_library(mc):
@@ -185,6 +187,45 @@ def test_curve_and_plan_refusals(mc, tmp_path):
     r = runner.invoke(app, ["fleet", "plan", "--trace", str(tr), "--target", "0.5", "--N", "60", "--block-size", "16",
                             "--prefill-tokens-per-s", "2000", "--decode-tokens-per-s", "20"])  # fmt: skip
     assert r.exit_code == 2 and "--decode-tokens-per-s: this workload has no output lengths" in (r.stderr or r.output)
+    for cmd in (["simulate", "--replicas", "2"], ["plan", "--target", "0.5"]):
+        r = runner.invoke(app, ["fleet", *cmd, "--trace", str(tr), "--N", "60", "--block-size", "16", "--decode-kv"])
+        err = (r.stderr or r.output).strip()
+        want = "--decode-kv: this workload has no output lengths (a kvhit trace without response_tokens, or streams"
+        assert r.exit_code == 2 and want in err
+        assert len(err.splitlines()) == 1 and "Traceback" not in r.output
+    r = runner.invoke(app, ["fleet", "plan", "--blocks-trace", path, "--target", "0.5", "--N", "40", "--lam0", "0.1",
+                            "--decode-kv"])  # fmt: skip
+    assert r.exit_code == 2 and "--decode-kv: this workload has no output lengths" in (r.stderr or r.output)
+
+
+def test_decode_kv_curve_and_plan_equal_the_library(mc):
+    """``--decode-kv`` on ``fleet curve`` and ``fleet plan``: simulate_fleet colocated, the generated tokens' blocks
+    fresh ids after the prompt's (ProductionTrace.to_block_requests), with the same holds; it changes the answer."""
+    path, rows = mc
+    pt = read_blocks_trace(path, "sequential", None, None, 0)
+    rq = pt.to_block_requests(colocated=True)
+    T = np.array([r["input_length"] for r in rows], float)
+    O = np.array([r["output_length"] for r in rows], float)
+    pre = OV + T / P
+    hold = pre + np.maximum(O - 1, 0) / D
+
+    def lib(R, params=None, colocated=True):
+        off, hs = (rq.hash_offsets, rq.hashes) if colocated else (pt.hash_offsets, pt.hashes)
+        kw = dict(colocated=True, response_tokens=rq.response_tokens) if colocated else {}
+        return simulate_fleet(pt.prompt_tokens, off, hs, np.asarray(pt.session, np.int64), Ns=[40] * R, block_size=512,
+                              router="dynamo", router_params=params, times=pt.time, hold=hold, prefill_hold=pre,
+                              hit_token_seconds=HTS, **kw).token_hit_ratio()  # fmt: skip
+
+    out = _json(["fleet", "curve", "--blocks-trace", str(path), "--replicas", "3", "--N", "40", "--router", "dynamo",
+                 "--values", "0,1", *TIMING, "--decode-kv", "--no-baselines", "--json"])  # fmt: skip
+    assert out["timing"]["decode_kv"] is True
+    for row in out["rows"]:
+        assert row["token_hit_ratio"] == lib(3, {"overlap_score_credit": row["value"]})
+    assert lib(3) != lib(3, colocated=False)
+    out = _json(["fleet", "plan", "--blocks-trace", str(path), "--target", "0.99", "--N", "40", "--max-replicas", "2",
+                 "--router", "dynamo", *TIMING, "--decode-kv", "--json"])  # fmt: skip
+    got = {r["replicas"]: r["token_hit_ratio"] for r in out["rows"]}
+    assert got[2] == lib(2)
 
 
 def test_hit_token_seconds_on_a_kvhit_trace_equals_the_library(tmp_path):

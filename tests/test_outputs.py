@@ -56,7 +56,7 @@ def test_figures_3_to_6_facet_by_engine_with_every_reference_line_in_the_legend(
     from pathlib import Path
 
     from kvhit.experiments.paper import PAPER_BOUNDS
-    from kvhit.experiments.report import plot_errors, plot_estimates
+    from kvhit.experiments.report_figures import plot_errors, plot_estimates
 
     res = Path(__file__).resolve().parents[1] / "docs" / "reproduce" / "results.json"
     summary = json.loads(res.read_text(encoding="utf-8"))["summary"]

@@ -79,3 +79,55 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, msg):
                             "NUMBA_CACHE_DIR": str(ROOT / ".numba_cache")})  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def _busy_trace(tmp_path, n=240, convs=16, seed=3):
+    """A Mooncake-format file busy enough that the timing and the decode KV change Dynamo's routing: conversations
+    growing by 1–3 blocks of 512 tokens a turn, requests 0–60 ms apart, outputs 1–1,500 tokens."""
+    rng = np.random.default_rng(seed)
+    hist: list[list[int]] = [[] for _ in range(convs)]
+    nxt = t = 0
+    rows = []
+    for _ in range(n):
+        k = int(rng.integers(convs))
+        add = int(rng.integers(1, 4))
+        hist[k] = hist[k] + list(range(nxt, nxt + add))
+        nxt += add
+        ids = hist[k][-10:]
+        rows.append({"timestamp": t, "input_length": len(ids) * 512 - int(rng.integers(0, 512)),
+                     "output_length": int(rng.integers(1, 1500)), "hash_ids": ids})  # fmt: skip
+        t += int(rng.integers(0, 60))
+    p = tmp_path / "busy.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p, read_mooncake(p, block_size=512)
+
+
+@pytest.mark.parametrize("mapping", ["isolated", "loaded"])
+def test_cli_decode_kv_reproduces_the_peer_check(tmp_path, mapping):
+    """``fleet simulate --decode-kv`` with the mapping's speeds as flags gives the peer check's ``mapping:output``
+    value (check_dynamo_mocker.run_cell: with_output_blocks, colocated) — the library call docs/peers.md reports;
+    without ``--decode-kv`` the ``:prompt`` value, which differs here (the test sees the flag)."""
+    from typer.testing import CliRunner
+
+    from kvhit.cli import app
+
+    p, tr = _busy_trace(tmp_path)
+    probe = {"prefill_fit_ms": {"a": 10.87, "s_per_token": 0.018848}, "itl_ms": 5.764}
+    cell = {"R": 3, "N": 40, "runs": [{"mean_itl_ms": 7.0}, {"mean_itl_ms": 9.0}]}
+    itl = 5.764 if mapping == "isolated" else 8.0
+    flags = ["--prefill-tokens-per-s", repr(1000 / 0.018848), "--prefill-overhead-s", repr(10.87 / 1000),
+             "--hit-token-seconds", repr(0.018848 / 1000), "--decode-tokens-per-s", repr(1000 / itl),
+             "--prefill-hold"]  # fmt: skip
+    base = ["fleet", "simulate", "--blocks-trace", str(p), "--replicas", "3", "--N", "40", "--router", "dynamo",
+            "--seed", "1", "--no-estimates", "--json", *flags]  # fmt: skip
+    run = CliRunner().invoke
+    got = {}
+    for kv in ("output", "prompt"):
+        r = run(app, base + (["--decode-kv"] if kv == "output" else []))
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert out["timing"]["decode_kv"] is (kv == "output")
+        got[kv] = out["rows"][0]["token_hit_ratio"]
+        want = c.run_cell(tr, cell, mapping, kv, probe, [1], 512, c.with_output_blocks(tr, 512))[0]
+        assert got[kv] == pytest.approx(want, abs=1e-12), kv
+    assert abs(got["output"] - got["prompt"]) > 1e-4

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from kvhit.estimate import theory
-from kvhit.estimate.engine import empirical_F, engine_accounting, estimate_engine, trace_moments
+from kvhit.estimate.accounting import engine_accounting
+from kvhit.estimate.engine import estimate_engine
+from kvhit.estimate.mean_field import empirical_F
+from kvhit.estimate.trace_stats import trace_moments
 from kvhit.plan import hardware
 from kvhit.plan.planner import PlanError, _largest_lam0, _smallest_capacity, capacity, make_workload, plan
 from kvhit.sim.runner import simulate_trace_block, simulate_trace_content

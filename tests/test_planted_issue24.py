@@ -38,7 +38,7 @@ def test_oblivious_fleet_estimator_divides_lam0_by_R(scm_trace, R):
 
 def _shared_prefix_trace(starts, b=16):
     """One request per session: a 6-block shared system prompt and a session's own 1–4 blocks (chained ids)."""
-    from kvhit.workload.production import ProductionTrace
+    from kvhit.workload.production_trace import ProductionTrace
 
     ids = [[0, 1, 2, 3, 4, 5] + [1000 * (s + 1) + k for k in range(1 + s % 4)] for s in range(len(starts))]
     n = len(ids)

@@ -16,14 +16,8 @@ from hypothesis import strategies as st
 from kvhit.sim.runner import BlockRequests
 from kvhit.sim.vllm.block import block_hit_ratio, simulate_block, token_hit_ratio
 from kvhit.sim.vllm.curve import block_curve
-from kvhit.workload.production import (
-    ProductionTraceError,
-    chain_violation,
-    read_mooncake,
-    read_production,
-    read_weka,
-    rechain,
-)
+from kvhit.workload.production import read_mooncake, read_production, read_weka
+from kvhit.workload.production_trace import ProductionTraceError, chain_violation, rechain
 
 DATA = Path(__file__).parent / "data" / "production"
 MOON = DATA / "mooncake_small.jsonl"

@@ -228,7 +228,7 @@ def test_content_engine_against_ordered_dict_reference():
 
 def test_poisson_starts_rate():
     """E[#starts in [0, H]] = λ0·H: over 300 seeds the mean count is within 4 standard errors."""
-    from kvhit.workload.production import ProductionTrace
+    from kvhit.workload.production_trace import ProductionTrace
 
     n = 1
     pt = ProductionTrace(

@@ -84,6 +84,7 @@ def curve(
     kv_gb: Annotated[float | None, _opt(CR, "kv_gb", "--kv-gb")] = None,
     sample_rate: Annotated[float | None, _opt(CR, "sample_rate", "--sample-rate")] = None,
     sample_salt: Annotated[int | None, _opt(CR, "sample_salt", "--sample-salt")] = None,
+    sample_estimator: Annotated[str | None, _opt(CR, "sample_estimator", "--sample-estimator")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Hit ratio at every capacity: exact simulated curves (one pass each) beside the estimators' curves.
@@ -93,6 +94,8 @@ def curve(
     the --trace streamed from Parquet.
     """
     extra = {} if sample_salt is None else {"sample_salt": sample_salt}
+    if sample_estimator is not None:
+        extra["sample_estimator"] = sample_estimator
     res = _call(
         svc.curve,
         CR,
@@ -136,6 +139,14 @@ def curve(
         return
     Ns = res.N
     keys = [k for k in res.curves if not k.endswith("token ratio")]
+    pm = {}  # a sampled curve: h ± its band's half-width (2 standard errors of the sample size) in one cell
+    if res.sample_rate is not None:
+        keys = [k for k in keys if not k.startswith("band ")]
+        pm = {
+            k: (res.curves["band low: " + k], res.curves["band high: " + k])
+            for k in keys
+            if "band low: " + k in res.curves
+        }
     sg = [k for k in keys if k.startswith("SGLang")]
     if sg:  # show the capacities SGLang was simulated at, with vLLM's token ratios beside it
         keys = [k + " token ratio" if k + " token ratio" in res.curves else k for k in keys]
@@ -149,7 +160,11 @@ def curve(
         else np.unique(np.linspace(0, len(Ns) - 1, 12).astype(int))
     )
     for i in shown:
-        row = [_fmt(int(Ns[i])), f"{Ns[i] * res.bytes_per_block / 2**30:.2f}", *[_fmt(res.curves[k][i]) for k in keys]]
+        row = [
+            _fmt(int(Ns[i])),
+            f"{Ns[i] * res.bytes_per_block / 2**30:.2f}",
+            *[_pm(res.curves[k][i], *(b[i] for b in pm[k])) if k in pm else _fmt(res.curves[k][i]) for k in keys],
+        ]
         if feas is not None:
             row.append(
                 "–"
@@ -164,8 +179,9 @@ def curve(
             f"{k}: {v.get('kept_lookups', v.get('kept_events', 0)):,}" for k, v in (res.sample or {}).items()
         )
         console.print(
-            f"SHARDS sample at rate {res.sample_rate:g}, salt {res.sample_salt} (kept lookups / events: {sizes}); "
-            "estimates of the exact curves, error measured in docs/sampling.md",
+            f"SHARDS sample at rate {res.sample_rate:g}, salt {res.sample_salt} (kept lookups / events: {sizes}; "
+            f"vLLM curves read {res.sample_estimator}); "
+            "± two standard errors of the sample size (not the blur: error measured in docs/sampling.md)",
             markup=False,
         )
     what = (
@@ -190,3 +206,10 @@ def curve(
         console.print(f"warning: {n}", markup=False)
     for f in res.figures:
         console.print(f"wrote {f}", markup=False)
+
+
+def _pm(h, lo, hi) -> str:
+    """``h ± half-width`` of a sampled curve's band (``–`` where undefined)."""
+    if h is None or lo is None or hi is None or not np.isfinite(h):
+        return _fmt(h)
+    return f"{_fmt(h)} ± {(hi - lo) / 2:.4f}"

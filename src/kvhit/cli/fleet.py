@@ -52,6 +52,7 @@ DecodeO = Annotated[float | None, _fopt("decode_tokens_per_s", "--decode-tokens-
 PrefillHoldO = Annotated[bool, _fopt("prefill_hold", "--prefill-hold")]
 HitTokO = Annotated[float | None, _fopt("hit_token_seconds", "--hit-token-seconds")]
 OverheadO = Annotated[float | None, _fopt("prefill_overhead_s", "--prefill-overhead-s")]
+DecodeKvO = Annotated[bool, _fopt("decode_kv", "--decode-kv")]
 WarmupO = Annotated[int | None, _fopt("warmup", "--warmup")]
 OswO = Annotated[float | None, _fopt("overlap_score_weight", "--overlap-score-weight", "--prefill-load-scale")]
 OscO = Annotated[float | None, _fopt("overlap_score_credit", "--overlap-score-credit")]
@@ -129,6 +130,7 @@ def fleet_simulate(
     prefill_hold: PrefillHoldO = False,
     hit_token_seconds: HitTokO = None,
     prefill_overhead_s: OverheadO = None,
+    decode_kv: DecodeKvO = False,
     lag: LagO = 0.0,
     warmup: WarmupO = None,
     seed: SeedOpt = 0,
@@ -254,6 +256,7 @@ def fleet_plan(
     prefill_hold: PrefillHoldO = False,
     hit_token_seconds: HitTokO = None,
     prefill_overhead_s: OverheadO = None,
+    decode_kv: DecodeKvO = False,
     lag: LagO = 0.0,
     warmup: WarmupO = None,
     seed: SeedOpt = 0,
@@ -356,6 +359,7 @@ def fleet_curve(
     prefill_hold: PrefillHoldO = False,
     hit_token_seconds: HitTokO = None,
     prefill_overhead_s: OverheadO = None,
+    decode_kv: DecodeKvO = False,
     lag: LagO = 0.0,
     warmup: WarmupO = None,
     seed: SeedOpt = 0,

@@ -1,7 +1,7 @@
 """Moments of the displacement D(t) over a tagged gap (Lemma D.1), in time near-linear in the trace.
 
 For a conversation with accesses k = 0..M−1 at offsets 0 = s_0 ≤ s_1 ≤ … ≤ s_{M−1} from its first access,
-new-block mass n_k and history mass h_k (:class:`kvhit.estimate.engine.EngineAccounting`), arriving at time a, the
+new-block mass n_k and history mass h_k (:class:`kvhit.estimate.accounting.EngineAccounting`), arriving at time a, the
 mass it moves ahead of a block tagged at time 0 during the window (0, t] is (Lemma D.1)
 
     Φ_t(a) = Σ_{f ≤ k ≤ l} n_k + h_{f−1}·1{f ≥ 1},
@@ -31,8 +31,13 @@ segment-by-segment integration (:func:`phi_moments_reference`, kept as the indep
 compare against). A conversation whose surviving pair count would exceed 4·G·M is integrated segment by segment
 (the same cost as before, exact either way), so the cost is never worse than the reference's.
 
-NOT modelled here: anything beyond the ingredients above (the estimator's Gaussian approximation of D(t) and
-the admitted-prefix variant live in :mod:`kvhit.estimate.engine`).
+Two segment-by-segment variants serve the estimators: :func:`_phi2_prefix_kernel` (∫Φ² of every admitted
+prefix of a conversation, for :meth:`kvhit.estimate.accounting.EngineAccounting.admitted`) and
+:func:`_phi_table_kernel` (∫Φ and ∫Φ² restricted to conversations that arrived after the system origin, for the
+window-exact forms).
+
+NOT modelled here: anything beyond the ingredients above (the estimator's Gaussian approximation of D(t) lives in
+:mod:`kvhit.estimate.occupancy`).
 """
 
 from __future__ import annotations
@@ -217,3 +222,108 @@ def phi_moments(conv_ptr, offsets, cum_new, hist, tgrid) -> tuple[np.ndarray, np
         v,
     )
     return m[inv.ravel()], v[inv.ravel()]
+
+
+@njit(cache=True)
+def _phi2_prefix_kernel(conv_ptr, offsets, cum_new, hist, tgrid, out_v):  # pragma: no cover - numba
+    """out_v[p0 + J − 1, it] = ∫ Φ_t^{(i,J)}(a)² da for every conversation i (rows p0..p1−1) and every admitted
+    prefix J = 1..M_i of its turns (the conversation truncated to its first J turns, as
+    :meth:`kvhit.estimate.accounting.EngineAccounting.admitted` makes it): the same segments as
+    :func:`phi_moments_reference`; on a segment with first/last in-window access
+    k_f ≤ k_l the truncated Φ is 0 for J < k_f, hist[k_f − 1] − cum_new[k_f − 1] + cum_new[J]
+    for k_f ≤ J < k_l and the full Φ for J ≥ k_l (a difference array)."""
+    nconv = conv_ptr.size - 1
+    for c in range(nconv):
+        p0 = conv_ptr[c]
+        p1 = conv_ptr[c + 1]
+        M = p1 - p0
+        s = offsets[p0:p1]
+        bp = np.empty(2 * M)
+        tail = np.zeros(M + 1)
+        for it in range(tgrid.size):
+            t = tgrid[it]
+            for k in range(M):
+                bp[2 * k] = -s[k]
+                bp[2 * k + 1] = t - s[k]
+            bp.sort()
+            lo_lim = -s[M - 1]
+            tail[:] = 0.0
+            for q in range(2 * M - 1):
+                lo = max(bp[q], lo_lim)
+                hi = min(bp[q + 1], t)
+                if hi <= lo:
+                    continue
+                am = 0.5 * (lo + hi)
+                kl = np.searchsorted(s, t - am, side="right")
+                kf = np.searchsorted(s, -am, side="right") + 1
+                if kf > kl:
+                    continue
+                h0 = 0.0
+                if kf >= 2:
+                    h0 = hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
+                ln = hi - lo
+                for J in range(kf, kl):
+                    phi = h0 + cum_new[p0 + J - 1]
+                    out_v[p0 + J - 1, it] += phi * phi * ln
+                phi = h0 + cum_new[p0 + kl - 1]
+                tail[kl] += phi * phi * ln
+            run = 0.0
+            for J in range(1, M + 1):
+                run += tail[J]
+                out_v[p0 + J - 1, it] += run
+
+
+@njit(cache=True)
+def _phi_table_kernel(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, out_v):  # pragma: no cover
+    """out[it, is] += Σ_i ∫_{a > −s} Φ_t^{(i)}(a) (and Φ²) da: the background mass of conversations that
+    arrived after the system origin, for a tagged access s seconds after the origin (see
+    :func:`phi_moments_reference`)."""
+    nconv = conv_ptr.size - 1
+    ns = sgrid.size
+    for c in range(nconv):
+        p0 = conv_ptr[c]
+        p1 = conv_ptr[c + 1]
+        M = p1 - p0
+        s = offsets[p0:p1]
+        bp = np.empty(2 * M)
+        seg_lo = np.empty(2 * M)
+        seg_hi = np.empty(2 * M)
+        seg_m = np.empty(2 * M)
+        seg_v = np.empty(2 * M)
+        for it in range(tgrid.size):
+            t = tgrid[it]
+            for k in range(M):
+                bp[2 * k] = -s[k]
+                bp[2 * k + 1] = t - s[k]
+            bp.sort()
+            lo_lim = -s[M - 1]
+            nseg = 0
+            for q in range(2 * M - 1):
+                lo = max(bp[q], lo_lim)
+                hi = min(bp[q + 1], t)
+                if hi <= lo:
+                    continue
+                am = 0.5 * (lo + hi)
+                kl = np.searchsorted(s, t - am, side="right")
+                kf = np.searchsorted(s, -am, side="right") + 1
+                if kf > kl:
+                    continue
+                phi = cum_new[p0 + kl - 1]
+                if kf >= 2:
+                    phi += hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
+                seg_lo[nseg] = lo
+                seg_hi[nseg] = hi
+                seg_m[nseg] = phi
+                seg_v[nseg] = phi * phi
+                nseg += 1
+            for js in range(ns):
+                cut = -sgrid[js]
+                am_ = 0.0
+                av_ = 0.0
+                for q in range(nseg):
+                    lo = max(seg_lo[q], cut)
+                    if seg_hi[q] > lo:
+                        am_ += seg_m[q] * (seg_hi[q] - lo)
+                        av_ += seg_v[q] * (seg_hi[q] - lo)
+                out_m[it, js] += am_
+                out_v[it, js] += av_

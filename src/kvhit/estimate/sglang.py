@@ -4,7 +4,7 @@ The model estimated is :mod:`kvhit.sim.sglang.engine` (SGLang 0.5.23, read from 
 ``radix_cache.py``, ``common.py``, ``allocator/``, ``schedule_batch.py``). The estimator is the mean-field
 argument of the paper (App. B.4, Lemma D.1–D.4, eq. (38)–(39)) with SGLang's accounting in place of Ê[B] and
 Â_H^hash, exactly as :func:`kvhit.estimate.engine.estimate_engine` does for vLLM, and shares its machinery
-(:class:`kvhit.estimate.engine.EngineAccounting`, the displacement moments and the Gaussian occupancy law G).
+(:class:`kvhit.estimate.accounting.EngineAccounting`, the displacement moments and the Gaussian occupancy law G).
 
 Per conversation i, turn j (prompt T_j tokens, n_j output tokens, page size p, everything in pages):
 
@@ -49,18 +49,11 @@ import numpy as np
 from numba import njit
 from scipy.special import ndtr
 
-from kvhit.estimate.engine import (
-    EngineAccounting,
-    EstimateError,
-    _bilinear,
-    _conv_layout,
-    _fluct_grid,
-    _Occupancy,
-    _phi_table_kernel,
-    _PrefixVariance,
-    _resolve_F,
-    trace_moments,
-)
+from kvhit.estimate.accounting import EngineAccounting
+from kvhit.estimate.displacement import _phi_table_kernel
+from kvhit.estimate.engine import _bilinear
+from kvhit.estimate.occupancy import _fluct_grid, _Occupancy, _PrefixVariance, _resolve_F
+from kvhit.estimate.trace_stats import EstimateError, _conv_layout, trace_moments
 from kvhit.workload.dists import Interarrival
 from kvhit.workload.trace import Trace
 
@@ -475,9 +468,9 @@ def estimate_sglang(
 ) -> SglangEstimate:
     """Stationary SGLang estimate at pool sizes ``C`` (tokens): ĥ = p·Σ_revisits Σ_nodes len·G(C' − e)
     (+ shared segments) / Σ_requests T (module docstring; docs/estimators.md §7). G is
-    :class:`kvhit.estimate.engine._Occupancy` of the SGLang accounting (eq. (38) mean field, Gaussian fluctuations
+    :class:`kvhit.estimate.occupancy._Occupancy` of the SGLang accounting (eq. (38) mean field, Gaussian fluctuations
     of Lemma D.1 with ``fluctuations=True``); with ``rejection`` the requests that cannot run at C are misses
-    and displace nothing (:meth:`kvhit.estimate.engine.EngineAccounting.admitted`, in pages)."""
+    and displace nothing (:meth:`kvhit.estimate.accounting.EngineAccounting.admitted`, in pages)."""
     sa = _source(source, page_size, block_size, mask, shared)
     acc = sa.acc
     p = sa.page_size

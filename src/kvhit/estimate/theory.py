@@ -18,7 +18,7 @@ threshold form with ``N`` (``N = 1`` gives eq. (21)); the equation only depends 
 g(t) = E[B] t + A ∫₀ᵗ F̄ is increasing and concave with g'(t) ≥ E[B] > 0, so the root is unique and is found
 by a vectorized monotone Newton iteration with a rigorous error bound (:func:`solve_T_C`).
 
-The same solver serves the trace estimator of :mod:`kvhit.estimate.engine` (eq. (38)–(39)).
+The same solver serves the trace estimator of :mod:`kvhit.estimate.mean_field` (eq. (38)–(39)).
 """
 
 from __future__ import annotations
@@ -452,7 +452,7 @@ def d(t: Any, source: Any, F: Interarrival | None = None, *, lam0: Any = None, p
     (d_prac, eq. (29)) when ``practical``; vectorized in ``t`` (``lam0`` broadcasts against it).
 
     ``source`` is a :class:`WorkloadSpec` (λ0 and F default to the spec's) or a moments object
-    (:class:`Moments`, :class:`kvhit.estimate.engine.TraceMoments`), in which case ``F`` and ``lam0`` are required.
+    (:class:`Moments`, :class:`kvhit.estimate.trace_stats.TraceMoments`), in which case ``F`` and ``lam0`` are required.
     """
     mom, F, lam0 = _resolve(source, F, lam0)
     F = _check_F(F)

@@ -23,7 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from kvhit.estimate.engine import empirical_F, engine_accounting, estimate, estimate_engine, trace_moments
+from kvhit.estimate.accounting import engine_accounting
+from kvhit.estimate.engine import estimate_engine
+from kvhit.estimate.mean_field import empirical_F, estimate
+from kvhit.estimate.trace_stats import trace_moments
 from kvhit.sim.content.stackdist import FIRST_TURN, content_hit_thresholds
 from kvhit.sim.runner import block_requests
 from kvhit.sim.vllm.block import simulate_block

@@ -73,18 +73,31 @@ def default_n_max(blocks: dict[str, SampledBlockCurve], content: SampledContentC
     return max(int(math.ceil(SATURATION_MARGIN * top)), 2 * int(n_min))
 
 
+SE_BAND = 2.0  #: half-width of a sampled curve's band in standard errors (sample-size part; calibration §2)
+
+
 def curves_from_sampled(
-    Ns: np.ndarray, blocks: dict[str, SampledBlockCurve], content: SampledContentCurve | None, rate: float
+    Ns: np.ndarray,
+    blocks: dict[str, SampledBlockCurve],
+    content: SampledContentCurve | None,
+    rate: float,
+    estimator: str = "deblurred",
 ) -> dict:
-    """Series over ``Ns`` (block-weighted h and vLLM's token ratio per engine; Algorithm 1's practical h)."""
+    """Series over ``Ns`` (block-weighted h and vLLM's token ratio per engine, read with ``estimator`` of
+    :mod:`kvhit.sim.sampled_estimate`, with ``band low: …``/``band high: …`` at ± :data:`SE_BAND` standard errors
+    of the sample size; Algorithm 1's practical h)."""
     out: dict = {"N": Ns}
     if content is not None:
-        out[sampled_label("content", rate)] = content.curve(Ns)
+        exact = content.rate >= 1.0  # Algorithm 1's per-turn pass run whole (sampled_curve_from_parquet's default)
+        out[POLICIES["content"] if exact else sampled_label("content", content.rate)] = content.curve(Ns)
     feasible = np.ones(Ns.shape, bool)
     n_min = 0
     for e, bc in blocks.items():
-        c = bc.curve(Ns)
+        c = bc.curve(Ns, estimator)
         out[sampled_label(e, rate)] = c["block_hit_ratio"]
+        half = SE_BAND * bc.standard_error(Ns)  # the sample-size part of the error (docs/sampling.md §2)
+        out["band low: " + sampled_label(e, rate)] = c["block_hit_ratio"] - half
+        out["band high: " + sampled_label(e, rate)] = c["block_hit_ratio"] + half
         out[sampled_label(e, rate) + " token ratio"] = c["token_hit_ratio"]
         feasible &= c["feasible"]
         n_min = max(n_min, bc.N_min)
@@ -117,9 +130,13 @@ def sampled_curve_from_parquet(
     points: int = 1000,
     chunk: int = 1 << 20,
     progress: Callable[[int], None] | None = None,
+    estimator: str = "deblurred",
+    content_rate: float | None = 1.0,
 ) -> dict:
     """Sampled curves of a kvhit Parquet trace streamed by row groups; keys as :func:`curves_from_sampled` plus
-    ``events``, ``sample`` (kept accesses / lookups per engine, kept events of Algorithm 1)."""
+    ``events``, ``sample`` (kept accesses / lookups per engine, kept events of Algorithm 1). Algorithm 1 runs its
+    exact per-turn pass by default (``content_rate = 1``: 17 bytes a turn, no block; its conversation sample misses
+    by 0.09 at 1 %, docs/sampling.md §3); ``content_rate=None`` samples it at ``rate``."""
     from kvhit.workload.chunks import parquet_chunks
 
     window = parquet_window(path, n_warm) if n_warm else None
@@ -131,20 +148,25 @@ def sampled_curve_from_parquet(
         block_size=block_size,
         engines=engines,
         content="content" in policies,
+        content_rate=content_rate,
         window=window,
         progress=progress,
     )
     if Ns is None:
         hi = n_max or default_n_max(res["blocks"], res["content"], n_min)
         Ns = np.unique(np.geomspace(n_min, hi, points).astype(np.int64))
-    out = curves_from_sampled(np.asarray(Ns, np.int64), res["blocks"], res["content"], rate)
+    out = curves_from_sampled(np.asarray(Ns, np.int64), res["blocks"], res["content"], rate, estimator)
     out["events"] = res["events"]
     out["sample"] = {
         **{
             e: {"kept_accesses": b.sampled_accesses, "kept_lookups": b.sampled_lookups, "lookups": b.lookup_blocks}
             for e, b in res["blocks"].items()
         },
-        **({"content": {"kept_events": res["content"].sampled_events}} if res["content"] is not None else {}),
+        **(
+            {"content": {"kept_events": res["content"].sampled_events, "events": res["events"]}}
+            if res["content"] is not None
+            else {}
+        ),
     }
     return out
 

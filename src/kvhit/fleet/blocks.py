@@ -33,8 +33,11 @@ than the estimator, use it), with its Monte Carlo standard error; the band is eq
 widened by :data:`kvhit.estimate.band.WIDEN` and flagged not validated (:func:`fleet_band_blocks`). The mean's
 Monte Carlo error s/√K (0.005–0.014 at K = 16 on 35-conversation WEKA pools) is the answer's error against E[h | order]
 beyond the law: ``se_target`` (opt-in) draws replays until it is met. Elsewhere the
-per-replica estimator above is the fast path. Invariant: replay j equals ``simulate_fleet`` on the j-th re-timed
-trace (tested against a direct loop).
+per-replica estimator above is the fast path. The replays run under the run's whole
+:class:`~kvhit.fleet.timing.FleetTiming` (holds, decode time, prefill-done events, hit-token savings, decode KV, from
+each re-timed trace's own lengths); the per-replica estimator models none of it beyond holds ``T/speed``. Invariant:
+replay j equals ``simulate_fleet`` on the j-th re-timed trace under that timing (tested against a direct loop with
+the holds computed by hand).
 
 NOT modelled: everything :mod:`kvhit.estimate.agentic` does not (request durations, in-flight holds, queueing);
 the simulator leaves rejected requests out of its ratio while the estimate counts them as misses, so below
@@ -66,6 +69,7 @@ __all__ = [
     "fleet_replays_blocks",
     "kv_routes_blocks",
     "replays_affordable",
+    "replay_timing",
     "route_oblivious",
     "start_law",
     "stay_probabilities_blocks",
@@ -263,24 +267,40 @@ METHOD_STAY = "stay-model+agentic-per-replica"
 
 
 def replays_affordable(pt, replays: int) -> bool:
-    """The replay rule: ``replays`` × ``pt``'s block accesses ≤ :data:`REPLAY_MAX_ACCESSES`."""
+    """The replay rule: ``replays`` × ``pt``'s block accesses ≤ :data:`REPLAY_MAX_ACCESSES` (every router and timing
+    runs compiled: the KV-aware fleet pass, or an oblivious router per replica or, with hit-token savings, through
+    the fleet pass with its routes fixed in advance)."""
     return int(replays) * int(np.asarray(pt.full_blocks, np.int64).sum()) <= REPLAY_MAX_ACCESSES
 
 
-def _fleet_ratios(p2, router, caps, *, engine, router_params, speed, lag, seed) -> np.ndarray:
+def replay_timing(speed=None, timing=None):
+    """The replays' :class:`kvhit.fleet.timing.FleetTiming`: ``timing`` as given, or holds ``T/speed`` from the
+    shorthand ``speed`` (None: instantaneous requests); both given is refused."""
+    from kvhit.fleet.timing import FleetTiming
+
+    if timing is not None and speed is not None:
+        raise ValueError("speed: give the prefill speed inside timing, not both")
+    return timing if timing is not None else FleetTiming(prefill_tokens_per_s=speed)
+
+
+def _fleet_ratios(p2, router, caps, *, engine, router_params, speed=None, lag, seed, timing=None) -> np.ndarray:
     """Exact fleet token hit ratio of ``p2`` at every capacity vector in ``caps`` (P × R): per replica
-    :func:`kvhit.sim.vllm.curve.block_curve` on the routed sub-trace for an oblivious router without holds when
-    every capacity fits the largest prompt (one pass for all capacities; the fleet is R independent replicas, equal
-    to :func:`kvhit.fleet.simulate.simulate_fleet` — tested), else :func:`~kvhit.fleet.simulate.simulate_fleet` per
-    capacity vector (the compiled pass for the KV-aware routers)."""
+    :func:`kvhit.sim.vllm.curve.block_curve` on the routed sub-trace for an oblivious router without holds or decode
+    KV when every capacity fits the largest prompt (one pass for all capacities; the fleet is R independent
+    replicas, equal to :func:`kvhit.fleet.simulate.simulate_fleet` — tested), else
+    :func:`~kvhit.fleet.simulate.simulate_fleet` per capacity vector (the compiled pass for the KV-aware routers)
+    under ``timing`` (:func:`replay_timing`: holds, prefill-done events, hit-token savings computed from ``p2``'s own
+    prompt and output lengths, and with ``timing.decode_kv`` the generated tokens' blocks, fresh ids, allocated in
+    the KV: :meth:`~kvhit.workload.production.ProductionTrace.to_block_requests` ``colocated=True``)."""
     from kvhit.fleet.routers import make_router
     from kvhit.fleet.simulate import simulate_fleet
 
+    tmg = replay_timing(speed, timing)
     caps = np.asarray(caps, np.int64)
     P, R = caps.shape
-    hold = None if speed is None else np.asarray(p2.prompt_tokens, float) / float(speed)
+    hold, ph, hts = tmg.holds(p2.prompt_tokens, p2.output_tokens)
     obl = make_router(router, R, seed, **(router_params or {})).oblivious
-    if obl and hold is None and caps.min() >= int(p2.prompt_blocks.max()):
+    if obl and hold is None and not tmg.decode_kv and caps.min() >= int(p2.prompt_blocks.max()):
         from kvhit.sim.vllm.curve import block_curve
 
         rep = route_oblivious(p2.session, router, R, seed=seed, **(router_params or {}))
@@ -295,12 +315,15 @@ def _fleet_ratios(p2, router, caps, *, engine, router_params, speed, lag, seed) 
             ht = dict(zip(np.asarray(c["N"]).tolist(), np.asarray(c["hit_tokens"], float).tolist(), strict=True))
             hits += np.array([ht[int(n)] for n in caps[:, k]])
         return hits / float(np.asarray(p2.prompt_tokens, np.int64).sum())
+    rq = p2.to_block_requests(colocated=tmg.decode_kv)
+    kv = dict(colocated=True, response_tokens=rq.response_tokens) if tmg.decode_kv else {}
     out = np.empty(P)
     for i in range(P):
         res = simulate_fleet(
-            p2.prompt_tokens, p2.hash_offsets, p2.hashes, np.asarray(p2.session, np.int64), Ns=caps[i].tolist(),
+            p2.prompt_tokens, rq.hash_offsets, rq.hashes, np.asarray(p2.session, np.int64), Ns=caps[i].tolist(),
             block_size=int(p2.block_size), router=router, router_params=router_params, engine=engine,
-            times=np.asarray(p2.time, float), hold=hold, seed=seed, lag=lag,
+            times=np.asarray(p2.time, float), hold=hold, seed=seed, lag=lag, prefill_hold=ph, hit_token_seconds=hts,
+            **kv,
         )  # fmt: skip
         out[i] = res.token_hit_ratio()
     return out
@@ -365,14 +388,18 @@ def fleet_replays_blocks(
     replays: int = 16,
     seed: int = 0,
     law: str | None = None,
+    timing=None,
     se_target: float | None = None,
     max_replays: int = 1024,
 ) -> np.ndarray:
     """Exact fleet hit ratios (``replays`` × P) of ``pt`` re-timed at ``replays`` start-time draws
     (:func:`draw_fleet_starts` with the law :func:`start_law` picks, or ``law``; generator ``seed``;
     :func:`kvhit.estimate.band.restart_sessions`), at each of the P capacity vectors ``caps`` (P × R, or one vector
-    of R), any router :func:`kvhit.fleet.simulate.simulate_fleet` runs (router seed ``seed``; holds ``T/speed``
-    when ``speed`` is given, the load lag ``lag``). Replay j is ``simulate_fleet`` on the j-th re-timed trace.
+    of R), any router :func:`kvhit.fleet.simulate.simulate_fleet` runs (router seed ``seed``; the load lag ``lag``;
+    holds ``T/speed`` when ``speed`` is given, or the run's :class:`~kvhit.fleet.timing.FleetTiming` ``timing`` —
+    decode time, prefill-done events, hit-token savings, decode KV — applied to each re-timed trace's own prompt and
+    output lengths, which :func:`~kvhit.estimate.band.restart_sessions` carries with their requests). Replay j is
+    ``simulate_fleet`` on the j-th re-timed trace under that timing.
 
     ``se_target`` (opt-in, default off): after the first ``replays`` draws, keep drawing (same generator, so the
     first ``replays`` rows are those of the fixed count) until the Monte Carlo standard error of the mean, ``s/√K``,
@@ -381,6 +408,7 @@ def fleet_replays_blocks(
     is what ``benchmarks/fleet_bias_diagnosis.py`` found behind the held-35new miss)."""
     from kvhit.estimate.band import restart_sessions, session_starts
 
+    tmg = replay_timing(speed, timing)
     caps = np.atleast_2d(np.asarray(caps, np.int64))
     first = session_starts(pt)
     law = law or start_law(first)
@@ -395,8 +423,8 @@ def fleet_replays_blocks(
         if K >= max(K0, 2) and float(H[:K].std(axis=0, ddof=1).max()) / math.sqrt(K) <= se_target:
             break
         p2 = restart_sessions(pt, draw_fleet_starts(first, rng, law))
-        H[K] = _fleet_ratios(p2, router, caps, engine=engine, router_params=router_params, speed=speed, lag=lag,
-                             seed=seed)  # fmt: skip
+        H[K] = _fleet_ratios(p2, router, caps, engine=engine, router_params=router_params, lag=lag, seed=seed,
+                             timing=tmg)  # fmt: skip
         K += 1
     return H[:K]
 
@@ -435,23 +463,25 @@ def fleet_band_blocks(
     replays: int = 16,
     seed: int = 0,
     tol: float = 0.01,
+    timing=None,
     se_target: float | None = None,
     max_replays: int = 1024,
 ) -> dict:
     """Expected value and band (B1) for one realisation of the start times of a fleet on ``pt`` (one capacity per
     replica in ``Ns``) behind any router ``simulate_fleet`` runs (oblivious, or KV-aware through the compiled fleet
-    pass, holds ``T/speed``): ``replays`` exact fleet replays (:func:`fleet_replays_blocks`). ``h_mc`` (their mean)
-    is the row's expected value (``method`` :data:`METHOD_REPLAY`), ``h_se`` its Monte Carlo standard error; the band
-    is ``m ∓ t_{K−1}·√(1 + 1/K)·s``, widened to contain ``est`` (an estimator's value, when given) if they disagree
-    by more than ``tol`` + 2 standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side. Returns
-    ``h_lo``, ``h_hi``, ``h_mc``, ``h_se``, ``level``, ``replays`` (drawn: more than asked with ``se_target``,
-    :func:`fleet_replays_blocks`), ``seed``, ``validated`` (False), ``method``, ``notes``."""
+    pass; holds ``T/speed``, or the run's ``timing``): ``replays`` exact fleet replays
+    (:func:`fleet_replays_blocks`). ``h_mc`` (their mean) is the row's expected value (``method``
+    :data:`METHOD_REPLAY`), ``h_se`` its Monte Carlo standard error; the band is ``m ∓ t_{K−1}·√(1 + 1/K)·s``,
+    widened to contain ``est`` (an estimator's value, when given) if they disagree by more than ``tol`` + 2
+    standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side. Returns ``h_lo``, ``h_hi``, ``h_mc``,
+    ``h_se``, ``level``, ``replays`` (drawn: more than asked with ``se_target``, :func:`fleet_replays_blocks`),
+    ``seed``, ``validated`` (False), ``method``, ``notes``."""
     from kvhit.estimate.band import WIDEN, session_starts
 
     Ns = [int(x) for x in Ns]
     law = start_law(session_starts(pt))
     H = fleet_replays_blocks(pt, router, [Ns], engine=engine, router_params=router_params, speed=speed, lag=lag,
-                             replays=replays, seed=seed, law=law, se_target=se_target,
+                             replays=replays, seed=seed, law=law, timing=timing, se_target=se_target,
                              max_replays=max_replays)[:, 0]  # fmt: skip
     lo, hi, m, se, notes = band_from_replays(H, est, level=level, tol=tol)
     notes.append(f"not validated (docs/estimators.md §6, block-id traces): widened by ±{WIDEN}")

@@ -24,11 +24,13 @@ router_ops`` is the step-wise path's pool counter.
 
 NOT modelled here beyond the step-wise fleet (same NOT-modelled list as :mod:`kvhit.fleet.simulate`); the
 oblivious routers keep their own compiled path (route, then :func:`kvhit.sim.vllm.block.simulate_block` per
-replica). Equality with temperature > 0 also needs both paths to take the same exp: numba's scalar ``np.exp`` is libm's,
-which the step-wise router calls as ``math.exp`` (NumPy's vectorised exp differs from it in the last bit on CPUs
-with AVX-512 — 65,185 of 2·10⁶ draws on this repository's CI machine; tested on the softmax's argument range,
-``test_numba_exp_is_libms``; a last-bit difference could flip a draw only when it lands on a cumulative-weight
-boundary).
+replica), except with ``hit_token_seconds > 0``, which ``simulate_block`` has not: then they route first and this
+kernel runs with the routes given (``routes``, kernel code :data:`FIXED_ROUTES`; tested equal to the step-wise path
+under ``hypothesis`` in ``tests/test_fleet_timing.py``). Equality with temperature > 0 also needs both paths to take
+the same exp: numba's scalar ``np.exp`` is libm's, which the step-wise router calls as ``math.exp`` (NumPy's
+vectorised exp differs from it in the last bit on CPUs with AVX-512 — 65,185 of 2·10⁶ draws on this repository's CI
+machine; tested on the softmax's argument range, ``test_numba_exp_is_libms``; a last-bit difference could flip a
+draw only when it lands on a cumulative-weight boundary).
 """
 
 from __future__ import annotations
@@ -516,6 +518,8 @@ def _fleet_kernel(
                     qs = (qmax - l_inf[j]) / (qmax - qmin) if qmax > qmin else 1.0
                     vals[j] = wp * ps + wq * qs + wk * (1.0 - use[j])
                 k = _argmax(vals, R, rng, cand)
+            elif kind == 5:  # routes fixed in advance (an oblivious router: its choice reads no state)
+                k = cv[r]
             else:  # sglang
                 th, a_th, r_th = fp[1], fp[2], fp[3]
                 lo = l_inf[0]
@@ -605,11 +609,30 @@ def _fleet_kernel(
     return rep_out, hit_out, new_out, wait_out, rej_out, ops, router_ops
 
 
-def simulate_compiled(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine_flag, lag, prefill_hold=None, hts=0.0):
-    """Run the compiled fleet for router object ``rt`` (:data:`COMPILED_ROUTERS`); arrays as in
+#: kernel code of a fleet whose routes are given (an oblivious router routed in advance)
+FIXED_ROUTES = 5
+
+
+def simulate_compiled(
+    rt, T, L, off, hs, cv, tm, hold, Ns, b, engine_flag, lag, prefill_hold=None, hts=0.0, routes=None
+):  # fmt: skip
+    """Run the compiled fleet for router object ``rt`` (:data:`COMPILED_ROUTERS`), or, with ``routes`` (one replica
+    per request, from an oblivious router that reads no state), the same event loop with those routes; arrays as in
     :func:`kvhit.fleet.simulate.simulate_fleet`'s internals (``prefill_hold`` and ``hts`` checked there).
     Returns ``(replica, hit, new, wait, rejected, block_ops, router_ops)``; the router's generator advances exactly
     as on the step-wise path."""
+    if routes is not None:
+        rr = np.ascontiguousarray(routes, np.int64)
+        out = _fleet_kernel(
+            T, np.ascontiguousarray(L, np.int64), off, hs, np.zeros(1, np.int64), 0, rr, 0,
+            np.ascontiguousarray(tm, np.float64),
+            np.zeros(T.shape[0]) if hold is None else np.ascontiguousarray(hold, np.float64), hold is not None,
+            np.asarray(Ns, np.int64), b, engine_flag, FIXED_ROUTES, False, False, np.zeros(5), float(lag),
+            np.random.default_rng(0), np.zeros(1) if prefill_hold is None else np.ascontiguousarray(prefill_hold,
+            np.float64), prefill_hold is not None, float(hts),
+        )  # fmt: skip
+        rep, hit, new, wait, rej, ops, rops = out
+        return rep, hit, new, wait, rej, int(ops), int(rops)
     kind = COMPILED_ROUTERS[rt.name]
     approx = getattr(rt, "shadow", None) is not None
     fp = np.zeros(5)

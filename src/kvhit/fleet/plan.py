@@ -62,15 +62,34 @@ class FleetStream:
     block_size: int
     span: float
     output_tokens: np.ndarray | None = None  #: per request (decode holds need them); None when the source has none
+    #: the CSR holds ``kv_tokens(T, O) // b`` blocks per request (the decode KV too; ``FleetTiming.decode_kv``), and
+    #: the simulator runs colocated with ``output_tokens`` as the response lengths
+    colocated: bool = False
+
+    def __post_init__(self):
+        if self.colocated and self.output_tokens is None:
+            raise ValueError("colocated: needs output_tokens (the decode KV's lengths)")
 
     @property
     def n_requests(self) -> int:
         return int(self.prompt_tokens.shape[0])
 
     @property
+    def kv_tokens(self) -> np.ndarray:
+        """Tokens of KV per request: ``T``, or ``T + O − 1`` when colocated."""
+        from kvhit.workload.requests import kv_tokens
+
+        return kv_tokens(self.prompt_tokens, self.output_tokens) if self.colocated else self.prompt_tokens
+
+    @property
+    def simulate_kw(self) -> dict:
+        """``simulate_fleet``'s ``colocated`` / ``response_tokens`` for this stream."""
+        return {"colocated": True, "response_tokens": self.output_tokens} if self.colocated else {}
+
+    @property
     def N_min(self) -> int:
-        """Largest request in blocks ``⌈T/b⌉``: a replica smaller than that rejects it."""
-        return int((-(-self.prompt_tokens // self.block_size)).max()) if self.n_requests else 0
+        """Largest request in blocks ``⌈L/b⌉`` (``L`` = :attr:`kv_tokens`): a replica smaller than that rejects it."""
+        return int((-(-np.asarray(self.kv_tokens) // self.block_size)).max()) if self.n_requests else 0
 
 
 def stream_from_resample(rs) -> FleetStream:
@@ -180,11 +199,15 @@ def evaluate(
     span = 0.0
     f_saved = f_comp = 0.0
     for i, st in enumerate(streams):
+        if st.colocated != tmg.decode_kv:
+            raise FleetPlanError(
+                f"streams: timing.decode_kv is {tmg.decode_kv} but stream {i} was built with colocated={st.colocated}"
+            )
         hold, ph, hts = tmg.holds(st.prompt_tokens, st.output_tokens)
         res = simulate_fleet(
             st.prompt_tokens, st.hash_offsets, st.hashes, st.conv, Ns=[int(N)] * int(replicas),
             block_size=st.block_size, router=router, router_params=params, engine=engine, times=st.times,
-            hold=hold, seed=seed + i, lag=lag, prefill_hold=ph, hit_token_seconds=hts,
+            hold=hold, seed=seed + i, lag=lag, prefill_hold=ph, hit_token_seconds=hts, **st.simulate_kw,
         )  # fmt: skip
         if hold is not None:
             held = np.maximum(hold - hts * (res.hit_blocks * st.block_size), 0.0)  # as the simulator holds them

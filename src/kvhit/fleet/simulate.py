@@ -11,7 +11,8 @@ then always zero, so load-based routers fall back to their tie-breaks). So, for 
 and cache (``oblivious``: round-robin, random, session ring), the fleet is exactly R independent
 single-replica simulations of the routed sub-streams: :func:`simulate_fleet` then routes first and runs the
 compiled :func:`kvhit.sim.vllm.block.simulate_block` per replica (``fast=True``, tested equal to the step-wise
-path). The load- and cache-aware routers (sticky, least-loaded, Dynamo, llm-d, SGLang) run by default in one
+path) — or, with ``hit_token_seconds > 0`` (which ``simulate_block`` has not), the compiled fleet pass with those
+routes fixed. The load- and cache-aware routers (sticky, least-loaded, Dynamo, llm-d, SGLang) run by default in one
 compiled pass over R compiled pools (:mod:`kvhit.fleet.compiled`, tested equal request by request to the
 step-wise path, which stays as the reference: ``fast=False``).
 
@@ -164,7 +165,7 @@ def simulate_fleet(
     uses a compiled path: per replica when the router is oblivious, else the compiled fleet pass
     (:mod:`kvhit.fleet.compiled`); ``fast=False`` forces the step-wise path (the reference). ``prefill_hold`` and
     ``hit_token_seconds``: the per-request timing of the module docstring (an oblivious router with
-    ``hit_token_seconds > 0`` runs step-wise).
+    ``hit_token_seconds > 0`` routes first, then runs the compiled fleet pass with those routes).
     """
     Ns = tuple(int(x) for x in Ns)
     if not Ns or any(x < 1 for x in Ns):
@@ -185,13 +186,19 @@ def simulate_fleet(
     if hold is not None and times is None:
         raise ValueError("times: required when hold is given")
     ph, hts = _timing(hold, prefill_hold, hit_token_seconds, n)
-    compiled = rt.name in COMPILED_ROUTERS or (rt.oblivious and hts == 0.0)
+    compiled = rt.name in COMPILED_ROUTERS or rt.oblivious
     if fast is None:
         fast = compiled
     if fast and not compiled:
         raise ValueError(f"router {router}: no compiled path (fast=True); use fast=False")
-    if fast and rt.oblivious:
+    if fast and rt.oblivious and hts == 0.0:
         return _fast(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, response_tokens, router)
+    if fast and rt.oblivious:  # hit-token savings couple no replicas: route first, then the compiled event loop
+        rep = _routes(rt, T, L, cv, tm, Ns, b)
+        rep, hit, new, wait, rej, ops, rops = simulate_compiled(
+            rt, T, L, off, hs, cv, tm, hold, Ns, b, ENGINES[engine], lag, ph, hts, routes=rep
+        )
+        return FleetResult(rep, hit, new, wait, rej, T, b, Ns, router, ops, rops)
     if fast:
         rep, hit, new, wait, rej, ops, rops = simulate_compiled(
             rt, T, L, off, hs, cv, tm, hold, Ns, b, ENGINES[engine], lag, ph, hts
@@ -222,13 +229,20 @@ def _view(rt, t, c, T, Lr, hsr, b, Ns, loads, overlap):
     return RouteView(t, c, T, Lr, hsr, b, Ns, loads[0], loads[1], loads[2], loads[3], overlap)
 
 
-def _fast(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, resp, name) -> FleetResult:
+def _routes(rt, T, L, cv, tm, Ns, b) -> np.ndarray:
+    """Every request's replica under an oblivious router (arrival order; it reads no load and no cache)."""
     n, R = T.shape[0], len(Ns)
     z = np.zeros(R)
     rep = np.empty(n, np.int64)
     for r in range(n):
         v = _view(rt, float(tm[r]), int(cv[r]), int(T[r]), int(L[r]), (), b, Ns, (z, z, z, z), None)
         rep[r] = rt.route(v)
+    return rep
+
+
+def _fast(rt, T, L, off, hs, cv, tm, hold, Ns, b, engine, colocated, resp, name) -> FleetResult:
+    n, R = T.shape[0], len(Ns)
+    rep = _routes(rt, T, L, cv, tm, Ns, b)
     hit = np.zeros(n, np.int64)
     new = np.zeros(n, np.int64)
     wait = np.zeros(n)

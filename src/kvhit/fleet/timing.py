@@ -10,9 +10,15 @@ leave the router's load then, its blocks at ``hold_r`` (Dynamo's ``MarkPrefillCo
 ``hit_token_seconds`` (at most ``1 / prefill_tokens_per_s``) is passed through: the simulator shortens both holds by
 ``hit_token_seconds × hit tokens``, so with ``hit_token_seconds = 1 / prefill_tokens_per_s`` a request's prefill time
 is that of its uncached tokens, and no hold is clipped at 0 beyond rounding (``hit tokens ≤ T_r``).
+``decode_kv`` (no speed needed) says that a request's KV also holds the blocks of its first ``O_r − 1`` generated
+tokens (``kv_tokens(T_r, O_r) // b`` blocks in all; the simulator's ``colocated`` mode): they are allocated at
+admission with the prompt's, cached when the request finishes, and counted in the router's active blocks. It changes
+the *stream* (its block ids), not the holds: whoever builds the stream reads it (on a block-id trace the generated
+blocks get fresh ids no prompt shares, :meth:`kvhit.workload.production.ProductionTrace.to_block_requests`).
 
 NOT modelled: batching (speeds are per request, not shared by the requests in
-flight), decode blocks grown step by step (a request's blocks are allocated at admission), preemption.
+flight), decode blocks grown step by step (a request's blocks, decode ones included, are allocated at admission),
+preemption.
 """
 
 from __future__ import annotations
@@ -34,8 +40,11 @@ class FleetTiming:
     prefill_hold: bool = False
     hit_token_seconds: float = 0.0
     prefill_overhead_s: float = 0.0
+    decode_kv: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.decode_kv, bool):
+            raise ValueError(f"decode_kv: expected True or False, got {self.decode_kv!r}")
         for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, int | float) and math.isfinite(v) and v > 0):

@@ -75,8 +75,11 @@ def make_workload(
     counts, so a spec is first sampled into a trace of ``sample_conversations`` conversations (``seed``), read
     as the practical model (T_j = R_j·b − 1 tokens: R_j − 1 full blocks and one partial block).
     """
-    from kvhit.estimate import engine as est
     from kvhit.estimate import theory
+    from kvhit.estimate.accounting import engine_accounting
+    from kvhit.estimate.engine import estimate_engine
+    from kvhit.estimate.mean_field import empirical_F, estimate
+    from kvhit.estimate.trace_stats import trace_moments
     from kvhit.workload.generate import generate
 
     if engine not in ENGINES:
@@ -112,13 +115,13 @@ def make_workload(
     nw = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
     conv_ids, dense, _ = tr.conv_index()
     measured = conv_ids >= nw
-    mom = est.trace_moments(tr, measured)
+    mom = trace_moments(tr, measured)
     lam = float(lam0 if lam0 is not None else tr.meta.get("lam0", mom.lam0_hat))
-    F = est.empirical_F(mom)
+    F = empirical_F(mom)
     if engine == "paper":
 
         def predict(N, lam_):
-            return np.asarray(est.estimate(mom, N, lam_, F, practical=True).h, dtype=float)
+            return np.asarray(estimate(mom, N, lam_, F, practical=True).h, dtype=float)
 
         h_max, metric = mom.h_max_hash, "blocks"
     elif engine == "sglang":
@@ -136,10 +139,10 @@ def make_workload(
 
         h_max, metric = sa.h_max, "tokens"
     else:
-        acc = est.engine_accounting(tr, engine=engine, metric=metric, block_size=b, mask=measured)
+        acc = engine_accounting(tr, engine=engine, metric=metric, block_size=b, mask=measured)
 
         def predict(N, lam_):
-            return np.asarray(est.estimate_engine(acc, N, lam_, F).h, dtype=float)
+            return np.asarray(estimate_engine(acc, N, lam_, F).h, dtype=float)
 
         h_max = float(acc.h_max)
         if engine == "content":
@@ -435,7 +438,7 @@ def plan_production(
     band_level: float = 0.9,
     band_replays: int = 16,
 ) -> Plan:
-    """Plan from a production block-id trace (:class:`~kvhit.workload.production.ProductionTrace`).
+    """Plan from a production block-id trace (:class:`~kvhit.workload.production_trace.ProductionTrace`).
 
     The load is the trace's own (its conversations at the start times it was read with: the answer is exact by
     *replay*, :mod:`kvhit.sim.tracerun`) or, with ``lam0`` / ``scale``, a stationary stream of its conversations

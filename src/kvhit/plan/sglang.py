@@ -46,14 +46,14 @@ def compare_vllm_sglang(
     tlru_tail_budget: int = 0,
 ) -> dict:
     """Compare on a kvhit :class:`~kvhit.workload.Trace` or a
-    :class:`~kvhit.workload.production.ProductionTrace` (``source``) at ``N`` vLLM blocks vs ``C`` SGLang
+    :class:`~kvhit.workload.production_trace.ProductionTrace` (``source``) at ``N`` vLLM blocks vs ``C`` SGLang
     tokens; ``mask`` selects the measured requests (row order = arrival order). ``cache``, ``tlru_tail_budget``:
     SGLang's cache class and T-LRU budget (:func:`~kvhit.sim.sglang.radix.simulate_radix`)."""
     from kvhit.sim.sglang.radix import simulate_radix
     from kvhit.sim.sglang.run import batch_ci, paired_batch_ci, radix_feasibility
     from kvhit.sim.sglang.streams import streams_from_production, streams_from_trace
     from kvhit.sim.vllm.block import simulate_block
-    from kvhit.workload.production import ProductionTrace
+    from kvhit.workload.production_trace import ProductionTrace
 
     if isinstance(source, ProductionTrace):
         rq_pd = source.to_block_requests()

@@ -9,7 +9,7 @@ before computing. NOT modelled here: the default range rule and the plot's layou
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -110,6 +110,12 @@ class CurveRequest(BlocksTraceFields):
         le=2**62,
         description="Hash salt of --sample-rate (another salt: another sample); integer ≥ 0; default: 0.",
     )
+    sample_estimator: Literal["deblurred", "step"] = Field(
+        "deblurred",
+        description="How --sample-rate's vLLM curves are read from the sample (kvhit.sim.sampled_estimate, "
+        "docs/sampling.md): deblurred (default: each sampled threshold a ramp over its 1/R lattice step, then one "
+        "deconvolution step for the binomial blur) or step (SHARDS as published: a staircase of pitch 1/R).",
+    )
 
 
 class CurveResponse(Response):
@@ -132,6 +138,7 @@ class CurveResponse(Response):
     figures: list[str] = Field(default_factory=list)
     sample_rate: float | None = Field(None, description="SHARDS sampling rate (null: exact curves).")
     sample_salt: int | None = Field(None, description="Hash salt of the sample.")
+    sample_estimator: str | None = Field(None, description="How the sampled vLLM curves were read (null: exact).")
     sample: dict[str, Any] | None = Field(None, description="Sample sizes: kept accesses and lookups per engine.")
     stationarity: dict[str, Any] | None = Field(
         None,
@@ -261,6 +268,7 @@ def _split_curves(data: dict, model: str, grid: str = "log") -> CurveResponse:
         figures=[str(f) for f in data.get("figures", [])],
         sample_rate=data.get("sample_rate"),
         sample_salt=data.get("sample_salt"),
+        sample_estimator=data.get("sample_estimator"),
         sample=sample,
         stationarity=data.get("stationarity"),
         notes=steady_note(data.get("stationarity")),
@@ -298,8 +306,9 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
         model = hardware.resolve_model(req.model)
     if req.sample_rate is not None:
         return _sampled(req, source, model, block_policies)
-    if "sample_salt" in req.model_fields_set:
-        raise InputError("--sample-salt: applies with --sample-rate")
+    for f, flag in (("sample_salt", "--sample-salt"), ("sample_estimator", "--sample-estimator")):
+        if f in req.model_fields_set:
+            raise InputError(f"{flag}: applies with --sample-rate")
     if source == "blocks":
         if req.warmup is not None:
             raise InputError("--warmup: a production trace has no conversation warm-up")
@@ -497,6 +506,7 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
                 n_min=req.n_min,
                 n_max=req.n_max,
                 points=req.points,
+                estimator=req.sample_estimator,
             )
         data["lam0"] = _parquet_meta(path).get("lam0")
     else:
@@ -516,7 +526,7 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
             Ns = np.unique(np.asarray(req.capacities, np.int64))
         else:
             Ns = _grid(req.n_min, req.n_max or default_n_max(blocks, None, req.n_min), req.points, "--n-max")
-        data = curves_from_sampled(Ns, blocks, None, rate)
+        data = curves_from_sampled(Ns, blocks, None, rate, req.sample_estimator)
         data["sample"] = {
             e: {"kept_accesses": x.sampled_accesses, "kept_lookups": x.sampled_lookups, "lookups": x.lookup_blocks}
             for e, x in blocks.items()
@@ -527,6 +537,7 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
     data["block_size"] = int(b)
     data["sample_rate"] = rate
     data["sample_salt"] = salt
+    data["sample_estimator"] = req.sample_estimator
     data.pop("events", None)
     if data.get("feasible") is None:
         data.pop("feasible", None)
@@ -540,6 +551,11 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
         data["figures"] = plot_curves(
             {k: (Ns, data[k]) for k in _curve_keys(data)},
             str(req.plot),
+            bands={
+                k[len("band low: ") :]: (Ns, v, data["band high: " + k[len("band low: ") :]])
+                for k, v in data.items()
+                if k.startswith("band low: ")
+            },
             h_max=None,
             bytes_per_block=data["bytes_per_block"],
             model=model.name,

@@ -57,7 +57,8 @@ class ChatTraceResponse(Response):
 def chat_trace(req: ChatTraceRequest) -> ChatTraceResponse:
     """Read, render, tokenize, thread and write (see :mod:`kvhit.workload.chat`)."""
     from kvhit.sim.vllm.mooncake import write_mooncake
-    from kvhit.workload.chat import ChatError, build_chat_trace
+    from kvhit.workload.chat import build_chat_trace
+    from kvhit.workload.chat_log import ChatError
 
     t0 = time.perf_counter()
     suffix = (".jsonl",) if req.hash_only else (".parquet",)
@@ -181,7 +182,8 @@ def explain(req: ExplainRequest) -> ExplainResponse:
         raise InputError("--model-dir: the trace has no token ids to decode (build it with kvhit trace chat)")
     decode = None
     if req.model_dir is not None:
-        from kvhit.workload.chat import ChatError, load_chat_model
+        from kvhit.workload.chat_log import ChatError
+        from kvhit.workload.chat_model import load_chat_model
 
         try:
             tok = load_chat_model(req.model_dir).tokenizer

@@ -10,16 +10,20 @@ load and fall back to their tie-breaks); with it request r holds its blocks for 
 speed`` seconds (its prefill), plus ``(O_r − 1) / --decode-tokens-per-s``, both shortened by
 ``--hit-token-seconds`` per cached token (0 by default: cache savings do not shorten them); ``--prefill-hold`` drops
 the prefill tokens from the router's load at the end of the prefill (:mod:`kvhit.fleet.timing`; each timing option
-refused where it would change nothing). NOT modelled: see :mod:`kvhit.fleet.simulate`.
+refused where it would change nothing). ``--decode-kv`` (``decode_kv``) puts each request's ``O − 1`` generated
+tokens' blocks in its KV (the simulator's colocated mode; fresh ids on a block-id trace), refused without output
+lengths. NOT modelled: see :mod:`kvhit.fleet.simulate`.
 
 Estimates (docs/estimators.md §6): round-robin/random/session rows without holds get
 :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
 :func:`kvhit.fleet.estimate.estimate_fleet_kv` (the stay model, with the run's holds, capacities, parameters and
 seed). On ``--blocks-trace`` (§6, block-id traces) the expected value is the mean of :data:`BAND_REPLAYS` exact
 fleet replays at redrawn start times when they are affordable (:func:`kvhit.fleet.blocks.replays_affordable`: any
-router, with the run's holds, lag, parameters and seed; ``estimate_method`` ``replay-mean``, ``estimate_se`` its
-Monte Carlo standard error, ``estimate_band`` the band for one realisation from the same replays,
-:func:`kvhit.fleet.blocks.fleet_band_blocks`); otherwise the same rows as above get
+router, under the run's whole timing — holds, decode time, prefill overhead, prefill-done events, hit-token savings,
+decode KV — computed from each re-timed trace's own lengths, with the run's lag, parameters and seed;
+``estimate_method`` ``replay-mean``, ``estimate_se`` its Monte Carlo standard error, ``estimate_band`` the band for
+one realisation from the same replays, :func:`kvhit.fleet.blocks.fleet_band_blocks`); otherwise the same rows as
+above (and none under a timing option beyond ``T/speed`` holds, or ``--decode-kv``) get
 :func:`kvhit.fleet.blocks.estimate_fleet_blocks` (the agentic estimator per replica on the routed sub-trace,
 ``agentic-per-replica``; KV-aware on the stay model's routing, ``stay-model+agentic-per-replica``) without a band.
 ``estimate_validated`` is false on block-id rows. A row the estimators do not model (least-loaded, Dynamo
@@ -166,6 +170,13 @@ class FleetWorkloadFields(FleetRouterFields):
         "hit tokens (known at admission); ≥ 0, at most 1/--prefill-tokens-per-s (= that: prefill of the uncached "
         "tokens only); default 0 (docs/peers.md).",
     )
+    decode_kv: bool = Field(
+        False,
+        description="Each request's KV also holds its O − 1 generated tokens' blocks (the last output token gets "
+        "none), allocated at admission and cached at the finish, counted in the router's active blocks: a colocated "
+        "engine that decodes (on --blocks-trace they get fresh ids no prompt shares); needs output lengths; default: "
+        "prompt KV only (docs/peers.md).",
+    )
     lag: float = Field(0.0, ge=0, le=1e9, description="Load-snapshot interval seen by the router, s; ≥ 0; default 0.")
     warmup: int | None = Field(
         None, ge=0, description="--trace: warm-up conversations; ≥ 0; default: the trace's n_warm."
@@ -267,15 +278,17 @@ def fleet_timing(req: FleetWorkloadFields, routers: list[str], stream=None):
             f"--hit-token-seconds: at most 1/--prefill-tokens-per-s = {1.0 / p:g} s (a cached token cannot save more "
             f"prefill than it costs); got {hts:g}"
         )
-    if req.decode_tokens_per_s is not None and stream is not None and stream.output_tokens is None:
-        raise InputError(
-            "--decode-tokens-per-s: this workload has no output lengths (a kvhit trace without response_tokens, or "
-            "streams resampled at --lam0)"
-        )
+    for fld in ("decode_tokens_per_s", "decode_kv"):
+        if getattr(req, fld) not in (None, False) and stream is not None and stream.output_tokens is None:
+            raise InputError(
+                f"{req.flag(fld)}: this workload has no output lengths (a kvhit trace without response_tokens, or "
+                "streams resampled at --lam0)"
+            )
     with translating("timing"):
         return FleetTiming(
-            p, req.decode_tokens_per_s, bool(req.prefill_hold), float(hts), req.prefill_overhead_s or 0.0
-        )
+            p, req.decode_tokens_per_s, bool(req.prefill_hold), float(hts), req.prefill_overhead_s or 0.0,
+            bool(req.decode_kv),
+        )  # fmt: skip
 
 
 def timing_echo(t) -> dict[str, Any]:
@@ -286,6 +299,7 @@ def timing_echo(t) -> dict[str, Any]:
         "prefill_hold": t.prefill_hold,
         "hit_token_seconds": t.hit_token_seconds,
         "prefill_overhead_s": t.prefill_overhead_s,
+        "decode_kv": t.decode_kv,
     }
 
 
@@ -345,10 +359,11 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
             )
         notes.append("a block-id trace is measured from an empty cache (no warm-up)")
         span = float(times.max() - times.min()) if n else 0.0
+        brq = pt.to_block_requests(colocated=bool(req.decode_kv))  # decode KV: fresh ids after the prompt's
         st = FleetStream(
-            np.asarray(pt.prompt_tokens, np.int64), np.asarray(pt.hash_offsets, np.int64),
-            np.asarray(pt.hashes, np.int64), conv, times, measured, int(pt.block_size), span,
-            np.asarray(pt.output_tokens, np.int64),
+            np.asarray(pt.prompt_tokens, np.int64), np.asarray(brq.hash_offsets, np.int64),
+            np.asarray(brq.hashes, np.int64), conv, times, measured, int(pt.block_size), span,
+            np.asarray(pt.output_tokens, np.int64), bool(req.decode_kv),
         )  # fmt: skip
         label = "WEKA" if pt.format == "weka" else Path(pt.files[0]).name
         return FleetWorkload(f"{label} ({len(pt.files)} file(s), {n:,} requests)", st, pt, notes=notes)
@@ -369,8 +384,9 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
     mask = window.mask(tr)
     ca = np.asarray(tr["conv_arrival"], float)
     conv_rows = (ca >= window.start) & (ca <= window.end)  # the estimator's measured conversations
+    colo = bool(req.decode_kv) and "response_tokens" in tr.cols  # without: refused by fleet_timing
     with translating(f"--trace {where}"):
-        rq = block_requests(tr, block_size=req.block_size)
+        rq = block_requests(tr, block_size=req.block_size, colocated=colo)
     times = np.asarray(tr["time"], np.float64)
     order = np.argsort(times, kind="stable")
     if not np.array_equal(order, np.arange(times.size)):
@@ -381,7 +397,7 @@ def load_fleet_workload(req: FleetWorkloadFields) -> FleetWorkload:
         np.asarray(rq.prompt_tokens, np.int64), np.asarray(rq.hash_offsets, np.int64),
         np.asarray(rq.hashes, np.int64), tr.dense_conv().astype(np.int64), times, np.asarray(mask, bool),
         int(rq.block_size), span,
-        np.asarray(tr["response_tokens"], np.int64) if "response_tokens" in tr.cols else None,
+        np.asarray(tr["response_tokens"], np.int64) if "response_tokens" in tr.cols else None, colo,
     )  # fmt: skip
     lam0 = float(tr.meta["lam0"]) if "lam0" in tr.meta else None
     from kvhit.service.steady import steady_note, steady_report
@@ -406,7 +422,7 @@ def measured_rate(times: np.ndarray, mask: np.ndarray) -> float | None:
     return float(tm.size / span) if span > 0 else None
 
 
-def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict, res, Ns, hold):
+def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict, res, Ns, hold, tmg):
     """(estimate, None) for a row the fleet estimators cover, else (None, the reason, one line for the notes).
 
     Oblivious routers: :func:`~kvhit.fleet.estimate.estimate_fleet` on the routing the simulator drew, without
@@ -415,8 +431,13 @@ def _row_estimate(req: FleetRequest, wl: FleetWorkload, name: str, params: dict,
     under holds or Dynamo's softmax (temperature > 0), which the model does not have."""
     st = wl.stream
     if wl.tr is None:
-        return _row_estimate_blocks(req, wl, name, params, res, Ns, hold)
+        return _row_estimate_blocks(req, wl, name, params, res, Ns, hold, tmg)
     kw = dict(engine=req.engine, window=st.measured, lam0=wl.lam0, block_size=st.block_size)
+    if req.decode_kv:
+        return None, (
+            f"no estimate for {name} with --decode-kv: the fleet estimators on a kvhit trace model the prompt's KV "
+            "only (on --blocks-trace the exact replays model it)"
+        )
     if name in OBLIVIOUS_ESTIMATED:
         if hold is not None:
             return None, (
@@ -460,18 +481,22 @@ def _kv_unmodelled(req: FleetRequest, name: str, params: dict, hold) -> str | No
 
 #: exact fleet replays behind the realisation band of a block-id row (docs/estimators.md §6, block-id traces)
 BAND_REPLAYS = 16
+#: the timing options the replays model (each replay is the simulator under the run's timing) and the per-replica
+#: estimators do not
+TIMING_FLAGS = ("decode_tokens_per_s", "prefill_hold", "hit_token_seconds", "prefill_overhead_s", "decode_kv")
 
 
-def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params: dict, res, Ns, hold):
+def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params: dict, res, Ns, hold, tmg):
     """A ``--blocks-trace`` row: ``(estimate, None)`` with the estimate a dict (``h``, ``method``, ``se``, the band
     for one realisation of the start times where it applies, ``validated``), or ``(None, reason)``.
 
     The replay rule (:func:`kvhit.fleet.blocks.replays_affordable`): when :data:`BAND_REPLAYS` exact fleet replays
     at redrawn start times cost at most :data:`kvhit.fleet.blocks.REPLAY_MAX_ACCESSES` block accesses, the expected
     value is their mean (``method`` ``replay-mean``, ``se`` its Monte Carlo standard error) and the band comes from
-    the same replays — for every router the simulator runs (the replays are the simulator itself, with the run's
-    holds, lag, parameters and seed). Otherwise the per-replica estimator answers (oblivious routers: the simulated
-    routing; KV-aware: the stay model's routing, :mod:`kvhit.fleet.blocks`), without a band."""
+    the same replays — for every router the simulator runs and every timing option (the replays are the simulator
+    itself under the run's :class:`~kvhit.fleet.timing.FleetTiming` ``tmg``, lag, parameters and seed). Otherwise
+    the per-replica estimator answers (oblivious routers: the simulated routing; KV-aware: the stay model's routing,
+    :mod:`kvhit.fleet.blocks`), without a band, and not under :data:`TIMING_FLAGS` (it holds ``T/speed`` at most)."""
     from kvhit.fleet.blocks import (
         METHOD_AGENTIC,
         METHOD_STAY,
@@ -484,21 +509,20 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
 
     pt = wl.source
     st = wl.stream
-    extra = [
-        f for f in ("decode_tokens_per_s", "prefill_hold", "hit_token_seconds", "prefill_overhead_s") if getattr(req, f)
-    ]
-    if extra:  # the replays hold each request T/speed: they would answer a different setting
-        return None, (
-            f"no estimate for {name} with {', '.join(req.flag(f) for f in extra)}: the block-id fleet estimates "
-            "(replay mean and per-replica estimators) model holds of T / --prefill-tokens-per-s only"
-        )
     if pt.session is not None and replays_affordable(pt, BAND_REPLAYS):
         with translating("estimate"):
             band = fleet_band_blocks(
-                pt, name, Ns, engine=req.engine, router_params=params, speed=req.prefill_tokens_per_s, lag=req.lag,
-                replays=BAND_REPLAYS, seed=req.seed,
+                pt, name, Ns, engine=req.engine, router_params=params, lag=req.lag, replays=BAND_REPLAYS,
+                seed=req.seed, timing=tmg,
             )  # fmt: skip
         return {"h": band["h_mc"], "method": band["method"], "se": band["h_se"], "validated": False, "band": band}, None
+    extra = [f for f in TIMING_FLAGS if getattr(req, f)]
+    if extra:  # the per-replica estimators hold T/speed at most: they would answer a different setting
+        why = "no session ids" if pt.session is None else "too many block accesses for the replays"
+        return None, (
+            f"no estimate for {name} with {', '.join(req.flag(f) for f in extra)}: {why}, and the per-replica "
+            "block-id fleet estimators model holds of T / --prefill-tokens-per-s and the prompt's KV only"
+        )
     if name in OBLIVIOUS_ESTIMATED:
         if hold is not None:
             return None, (
@@ -533,6 +557,7 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
 def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     """``kvhit fleet simulate``: cross-field checks and output paths first, then the library; refused input raises
     :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
+    from kvhit.fleet.blocks import METHOD_REPLAY
     from kvhit.fleet.simulate import simulate_fleet
 
     if len(req.N) > 1 and (len(req.replicas) != 1 or req.replicas[0] != len(req.N)):
@@ -589,17 +614,19 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
                     lag=req.lag,
                     prefill_hold=ph,
                     hit_token_seconds=hts,
+                    **st.simulate_kw,
                 )
             s = res.summary(mask)
             est = band = None
             validated = method = se = None
             if req.estimates:
-                est, why = _row_estimate(req, wl, name, params[name], res, Ns, hold)
+                est, why = _row_estimate(req, wl, name, params[name], res, Ns, hold, tmg)
                 if isinstance(est, dict):  # a block-id row: the point, its method, band and the validation flag
                     est, method, se, band, validated = est["h"], est["method"], est["se"], est["band"], est["validated"]
                 if why is not None and why not in est_notes:
                     est_notes.append(why)
-                if est is not None and (s["rejected"] > 0 or s["mean_wait"] > 0):
+                # the replays are the simulator itself: they queue and reject as the run does
+                if est is not None and method != METHOD_REPLAY and (s["rejected"] > 0 or s["mean_wait"] > 0):
                     queued.append(f"{name} R = {R}")
             reps = res.per_replica(mask)
             n_req = [p["requests"] for p in reps]

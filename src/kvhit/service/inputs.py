@@ -110,7 +110,7 @@ def window_for(tr, warmup: int | None, warmup_time: float | None, where: str = "
 def measured_moments(tr, window):
     """Eq. (35)–(37) over the measured conversations (those arriving inside the window, i.e. after the warm-up),
     and λ0: the trace's recorded rate when it has one, else the Poisson estimate from those arrivals."""
-    from kvhit.estimate.engine import trace_moments
+    from kvhit.estimate.trace_stats import trace_moments
 
     conv = tr.conversations()
     sel = (conv["arrival"] >= window.start) & (conv["arrival"] <= window.end)

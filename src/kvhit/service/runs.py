@@ -58,8 +58,8 @@ class DemoResponse(Response):
 def demo(req: DemoRequest, progress=None) -> DemoResponse:
     """``kvhit demo``: cross-field checks and output paths first, then the library; refused input raises
     :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
-    from kvhit.estimate.engine import estimate as est_fn
-    from kvhit.estimate.engine import trace_moments
+    from kvhit.estimate.mean_field import estimate as est_fn
+    from kvhit.estimate.trace_stats import trace_moments
     from kvhit.plan.planner import make_workload
     from kvhit.service.base import check_capacity_memory
     from kvhit.sim.runner import block_requests, simulate_trace_block, simulate_trace_content

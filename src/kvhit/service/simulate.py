@@ -240,7 +240,7 @@ def _null_infeasible_estimates(rows: list[dict], est: list[dict]) -> None:
 
 def trace_estimates(tr, Ns: list[int], window, practical: bool) -> list[dict]:
     """The paper's estimator (eq. (35)–(39), empirical F̂) on the measured conversations of a trace."""
-    from kvhit.estimate.engine import estimate
+    from kvhit.estimate.mean_field import estimate
 
     mom, lam0 = measured_moments(tr, window)
     e_b = estimate(mom, np.asarray(Ns, float), lam0, "empirical", practical=False)

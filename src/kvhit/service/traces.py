@@ -2,7 +2,7 @@
 
 Invariant: output paths are checked before any work (:mod:`kvhit.service.io`) and written atomically; a trace
 too large for this machine's memory is refused before generating. NOT modelled here: the generator, the
-ShareGPT reader and tokenizer, the statistics (``kvhit.workload``, ``kvhit.estimate.engine``).
+ShareGPT reader and tokenizer, the statistics (``kvhit.workload``, ``kvhit.estimate.trace_stats``).
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class StatsResponse(Response):
 
 def stats_dict(tr, n_warm: int | None = None, block: str = "paper") -> dict:
     """Statistics of eq. (35)–(37) over the measured conversations (conversation id ≥ n_warm)."""
-    from kvhit.estimate.engine import trace_moments
+    from kvhit.estimate.trace_stats import trace_moments
 
     n_warm = int(tr.meta.get("n_warm", 0)) if n_warm is None else n_warm
     conv_ids = tr.conv_index()[0]

@@ -1,6 +1,6 @@
 """Resample-and-simulate: the exact hit ratio of a trace's conversations at a new load, with a confidence interval.
 
-A trace (a production block-id :class:`~kvhit.workload.production.ProductionTrace` or a kvhit
+A trace (a production block-id :class:`~kvhit.workload.production_trace.ProductionTrace` or a kvhit
 :class:`~kvhit.workload.trace.Trace`) is cut into its conversations (:func:`conversation_pool`), each kept whole:
 its requests, their prompt lengths, block ids and times *relative to the conversation's first request*. A
 replication (:func:`resample`) starts copies of them at the points of a Poisson process of rate ``λ0`` — the
@@ -55,7 +55,7 @@ import numpy as np
 
 from kvhit.sim.feasibility import Feasibility, feasibility
 from kvhit.sim.metrics import mean_ci
-from kvhit.workload.production import ProductionTrace
+from kvhit.workload.production_trace import ProductionTrace
 from kvhit.workload.trace import Trace
 
 __all__ = [

@@ -25,7 +25,10 @@ hash), so ``E[ρ_s − 1] = rate · (ρ − 1)``. Here the two exact passes of k
       ĥ(N) = (Σ_{sampled lookup blocks} 1{N̂* ≤ N}) / (sampled lookup blocks) · Σ_r (T_r − 1)//b / Σ_r ⌈T_r/b⌉
 
   over the measured requests (the token ratio uses ``b · … / Σ T_r``); the two sums on the right are exact (every
-  request is read). ``e_s`` is ``e``'s rule applied to the sampled accesses (an unsampled add after the last
+  request is read). That indicator is the *step* reading (SHARDS as published); by default the thresholds are read
+  *deblurred* instead (:mod:`kvhit.sim.sampled_estimate`: each a ramp over its ``1/rate`` lattice step, placed where
+  the binomial law puts it, then one deconvolution step for the remaining blur), which removes most of the error
+  below 5 % (docs/sampling.md). ``e_s`` is ``e``'s rule applied to the sampled accesses (an unsampled add after the last
   partial-block request can make it 1 where the full pass has 0: at most one block).
 
 * **Algorithm 1** (whole-conversation LRU, :mod:`kvhit.sim.content.stackdist`). The unit of Algorithm 1 is a whole
@@ -33,11 +36,11 @@ hash), so ``E[ρ_s − 1] = rate · (ρ − 1)``. Here the two exact passes of k
   conversations accessed since, estimated ``N̂* = R_{j−1} + ⌈D_s / rate⌉``; the curve is the ratio of the sampled
   practical hit weight (eq. (31)) to the sampled demand ``Σ R``.
 
-Error. Two parts, both measured (``benchmarks/sampling_accuracy.py``, ``docs/sampling.md``), not bounded in
-closed form: the noise of which accesses are measured (a ratio estimator over ``≈ rate · n`` lookups; its spread
-shrinks as ``1/√(rate · n)``), and the smoothing of each threshold by the binomial noise of ``ρ_s`` (relative
-spread ``1/√(rate · N)`` at capacity ``N``: small capacities are where sampling is least accurate; below about
-``10/rate`` blocks the sample holds fewer than ten entries above the cutoff).
+Error. Parts, all measured (``benchmarks/sampling_accuracy.py``, ``docs/sampling.md``), not bounded in closed
+form: the noise of which accesses are measured (a ratio estimator over ``≈ rate · n`` lookups; its spread shrinks as
+``1/√(rate · n)``); the ``1/rate`` lattice of the thresholds (the step reading's staircase); and the smoothing of each
+threshold by the binomial noise of ``ρ_s`` (relative spread ``1/√(rate · N)`` at capacity ``N``). The deblurred
+reading removes the second and the leading term of the third; the first is what remains on small traces.
 
 Invariants: ``rate = 1`` keeps every key and reproduces the exact curves (tested: the sampled pass equals
 :func:`~kvhit.sim.vllm.curve.block_hit_thresholds`'s unrounded stack model at rate 1, and
@@ -62,6 +65,7 @@ from numba import njit
 
 from kvhit.sim.content.lru import ContentInputError, _previous_sizes_kernel
 from kvhit.sim.content.stackdist import FIRST_TURN, content_curve_from_thresholds, content_hit_thresholds
+from kvhit.sim.sampled_estimate import id_ranks, sampled_hits, sampling_se
 from kvhit.sim.vllm.block import ENGINES, BlockSimError, request_stream
 from kvhit.sim.vllm.blockids import _MAX_POS, MAX_CONVERSATION_ID, _seedmix
 from kvhit.sim.vllm.blockids import _POS_BITS as _BLOCKID_POS_BITS
@@ -234,12 +238,14 @@ def _add(tree, P, F, w):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _sampled_block_kernel(rec, blk_i, blk_id, blk_hot, inv, new_engine):  # pragma: no cover - compiled
-    """Estimated thresholds ``N̂*`` per kept block (NEVER: never placed before; -1: not a lookup block, i ≥ mh).
+def _sampled_block_kernel(rec, blk_i, blk_id, blk_hot, inv, new_engine, track):  # pragma: no cover - compiled
+    """Estimated thresholds ``N̂*`` per kept block (NEVER: never placed before; -1: not a lookup block, i ≥ mh),
+    and (``track``) the kept non-hot entries above each (``K``; else an empty array).
 
     Same positions and weights as :func:`kvhit.sim.vllm.curve._thresholds_kernel` restricted to the kept
     entries: Fenwick tree over positions, per distinct id the position of its first-inserted copy and of its
-    most recent one; ``qb``/``mrem`` give ``e`` (vLLM ≥ 0.24).
+    most recent one; ``qb``/``mrem`` give ``e`` (vLLM ≥ 0.24). With ``track`` a second tree counts the entries
+    kept with probability ``rate`` (hot ones excluded).
     """
     nrec = rec.shape[0]
     nblk = blk_i.shape[0]
@@ -254,6 +260,9 @@ def _sampled_block_kernel(rec, blk_i, blk_id, blk_hot, inv, new_engine):  # prag
     while (1 << LB) <= npos + 1:
         LB += 1
     tree = np.zeros(npos + 1, np.float64)
+    treek = np.zeros(npos + 1 if track else 1, np.float64)
+    kab = np.zeros(nblk if track else 0, np.int64)
+    Wk = 0.0
     F = 0
     W = 0.0
     cap = 1024
@@ -301,6 +310,8 @@ def _sampled_block_kernel(rec, blk_i, blk_id, blk_hot, inv, new_engine):  # prag
             above = W - _prefix(tree, P, LB)  # Horvitz-Thompson: Σ 1/p over the kept entries above P
             e = 1 if (new_engine and P < qb and mrem > P) else 0
             thr[m0 + a] = 1 + e + np.int64(np.ceil(above - 1e-6))
+            if track:
+                kab[m0 + a] = np.int64(np.round(Wk - _prefix(treek, P, LB)))
         # removals: first-inserted copies of looked-up blocks
         for a in range(k):
             v = slots[a]
@@ -308,9 +319,15 @@ def _sampled_block_kernel(rec, blk_i, blk_id, blk_hot, inv, new_engine):  # prag
                 wv = 1.0 if blk_hot[m0 + a] else inv
                 _add(tree, first[v], F, -wv)
                 W -= wv
+                if track and not blk_hot[m0 + a]:
+                    _add(treek, first[v], F, -1.0)
+                    Wk -= 1.0
         # appends in free order: the kept partial block (vLLM <= 0.23), then blocks F-1 ... 0
         if rec[q, 2]:
             _append(tree, F, inv)
+            if track:
+                _append(treek, F, 1.0)
+                Wk += 1.0
             F += 1
             W += inv
             mrem = -1
@@ -326,6 +343,10 @@ def _sampled_block_kernel(rec, blk_i, blk_id, blk_hot, inv, new_engine):  # prag
             recent[v] = t
             wv = 1.0 if blk_hot[m0 + a] else inv
             _append(tree, F, wv)
+            if track:
+                kv = 0.0 if blk_hot[m0 + a] else 1.0
+                _append(treek, F, kv)
+                Wk += kv
             F += 1
             W += wv
             if rem < mrem:
@@ -334,7 +355,7 @@ def _sampled_block_kernel(rec, blk_i, blk_id, blk_hot, inv, new_engine):  # prag
             qb = F
             mrem = never
         m0 += k
-    return thr
+    return thr, kab
 
 
 # --------------------------------------------------------------------------------------------------
@@ -360,23 +381,41 @@ class SampledBlockCurve:
     sampled_accesses: int  #: kept block accesses (all requests)
     sampled_lookups: int  #: kept measured lookup blocks (the estimator's sample size)
     weights: np.ndarray | None = None  #: 1/p per kept lookup (None: all 1/rate, no hot ids)
+    exact: bool = False  #: no entry was kept with probability < 1 (rate 1, or every kept entry hot): no noise
+    kept_above: np.ndarray | None = None  #: per kept lookup, the non-hot kept entries above it (None: no hot ids)
+    id_rank: np.ndarray | None = None  #: rank (1-based) of the lookup among its id's by threshold; 0: a hot id
+    id_lookups: np.ndarray | None = None  #: kept measured lookups of the lookup's id (0: a hot id)
 
-    def hit_blocks(self, Ns) -> np.ndarray:
-        """Estimated Σ hit blocks of the measured requests at each capacity (float64)."""
+    def hit_blocks(self, Ns, estimator: str = "deblurred") -> np.ndarray:
+        """Estimated Σ hit blocks of the measured requests at each capacity (float64); ``estimator``: ``deblurred``
+        (default) or ``step`` (:mod:`kvhit.sim.sampled_estimate`)."""
         Ns = np.asarray(Ns, np.int64)
         if self.sampled_lookups == 0:
             return np.zeros(Ns.shape)
-        if self.weights is None:
-            w = np.ones(self.thresholds.shape[0], np.int64)
-            return content_curve_from_thresholds(self.thresholds, w, Ns) * (self.lookup_blocks / self.sampled_lookups)
-        hit = content_curve_from_thresholds(self.thresholds, self.weights, Ns)
-        return hit * (self.lookup_blocks / float(self.weights.sum()))
+        exact = self.exact or self.rate >= 1.0
+        hit = sampled_hits(
+            self.thresholds, self.weights, self.rate, Ns, estimator=estimator, exact=exact, kept_above=self.kept_above
+        )
+        total = self.sampled_lookups if self.weights is None else float(self.weights.sum())
+        return hit * (self.lookup_blocks / total)
 
-    def curve(self, Ns) -> dict:
+    def standard_error(self, Ns) -> np.ndarray:
+        """Standard error of :meth:`curve`'s ``block_hit_ratio`` from *which ids* the sample kept (the sample-size
+        part of the error, :func:`kvhit.sim.sampled_estimate.sampling_se`; not the lattice or the blur); NaN below
+        ``N_min``, 0 where the pass is exact."""
+        Ns = np.asarray(Ns, np.int64)
+        if self.exact or self.rate >= 1.0 or self.sampled_lookups == 0 or self.id_rank is None:
+            se = np.zeros(Ns.shape)
+        else:
+            se = sampling_se(self.thresholds, self.id_rank, self.id_lookups, self.weights, self.rate, Ns)
+            se = se * self.lookup_blocks / self.prompt_blocks if self.prompt_blocks else se * np.nan
+        return np.where(Ns >= self.N_min, se, np.nan)
+
+    def curve(self, Ns, estimator: str = "deblurred") -> dict:
         """``N``, ``hit_blocks`` (estimated), ``block_hit_ratio`` (h of eq. (6)), ``token_hit_ratio``, ``feasible``
         (``N ≥ N_min``; the ratios are NaN below it)."""
         Ns = np.asarray(Ns, np.int64)
-        hb = self.hit_blocks(Ns)
+        hb = self.hit_blocks(Ns, estimator)
         feas = Ns >= self.N_min
         with np.errstate(invalid="ignore", divide="ignore"):
             blk = np.where(feas, hb / self.prompt_blocks, np.nan) if self.prompt_blocks else np.full(Ns.shape, np.nan)
@@ -429,17 +468,24 @@ class _BlockSampler:
         bid = np.concatenate(self.bid) if self.bid else np.zeros(0, np.int64)
         bh = np.concatenate(self.bh) if self.bh else np.zeros(0, np.int8)
         self.recs, self.bi, self.bid, self.bh = [], [], [], []
-        thr = _sampled_block_kernel(rec, bi, bid, bh, 1.0 / self.rate, self.new)
+        track = bool(self.hot.size) and not self.full
+        thr, kab = _sampled_block_kernel(rec, bi, bid, bh, 1.0 / self.rate, self.new, track)
         per = rec[:, 4]
         meas = np.repeat(rec[:, 3].astype(bool), per)
         look = np.repeat(rec[:, 0], per) > bi
         sel = meas & look
-        del meas, look, bi, bid
+        del meas, look, bi
         st = self.st
         w = np.where(bh[sel] != 0, 1.0, 1.0 / self.rate) if self.hot.size else None
+        t_sel = np.ascontiguousarray(thr[sel])
+        rank, group = id_ranks(bid[sel], t_sel, bh[sel] != 0)
+        del bid
         return SampledBlockCurve(
-            thresholds=np.ascontiguousarray(thr[sel]),
+            thresholds=t_sel,
+            id_rank=rank,
+            id_lookups=group,
             weights=w,
+            kept_above=np.ascontiguousarray(kab[sel]) if track else None,
             rate=self.rate,
             salt=self.salt,
             engine=self.engine,
@@ -451,6 +497,7 @@ class _BlockSampler:
             N_min=int(st[4]),
             sampled_accesses=int(thr.shape[0]),
             sampled_lookups=int(sel.sum()),
+            exact=self.full or not (bool((bh == 0).any()) or bool(rec[:, 2].any())),
         )
 
 
@@ -592,6 +639,7 @@ def sampled_stream_curve(
     block_size: int = 128,
     engines: tuple[str, ...] = ("vllm",),
     content: bool = True,
+    content_rate: float | None = None,
     warmup: int = 0,
     window: tuple[float, float] | None = None,
     progress: Callable[[int], None] | None = None,
@@ -601,8 +649,10 @@ def sampled_stream_curve(
     (``T = cum_tokens`` or ``R·b − 1``), events at stream index ≥ ``warmup`` measured (or, given ``window = (start,
     end)``, events at times in ``[start, end]``, as :class:`kvhit.workload.trace.Window`). Only the sample is kept:
     memory O(chunk + sampled accesses). Returns ``{"blocks": {engine: SampledBlockCurve}, "content":
-    SampledContentCurve | None, "events": n}``."""
+    SampledContentCurve | None, "events": n}``. ``content_rate``: Algorithm 1's own rate
+    (default ``rate``; 1: its exact pass, which holds every event's ``(conv, R)`` — 17 bytes a turn — but no block)"""
     r = check_rate(rate)
+    rc = r if content_rate is None else check_rate(content_rate)
     b = int(block_size)
     samplers = {e: _BlockSampler(b, e, r, salt) for e in engines}
     cc: list[np.ndarray] = []
@@ -621,7 +671,7 @@ def sampled_stream_curve(
             for s in samplers.values():
                 s.push(T, T, _EMPTY, _EMPTY, meas, conv=ch.conv)
         if content:
-            k = conversation_keep(ch.conv, r, salt)
+            k = conversation_keep(ch.conv, rc, salt)
             cc.append(ch.conv[k])
             cr.append(ch.R[k])
             cm.append(meas[k])
@@ -635,5 +685,5 @@ def sampled_stream_curve(
         conv = np.concatenate(cc) if cc else np.zeros(0, np.int64)
         R = np.concatenate(cr) if cr else np.zeros(0, np.int64)
         m = np.concatenate(cm) if cm else np.zeros(0, bool)
-        out["content"] = _content_from_kept(conv, R, m, r, salt)
+        out["content"] = _content_from_kept(conv, R, m, rc, salt)
     return out

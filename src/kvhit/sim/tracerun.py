@@ -1,7 +1,7 @@
 """The vLLM block pool on a production block-id trace as read: hit ratios at given capacities and exact curves,
 with the infeasible capacities marked.
 
-A :class:`~kvhit.workload.production.ProductionTrace` replayed through :func:`kvhit.sim.vllm.block.simulate_block`
+A :class:`~kvhit.workload.production_trace.ProductionTrace` replayed through :func:`kvhit.sim.vllm.block.simulate_block`
 (few capacities) or :func:`kvhit.sim.vllm.curve.block_curve` (all capacities in one pass), both free-queue orders.
 Metrics are vLLM's token hit ratio (``prefix_cache_hits / prefix_cache_queries``) and the paper's block-weighted
 ``h`` (eq. (6)/(31)) over the measured requests (arrival ≥ first arrival + ``warmup_time``).
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvhit.sim.feasibility import Feasibility, feasibility
-from kvhit.workload.production import ProductionTrace
+from kvhit.workload.production_trace import ProductionTrace
 
 __all__ = ["ENGINE_LABELS", "measured_mask", "production_curve", "production_rows"]
 

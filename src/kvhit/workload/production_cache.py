@@ -3,7 +3,7 @@ session derivation of :func:`kvhit.workload.production.read_mooncake` (seconds f
 ``conversation_trace.jsonl``) are done once per file and reader version; later reads load the arrays (``.npz``,
 no pickle) in milliseconds.
 
-Invariant: a cached read returns a :class:`~kvhit.workload.production.ProductionTrace` equal, array for array and
+Invariant: a cached read returns a :class:`~kvhit.workload.production_trace.ProductionTrace` equal, array for array and
 field for field, to a fresh :func:`read_mooncake` of the same bytes with the same keyword arguments
 (tests/test_production_cache.py): the key is the SHA-256 of the file's bytes, the keyword arguments, and the
 SHA-256 of the reader's own source file (``production.py``) and of this file — any change of either invalidates
@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from kvhit.workload.production import ProductionTrace, read_mooncake
+from kvhit.workload.production import read_mooncake
+from kvhit.workload.production_trace import ProductionTrace
 
 __all__ = ["cache_key", "read_mooncake_cached"]
 

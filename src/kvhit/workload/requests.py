@@ -1,7 +1,7 @@
 """The block simulator's request stream: what :func:`kvhit.sim.vllm.block.simulate_block` consumes.
 
 It lives in ``workload`` (the bottom layer) because the readers build it directly from production block-id
-traces (:meth:`kvhit.workload.production.ProductionTrace.block_requests`) and from kvhit traces
+traces (:meth:`kvhit.workload.production_trace.ProductionTrace.block_requests`) and from kvhit traces
 (:func:`kvhit.sim.runner.block_requests`); the simulators only read it.
 
 Invariant: ``hashes[hash_offsets[r]:hash_offsets[r + 1]]`` are request r's chained full-block ids in prompt

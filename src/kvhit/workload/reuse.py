@@ -1,6 +1,6 @@
 """Per-request prefix reuse of a block-id trace: what each request can reuse, from whom, and how long ago.
 
-One view for every trace kvhit reads — a :class:`~kvhit.workload.production.ProductionTrace` (Mooncake,
+One view for every trace kvhit reads — a :class:`~kvhit.workload.production_trace.ProductionTrace` (Mooncake,
 WEKA) or a kvhit :class:`~kvhit.workload.trace.Trace` (Parquet, ShareGPT, generated) — of the request
 stream as the block pool sees it: per request ``r`` (arrival order) its time ``t_r``, prompt tokens ``T_r``,
 its ``F_r = ⌊T_r/b⌋`` full-block ids (chained: equal id ⇒ equal prefix), its session and its *stream*
@@ -112,7 +112,7 @@ def _dense(x: np.ndarray) -> np.ndarray:
 
 def _table(source) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, str]:
     """(time, T, offsets, ids, session, stream, b, kind) of a ProductionTrace or a kvhit Trace."""
-    from kvhit.workload.production import ProductionTrace
+    from kvhit.workload.production_trace import ProductionTrace
     from kvhit.workload.trace import Trace
 
     if isinstance(source, ProductionTrace):

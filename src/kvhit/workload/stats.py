@@ -1,7 +1,7 @@
 """Workload statistics of a request trace: what a hit-ratio estimator needs to know about it (issue 11, §1).
 
 :func:`trace_stats` summarises a :class:`~kvhit.workload.reuse.RequestReuse` (built from a Mooncake / WEKA
-:class:`~kvhit.workload.production.ProductionTrace` or a kvhit :class:`~kvhit.workload.trace.Trace`) into a
+:class:`~kvhit.workload.production_trace.ProductionTrace` or a kvhit :class:`~kvhit.workload.trace.Trace`) into a
 :class:`TraceStats`: per-request reusable prefix (how much of the previous request of the same stream the new
 prompt reuses; growth / shrink / divergence rates), cross-conversation shared prefixes (sizes, popularity),
 the gap distribution ``W`` (eq. (1)), conversation lengths ``M`` and lifetimes, concurrency over time (active

@@ -115,7 +115,7 @@ def streams_from_trace(trace, *, source: str = "auto", block_size: int | None = 
 
 
 def streams_from_production(pt) -> TokenStreams:
-    """A :class:`~kvhit.workload.production.ProductionTrace` as one stream per request (see the module
+    """A :class:`~kvhit.workload.production_trace.ProductionTrace` as one stream per request (see the module
     docstring): its full-block ids as ``b``-token runs, then its own tokens for the partial tail and outputs."""
     b = int(pt.block_size)
     n = pt.n_requests
