@@ -368,3 +368,31 @@ def test_fleet_simulate_blocks_trace_estimates_under_timing(monkeypatch, tmp_pat
     assert out["rows"][0]["estimate"] is None
     why = [n for n in out["notes"] if n.startswith("no estimate")]
     assert len(why) == 1 and "--decode-tokens-per-s" in why[0] and "too many block accesses" in why[0]
+
+
+def test_se_target_extends_the_same_replays_until_the_standard_error_is_met():
+    """fleet_replays_blocks(se_target=…): the first ``replays`` rows are the fixed count's, the count stops at the
+    first K ≥ replays where s/√K ≤ se_target at every capacity (checked at every earlier K by hand), or at
+    max_replays; a non-positive target is refused."""
+    from kvhit.fleet.blocks import fleet_replays_blocks
+
+    pt = read_weka([str(DATA / f) for f in WEKA3])
+    Nmin = int(pt.prompt_blocks.max())
+    caps = [[Nmin] * 2, [2 * Nmin] * 2]
+    fixed = fleet_replays_blocks(pt, "round-robin", caps, replays=4, seed=5)
+    sd = fixed.std(axis=0, ddof=1).max()
+    target = 0.6 * sd / np.sqrt(4)  # not met at 4 replays unless the spread collapses
+    H = fleet_replays_blocks(pt, "round-robin", caps, replays=4, seed=5, se_target=target, max_replays=64)
+    assert np.array_equal(H[:4], fixed)
+    K = H.shape[0]
+    se = [H[:k].std(axis=0, ddof=1).max() / np.sqrt(k) for k in range(4, K + 1)]
+    assert all(s > target for s in se[:-1]) and (se[-1] <= target or K == 64)
+    assert K > 4
+    longer = fleet_replays_blocks(pt, "round-robin", caps, replays=K + 3, seed=5)
+    assert np.array_equal(H, longer[:K])  # the same generator stream: replay j does not depend on the stopping rule
+    capped = fleet_replays_blocks(pt, "round-robin", caps, replays=4, seed=5, se_target=1e-9, max_replays=6)
+    assert capped.shape[0] == 6
+    b = fleet_band_blocks(pt, "round-robin", caps[0], replays=4, seed=5, se_target=1e-9, max_replays=6)
+    assert b["replays"] == 6 and b["h_mc"] == pytest.approx(capped[:, 0].mean(), abs=1e-12)
+    with pytest.raises(ValueError, match="se_target"):
+        fleet_replays_blocks(pt, "round-robin", caps, replays=4, se_target=0.0)

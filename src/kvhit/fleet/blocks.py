@@ -30,7 +30,9 @@ observed range unless a KS test rejects it, then :func:`kvhit.estimate.band.draw
 order kept; :func:`kvhit.estimate.band.restart_sessions`). Their mean is the expected value where they are
 affordable (:func:`replays_affordable`, :data:`REPLAY_MAX_ACCESSES`; issue 23 §6: where an exact replay is cheaper
 than the estimator, use it), with its Monte Carlo standard error; the band is eq. (B1) from the same replays,
-widened by :data:`kvhit.estimate.band.WIDEN` and flagged not validated (:func:`fleet_band_blocks`). Elsewhere the
+widened by :data:`kvhit.estimate.band.WIDEN` and flagged not validated (:func:`fleet_band_blocks`). The mean's
+Monte Carlo error s/√K (0.005–0.014 at K = 16 on 35-conversation WEKA pools) is the answer's error against E[h | order]
+beyond the law: ``se_target`` (opt-in) draws replays until it is met. Elsewhere the
 per-replica estimator above is the fast path. The replays run under the run's whole
 :class:`~kvhit.fleet.timing.FleetTiming` (holds, decode time, prefill-done events, hit-token savings, decode KV, from
 each re-timed trace's own lengths); the per-replica estimator models none of it beyond holds ``T/speed``. Invariant:
@@ -358,7 +360,11 @@ def draw_fleet_starts(first, rng: np.random.Generator, law: str) -> np.ndarray:
     decides a small pool's ratio (issue 23: shuffling which conversation gets which start moved one realisation's
     error from 0.059 to 0.005): the replays' mean is then E[h | order], whose mean over realisations is still E[h],
     and it follows a process whose order is not random (the benchmark's Poisson starts hand the k-th draw the k-th
-    start: the unordered uniform law missed their mean by 0.014–0.026 on held-35a, R = 2)."""
+    start: the unordered uniform law missed their mean by 0.014–0.026 on held-35a, R = 2). The widened uniform law
+    is, up to a jitter of the span (sd ≈ 4 % at C = 35), the exact conditional law of i.i.d. uniform starts and of
+    the benchmark's ordered Poisson starts given the order and the first and last start (the inner starts uniform
+    between them), whose replay mean is unbiased for E[h]: the two gave means ≤ 0.001 apart on held-35new
+    (``benchmarks/fleet_bias_diagnosis.py --law``)."""
     from kvhit.estimate.band import draw_starts, keep_order
 
     f = np.asarray(first, float)
@@ -383,6 +389,8 @@ def fleet_replays_blocks(
     seed: int = 0,
     law: str | None = None,
     timing=None,
+    se_target: float | None = None,
+    max_replays: int = 1024,
 ) -> np.ndarray:
     """Exact fleet hit ratios (``replays`` × P) of ``pt`` re-timed at ``replays`` start-time draws
     (:func:`draw_fleet_starts` with the law :func:`start_law` picks, or ``law``; generator ``seed``;
@@ -391,7 +399,13 @@ def fleet_replays_blocks(
     holds ``T/speed`` when ``speed`` is given, or the run's :class:`~kvhit.fleet.timing.FleetTiming` ``timing`` —
     decode time, prefill-done events, hit-token savings, decode KV — applied to each re-timed trace's own prompt and
     output lengths, which :func:`~kvhit.estimate.band.restart_sessions` carries with their requests). Replay j is
-    ``simulate_fleet`` on the j-th re-timed trace under that timing."""
+    ``simulate_fleet`` on the j-th re-timed trace under that timing.
+
+    ``se_target`` (opt-in, default off): after the first ``replays`` draws, keep drawing (same generator, so the
+    first ``replays`` rows are those of the fixed count) until the Monte Carlo standard error of the mean, ``s/√K``,
+    is at most ``se_target`` at every capacity, or ``max_replays`` rows. The replays' mean is an estimate of
+    E[h | order] with that error (docs/estimators.md §6, block-id traces: the error of 16 replays, not the start law,
+    is what ``benchmarks/fleet_bias_diagnosis.py`` found behind the held-35new miss)."""
     from kvhit.estimate.band import restart_sessions, session_starts
 
     tmg = replay_timing(speed, timing)
@@ -399,12 +413,20 @@ def fleet_replays_blocks(
     first = session_starts(pt)
     law = law or start_law(first)
     rng = np.random.default_rng(seed)
-    H = np.empty((int(replays), caps.shape[0]))
-    for j in range(int(replays)):
+    if se_target is not None and not se_target > 0:
+        raise ValueError(f"se_target: expected a positive standard error, got {se_target}")
+    K0 = int(replays)
+    cap = max(K0, int(max_replays)) if se_target is not None else K0
+    H = np.empty((cap, caps.shape[0]))
+    K = 0
+    while K < cap:
+        if K >= max(K0, 2) and float(H[:K].std(axis=0, ddof=1).max()) / math.sqrt(K) <= se_target:
+            break
         p2 = restart_sessions(pt, draw_fleet_starts(first, rng, law))
-        H[j] = _fleet_ratios(p2, router, caps, engine=engine, router_params=router_params, lag=lag, seed=seed,
+        H[K] = _fleet_ratios(p2, router, caps, engine=engine, router_params=router_params, lag=lag, seed=seed,
                              timing=tmg)  # fmt: skip
-    return H
+        K += 1
+    return H[:K]
 
 
 def band_from_replays(H, est: float | None = None, *, level: float = 0.9, tol: float = 0.01, widen: bool = True):
@@ -442,6 +464,8 @@ def fleet_band_blocks(
     seed: int = 0,
     tol: float = 0.01,
     timing=None,
+    se_target: float | None = None,
+    max_replays: int = 1024,
 ) -> dict:
     """Expected value and band (B1) for one realisation of the start times of a fleet on ``pt`` (one capacity per
     replica in ``Ns``) behind any router ``simulate_fleet`` runs (oblivious, or KV-aware through the compiled fleet
@@ -450,13 +474,15 @@ def fleet_band_blocks(
     :data:`METHOD_REPLAY`), ``h_se`` its Monte Carlo standard error; the band is ``m ∓ t_{K−1}·√(1 + 1/K)·s``,
     widened to contain ``est`` (an estimator's value, when given) if they disagree by more than ``tol`` + 2
     standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side. Returns ``h_lo``, ``h_hi``, ``h_mc``,
-    ``h_se``, ``level``, ``replays``, ``seed``, ``validated`` (False), ``method``, ``notes``."""
+    ``h_se``, ``level``, ``replays`` (drawn: more than asked with ``se_target``, :func:`fleet_replays_blocks`),
+    ``seed``, ``validated`` (False), ``method``, ``notes``."""
     from kvhit.estimate.band import WIDEN, session_starts
 
     Ns = [int(x) for x in Ns]
     law = start_law(session_starts(pt))
     H = fleet_replays_blocks(pt, router, [Ns], engine=engine, router_params=router_params, speed=speed, lag=lag,
-                             replays=replays, seed=seed, law=law, timing=timing)[:, 0]  # fmt: skip
+                             replays=replays, seed=seed, law=law, timing=timing, se_target=se_target,
+                             max_replays=max_replays)[:, 0]  # fmt: skip
     lo, hi, m, se, notes = band_from_replays(H, est, level=level, tol=tol)
     notes.append(f"not validated (docs/estimators.md §6, block-id traces): widened by ±{WIDEN}")
     return {
@@ -465,7 +491,7 @@ def fleet_band_blocks(
         "h_mc": m,
         "h_se": se,
         "level": float(level),
-        "replays": int(replays),
+        "replays": int(H.shape[0]),
         "seed": int(seed),
         "validated": False,
         "method": METHOD_REPLAY,
