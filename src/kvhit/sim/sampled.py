@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numba import njit
@@ -383,8 +384,7 @@ class SampledBlockCurve:
     weights: np.ndarray | None = None  #: 1/p per kept lookup (None: all 1/rate, no hot ids)
     exact: bool = False  #: no entry was kept with probability < 1 (rate 1, or every kept entry hot): no noise
     kept_above: np.ndarray | None = None  #: per kept lookup, the non-hot kept entries above it (None: no hot ids)
-    id_rank: np.ndarray | None = None  #: rank (1-based) of the lookup among its id's by threshold; 0: a hot id
-    id_lookups: np.ndarray | None = None  #: kept measured lookups of the lookup's id (0: a hot id)
+    lookup_ids: np.ndarray | None = None  #: the block id of each kept lookup (for :meth:`standard_error`)
 
     def hit_blocks(self, Ns, estimator: str = "deblurred") -> np.ndarray:
         """Estimated Σ hit blocks of the measured requests at each capacity (float64); ``estimator``: ``deblurred``
@@ -392,10 +392,10 @@ class SampledBlockCurve:
         Ns = np.asarray(Ns, np.int64)
         if self.sampled_lookups == 0:
             return np.zeros(Ns.shape)
-        exact = self.exact or self.rate >= 1.0
         hit = sampled_hits(
-            self.thresholds, self.weights, self.rate, Ns, estimator=estimator, exact=exact, kept_above=self.kept_above
-        )
+            self.thresholds, self.weights, self.rate, Ns, estimator=estimator, exact=self.exact,
+            kept_above=self.kept_above,
+        )  # fmt: skip
         total = self.sampled_lookups if self.weights is None else float(self.weights.sum())
         return hit * (self.lookup_blocks / total)
 
@@ -404,12 +404,20 @@ class SampledBlockCurve:
         part of the error, :func:`kvhit.sim.sampled_estimate.sampling_se`; not the lattice or the blur); NaN below
         ``N_min``, 0 where the pass is exact."""
         Ns = np.asarray(Ns, np.int64)
-        if self.exact or self.rate >= 1.0 or self.sampled_lookups == 0 or self.id_rank is None:
+        if self.exact or self.sampled_lookups == 0 or self.lookup_ids is None:
             se = np.zeros(Ns.shape)
         else:
-            se = sampling_se(self.thresholds, self.id_rank, self.id_lookups, self.weights, self.rate, Ns)
+            rank, group = self._id_ranks
+            se = sampling_se(self.thresholds, rank, group, self.weights, self.rate, Ns)
             se = se * self.lookup_blocks / self.prompt_blocks if self.prompt_blocks else se * np.nan
         return np.where(Ns >= self.N_min, se, np.nan)
+
+    @cached_property
+    def _id_ranks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each kept lookup's rank within its id and its id's lookup count (:func:`id_ranks`; hot ids: weight 1),
+        computed when first asked: one sort of the kept lookups, not paid by a curve read without its error."""
+        hot = np.zeros(self.thresholds.shape[0], bool) if self.weights is None else self.weights == 1.0
+        return id_ranks(self.lookup_ids, self.thresholds, hot)
 
     def curve(self, Ns, estimator: str = "deblurred") -> dict:
         """``N``, ``hit_blocks`` (estimated), ``block_hit_ratio`` (h of eq. (6)), ``token_hit_ratio``, ``feasible``
@@ -477,13 +485,9 @@ class _BlockSampler:
         del meas, look, bi
         st = self.st
         w = np.where(bh[sel] != 0, 1.0, 1.0 / self.rate) if self.hot.size else None
-        t_sel = np.ascontiguousarray(thr[sel])
-        rank, group = id_ranks(bid[sel], t_sel, bh[sel] != 0)
-        del bid
         return SampledBlockCurve(
-            thresholds=t_sel,
-            id_rank=rank,
-            id_lookups=group,
+            thresholds=np.ascontiguousarray(thr[sel]),
+            lookup_ids=np.ascontiguousarray(bid[sel]),
             weights=w,
             kept_above=np.ascontiguousarray(kab[sel]) if track else None,
             rate=self.rate,
