@@ -149,15 +149,16 @@ def plot_curves(
     title: str = "",
     warning: str | None = None,
     bands: dict | None = None,
+    band_label: str = "prediction band",
 ) -> list:
     """Hit ratio vs capacity: one line per entry of ``curves`` (``{label: (N array, h array)}``; labels starting
     with "estimate" dashed, in the colour of the engine they predict), h_max as a dotted line, a secondary x-axis
     in GiB of KV of ``model`` when ``bytes_per_block`` is given (the model is named on the axis), the budget
     ``budget_N`` as a vertical line and capacities below the largest request ``N_min`` (infeasible under vLLM)
     shaded — every reference line in the legend. ``warning`` (a window that did not reach steady state) is written
-    across the plot in red. ``bands``: ``{label: (N, lo, hi)}`` prediction bands, shaded in the colour of the line
-    ``label`` predicts. ``log_x``: a log-spaced grid is drawn on a log axis. Writes PNG
-    and SVG (:func:`save_figure`)."""
+    across the plot in red. ``bands``: ``{label: (N, lo, hi)}`` bands (named ``band_label`` in the legend: prediction
+    bands by default), shaded in the colour of the line ``label`` predicts. ``log_x``: a log-spaced grid is drawn on a
+    log axis. Writes PNG and SVG (:func:`save_figure`)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -171,7 +172,7 @@ def plot_curves(
         ax.plot(N, h, style, color=color, label=label, lw=1.6)
         if bands and label in bands:
             bN, lo, hi = bands[label]
-            ax.fill_between(bN, lo, hi, color=color, alpha=0.18, lw=0, label=f"{label}: prediction band")
+            ax.fill_between(bN, lo, hi, color=color, alpha=0.18, lw=0, label=f"{label}: {band_label}")
     if log_x:
         ax.set_xscale("log")
     if h_max is not None and np.isfinite(h_max):

@@ -181,6 +181,13 @@ def _curve_keys(data: dict) -> list[str]:
     ]
 
 
+def _bands(data: dict, Ns: np.ndarray) -> dict:
+    """The shaded bands of a plot: ``{label: (N, low, high)}`` from the ``band low: label`` / ``band high: label``
+    series of a curve result."""
+    lo = "band low: "
+    return {k[len(lo) :]: (Ns, v, data["band high: " + k[len(lo) :]]) for k, v in data.items() if k.startswith(lo)}
+
+
 def _sglang_line(ts, Ns: np.ndarray, b: int, page: int, evict: str, mask, req) -> np.ndarray:
     """SGLang's token hit ratio at ``N·b`` tokens (rounded down to pages) for a log-spaced subset of the grid
     (``--sglang-points``), NaN elsewhere and where a request would not fit the pool: one simulation per capacity
@@ -355,11 +362,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
 
             req.plot.parent.mkdir(parents=True, exist_ok=True)
             lines = _lines(data, Ns)
-            bands = {
-                k[len("band low: ") :]: (Ns, v, data["band high: " + k[len("band low: ") :]])
-                for k, v in data.items()
-                if k.startswith("band low: ")
-            }
+            bands = _bands(data, Ns)
             data["figures"] = plot_curves(
                 lines,
                 str(req.plot),
@@ -470,6 +473,7 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
 def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, ...]) -> CurveResponse:
     """``--sample-rate``: SHARDS curves (:mod:`kvhit.experiments.sampled_curve`), a Parquet trace streamed."""
     from kvhit.experiments.sampled_curve import (
+        SE_BAND,
         curves_from_sampled,
         sampled_curve_from_parquet,
         sampled_production_curve,
@@ -551,11 +555,8 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
         data["figures"] = plot_curves(
             {k: (Ns, data[k]) for k in _curve_keys(data)},
             str(req.plot),
-            bands={
-                k[len("band low: ") :]: (Ns, v, data["band high: " + k[len("band low: ") :]])
-                for k, v in data.items()
-                if k.startswith("band low: ")
-            },
+            bands=_bands(data, Ns),
+            band_label=f"± {SE_BAND:g} standard errors of the sample",
             h_max=None,
             bytes_per_block=data["bytes_per_block"],
             model=model.name,
