@@ -621,22 +621,16 @@ def simulate_compiled(
     :func:`kvhit.fleet.simulate.simulate_fleet`'s internals (``prefill_hold`` and ``hts`` checked there).
     Returns ``(replica, hit, new, wait, rejected, block_ops, router_ops)``; the router's generator advances exactly
     as on the step-wise path."""
-    if routes is not None:
-        rr = np.ascontiguousarray(routes, np.int64)
-        out = _fleet_kernel(
-            T, np.ascontiguousarray(L, np.int64), off, hs, np.zeros(1, np.int64), 0, rr, 0,
-            np.ascontiguousarray(tm, np.float64),
-            np.zeros(T.shape[0]) if hold is None else np.ascontiguousarray(hold, np.float64), hold is not None,
-            np.asarray(Ns, np.int64), b, engine_flag, FIXED_ROUTES, False, False, np.zeros(5), float(lag),
-            np.random.default_rng(0), np.zeros(1) if prefill_hold is None else np.ascontiguousarray(prefill_hold,
-            np.float64), prefill_hold is not None, float(hts),
-        )  # fmt: skip
-        rep, hit, new, wait, rej, ops, rops = out
-        return rep, hit, new, wait, rej, int(ops), int(rops)
-    kind = COMPILED_ROUTERS[rt.name]
-    approx = getattr(rt, "shadow", None) is not None
     fp = np.zeros(5)
-    metric_prefill = False
+    metric_prefill = approx = False
+    ids, M = np.zeros(1, np.int64), 0
+    cdense, nconv = np.zeros(cv.shape[0], np.int64), 0
+    if routes is not None:  # the kernel reads each request's replica from the conversation column
+        kind, rng = FIXED_ROUTES, np.random.default_rng(0)  # no draw is made
+        cdense = np.ascontiguousarray(routes, np.int64)
+    else:
+        kind, rng = COMPILED_ROUTERS[rt.name], rt.rng
+        approx = getattr(rt, "shadow", None) is not None
     if kind == 0:
         metric_prefill = rt.metric == "prefill_tokens"
     elif kind == 1:
@@ -646,25 +640,21 @@ def simulate_compiled(
     elif kind == 3:
         fp[1:4] = (rt.wp, rt.wq, rt.wk)
         fp[0] = np.inf
-    else:
+    elif kind == 4:
         fp[:4] = (np.inf, rt.th, rt.abs, rt.rel)
     if approx and kind != 3:  # llm-d's LRU shadow is bounded and keyed by hash per replica: no dense ids
         ids, M = _dense_ids(hs)
-    else:
-        ids, M = np.zeros(1, np.int64), 0
     if kind == 1:
         _, cdense = np.unique(cv, return_inverse=True)
         cdense = cdense.astype(np.int64)
         nconv = int(cdense.max()) + 1 if cdense.size else 0
-    else:
-        cdense, nconv = np.zeros(cv.shape[0], np.int64), 0
     use_events = hold is not None
     hd = np.zeros(T.shape[0]) if hold is None else np.ascontiguousarray(hold, np.float64)
     ph = np.zeros(1) if prefill_hold is None else np.ascontiguousarray(prefill_hold, np.float64)
     out = _fleet_kernel(
         T, np.ascontiguousarray(L, np.int64), off, hs, ids, M, cdense, nconv, np.ascontiguousarray(tm, np.float64),
         hd, use_events, np.asarray(Ns, np.int64), b, engine_flag, kind, approx, metric_prefill, fp, float(lag),
-        rt.rng, ph, prefill_hold is not None, float(hts),
+        rng, ph, prefill_hold is not None, float(hts),
     )  # fmt: skip
     rep, hit, new, wait, rej, ops, rops = out
     return rep, hit, new, wait, rej, int(ops), int(rops)
