@@ -172,14 +172,12 @@ def sampling_se(thresholds, id_rank, id_lookups, weights, rate: float, Ns) -> np
     g = np.asarray(id_lookups, np.float64)
     w = np.ones(thr.shape[0]) / rate if weights is None else np.asarray(weights, np.float64)
     cold = g > 0
-    o = np.argsort(thr, kind="stable")
-    ts = thr[o]
-    j = np.searchsorted(ts, Ns, side="right")
-    A = np.concatenate([[0.0], np.cumsum(w[o])])[j]
+    # three sums over the lookups with t ≤ N, each one bucket pass (no sort of the thresholds)
+    A = content_curve_from_thresholds(thr, w, Ns)
     B = float(w.sum())
     F = A / B
-    S2 = np.concatenate([[0.0], np.cumsum(np.where(cold, 2 * r - 1, 0.0)[o])])[j]
-    S1 = np.concatenate([[0.0], np.cumsum(np.where(cold, g, 0.0)[o])])[j]
+    S2 = content_curve_from_thresholds(thr, np.where(cold, 2 * r - 1, 0.0), Ns)
+    S1 = content_curve_from_thresholds(thr, np.where(cold, g, 0.0), Ns)
     # Σ_j n_j² over the kept cold ids: each lookup of id j adds n_j, so Σ_a n_{j(a)} = Σ_j n_j²
     S0 = float(g[cold].sum())
     var = (1.0 - rate) / rate**2 * np.maximum(S2 - 2 * F * S1 + F * F * S0, 0.0) / B**2
