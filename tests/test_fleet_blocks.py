@@ -334,6 +334,50 @@ def test_fleet_simulate_blocks_trace_prints_the_estimate(monkeypatch, tmp_path):
     assert row["estimate_method"] == "stay-model+agentic-per-replica"
 
 
+def test_fleet_simulate_replays_and_replay_se(monkeypatch, tmp_path):
+    """``--replays K`` sets how many exact replays stand behind a block-id row (their mean, by a direct loop over
+    simulate_fleet); ``--replay-se S`` keeps drawing until s/√K ≤ S: the row's K is the first K ≥ --replays whose
+    standard error (of the direct replays) is ≤ S, and its estimate the mean of those K; where the replay budget
+    stops it first, a note says the target was not reached; bad values are refused in one line, exit 2."""
+    import shutil
+
+    import kvhit.fleet.blocks as fb
+
+    for f in WEKA3:
+        shutil.copy(DATA / f, tmp_path / f)
+    wk = read_production(tmp_path)
+    base = ["fleet", "simulate", "--blocks-trace", str(tmp_path), "--replicas", "2", "--N", "1500", "--router",
+            "round-robin", "--seed", "1", "--json"]  # fmt: skip
+    r = runner.invoke(app, [*base, "--replays", "4"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)["rows"][0]
+    H = _direct_replays(wk, "round-robin", [1500, 1500], seed=1, K=40)
+    assert row["estimate_band"]["replays"] == 4 and row["estimate"] == pytest.approx(H[:4].mean(), abs=1e-12)
+    se = np.array([H[:k].std(ddof=1) / np.sqrt(k) for k in range(2, 41)])  # se[k - 2]: after k replays
+    later = se[5 - 2 : 30 - 1]
+    S = float(later[later < se[4 - 2]].max())  # a target not met at 4 replays, first met at some K in (4, 30]
+    K = 4 + int(np.flatnonzero(se[4 - 2 :] <= S)[0])
+    assert 4 < K <= 30
+    r = runner.invoke(app, [*base, "--replays", "4", "--replay-se", repr(S)])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)["rows"][0]
+    assert row["estimate_band"]["replays"] == K and row["estimate"] == pytest.approx(H[:K].mean(), abs=1e-12)
+    assert row["estimate_se"] == pytest.approx(se[K - 2], abs=1e-12) and row["estimate_se"] <= S
+    # the budget allows 6 replays: the target is not reached, and the row says so
+    monkeypatch.setattr(fb, "REPLAY_MAX_ACCESSES", 6 * int(wk.full_blocks.sum()))
+    r = runner.invoke(app, [*base, "--replays", "4", "--replay-se", "1e-6"])
+    out = json.loads(r.stdout)
+    band = out["rows"][0]["estimate_band"]
+    assert band["replays"] == 6 and out["rows"][0]["estimate"] == pytest.approx(H[:6].mean(), abs=1e-12)
+    assert any("--replay-se 1e-06 not reached" in n for n in band["notes"])
+    r = runner.invoke(app, [*base[:-1], "--replays", "4", "--replay-se", "1e-6"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "round-robin, R = 2: --replay-se 1e-06 not reached" in r.output, r.output
+    for args, flag in ((["--replays", "1"], "--replays"), (["--replay-se", "0"], "--replay-se"),
+                       (["--replay-se", "0.5"], "--replay-se")):  # fmt: skip
+        r = runner.invoke(app, [*base, *args])
+        assert r.exit_code == 2 and flag in r.output and "Traceback" not in r.output, r.output
+
+
 def test_fleet_simulate_blocks_trace_estimates_under_timing(monkeypatch, tmp_path):
     """``fleet simulate --blocks-trace`` with the timing flags: the row's estimate is the mean of the exact replays
     run under the same timing (a direct loop with holds by hand), with its band; where the replays are not affordable

@@ -149,6 +149,8 @@ def fleet_simulate(
     load_metric: LoadMetricO = None,
     kv_mode: KvModeO = None,
     no_estimates: Annotated[bool, typer.Option("--no-estimates", help="Skip the fleet estimator.")] = False,
+    replays: Annotated[int, _fopt("replays", "--replays")] = FR.model_fields["replays"].default,
+    replay_se: Annotated[float | None, _fopt("replay_se", "--replay-se")] = None,
     plot: Annotated[Path | None, _fopt("plot", "--plot")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -198,6 +200,10 @@ def fleet_simulate(
                 style="italic",
             )
         )
+        for r in res.rows:  # a --replay-se target the replay budget stopped short of
+            for n in (r.get("estimate_band") or {}).get("notes", []):
+                if n.startswith("--replay-se"):
+                    console.print(Text(f"note: {r['router']}, R = {r['replicas']}: {n}", style="italic"))
     _print_notes(res.notes, style="italic")
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))

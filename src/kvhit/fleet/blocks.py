@@ -67,6 +67,7 @@ __all__ = [
     "draw_fleet_starts",
     "fleet_band_blocks",
     "fleet_replays_blocks",
+    "max_affordable_replays",
     "kv_routes_blocks",
     "replays_affordable",
     "replay_timing",
@@ -271,6 +272,12 @@ def replays_affordable(pt, replays: int) -> bool:
     runs compiled: the KV-aware fleet pass, or an oblivious router per replica or, with hit-token savings, through
     the fleet pass with its routes fixed in advance)."""
     return int(replays) * int(np.asarray(pt.full_blocks, np.int64).sum()) <= REPLAY_MAX_ACCESSES
+
+
+def max_affordable_replays(pt, cap: int = 1024) -> int:
+    """The most replays of ``pt`` within :data:`REPLAY_MAX_ACCESSES` block accesses, at most ``cap``."""
+    n = max(int(np.asarray(pt.full_blocks, np.int64).sum()), 1)
+    return int(min(int(cap), REPLAY_MAX_ACCESSES // n))
 
 
 def replay_timing(speed=None, timing=None):

@@ -17,9 +17,10 @@ lengths. NOT modelled: see :mod:`kvhit.fleet.simulate`.
 Estimates (docs/estimators.md §6): round-robin/random/session rows without holds get
 :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
 :func:`kvhit.fleet.estimate.estimate_fleet_kv` (the stay model, with the run's holds, capacities, parameters and
-seed). On ``--blocks-trace`` (§6, block-id traces) the expected value is the mean of :data:`BAND_REPLAYS` exact
-fleet replays at redrawn start times when they are affordable (:func:`kvhit.fleet.blocks.replays_affordable`: any
-router, under the run's whole timing — holds, decode time, prefill overhead, prefill-done events, hit-token savings,
+seed). On ``--blocks-trace`` (§6, block-id traces) the expected value is the mean of ``replays`` (default
+:data:`BAND_REPLAYS`; more until a standard error with ``replay_se``) exact fleet replays at redrawn start times
+when they are affordable (:func:`kvhit.fleet.blocks.replays_affordable`:
+any router, under the run's whole timing — holds, decode time, prefill overhead, prefill-done events, hit-token savings,
 decode KV — computed from each re-timed trace's own lengths, with the run's lag, parameters and seed;
 ``estimate_method`` ``replay-mean``, ``estimate_se`` its Monte Carlo standard error, ``estimate_band`` the band for
 one realisation from the same replays, :func:`kvhit.fleet.blocks.fleet_band_blocks`); otherwise the same rows as
@@ -197,6 +198,14 @@ class FleetWorkloadFields(FleetRouterFields):
         return v
 
 
+#: exact fleet replays behind the realisation band of a block-id row (docs/estimators.md §6, block-id traces): the
+#: default of ``--replays``
+BAND_REPLAYS = 16
+#: the most replays ``--replay-se`` may draw (within the replay budget,
+#: :func:`kvhit.fleet.blocks.max_affordable_replays`)
+MAX_REPLAYS = 1024
+
+
 class FleetRequest(FleetWorkloadFields):
     """The inputs of ``kvhit fleet simulate``, validated: each field's description states its unit, range and
     default."""
@@ -220,8 +229,25 @@ class FleetRequest(FleetWorkloadFields):
         "sticky rows, the fleet estimators (docs/estimators.md §6); others get none, with a note.",
     )
     plot: Path | None = Field(None, description="Write hit ratio vs R per router to PLOT.png/.svg; default: none.")
+    replays: int = Field(
+        BAND_REPLAYS,
+        ge=2,
+        le=4096,
+        description="--blocks-trace: exact fleet replays at redrawn start times behind a row's expected value and "
+        "band (docs/estimators.md §6, block-id traces); integer in [2, 4096]; default 16. The expected value's Monte "
+        "Carlo error is s/√K (printed as replay ±se).",
+    )
+    replay_se: float | None = Field(
+        None,
+        gt=0,
+        le=0.1,
+        description="--blocks-trace: after --replays, keep replaying until the expected value's standard error "
+        "s/√K is at most this, or the replay budget (10⁸ block accesses, at most 1,024 replays) is spent; in (0, "
+        "0.1]; default: off (exactly --replays). E.g. 0.003 for an expected value within ±0.006 (2 se).",
+    )
 
-    FLAGS = {"N": "--N", "replicas": "--replicas", "router": "--router", "blocks_trace": "--blocks-trace"}
+    FLAGS = {"N": "--N", "replicas": "--replicas", "router": "--router", "blocks_trace": "--blocks-trace",
+             "replay_se": "--replay-se"}  # fmt: skip
 
 
 class FleetResponse(Response):
@@ -479,8 +505,6 @@ def _kv_unmodelled(req: FleetRequest, name: str, params: dict, hold) -> str | No
     return None
 
 
-#: exact fleet replays behind the realisation band of a block-id row (docs/estimators.md §6, block-id traces)
-BAND_REPLAYS = 16
 #: the timing options the replays model (each replay is the simulator under the run's timing) and the per-replica
 #: estimators do not
 TIMING_FLAGS = ("decode_tokens_per_s", "prefill_hold", "hit_token_seconds", "prefill_overhead_s", "decode_kv")
@@ -490,9 +514,10 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
     """A ``--blocks-trace`` row: ``(estimate, None)`` with the estimate a dict (``h``, ``method``, ``se``, the band
     for one realisation of the start times where it applies, ``validated``), or ``(None, reason)``.
 
-    The replay rule (:func:`kvhit.fleet.blocks.replays_affordable`): when :data:`BAND_REPLAYS` exact fleet replays
-    at redrawn start times cost at most :data:`kvhit.fleet.blocks.REPLAY_MAX_ACCESSES` block accesses, the expected
-    value is their mean (``method`` ``replay-mean``, ``se`` its Monte Carlo standard error) and the band comes from
+    The replay rule (:func:`kvhit.fleet.blocks.replays_affordable`): when ``req.replays`` (default
+    :data:`BAND_REPLAYS`; more, until ``req.replay_se`` is reached, within the budget) exact fleet replays at redrawn
+    start times cost at most :data:`kvhit.fleet.blocks.REPLAY_MAX_ACCESSES` block accesses, the expected value is
+    their mean (``method`` ``replay-mean``, ``se`` its Monte Carlo standard error) and the band comes from
     the same replays — for every router the simulator runs and every timing option (the replays are the simulator
     itself under the run's :class:`~kvhit.fleet.timing.FleetTiming` ``tmg``, lag, parameters and seed). Otherwise
     the per-replica estimator answers (oblivious routers: the simulated routing; KV-aware: the stay model's routing,
@@ -503,18 +528,25 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
         estimate_fleet_blocks,
         fleet_band_blocks,
         kv_routes_blocks,
+        max_affordable_replays,
         replays_affordable,
         stay_probabilities_blocks,
     )
 
     pt = wl.source
     st = wl.stream
-    if pt.session is not None and replays_affordable(pt, BAND_REPLAYS):
+    if pt.session is not None and replays_affordable(pt, req.replays):
+        K_max = max(max_affordable_replays(pt, cap=MAX_REPLAYS), req.replays) if req.replay_se else req.replays
         with translating("estimate"):
             band = fleet_band_blocks(
-                pt, name, Ns, engine=req.engine, router_params=params, lag=req.lag, replays=BAND_REPLAYS,
-                seed=req.seed, timing=tmg,
+                pt, name, Ns, engine=req.engine, router_params=params, lag=req.lag, replays=req.replays,
+                seed=req.seed, timing=tmg, se_target=req.replay_se, max_replays=K_max,
             )  # fmt: skip
+        if req.replay_se is not None and band["h_se"] > req.replay_se:
+            band["notes"].append(
+                f"--replay-se {req.replay_se:g} not reached: standard error {band['h_se']:.4f} after "
+                f"{band['replays']} replays (the replay budget)"
+            )
         return {"h": band["h_mc"], "method": band["method"], "se": band["h_se"], "validated": False, "band": band}, None
     extra = [f for f in TIMING_FLAGS if getattr(req, f)]
     if extra:  # the per-replica estimators hold T/speed at most: they would answer a different setting
