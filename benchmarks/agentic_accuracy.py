@@ -239,8 +239,9 @@ def chat(out: list) -> None:
 def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray]]:
     """(name, held_out, base trace read sequentially, draws). ``design-27``: trace_0001 … trace_0029 (the point
     estimator's design set; the band was developed on it); ``held-35a/b/c``: 35 conversations drawn with
-    replacement (seeds 100 / 101 / 102 / 103; ``held-35c`` added after the start-bin rule was fixed, ``held-35d`` after
-    the replays' order option was coded, issue 23 §2) from
+    replacement (seeds 100 / 101 / 102 / 103 / 104; ``held-35c`` added after the start-bin rule was fixed, ``held-35d``
+    after the replays' order option was coded, issue 23 §2, ``held-35e`` after the ``keep-span`` law was coded and
+    the rule choosing the default fixed, docs/estimators.md §4.1) from
     the 7 held-out files trace_0030 … trace_0037, ids re-namespaced per draw (each copy is a distinct
     conversation: only 7 held-out files exist, so a held-out pool of 30–40 must repeat shapes); ``all-34``: every
     stored file (27 design + 7 held-out; not held out for the point estimator)."""
@@ -249,7 +250,7 @@ def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray
     out.append(("design-27", False, d, np.arange(int(d.session.max()) + 1)))
     h = read_weka(weka_files(True))
     Ch = int(h.session.max()) + 1
-    for tag, s in (("a", 100), ("b", 101), ("c", 102), ("d", 103))[: 1 if quick else 4]:
+    for tag, s in (("a", 100), ("b", 101), ("c", 102), ("d", 103), ("e", 104))[: 1 if quick else 5]:
         out.append((f"held-35{tag}", True, h, np.random.default_rng(s).integers(0, Ch, 35)))
     if not quick:
         a = read_weka(sorted(str(p) for p in WEKA.glob("trace_*.json")))
@@ -286,7 +287,8 @@ def band_rows(
 ):
     """``seeds_mean`` realisations with an estimate; the simulated mean of target (b) is over ``sim_seeds``
     (≥ ``seeds_mean``, default equal) realisations: more simulated seeds shrink the reference's own error.
-    ``orders``: the replays' start orders (``keep`` / ``random``), one row each on the same seeds and references."""
+    ``orders``: the replays' start laws (``keep`` / ``random`` / ``keep-span``), one row each on the same seeds and
+    references."""
     from kvhit.estimate.band import DEFAULT_ORDER, estimate_trace_band
 
     orders = list(orders or [DEFAULT_ORDER])
@@ -588,7 +590,7 @@ def main() -> None:
         "--band-orders",
         nargs="*",
         default=None,
-        help="band: the replays' start orders, one row each on the same seeds (keep random; default the band's)",
+        help="band: the replays' start laws, one row each on the same seeds (keep random keep-span; default the band's)",
     )
     ap.add_argument("--level", type=float, default=0.9, help="band: level")
     ap.add_argument("--engines", nargs="*", default=None, help="band: vllm vllm-0.23 (default both; --quick vllm)")

@@ -137,6 +137,32 @@ def test_replays_equal_the_exact_simulator(pt, order):
             assert H[k, j] == pytest.approx(token_hit_ratio(res), abs=1e-12)
 
 
+def test_keep_span_replays_by_hand(pt):
+    """order="keep-span": each replay's starts are C uniform draws on [min − d, max + d], d = (max − min)/(C − 1),
+    sorted and handed out in the observed order (ties by session id) — computed here by hand, replayed by the slow
+    exact simulator; the widened span is used (not [min, max]) and the order is the observed one."""
+    N_min = int(pt.prompt_blocks.max())
+    Ns = np.array([N_min, 2 * N_min])
+    H = realisation_replays(pt, Ns, replays=3, seed=5, order="keep-span")
+    first = _first(pt)
+    C = first.shape[0]
+    lo, hi = first.min(), first.max()
+    d = (hi - lo) / (C - 1)
+    rng = np.random.default_rng(5)
+    for k in range(3):
+        x = np.sort(rng.uniform(lo - d, hi + d, C))
+        starts = np.empty(C)
+        for rank, i in enumerate(sorted(range(C), key=lambda i: (first[i], i))):
+            starts[i] = x[rank]
+        rq = restart_sessions(pt, starts).to_block_requests()
+        for j in (0, 1):
+            res = simulate_block(rq.prompt_tokens, rq.hash_offsets, rq.hashes, N=int(Ns[j]), block_size=rq.block_size)
+            assert H[k, j] == pytest.approx(token_hit_ratio(res), abs=1e-12)
+    assert not np.array_equal(H, realisation_replays(pt, Ns, replays=3, seed=5, order="keep"))
+    est, _ = estimate_trace_band(pt, Ns, replays=3, seed=5, order="keep-span")
+    assert est.band["order"] == "keep-span" and est.h_mc == pytest.approx(H.mean(axis=0), abs=1e-12)
+
+
 def test_band_is_B1_by_hand_and_reproducible(pt):
     N_min = int(pt.prompt_blocks.max())
     Ns = np.array([N_min // 2, N_min, 2 * N_min, 8 * N_min])

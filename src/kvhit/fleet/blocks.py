@@ -54,6 +54,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# the replays' start-time law lives with the single-replica band (one law for both, docs/estimators.md §4.1 and §6),
+# re-exported here under its fleet names
+from kvhit.estimate.band import UNIFORM_KS_LEVEL, start_law
+from kvhit.estimate.band import draw_span_starts as draw_fleet_starts
+
 __all__ = [
     "FleetBlocksEstimate",
     "estimate_fleet_blocks",
@@ -334,53 +339,6 @@ def _fleet_ratios(p2, router, caps, *, engine, router_params, speed=None, lag, s
         )  # fmt: skip
         out[i] = res.token_hit_ratio()
     return out
-
-
-#: The start-time law of the replays: the sessions' start times are taken as uniform on their range unless a
-#: Kolmogorov–Smirnov test rejects uniformity at this level, then the estimator's histogram (``draw_starts``).
-UNIFORM_KS_LEVEL = 0.05
-
-
-def start_law(first) -> str:
-    """``"uniform"`` or ``"histogram"``: the law :func:`fleet_replays_blocks` redraws session starts from. A
-    histogram with ≈ √C bins fitted to C starts is lumpier than the process that drew them (its bins' counts
-    vary by ±√(C/bins)), and replays at lumpier starts overlap more and hit less: on the held-out WEKA pool
-    ``held-35a`` (uniform starts, R = 2 round-robin, 8 seeds) the histogram's replay mean was 0.008–0.010 below the
-    simulated mean, one bin (uniform on ``[min, max]``) within 0.0023. So the histogram is used only where the data
-    show structure: a KS test of uniformity on ``[min, max]`` rejected at :data:`UNIFORM_KS_LEVEL` (or fewer than 3
-    sessions: uniform)."""
-    f = np.asarray(first, float)
-    lo, hi = float(f.min()), float(f.max())
-    if f.shape[0] < 3 or hi <= lo:
-        return "uniform"
-    from scipy.stats import kstest
-
-    return "histogram" if kstest(f, "uniform", args=(lo, hi - lo)).pvalue < UNIFORM_KS_LEVEL else "uniform"
-
-
-def draw_fleet_starts(first, rng: np.random.Generator, law: str) -> np.ndarray:
-    """C start times that keep the sessions' observed order: C draws sorted and handed out by the rank of
-    ``first`` (ties by session id). ``"uniform"`` — i.i.d. uniform on ``[min − d, max + d]``, ``d = (max − min)/(C −
-    1)`` (the unbiased estimate of a uniform law's support from C draws; ``[min, max]`` alone would pack the sessions
-    (C + 1)/(C − 1) times denser); ``"histogram"`` — :func:`kvhit.estimate.band.draw_starts` (the estimator's start
-    density). Keeping the order conditions the replays on which conversations follow which — the statistic that
-    decides a small pool's ratio (issue 23: shuffling which conversation gets which start moved one realisation's
-    error from 0.059 to 0.005): the replays' mean is then E[h | order], whose mean over realisations is still E[h],
-    and it follows a process whose order is not random (the benchmark's Poisson starts hand the k-th draw the k-th
-    start: the unordered uniform law missed their mean by 0.014–0.026 on held-35a, R = 2). The widened uniform law
-    is, up to a jitter of the span (sd ≈ 4 % at C = 35), the exact conditional law of i.i.d. uniform starts and of
-    the benchmark's ordered Poisson starts given the order and the first and last start (the inner starts uniform
-    between them), whose replay mean is unbiased for E[h]: the two gave means ≤ 0.001 apart on held-35new
-    (``benchmarks/fleet_bias_diagnosis.py --law``)."""
-    from kvhit.estimate.band import draw_starts, keep_order
-
-    f = np.asarray(first, float)
-    if law == "histogram":
-        return draw_starts(f, rng, order="keep")
-    C = f.shape[0]
-    lo, hi = float(f.min()), float(f.max())
-    d = (hi - lo) / (C - 1) if C > 1 else 0.0
-    return keep_order(f, rng.uniform(lo - d, hi + d, C))
 
 
 def fleet_replays_blocks(
