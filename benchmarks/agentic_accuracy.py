@@ -590,7 +590,8 @@ def main() -> None:
         "--band-orders",
         nargs="*",
         default=None,
-        help="band: the replays' start laws, one row each on the same seeds (keep random keep-span; default the band's)",
+        help="band: the replays' start laws, one row each on the same seeds (keep random keep-span; "
+        "default the band's)",
     )
     ap.add_argument("--level", type=float, default=0.9, help="band: level")
     ap.add_argument("--engines", nargs="*", default=None, help="band: vllm vllm-0.23 (default both; --quick vllm)")
