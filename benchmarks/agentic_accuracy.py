@@ -239,9 +239,10 @@ def chat(out: list) -> None:
 def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray]]:
     """(name, held_out, base trace read sequentially, draws). ``design-27``: trace_0001 … trace_0029 (the point
     estimator's design set; the band was developed on it); ``held-35a/b/c``: 35 conversations drawn with
-    replacement (seeds 100 / 101 / 102 / 103 / 104; ``held-35c`` added after the start-bin rule was fixed, ``held-35d``
-    after the replays' order option was coded, issue 23 §2, ``held-35e`` after the ``keep-span`` law was coded and
-    the rule choosing the default fixed, docs/estimators.md §4.1) from
+    replacement (seeds 100 / 101 / 102 / 103 / 104 / 105; ``held-35c`` added after the start-bin rule was fixed,
+    ``held-35d`` after the replays' order option was coded, issue 23 §2, ``held-35e`` after the ``keep-span`` law was
+    coded and the rule choosing the default fixed, ``held-35f`` after that rule failed on held-35e and a second rule
+    was fixed, docs/estimators.md §4.1) from
     the 7 held-out files trace_0030 … trace_0037, ids re-namespaced per draw (each copy is a distinct
     conversation: only 7 held-out files exist, so a held-out pool of 30–40 must repeat shapes); ``all-34``: every
     stored file (27 design + 7 held-out; not held out for the point estimator)."""
@@ -250,7 +251,7 @@ def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray
     out.append(("design-27", False, d, np.arange(int(d.session.max()) + 1)))
     h = read_weka(weka_files(True))
     Ch = int(h.session.max()) + 1
-    for tag, s in (("a", 100), ("b", 101), ("c", 102), ("d", 103), ("e", 104))[: 1 if quick else 5]:
+    for tag, s in (("a", 100), ("b", 101), ("c", 102), ("d", 103), ("e", 104), ("f", 105))[: 1 if quick else 6]:
         out.append((f"held-35{tag}", True, h, np.random.default_rng(s).integers(0, Ch, 35)))
     if not quick:
         a = read_weka(sorted(str(p) for p in WEKA.glob("trace_*.json")))
