@@ -198,7 +198,13 @@ def estimate_tiers(
             if mask is not None and not mask.any():
                 continue
             gpu[sel] = estimate_trace(u, Ns[sel], engine=engine, lam0=lam0, mask=mask, **kw).h
-        hit = gpu[:, None] + host
+        # the CPU term's own law grid differs from the GPU term's by ~1e-7: the sum is kept under the ceiling
+        ceil = np.full(Ns.shape[0], np.nan)
+        for i, N in enumerate(Ns):
+            use = (u.prompt_blocks <= N) & (True if meas is None else meas)
+            if use.any():
+                ceil[i] = float(u.reusable[use].sum()) * b / float(u.prompt_tokens[use].sum())
+        hit = np.minimum(gpu[:, None] + host, np.maximum(ceil, gpu)[:, None])
         return TierEstimate(
             tier=tier,
             hbm_blocks=Ns,
