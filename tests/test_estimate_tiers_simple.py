@@ -114,6 +114,24 @@ def _cdf(Hb, row, z):
     return 0.0 if z < 0 else H(z + 1) - H(z)
 
 
+def _histories(u, seg_of, q_hit, j1, x, S_of):
+    """[(probability, S)] over every GPU hit/miss history of block ``x`` back from ``j1`` (recursively)."""
+    res = []
+
+    def walk(j, prob):
+        sj = seg_of.get((j, x))
+        if sj is None:
+            res.append((prob, S_of(j)))
+            return
+        q = q_hit(sj, x)
+        res.append((prob * (1 - q), S_of(j)))
+        if prob * q >= 1e-9 and q > 0:
+            walk(u.seg_src[sj], prob * q)
+
+    walk(j1, 1.0)
+    return res
+
+
 def _reference(u, Hb, seg_row, c0, N, C, use):
     n = u.n
     seg_of = {}  # (request, block) → segment index, where the GPU can hit it
@@ -158,36 +176,20 @@ def _reference(u, Hb, seg_row, c0, N, C, use):
             kap = max(d1 / meanD, 1e-9) if meanD > 0 else 1.0
             n0 = N - c0[s]
 
-            def chains(x):  # [(probability, S)] over every hit/miss history of x back from j1
-                res = []
-
-                def walk(j, p):
-                    sj = seg_of.get((j, x))
-                    S = D_H(j, r) - d1
-                    if sj is None:
-                        res.append((p, S))
-                        return
-                    q = q_hit(sj, x)
-                    res.append((p * (1 - q), S))
-                    if p * q >= 1e-9 and q > 0:
-                        walk(u.seg_src[sj], p * q)
-
-                walk(j1, 1.0)
-                return res
-
             for x in range(s0, s1):
                 room = C - 1.0 - u.full_blocks[j1] + x
                 if room < 0:
                     continue
+                hist = _histories(u, seg_of, q_hit, j1, x, lambda j, r=r, d1=d1: D_H(j, r) - d1)
                 if x == s0:
-                    for p, S in chains(x):
+                    for p, S in hist:
                         t = (room - S) / kap
                         if t > n0:
                             out[r] += (s1 - x) * p * (_cdf(Hb, row, t) - _cdf(Hb, row, n0))
                 else:
                     d = n0 - (x - s0) + 1
                     pb = _cdf(Hb, row, d) - _cdf(Hb, row, d - 1)
-                    out[r] += (s1 - x) * pb * sum(p for p, S in chains(x) if kap * d + S <= room)
+                    out[r] += (s1 - x) * pb * sum(p for p, S in hist if kap * d + S <= room)
     return g, out
 
 
