@@ -52,8 +52,9 @@ ratio is over admitted requests (``mask`` of the estimator, per distinct admitte
 NOT modelled (biases, measured in ``benchmarks/tiers_accuracy.py``): native — GPU-hit chunks below a load are not
 refreshed on the host (their recency is older than assumed), the joint law of the two displacements when they differ
 (a request that stores nothing displaces the GPU, not the host), ARC, ``store_threshold``, decode chunks; simple
-eager — the CPU's store-time recency (a GPU hit does not refresh the CPU copy) and its head-first eviction inside a
-request (CPU blocks are freed in prefix order), the GPU free-order change of the finish-time flush; LMCache —
+eager with ``simple_model="onedim"`` — the CPU's store-time recency (a GPU hit does not refresh the CPU copy) and
+its head-first eviction inside a request (CPU blocks are freed in prefix order), both modelled by the default
+``"recency"`` (:mod:`kvhit.estimate.tiers_simple`), and in both the GPU free-order change of the stores; LMCache —
 resident chunks beyond a lookup miss are not touched, the one token not loaded when the whole prompt is found;
 timing (holds).
 """

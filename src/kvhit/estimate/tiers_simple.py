@@ -16,24 +16,28 @@ of ``kvhit.estimate.agentic``, hit condition (A1) with the tabulated law of the 
   the CPU's LRU order: ``F_{j_1} − 1 − x`` own blocks. The CPU holds a *suffix* of the chain, so the CPU serves
   ``[x, s1)`` whole iff it still holds ``x``, else nothing:
 
-      ρ·(D_1 + S_m) + D_same ≤ C − 1 − F_{j_1} + x,
+      κ·D_1 + S_m + D_same ≤ C − 1 − F_{j_1} + x,
 
   ``m`` the step of the chain ``j_1, j_2, …`` (the earlier toucher of ``x`` at each step) at which ``x`` was last
-  refreshed (the GPU missed it there, or it was new), ``S_m = Σ_{l<m} E[D_l | D_l ≤ n_l(x)]`` the GPU
-  displacements of the gaps in which the GPU hit ``x`` (no CPU refresh), and ``ρ(N) = Σ (F − E g) / Σ F`` the
-  share of block touches that the GPU misses (the CPU's insertion rate per unit of GPU displacement).
-  ``P(m) = (1 − q_m) Π_{l<m} q_l`` with ``q_l = P(D_l ≤ n_l(x))`` (the gaps independent).
-* Expected served blocks of the segment = ``E[g] + Σ_x P(boundary = x)·(s1 − x)·Σ_m P(m)·1[·]`` (for ``x = s0``
-  the CPU condition is a threshold on ``D_1`` over ``D_1 > n_1(s0)``).
+  refreshed (the GPU missed it there, or it was new): ``P(m) = (1 − q_m) Π_{l<m} q_l`` with ``q_l = P(D_l ≤
+  n_l(x))`` (that step's segment law and threshold; the gaps independent). The CPU's displacement is counted in
+  CPU *insertions*: request ``q`` inserts ``E[F_q − g_q]`` blocks (the GPU's expected misses), less what its
+  stream's previous request inserted too when both are in the window; other sessions only. ``D_H(j, r)`` = that
+  count strictly between ``j`` and ``r``. Over the last gap it is tied to the GPU's ``D_1``: ``κ = D_H(j_1, r) /
+  E[D_1]``; before it, the deterministic ``S_m = D_H(j_m, r) − D_H(j_1, r)``.
+* Expected CPU-served blocks of the segment = ``Σ_x P(boundary = x)·(s1 − x)·Σ_m P(m)·1[·]`` (for ``x = s0`` the
+  CPU condition is a threshold on ``D_1`` over ``D_1 > n_1(s0)``). :func:`kvhit.estimate.tiers.estimate_tiers`
+  adds it to the single-tier estimator ``h_G``.
 
 Invariant: ``h_G(N) ≤ h(N, C) ≤`` the ceiling, ``h(N, 0) = h(N, 1) = h_G(N)`` (a 1-block CPU pool is the null
 block only), and ``h`` is non-decreasing in ``C`` (every threshold grows with ``C``).
 
-Not modelled: a GPU-hit block re-stored because the CPU had lost it (ρ counts GPU misses only); the stale CPU tail
-left when a refresh re-stores an evicted head (the suffix order is then broken); CPU blocks present beyond a CPU
-miss that are recomputed without a refresh; the finish-time flush's GPU free-order change; the joint law of the
-gap displacements (independent, the earlier gaps at their conditional mean); the run across segments (each
-segment on its own); timing (holds).
+Not modelled: a GPU-hit block re-stored because the CPU had lost it (insertions count GPU misses only); the stale
+CPU tail left when a refresh re-stores an evicted head (the suffix order is then broken); CPU blocks present beyond
+a CPU miss that are recomputed without a refresh; the eager stores' GPU free-order change (stored blocks are freed
+head first after the request's own free: near ``N_min`` with a CPU smaller than the largest requests it dominates
+and the estimate is too high, docs §5.2); the joint law of the gap displacements (independent, the earlier gaps
+deterministic); the run across segments (each segment on its own); timing (holds).
 """
 
 from __future__ import annotations
