@@ -70,10 +70,15 @@ def _hand(d2, d4, Cs):
 def test_hand_boundary_refreshed_at_the_last_request():
     # D4 = 7: the GPU hits blocks i ≤ 9 − 7 = 2 (g = 3), the boundary is block 3. At request 2 the GPU missed it
     # (D2 = 8 > 9 − 3), so its CPU copy was refreshed there: window (t2, t4) holds C's 2 inserted blocks, κ = 2/7,
-    # κ·D4 = 2; above block 3 on the CPU: F2 − 1 − 3 = 2 own blocks; served iff 2 ≤ C − 1 − 6 + 3, i.e. C ≥ 6
-    g, h, rho = _hand(8, 7, [5, 6, 100])
+    # κ·D4 = 2; above block 3 on the CPU: F2 − 1 − 3 = 2 own blocks; served iff 2 ≤ C − 1 − 6 + 3, i.e. C ≥ 6 —
+    # but request 2 stored at most C − 1 blocks from its head: at C = 6 blocks 0–4 (block 5 never reached the CPU:
+    # 2 blocks served, 3 − 1 own above), at C ≥ 7 all 6; at C = 4 blocks 0–2 (block 3 is not on the CPU)
+    g, h, rho = _hand(8, 7, [4, 6, 7, 100])
     assert g[4] == pytest.approx(3.0)
-    assert h[4].tolist() == pytest.approx([0.0, 3.0, 3.0])
+    assert h[4].tolist() == pytest.approx([0.0, 2.0, 3.0, 3.0])
+    # C = 5: request 2 stored at most C − 1 = 4 blocks, [0, 4): the CPU can serve block 3 only, with
+    # min(F2, 4) − 1 − 3 = 0 own blocks above it: served iff 2 ≤ 5 − 1 − 4 + 3
+    assert _hand(8, 7, [5])[1][4].tolist() == pytest.approx([1.0])
     # ρ: request 2's GPU hits (D2 = 8: blocks i ≤ 1, two) and request 4's 3, of the 23 full blocks
     assert rho == pytest.approx(1 - 5 / 23)
 
@@ -148,7 +153,7 @@ def _reference(u, Hb, seg_row, c0, N, C, use):
         for s in range(u.seg_off[r], u.seg_off[r + 1]):
             for x in range(u.seg_start[s], min(u.seg_end[s], u.hit_cap[r])):
                 g[r] += q_hit(s, x)
-    push = np.maximum(u.full_blocks - g, 0)
+    push = np.minimum(np.maximum(u.full_blocks - g, 0), C - 1)  # a request stores at most C − 1 blocks
 
     def D_H(j, r):  # distinct other-session insertions strictly between j and r (consecutive overlaps removed)
         tot = 0.0
@@ -176,20 +181,22 @@ def _reference(u, Hb, seg_row, c0, N, C, use):
             kap = max(d1 / meanD, 1e-9) if meanD > 0 else 1.0
             n0 = N - c0[s]
 
+            Feff = min(u.full_blocks[j1], C - 1)
             for x in range(s0, s1):
-                room = C - 1.0 - u.full_blocks[j1] + x
-                if room < 0:
+                room = C - 1.0 - Feff + x
+                gain = min(s1, Feff) - x
+                if room < 0 or gain <= 0:
                     continue
                 hist = _histories(u, seg_of, q_hit, j1, x, lambda j, r=r, d1=d1: D_H(j, r) - d1)
                 if x == s0:
                     for p, S in hist:
                         t = (room - S) / kap
                         if t > n0:
-                            out[r] += (s1 - x) * p * (_cdf(Hb, row, t) - _cdf(Hb, row, n0))
+                            out[r] += gain * p * (_cdf(Hb, row, t) - _cdf(Hb, row, n0))
                 else:
                     d = n0 - (x - s0) + 1
                     pb = _cdf(Hb, row, d) - _cdf(Hb, row, d - 1)
-                    out[r] += (s1 - x) * pb * sum(p for p, S in hist if kap * d + S <= room)
+                    out[r] += gain * pb * sum(p for p, S in hist if kap * d + S <= room)
     return g, out
 
 

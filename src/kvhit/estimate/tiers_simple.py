@@ -13,21 +13,23 @@ of ``kvhit.estimate.agentic``, hit condition (A1) with the tabulated law of the 
   GPU-missed block (the *boundary*) is ``x = s0 + n_1(s0) + 1 − D_1`` clipped to the segment.
 * CPU order: the last refresh of a block is no older than that of the block before it (a GPU hit is a prefix),
   and inside one refresh the head is older, so every block ``i' > x`` of the source's prompt sits above ``x`` in
-  the CPU's LRU order: ``F_{j_1} − 1 − x`` own blocks. The CPU holds a *suffix* of the chain, so the CPU serves
-  ``[x, s1)`` whole iff it still holds ``x``, else nothing:
+  the CPU's LRU order. The CPU holds a *suffix* of the chain, so it serves ``[x, s1)`` whole iff it still holds
+  ``x``, else nothing. A request stores at most ``C − 1`` blocks from its head (a store takes at most the CPU's
+  free blocks and its own batch stays pinned), so only ``F′ = min(F_{j_1}, C − 1)`` blocks of the source reach the
+  CPU: it serves ``[x, min(s1, F′))``, with ``F′ − 1 − x`` own blocks above ``x``, iff
 
-      κ·D_1 + S_m + D_same ≤ C − 1 − F_{j_1} + x,
+      κ·D_1 + S_m + D_same ≤ C − 1 − F′ + x,
 
   ``m`` the step of the chain ``j_1, j_2, …`` (the earlier toucher of ``x`` at each step) at which ``x`` was last
   refreshed (the GPU missed it there, or it was new): ``P(m) = (1 − q_m) Π_{l<m} q_l`` with ``q_l = P(D_l ≤
   n_l(x))`` (that step's segment law and threshold; the gaps independent). The CPU's displacement is counted in
-  CPU *insertions*: request ``q`` inserts ``E[F_q − g_q]`` blocks (the GPU's expected misses), less what its
-  stream's previous request inserted too when both are in the window; other sessions only. ``D_H(j, r)`` = that
-  count strictly between ``j`` and ``r``. Over the last gap it is tied to the GPU's ``D_1``: ``κ = D_H(j_1, r) /
-  E[D_1]``; before it, the deterministic ``S_m = D_H(j_m, r) − D_H(j_1, r)``.
-* Expected CPU-served blocks of the segment = ``Σ_x P(boundary = x)·(s1 − x)·Σ_m P(m)·1[·]`` (for ``x = s0`` the
-  CPU condition is a threshold on ``D_1`` over ``D_1 > n_1(s0)``). :func:`kvhit.estimate.tiers.estimate_tiers`
-  adds it to the single-tier estimator ``h_G``.
+  CPU *insertions*: request ``q`` inserts ``min(E[F_q − g_q], C − 1)`` blocks (the GPU's expected misses), less
+  what its stream's previous request inserted too when both are in the window; other sessions only. ``D_H(j, r)``
+  = that count strictly between ``j`` and ``r``. Over the last gap it is tied to the GPU's ``D_1``: ``κ =
+  D_H(j_1, r) / E[D_1]``; before it, the deterministic ``S_m = D_H(j_m, r) − D_H(j_1, r)``.
+* Expected CPU-served blocks of the segment = ``Σ_x P(boundary = x)·(min(s1, F′) − x)⁺·Σ_m P(m)·1[·]`` (for
+  ``x = s0`` the CPU condition is a threshold on ``D_1`` over ``D_1 > n_1(s0)``).
+  :func:`kvhit.estimate.tiers.estimate_tiers` adds it to the single-tier estimator ``h_G``.
 
 Invariant: ``h_G(N) ≤ h(N, C) ≤`` the ceiling, ``h(N, 0) = h(N, 1) = h_G(N)`` (a 1-block CPU pool is the null
 block only), and ``h`` is non-decreasing in ``C`` (every threshold grows with ``C``).
@@ -170,10 +172,13 @@ def _eager_kernel(
                     if acc < 1e-9 or q <= 0.0:
                         break
                     j = seg_src[sj]
-                gain = float(s1 - x)
                 for k in range(nC):
-                    room = Cs[k] - 1.0 - Fj1 + x - ds  # κ·D_1 + S_m ≤ room
-                    if room < 0.0:
+                    # a request stores at most C − 1 blocks (the CPU's free count; its own pinned batch cannot
+                    # evict itself), head first: of j_1's prompt the CPU can hold [.., min(F_j1, C − 1)) only
+                    Feff = min(float(Fj1), Cs[k] - 1.0)
+                    gain = min(float(s1), Feff) - x
+                    room = Cs[k] - 1.0 - Feff + x - ds  # κ·D_1 + S_m ≤ room
+                    if room < 0.0 or gain <= 0.0:
                         continue
                     tot = 0.0
                     if x == s0:
@@ -214,19 +219,29 @@ def simple_eager_hits(u, table, c0, same, N: int, Cs: np.ndarray, use: np.ndarra
     _eager_kernel(Hb, delta, seg_row, seg_c0, u.seg_off, u.seg_start, s1cap, u.seg_src, F, np.ones(u.n, np.bool_),
                   seg_same, float(N), np.zeros(0), F * 0.0, F * 0.0, u.prev, u.session, mean_D, out_g,
                   np.zeros((u.n, 0)))  # fmt: skip
-    push = np.maximum(F - out_g, 0.0)
+    miss = np.maximum(F - out_g, 0.0)
     prev = u.prev.astype(np.int64)
     pp = np.maximum(prev, 0)
     # q's inserts [g_q, F_q) overlap its previous request's [g_p, F_p) on [max(g_q, g_p), F_p)
-    ov = np.where(prev >= 0, np.maximum(np.minimum(F[pp], F) - np.maximum(out_g, out_g[pp]), 0.0), 0.0)
-    ov = np.minimum(ov, push)
+    ov0 = np.where(prev >= 0, np.maximum(np.minimum(F[pp], F) - np.maximum(out_g, out_g[pp]), 0.0), 0.0)
     sess = u.session.astype(np.int64)
     tot = float(F.sum())
     rho = 1.0 - float(out_g.sum()) / tot if tot else 1.0
     out_g2 = np.zeros(u.n)
     out_h = np.zeros((u.n, Cs.shape[0]))
-    _eager_kernel(Hb, delta, seg_row, seg_c0, u.seg_off, u.seg_start, s1cap, u.seg_src, F, use, seg_same, float(N),
-                  Cs.astype(np.float64), push, ov, prev, sess, mean_D, out_g2, out_h)  # fmt: skip
+    # insertions per request capped at C − 1 (the store cap): one kernel pass per distinct cap that binds
+    top = float(miss.max()) if miss.size else 0.0
+    cap = np.minimum(Cs.astype(np.float64) - 1.0, top)
+    for cv in np.unique(cap):
+        ks = np.flatnonzero(cap == cv)
+        push = np.minimum(miss, cv)
+        ov = np.minimum(ov0, push)
+        g2 = np.zeros(u.n)
+        h2 = np.zeros((u.n, ks.shape[0]))
+        _eager_kernel(Hb, delta, seg_row, seg_c0, u.seg_off, u.seg_start, s1cap, u.seg_src, F, use, seg_same,
+                      float(N), Cs[ks].astype(np.float64), push, ov, prev, sess, mean_D, g2, h2)  # fmt: skip
+        out_g2 = g2
+        out_h[:, ks] = h2
     return out_g2, out_h, rho
 
 
