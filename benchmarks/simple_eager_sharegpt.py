@@ -5,9 +5,12 @@ Design used ShareGPT seed 0 and checked seed 1 (benchmarks/tiers_accuracy.py); t
 (default 2 3 4), same build as tiers_accuracy.py (1,000 warm-up + 5,000 measured conversations, λ0 = 1/s,
 exponential W with mean 135 s, b = 128, every request counted), HBM 1,138 / 2,275 / 4,550 blocks × CPU
 1 / 2,275 / 4,550 / 9,100 / 18,200 blocks. Prints per seed the max |estimate − simulator| over the grid, the
-no-host (single-tier) error and the signed error per pair; ``--json`` keeps them.
+no-host (single-tier) error and the signed error per pair; ``--json`` keeps them. ``--compare`` also runs the
+one-displacement union (``simple_model="onedim"``, the estimator before the store-time recency term) on the same
+trace, for its error and time.
 
-    NUMBA_CACHE_DIR=.numba_cache nice -n 10 python benchmarks/simple_eager_sharegpt.py [--seeds 2 3 4] [--json out]
+    NUMBA_CACHE_DIR=.numba_cache nice -n 10 python benchmarks/simple_eager_sharegpt.py [--seeds 2 3 4] [--compare] \
+        [--json out]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="*", default=[2, 3, 4])
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--compare", action="store_true", help="also the one-displacement union (simple_model='onedim')")
     a = ap.parse_args()
     out = []
     for seed in a.seeds:
@@ -48,6 +52,12 @@ def main() -> None:
         e = estimate_tiers(tr, HBM, HOST, tier="simple")
         t_est = time.perf_counter() - t0
         err = e.hit - s.hit
+        old = None
+        if a.compare:
+            t0 = time.perf_counter()
+            eo = estimate_tiers(tr, HBM, HOST, tier="simple", simple_model="onedim")
+            old = {"est": eo.hit.round(5).tolist(), "max_abs_err": float(np.abs(eo.hit - s.hit).max()),
+                   "est_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
         g_err = e.gpu_hit - s.gpu_hit
         rec = {
             "seed": seed,
@@ -62,6 +72,8 @@ def main() -> None:
             "gpu_only_max_abs_err": float(np.abs(g_err).max()),
             "sim_s": round(t_sim, 1),
             "est_s": round(t_est, 1),
+            "mean_abs_err": float(np.abs(err).mean()),
+            "onedim": old,
         }
         out.append(rec)
         print(
@@ -70,6 +82,8 @@ def main() -> None:
             flush=True,
         )
         print("  sim", np.round(s.hit, 4).tolist(), "\n  err", np.round(err, 4).tolist(), flush=True)
+        if old:
+            print(f"  onedim: max |est-sim| {old['max_abs_err']:.4f}  est {old['est_s']:.0f}s", flush=True)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 

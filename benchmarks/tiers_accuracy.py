@@ -18,7 +18,11 @@ Workloads and what is held out (never looked at while designing the estimator or
   U, 2U blocks (in tier units).
 
     [KVHIT_TRACES=/work/shared/data/traces] nice -n 10 python benchmarks/tiers_accuracy.py \\
-        [--only sharegpt mooncake weka] [--tiers native lmcache simple] [--held-out design|held-out] [--json out.json]
+        [--only sharegpt mooncake weka] [--tiers native lmcache simple] [--held-out design|held-out] \\
+        [--json out.json] [--simple-model recency|onedim]
+
+``--simple-model``: the simple-eager estimator (``recency``, the default: the CPU's store-time recency,
+:mod:`kvhit.estimate.tiers_simple`; ``onedim``: the one-displacement union before it).
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ def tier_kw(tier: str, b: int) -> tuple[dict, int]:
 
 
 SIM_CACHE: dict = {}
+SIMPLE_MODEL = {"simple_model": "recency"}
 
 
 def run(out: list, name: str, held: bool, source, rq, hbm, host_blocks, tiers) -> None:
@@ -84,7 +89,7 @@ def run(out: list, name: str, held: bool, source, rq, hbm, host_blocks, tiers) -
                             block_size=b, **kw)  # fmt: skip
             sim, t_sim = s.hit, time.perf_counter() - t0
         t0 = time.perf_counter()
-        e = estimate_tiers(source, hbm, Cs, tier=tier, **kw)
+        e = estimate_tiers(source, hbm, Cs, tier=tier, **kw, **(SIMPLE_MODEL if tier == "simple" else {}))
         t_est = time.perf_counter() - t0
         err = e.hit - sim
         rec = {
@@ -118,7 +123,9 @@ def main() -> None:
     ap.add_argument("--held-out", choices=["both", "design", "held-out"], default="both")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--sim-cache", type=Path, nargs="*", default=[], help="JSON of earlier runs: reuse their surfaces")
+    ap.add_argument("--simple-model", choices=["recency", "onedim"], default="recency")
     a = ap.parse_args()
+    SIMPLE_MODEL["simple_model"] = a.simple_model
     for f in a.sim_cache:
         for r in json.loads(f.read_text()):
             k = (r["workload"], r["held_out"], r["tier"], tuple(r["hbm_blocks"]), tuple(r["host_units"]))

@@ -52,8 +52,9 @@ ratio is over admitted requests (``mask`` of the estimator, per distinct admitte
 NOT modelled (biases, measured in ``benchmarks/tiers_accuracy.py``): native — GPU-hit chunks below a load are not
 refreshed on the host (their recency is older than assumed), the joint law of the two displacements when they differ
 (a request that stores nothing displaces the GPU, not the host), ARC, ``store_threshold``, decode chunks; simple
-eager — the CPU's store-time recency (a GPU hit does not refresh the CPU copy) and its head-first eviction inside a
-request (CPU blocks are freed in prefix order), the GPU free-order change of the finish-time flush; LMCache —
+eager with ``simple_model="onedim"`` — the CPU's store-time recency (a GPU hit does not refresh the CPU copy) and
+its head-first eviction inside a request (CPU blocks are freed in prefix order), both modelled by the default
+``"recency"`` (:mod:`kvhit.estimate.tiers_simple`), and in both the GPU free-order change of the stores; LMCache —
 resident chunks beyond a lookup miss are not touched, the one token not loaded when the whole prompt is found;
 timing (holds).
 """
@@ -67,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from kvhit.estimate.agentic import estimate_trace
+from kvhit.estimate.tiers_simple import estimate_simple_eager
 from kvhit.workload.reuse import RequestReuse, request_reuse
 
 __all__ = ["TierEstimate", "TierEstimateError", "estimate_tiers"]
@@ -161,19 +163,61 @@ def estimate_tiers(
     engine: str = "vllm",
     lam0: float | None = None,
     measured: Any = None,
+    simple_model: str = "recency",
     **kw: Any,
 ) -> TierEstimate:
     """Estimated h(HBM, DRAM) over ``hbm_blocks`` (GPU blocks) × ``host_units`` (native/LMCache: chunks; simple:
     CPU blocks); see the module docstring. ``source``: a ProductionTrace or a kvhit Trace (as
     :func:`~kvhit.estimate.agentic.estimate_trace`); ``lam0`` and ``kw`` go to that estimator. ``measured``: a
-    boolean mask (arrival order) of the requests h counts, as ``hit_surface(measured=...)``; default all."""
+    boolean mask (arrival order) of the requests h counts, as ``hit_surface(measured=...)``; default all.
+    ``simple_model`` (``tier="simple"``): ``"recency"`` (default, vLLM ≥ 0.24 only: the CPU's store-time recency,
+    :mod:`kvhit.estimate.tiers_simple`; ``host_hit`` is then what the CPU adds to the GPU's hits) or ``"onedim"``
+    (the one-displacement union below, kept for comparison)."""
     t0 = _time.perf_counter()
     if tier not in TIERS:
         raise TierEstimateError(f"tier: expected one of {list(TIERS)}, got {tier!r}")
+    if simple_model not in ("recency", "onedim"):
+        raise TierEstimateError(f"simple_model: expected 'recency' or 'onedim', got {simple_model!r}")
     Ns = _grid(hbm_blocks, "hbm_blocks", 1)
     Cs = _grid(host_units, "host_units", 0)
     u = source if isinstance(source, RequestReuse) else request_reuse(source)
     b = u.block_size
+    if tier == "simple" and simple_model == "recency" and engine == "vllm":
+        meas = None if measured is None else np.asarray(measured, bool)
+        if meas is not None and meas.shape != (u.n,):
+            raise TierEstimateError(f"measured: expected one flag per request ({u.n}), got shape {meas.shape}")
+        _, host, _, _ = estimate_simple_eager(u, Ns, Cs, lam0=lam0, meas=meas, **kw)
+        # the GPU term is the single-tier estimator itself (its own value grid), per distinct admitted set
+        N_min = int(u.prompt_blocks.max()) if u.n else 0
+        gpu = np.full(Ns.shape[0], np.nan)
+        adm_key = np.minimum(Ns, N_min)
+        for k in np.unique(adm_key):
+            sel = adm_key == k
+            mask = None if k >= N_min else (u.prompt_blocks <= k)
+            if meas is not None:
+                mask = meas if mask is None else mask & meas
+            if mask is not None and not mask.any():
+                continue
+            gpu[sel] = estimate_trace(u, Ns[sel], engine=engine, lam0=lam0, mask=mask, **kw).h
+        # the CPU term's own law grid differs from the GPU term's by ~1e-7: the sum is kept under the ceiling
+        ceil = np.full(Ns.shape[0], np.nan)
+        for i, N in enumerate(Ns):
+            use = (u.prompt_blocks <= N) & (True if meas is None else meas)
+            if use.any():
+                ceil[i] = float(u.reusable[use].sum()) * b / float(u.prompt_tokens[use].sum())
+        hit = np.minimum(gpu[:, None] + host, np.maximum(ceil, gpu)[:, None])
+        return TierEstimate(
+            tier=tier,
+            hbm_blocks=Ns,
+            host_units=Cs,
+            blocks_per_chunk=1,
+            hit=hit,
+            gpu_hit=gpu,
+            host_hit=host,
+            infeasible=Ns < N_min,
+            N_min=N_min,
+            elapsed_s=_time.perf_counter() - t0,
+        )
     if tier == "native":
         bpc = int(blocks_per_chunk)
         if bpc < 1:

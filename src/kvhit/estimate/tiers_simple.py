@@ -1,0 +1,288 @@
+"""SimpleCPUOffload eager (vLLM 0.33.0) two-tier estimator with the CPU's *store-time recency*.
+
+Derivation: ``docs/estimators.md`` §5.2. Setting and engine facts: :mod:`kvhit.sim.tiers.simple` (read from vLLM's
+``simple_kv_offload/manager.py``): the CPU copy of a block is written (store) or re-queued (load) only when the
+GPU did *not* hit the block — a block the GPU hits and the CPU already holds is not touched on the CPU; a request's
+CPU blocks are freed in prefix order (its head is the CPU's next victim); the CPU pool has ``C − 1`` usable blocks
+(the null block); the CPU lookup starts at the GPU hit and stops at the first CPU miss, capped at ``(T − 1)//b``.
+
+Model, per request ``r`` and age segment ``[s0, s1)`` (source ``j_1``; the GPU side is the engine-aware estimator
+of ``kvhit.estimate.agentic``, hit condition (A1) with the tabulated law of the displacement ``D``):
+
+* GPU: block ``i`` is hit iff ``D_1 ≤ n_1(i) = N − c0 − (i − s0)`` (``c0 = 1 + e + s0 + D_same``), so the first
+  GPU-missed block (the *boundary*) is ``x = s0 + n_1(s0) + 1 − D_1`` clipped to the segment.
+* CPU order: the last refresh of a block is no older than that of the block before it (a GPU hit is a prefix),
+  and inside one refresh the head is older, so every block ``i' > x`` of the source's prompt sits above ``x`` in
+  the CPU's LRU order. The CPU holds a *suffix* of the chain, so it serves ``[x, s1)`` whole iff it still holds
+  ``x``, else nothing. A request stores at most ``C − 1`` blocks from its head (a store takes at most the CPU's
+  free blocks and its own batch stays pinned), so only ``F′ = min(F_{j_1}, C − 1)`` blocks of the source reach the
+  CPU: it serves ``[x, min(s1, F′))``, with ``F′ − 1 − x`` own blocks above ``x``, iff
+
+      κ·D_1 + S_m + D_same ≤ C − 1 − F′ + x,
+
+  ``m`` the step of the chain ``j_1, j_2, …`` (the earlier toucher of ``x`` at each step) at which ``x`` was last
+  refreshed (the GPU missed it there, or it was new): ``P(m) = (1 − q_m) Π_{l<m} q_l`` with ``q_l = P(D_l ≤
+  n_l(x))`` (that step's segment law and threshold; the gaps independent). The CPU's displacement is counted in
+  CPU *insertions*: request ``q`` inserts ``min(E[F_q − g_q], C − 1)`` blocks (the GPU's expected misses), less
+  what its stream's previous request inserted too when both are in the window; other sessions only. ``D_H(j, r)``
+  = that count strictly between ``j`` and ``r``. Over the last gap it is tied to the GPU's ``D_1``: ``κ =
+  D_H(j_1, r) / E[D_1]``; before it, the deterministic ``S_m = D_H(j_m, r) − D_H(j_1, r)``.
+* Expected CPU-served blocks of the segment = ``Σ_x P(boundary = x)·(min(s1, F′) − x)⁺·Σ_m P(m)·1[·]`` (for
+  ``x = s0`` the CPU condition is a threshold on ``D_1`` over ``D_1 > n_1(s0)``).
+  :func:`kvhit.estimate.tiers.estimate_tiers` adds it to the single-tier estimator ``h_G``.
+
+Invariant: ``h_G(N) ≤ h(N, C) ≤`` the ceiling, ``h(N, 0) = h(N, 1) = h_G(N)`` (a 1-block CPU pool is the null
+block only), and ``h`` is non-decreasing in ``C`` (every threshold grows with ``C``).
+
+Not modelled: a GPU-hit block re-stored because the CPU had lost it (insertions count GPU misses only); the stale
+CPU tail left when a refresh re-stores an evicted head (the suffix order is then broken); CPU blocks present beyond
+a CPU miss that are recomputed without a refresh; the eager stores' GPU free-order change (stored blocks are freed
+head first after the request's own free: near ``N_min`` with a CPU smaller than the largest requests it dominates
+and the estimate is too high, docs §5.2); the joint law of the gap displacements (independent, the earlier gaps
+deterministic); the run across segments (each segment on its own); timing (holds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvhit.estimate.agentic import _H
+
+__all__ = ["simple_eager_hits"]
+
+
+@njit(cache=True)
+def _cdf(Hb, row, z, delta, G):  # pragma: no cover
+    """P(D ≤ z) on the table's interpolation (``H(z + 1) − H(z)``); 0 below 0."""
+    if z < 0.0:
+        return 0.0
+    return _H(Hb, row, z + 1.0, delta, G) - _H(Hb, row, z, delta, G)
+
+
+@njit(cache=True)
+def _seg_of(seg_off, seg_start, s1cap, j, x):  # pragma: no cover
+    """The segment of request ``j`` whose GPU-hittable part holds block ``x``, or -1."""
+    for s in range(seg_off[j], seg_off[j + 1]):
+        if seg_start[s] <= x < s1cap[s]:
+            return s
+        if seg_start[s] > x:
+            return -1
+    return -1
+
+
+@njit(cache=True)
+def _eager_kernel(
+    Hb,
+    delta,
+    seg_row,
+    seg_c0,
+    seg_off,
+    seg_start,
+    s1cap,
+    seg_src,
+    F,
+    req_use,
+    same,
+    N,
+    Cs,
+    push,
+    ov,
+    prev,
+    sess,
+    mean_D,
+    out_g,
+    out_h,
+):  # pragma: no cover
+    """out_g[r] = E GPU hit blocks of request r; out_h[r, k] = E blocks the CPU adds at capacity Cs[k].
+
+    ``push[q]`` = E blocks q inserts on the CPU, ``ov[q]`` = how many of them its stream's previous request
+    ``prev[q]`` inserted too (not distinct when both are in a window); ``mean_D[row]`` = E D of a row."""
+    G = Hb.shape[1] - 1
+    nC = Cs.shape[0]
+    MAXM = 256
+    pi = np.zeros(MAXM)
+    S = np.zeros(MAXM)
+    for r in range(seg_off.shape[0] - 1):
+        if not req_use[r]:
+            continue
+        for sg in range(seg_off[r], seg_off[r + 1]):
+            s0 = seg_start[sg]
+            s1 = s1cap[sg]
+            row = seg_row[sg]
+            if s1 <= s0 or row < 0:
+                continue
+            c0 = seg_c0[sg]
+            n0 = N - c0  # n_1(s0)
+            j1 = seg_src[sg]
+            Fj1 = F[j1]
+            ds = same[sg]
+            g = 0.0
+            for i in range(s0, s1):
+                g += _cdf(Hb, row, n0 - (i - s0), delta, G)
+            out_g[r] += g
+            if nC == 0:
+                continue
+            # the CPU's displacement D_H(j, r) (distinct other blocks inserted strictly between j and r), for every
+            # j of the window back to the oldest chain step, accumulated backwards from r
+            sr = sess[r]
+            d1 = 0.0
+            for q in range(j1 + 1, r):
+                if sess[q] != sr:
+                    d1 += push[q] - (ov[q] if prev[q] > j1 else 0.0)
+            kap = max(d1 / mean_D[row], 1e-9) if mean_D[row] > 0.0 else 1.0
+            for x in range(s0, s1):
+                # probability that x is the boundary (first GPU miss)
+                if x == s0:
+                    pb = 1.0 - _cdf(Hb, row, n0, delta, G)
+                else:
+                    nx = n0 - (x - s0)
+                    if nx + 1.0 < 0.0:
+                        break
+                    pb = _cdf(Hb, row, nx + 1.0, delta, G) - _cdf(Hb, row, nx, delta, G)
+                if pb <= 1e-12:
+                    continue
+                # the refresh chain of x: S[m] = the CPU's insertions between the refresh and t_j1
+                M = 0
+                acc = 1.0
+                j = j1
+                sacc = d1  # D_H(j, r) for the current chain step j
+                jprev = j1
+                while M < MAXM:
+                    sj = _seg_of(seg_off, seg_start, s1cap, j, x)
+                    if j < jprev:  # the insertions in [j + 1, jprev] (distinct within the window (j, r))
+                        for q in range(j + 1, jprev + 1):
+                            if sess[q] != sr:
+                                sacc += push[q] - (ov[q] if prev[q] > j else 0.0)
+                        # requests after jprev whose previous request entered the window now
+                        for q in range(jprev + 1, r):
+                            if sess[q] != sr and j < prev[q] <= jprev:
+                                sacc -= ov[q]
+                        jprev = j
+                    S[M] = sacc - d1
+                    if sj < 0 or seg_row[sj] < 0 or seg_src[sj] < 0:
+                        pi[M] = acc
+                        M += 1
+                        break
+                    nl = N - seg_c0[sj] - (x - seg_start[sj])
+                    q = _cdf(Hb, seg_row[sj], nl, delta, G)
+                    pi[M] = acc * (1.0 - q)
+                    M += 1
+                    acc *= q
+                    if acc < 1e-9 or q <= 0.0:
+                        break
+                    j = seg_src[sj]
+                for k in range(nC):
+                    # a request stores at most C − 1 blocks (the CPU's free count; its own pinned batch cannot
+                    # evict itself), head first: of j_1's prompt the CPU can hold [.., min(F_j1, C − 1)) only
+                    Feff = min(float(Fj1), Cs[k] - 1.0)
+                    gain = min(float(s1), Feff) - x
+                    room = Cs[k] - 1.0 - Feff + x - ds  # κ·D_1 + S_m ≤ room
+                    if room < 0.0 or gain <= 0.0:
+                        continue
+                    tot = 0.0
+                    if x == s0:
+                        for m in range(M):
+                            t = (room - S[m]) / kap
+                            if t > n0:
+                                tot += pi[m] * (_cdf(Hb, row, t, delta, G) - _cdf(Hb, row, n0, delta, G))
+                        out_h[r, k] += gain * tot
+                    else:
+                        d = n0 - (x - s0) + 1.0
+                        for m in range(M):
+                            if kap * d + S[m] <= room:
+                                tot += pi[m]
+                        out_h[r, k] += gain * pb * tot
+
+
+def simple_eager_hits(u, table, c0, same, N: int, Cs: np.ndarray, use: np.ndarray, seg_keep: np.ndarray):
+    """Per request: (E GPU hit blocks at ``N``, E CPU-added blocks at each ``Cs``) — the module docstring's model.
+
+    ``table`` = ``(Hb, delta, rows)`` with ``rows`` one per kept segment (``seg_keep``: the segments of ``u`` with a
+    GPU-hittable part, in order); ``c0`` / ``same`` per kept segment; ``use``: the requests counted (their chains run
+    over every request)."""
+    Hb, delta, rows = table
+    nseg = u.seg_start.shape[0]
+    seg_row = np.full(nseg, -1, np.int64)
+    seg_row[seg_keep] = rows
+    seg_c0 = np.zeros(nseg)
+    seg_c0[seg_keep] = c0
+    seg_same = np.zeros(nseg)
+    seg_same[seg_keep] = same
+    seg_req = np.repeat(np.arange(u.n, dtype=np.int64), np.diff(u.seg_off))
+    s1cap = np.minimum(u.seg_end, u.hit_cap[seg_req]).astype(np.int64)
+    F = u.full_blocks.astype(np.int64)
+    out_g = np.zeros(u.n)
+    G = Hb.shape[1] - 1
+    mean_D = G * delta - Hb[:, G]
+    # the CPU's insertions: every full block the GPU does not hit (store or load), request by request
+    _eager_kernel(Hb, delta, seg_row, seg_c0, u.seg_off, u.seg_start, s1cap, u.seg_src, F, np.ones(u.n, np.bool_),
+                  seg_same, float(N), np.zeros(0), F * 0.0, F * 0.0, u.prev, u.session, mean_D, out_g,
+                  np.zeros((u.n, 0)))  # fmt: skip
+    miss = np.maximum(F - out_g, 0.0)
+    prev = u.prev.astype(np.int64)
+    pp = np.maximum(prev, 0)
+    # q's inserts [g_q, F_q) overlap its previous request's [g_p, F_p) on [max(g_q, g_p), F_p)
+    ov0 = np.where(prev >= 0, np.maximum(np.minimum(F[pp], F) - np.maximum(out_g, out_g[pp]), 0.0), 0.0)
+    sess = u.session.astype(np.int64)
+    tot = float(F.sum())
+    rho = 1.0 - float(out_g.sum()) / tot if tot else 1.0
+    out_g2 = np.zeros(u.n)
+    out_h = np.zeros((u.n, Cs.shape[0]))
+    # insertions per request capped at C − 1 (the store cap): one kernel pass per distinct cap that binds
+    top = float(miss.max()) if miss.size else 0.0
+    cap = np.minimum(Cs.astype(np.float64) - 1.0, top)
+    for cv in np.unique(cap):
+        ks = np.flatnonzero(cap == cv)
+        push = np.minimum(miss, cv)
+        ov = np.minimum(ov0, push)
+        g2 = np.zeros(u.n)
+        h2 = np.zeros((u.n, ks.shape[0]))
+        _eager_kernel(Hb, delta, seg_row, seg_c0, u.seg_off, u.seg_start, s1cap, u.seg_src, F, use, seg_same,
+                      float(N), Cs[ks].astype(np.float64), push, ov, prev, sess, mean_D, g2, h2)  # fmt: skip
+        out_g2 = g2
+        out_h[:, ks] = h2
+    return out_g2, out_h, rho
+
+
+def estimate_simple_eager(u, Ns: np.ndarray, Cs: np.ndarray, *, lam0=None, meas=None, n_values: int = 4096, **kw):
+    """(gpu[i], host[i, j], hit[i, j], rho[i]) at ``Ns[i]`` GPU blocks × ``Cs[j]`` CPU blocks (token metric, over the
+    measured requests the GPU admits; ``NaN`` where none): the module docstring's model on one law table."""
+    from kvhit.estimate.agentic_displacement import _poisson_table
+
+    n = u.n
+    b = u.block_size
+    seg_req = np.repeat(np.arange(n, dtype=np.int64), np.diff(u.seg_off))
+    s1cap = np.minimum(u.seg_end, u.hit_cap[seg_req])
+    keep = (s1cap > u.seg_start) & (u.seg_src >= 0)
+    T = u.prompt_tokens
+    part = (T % b != 0).astype(np.int64)
+    e = np.where(seg_req > 0, part[np.maximum(seg_req - 1, 0)], 0)
+    notes: list = []
+    big = int(max(int(Ns.max()), 4 * int(Cs.max()) if Cs.size else 1))
+    lam = None if lam0 is None else float(lam0)
+    Hb, delta, rows, d_same = _poisson_table(
+        u, seg_req[keep], u.seg_src[keep], u.full_blocks, np.array([big]), lam, kw.get("bins"), n_values,
+        kw.get("n_ages", 16), kw.get("n_times", 64), kw.get("exclude", "auto"), notes, kw.get("work_budget", 6e7),
+        footprint=kw.get("footprint", "exact" if lam is not None else "own"), bin_rule=kw.get("bin_rule", "br"),
+    )  # fmt: skip
+    c0 = (1 + e[keep] + u.seg_start[keep] + d_same).astype(np.float64)
+    meas = np.ones(n, bool) if meas is None else meas
+    R = u.prompt_blocks
+    gpu = np.full(Ns.shape[0], np.nan)
+    host = np.full((Ns.shape[0], Cs.shape[0]), np.nan)
+    hit = np.full((Ns.shape[0], Cs.shape[0]), np.nan)
+    rhos = np.full(Ns.shape[0], np.nan)
+    kidx = np.flatnonzero(keep)
+    Cu = np.maximum(Cs, 1)
+    for i, N in enumerate(Ns):
+        use = meas & (R <= N)
+        if not use.any():
+            continue
+        g, hh, rho = simple_eager_hits(u, (Hb, delta, rows), c0, d_same.astype(np.float64), int(N), Cu, use, kidx)
+        den = float(T[use].sum())
+        gpu[i] = float(g[use].sum()) * b / den
+        host[i] = hh[use].sum(axis=0) * b / den
+        hit[i] = gpu[i] + host[i]
+        rhos[i] = rho
+    return gpu, host, hit, rhos
