@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvhit.replay.check import simulate_recorded_scheduler
 from kvhit.replay.serverlog import ServerLogError, added_times, anchor_times, external_id
@@ -174,3 +176,18 @@ def test_missing_request_in_server_log_refused(tmp_path):
     slog.write_text(LOG)  # another replay's lines
     with FakeVllm() as srv, pytest.raises(InputError, match=r"server\.log: no 'Added request' line for request 0"):
         replay(_req(srv.url, path, concurrency=2, server_log=slog))
+
+
+@given(
+    st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=40),
+    st.integers(0, 2**32 - 1),
+    st.floats(1e9, 4e9, allow_nan=False),
+)
+def test_parser_round_trips_any_id(tmp_path_factory, rid, suffix, t):
+    """Whatever X-Request-Id a client sends (printable, no spaces), the engine id vLLM logs maps back to the
+    response id, and the logged time comes back to the microsecond."""
+    f = tmp_path_factory.mktemp("log") / "server.log"
+    resp = f"cmpl-{rid}"
+    f.write_text(f"{t:.6f} 7 INFO vllm.v1.engine.async_llm: Added request {resp}-0-{suffix:08x}.\n")
+    (got,) = anchor_times(f, [resp])
+    assert got == float(f"{t:.6f}")
