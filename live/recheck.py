@@ -1,10 +1,13 @@
 """Re-run the concurrent check of `kvhit replay` logs offline, with the scheduler model and with holds:
-    live/recheck.py LOG.parquet [LOG.parquet …] [--step-time-from LOG.parquet] [--json OUT.json]
+    live/recheck.py LOG.parquet [LOG.parquet …] [--server-log SERVER.log] [--step-time-from LOG.parquet]
+                    [--json OUT.json]
 
-Per log: requests, measured ratio, and for each model (scheduler, holds) the requests whose simulated hit differs
-from the server's cached_tokens and simulated − measured (aggregate token hit ratio over all requests). The
-scheduler model's step time is fitted to that log's own latencies, or — with --step-time-from — to another
-log's (fitted there, applied here: a check of the timing model on data it was not fitted to).
+Per log: requests, measured ratio, and for each model the requests whose simulated hit differs from the server's
+cached_tokens and simulated − measured (aggregate token hit ratio over all requests): the scheduler model on the
+client's clock (send/finish times, the server's timings with the HTTP overhead split evenly), the scheduler model
+on the server's clock (each request's "Added request" time from --server-log, or the `server_added_unix` column
+the replay recorded with `kvhit replay --server-log`; absent for logs without either), and holds. With
+--step-time-from, the client-clock scheduler uses a step-time line fitted to another log's latencies instead.
 """
 
 import argparse
@@ -15,12 +18,14 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from kvhit.replay.check import compare, simulate_recorded, simulate_recorded_scheduler
+from kvhit.replay.serverlog import ServerLogError, anchor_times
 from kvhit.sim.vllm.scheduler import StepTime
 
 
 def load(path):
     t = pq.read_table(path)
     meta = json.loads(t.schema.metadata[b"kvhit_replay"])
+    t0u = meta.get("t0_unix")
     d = t.to_pydict()
     ok = np.array([s == "ok" for s in d["status"]])
     idx = np.flatnonzero(ok)
@@ -32,12 +37,15 @@ def load(path):
         "b": int(meta["server"]["block_size"]),
         "G": int(meta["server"]["num_gpu_blocks"]),
         "mode": meta["mode"],
+        "t0_unix": None if t0u is None else float(t0u),
         "prompts": [np.asarray(d["prompt_ids"][r], np.int64) for r in idx],
         "outputs": [np.asarray(d["output_ids"][r], np.int64) for r in idx],
         "t_send": np.asarray(d["t_send"], np.float64)[idx],
         "t_done": np.asarray(d["t_done"], np.float64)[idx],
         "cached": np.asarray(d["cached_tokens"], np.int64)[idx],
         "prev": np.where(pv >= 0, pos[np.maximum(pv, 0)], -1),
+        "response_id": d.get("response_id") and [d["response_id"][r] for r in idx],
+        "added": np.asarray(d["server_added_unix"], np.float64)[idx] if "server_added_unix" in d else None,
         "server_ms": tuple(
             np.asarray(d.get(k, [np.nan] * ok.size), np.float64)[idx]
             for k in ("server_queue_ms", "server_ttft_ms", "server_generation_ms")
@@ -45,7 +53,7 @@ def load(path):
     }
 
 
-def check(L, step_time=None, **kw):  # noqa: D103
+def check(L, step_time=None, server_log=None, **kw):  # noqa: D103
     T = np.array([p.shape[0] for p in L["prompts"]], np.int64)
     common = dict(block_size=L["b"], num_gpu_blocks=L["G"], t_send=L["t_send"], t_done=L["t_done"])
     kw.setdefault("server_ms", L["server_ms"])
@@ -53,11 +61,31 @@ def check(L, step_time=None, **kw):  # noqa: D103
         L["prompts"], L["outputs"], prev=L["prev"], step_time=step_time, **common, **kw
     )
     holds = simulate_recorded(L["prompts"], L["outputs"], **common)
+    added = L["added"]
+    if server_log is not None:
+        if not L["response_id"]:
+            sys.exit(f"recheck: {L['path']} records no response ids (a replay older than --server-log)")
+        added = anchor_times(server_log, L["response_id"])
+    models = [("scheduler", sched), ("holds", holds)]
+    ainfo = None
+    if added is not None and np.all(np.isfinite(added)):
+        anch, ainfo = simulate_recorded_scheduler(
+            L["prompts"], L["outputs"], prev=L["prev"], server_added=added, **common, **kw
+        )
+        models.append(("anchored", anch))
     out = {"log": L["path"], "mode": L["mode"], "requests": int(T.size), "block_size": L["b"], "num_gpu_blocks": L["G"]}
-    for name, h in (("scheduler", sched), ("holds", holds)):
+    for name, h in models:
         c = compare(L["cached"], h, T)
         out["measured"] = c.measured_ratio
         out[name] = {"mismatches": c.mismatches, "sim_minus_meas": c.simulated_ratio - c.measured_ratio}
+    if ainfo is not None:
+        out["anchored"]["preemptions"] = ainfo["preemptions"]
+        # the way in: from the client's send to the server's "Added request" line (needs the replay's t0_unix)
+        if L["t0_unix"] is not None:
+            way_in = added - (L["t0_unix"] + L["t_send"])
+            out["anchored"]["way_in_ms"] = {
+                q: float(np.percentile(way_in, p) * 1e3) for q, p in (("p50", 50), ("p90", 90), ("max", 100))
+            }
     lat = L["t_done"] - L["t_send"]
     out["scheduler"].update(
         step_time=info["step_time"],
@@ -73,6 +101,7 @@ def main(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("logs", nargs="+")
     ap.add_argument("--step-time-from")
+    ap.add_argument("--server-log", help="the server's log (--enable-log-requests, live/vllm_logging.json)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     st = None
@@ -81,14 +110,22 @@ def main(argv):
         st = StepTime(**check(src)["scheduler"]["step_time"])
     rows = []
     for p in a.logs:
-        r = check(load(p), step_time=st)
+        try:
+            r = check(load(p), step_time=st, server_log=a.server_log)
+        except ServerLogError as e:
+            sys.exit(f"recheck: {e}")
         rows.append(r)
         s, h = r["scheduler"], r["holds"]
+        an = r.get("anchored")
+        anc = "no server log" if an is None else f"{an['mismatches']} differ, {an['sim_minus_meas']:+.4f}"
+        if an is not None and "way_in_ms" in an:
+            w = an["way_in_ms"]
+            anc += f" (way in p50 {w['p50']:.0f} / p90 {w['p90']:.0f} / max {w['max']:.0f} ms)"
         print(
-            f"{p}: {r['mode']}, {r['requests']} requests, measured {r['measured']:.4f}; scheduler "
+            f"{p}: {r['mode']}, {r['requests']} requests, measured {r['measured']:.4f}; scheduler, client clock "
             f"{s['mismatches']} differ, {s['sim_minus_meas']:+.4f} ({s['preemptions']} preemptions, "
-            f"latency error {s['latency_mae_ms']:.1f} of {s['latency_mean_ms']:.1f} ms); holds {h['mismatches']} "
-            f"differ, {h['sim_minus_meas']:+.4f}"
+            f"latency error {s['latency_mae_ms']:.1f} of {s['latency_mean_ms']:.1f} ms); scheduler, server clock "
+            f"{anc}; holds {h['mismatches']} differ, {h['sim_minus_meas']:+.4f}"
         )
     if a.json:
         with open(a.json, "w") as f:

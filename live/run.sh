@@ -10,8 +10,9 @@
 #   estimator  the engine-aware estimator vs the measured ratio on a steady-state chat replay (11,374 requests;
 #              measured after a 3-lifetime warm-up and before the population drains: 9,198)
 #   concurrent a replay at the trace's arrival times (speedup) and closed-loop replays at 4 and 8 in flight, simulated
-#              with kvhit's model of vLLM's scheduler and with holds; reported per request and in aggregate, not
-#              gating (only a replay error or counters unequal to the responses' sums fail)
+#              with kvhit's model of vLLM's scheduler — on the engine's clock (--server-log: each request's "Added
+#              request" line in the server's log) and on the client's — and with holds; reported per request and in
+#              aggregate, not gating (only a replay error or counters unequal to the responses' sums fail)
 #   controls   the same check as if block 0 were usable (G + 1 blocks simulated) and with all m generated
 #              tokens cached: both must mismatch, or the run fails
 # then writes out/live/results.md and results.json (live/summarize.py). Every server is stopped by its PID
@@ -127,7 +128,8 @@ chain_b64() {
 }
 chain_b32() {
   replay seq-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 --system-prompt-tokens 200 &&
-    replay conc8-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 --system-prompt-tokens 200 --concurrency 8
+    replay conc8-b32 b32 0 --trace "$out/chat-b.parquet" --limit 300 --system-prompt-tokens 200 --concurrency 8 \
+      --server-log "$out/server-b32.log"
 }
 chain_b128() {
   replay seq-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 &&
@@ -135,8 +137,9 @@ chain_b128() {
     replay control-no-null-block b128 1 --trace "$out/chat-a.parquet" --limit 150 --system-prompt-tokens 200 \
       --num-gpu-blocks 41 &&
     replay timed-b128 b128 0 --trace "$out/chat-timed.parquet" --limit 300 --system-prompt-tokens 200 \
-      --speedup "${KVHIT_LIVE_SPEEDUP:-2}" &&
-    replay conc4-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 --concurrency 4
+      --speedup "${KVHIT_LIVE_SPEEDUP:-2}" --server-log "$out/server-b128.log" &&
+    replay conc4-b128 b128 0 --trace "$out/chat-a.parquet" --limit 300 --system-prompt-tokens 200 --concurrency 4 \
+      --server-log "$out/server-b128.log"
 }
 chain_b64 &
 c64=$!

@@ -143,16 +143,24 @@ def main(out: Path, wall: int) -> int:
             "Concurrent replays, kvhit's scheduler model against holds (per request: requests whose simulated hit "
             "differs from the server's cached_tokens; aggregate: simulated − measured token hit ratio):",
             "",
-            "| run | measured | scheduler: differ | scheduler: sim − meas | holds: differ | holds: sim − meas "
+            "| run | measured | scheduler: differ | scheduler: sim − meas | scheduler, client's clock: differ "
+            "| scheduler, client's clock: sim − meas | holds: differ | holds: sim − meas "
             "| preemptions server / scheduler model | scheduler clock |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for label, cc, ck, pre in conc:
             sc, ho = cc["scheduler"], cc["holds"]
+            cl = cc.get("scheduler_client_clock")  # with --server-log: the same model on the client's clock
             n = sc["requests_compared"]
             md.append(
                 f"| {label} | {f4(ck['measured_token_hit_ratio'])} | {sc['mismatching_requests']} of {n} "
-                f"| {sc['simulated_minus_measured']:+.4f} | {ho['mismatching_requests']} of {n} "
+                f"| {sc['simulated_minus_measured']:+.4f} "
+                + (
+                    "| – | – "
+                    if cl is None
+                    else f"| {cl['mismatching_requests']} of {n} | {cl['simulated_minus_measured']:+.4f} "
+                )
+                + f"| {ho['mismatching_requests']} of {n} "
                 f"| {ho['simulated_minus_measured']:+.4f} | {'–' if pre is None else pre} / {sc['preemptions']} "
                 f"| {sc['clock']} |"
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -167,10 +168,15 @@ class FakeVllm:
     independent dict-of-prefixes model of a cache that never evicts (block size ``b``; prompt + m − 1 output
     tokens kept; hit capped at T − 1) — the check must agree with it when nothing is evicted. ``lie_at``: the
     request index whose cached_tokens is reported one block short. ``die_at``: close the server at that request.
-    ``metrics``: False for a server without vLLM metrics; ``counters``: False for vLLM metrics without them."""
+    ``metrics``: False for a server without vLLM metrics; ``counters``: False for vLLM metrics without them.
+    ``log``: a file to which, like vLLM with --enable-log-requests and live/vllm_logging.json, every request
+    appends ``<unix time> … Added request cmpl-<X-Request-Id>-0-<8 hex>.``; the response ``id`` is
+    ``cmpl-<X-Request-Id>``."""
 
-    def __init__(self, b=16, blocks=1000, max_len=4096, lie_at=None, die_at=None, metrics=True, counters=True):
-        self.b, self.blocks, self.max_len = b, blocks, max_len
+    def __init__(
+        self, b=16, blocks=1000, max_len=4096, lie_at=None, die_at=None, metrics=True, counters=True, log=None
+    ):
+        self.b, self.blocks, self.max_len, self.log = b, blocks, max_len, log
         self.lie_at, self.die_at, self.metrics, self.counters = lie_at, die_at, metrics, counters
         self.cached: set[tuple] = set()
         self.q = self.h = 0
@@ -220,6 +226,12 @@ class FakeVllm:
                         threading.Thread(target=fake.die).start()
                         self.close_connection = True
                         return
+                    rid = f"cmpl-{self.headers.get('X-Request-Id') or f'fake{r}'}"
+                    if fake.log is not None:
+                        with open(fake.log, "a") as f:
+                            f.write(
+                                f"{time.time():.6f} 1 INFO vllm.v1.engine.async_llm: Added request {rid}-0-{r:08x}.\n"
+                            )
                     p = list(body["prompt"])
                     m = int(body["max_tokens"])
                     out = [1000 + (len(p) * 7 + i) % 5000 for i in range(m)]
@@ -236,6 +248,7 @@ class FakeVllm:
                 self._send(
                     200,
                     {
+                        "id": rid,
                         "choices": [{"token_ids": out, "text": ""}],
                         "usage": {
                             "prompt_tokens": len(p),

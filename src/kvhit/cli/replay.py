@@ -45,6 +45,7 @@ def replay(
     pool_tokens: Annotated[int | None, _opt(RR, "pool_tokens", "--pool-tokens")] = None,
     evict_policy: Annotated[str | None, _opt(RR, "evict_policy", "--evict-policy")] = None,
     sglang_cache: Annotated[str, _opt(RR, "sglang_cache", "--sglang-cache")] = "unified",
+    server_log: Annotated[Path | None, _opt(RR, "server_log", "--server-log")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of tables.")] = False,
 ) -> None:
     """Replay a trace against a running vLLM or SGLang server (OpenAI completions, token-id prompts) and record
@@ -55,7 +56,9 @@ def replay(
     prints measured vs simulated vs estimated; exit 1 on any per-request mismatch of a sequential replay. A concurrent
     replay is simulated with kvhit's model of vLLM's scheduler (arrivals at the measured send times, steps paced by
     the measured finish times; --max-num-batched-tokens and --max-num-seqs as the server runs) and with holds from
-    the measured times, both reported per request and in aggregate (not gating the exit status). A replay that fails
+    the measured times, both reported per request and in aggregate (not gating the exit status); --server-log FILE
+    (the vLLM server's log, with --enable-log-requests and Unix-time stamps: live/vllm_logging.json) anchors the
+    scheduler model on the engine's own clock (each request's "Added request" line). A replay that fails
     midway keeps its --log, marked partial, and exits 1. Against an SGLang server (detected from /server_info, or
     --engine sglang) --check simulates with kvhit's SGLang model instead (page size, pool and eviction policy read from
     the server); its concurrent replays are simulated with holds only.
@@ -101,6 +104,7 @@ def replay(
         pool_tokens=pool_tokens,
         evict_policy=evict_policy,
         sglang_cache=sglang_cache,
+        server_log=server_log,
     )
     if as_json:
         _print_json(res)
@@ -185,10 +189,14 @@ def _render(res) -> None:
             )
         else:
             cc = ck["concurrent"]
+            anchored = "scheduler_client_clock" in cc
             for name, what in (
-                ("scheduler", "vLLM's scheduler"),
+                ("scheduler", "vLLM's scheduler" + (" on the server's clock" if anchored else "")),
+                ("scheduler_client_clock", "vLLM's scheduler on the client's clock"),
                 ("holds", "holds from measured times"),
             ):
+                if name not in cc:
+                    continue
                 x = cc[name]
                 mark = " (the simulated row)" if cc["model"] == name else ""
                 console.print(
@@ -197,7 +205,9 @@ def _render(res) -> None:
                     markup=False,
                 )
             sc = cc["scheduler"]
-            if sc["clock"].startswith("measured"):
+            if sc["clock"].startswith("anchored"):
+                how = "arrivals at the server log's 'Added request' times, steps paced by the server's own timings"
+            elif sc["clock"].startswith("measured"):
                 how = "steps paced by the measured finish times" + (
                     " and the server's own timings" if "server" in sc["clock"] else ""
                 )

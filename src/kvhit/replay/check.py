@@ -176,6 +176,7 @@ def simulate_recorded_scheduler(
     step_time=None,
     clock: str = "measured",
     server_ms=None,
+    server_added=None,
     in_share: float = 0.5,
     hold_to_deadline: bool = False,
     max_num_batched_tokens: int = 2048,
@@ -195,7 +196,12 @@ def simulate_recorded_scheduler(
     uses the server's own timeline: the HTTP overhead ``o = (t_done − t_send) − (queue + ttft + generation)`` is
     split between sending (``in_share``, default one half) and answering, the request reaches the scheduler at
     ``t_send + in_share·o``, its first token is due at that plus queue + ttft, its last at
-    ``t_done − (1 − in_share)·o``.
+    ``t_done − (1 − in_share)·o``. ``server_added``: optional Unix times at which the server's front end handed
+    each request to its engine core (:func:`kvhit.replay.serverlog.anchor_times`, vLLM ``--enable-log-requests``);
+    with ``server_ms`` and finite for every request, the measured clock is *anchored* on the server: request ``r``
+    reaches the scheduler at ``added_r``, its first token is due at ``added_r + queue + ttft`` and its last at that
+    plus ``generation`` — the client's send and finish times are then used for nothing but the order of equal
+    anchors, and a chat turn's gap after the previous answer is measured on the same server clock.
     Returns the hits (-1: a request kvhit cannot run: more tokens than blocks) and a dict
     with the step time used, whether it was fitted, the preemptions and the simulated/measured latencies.
     """
@@ -247,12 +253,45 @@ def simulate_recorded_scheduler(
     deadlines = None
     fitted = False
     first = None
+    anchored = False
     if clock == "measured":
         step_time = StepTime(a=0.0, b=0.0)
         deadlines = np.array([td[r] for r in order], np.float64)
         if server_ms is not None:
             qm, fm, gm = (np.asarray(x, np.float64)[order] / 1e3 for x in server_ms)
-            if np.all(np.isfinite(qm) & np.isfinite(fm) & np.isfinite(gm)):
+            ok = np.all(np.isfinite(qm) & np.isfinite(fm) & np.isfinite(gm))
+            added = None if server_added is None else np.asarray(server_added, np.float64)
+            if ok and added is not None and np.all(np.isfinite(added[order])):
+                anchored = True
+                # one server clock: seconds after the earliest anchor; the engine's order is the anchors' order
+                a_all = added - float(np.min(added[order]))
+                fin_all = np.full(n, np.nan)
+                fin_all[order] = a_all[order] + qm + fm + gm
+                order = [int(r) for r in np.argsort(a_all, kind="stable") if runnable[r]]
+                pos = {r: i for i, r in enumerate(order)}
+                qm, fm, gm = (np.asarray(x, np.float64)[order] / 1e3 for x in server_ms)
+                arrive = a_all[order]
+                first = arrive + qm + fm
+                deadlines = first + gm
+                reqs = []
+                for i, r in enumerate(order):
+                    p = int(pv[r])
+                    after = pos.get(p, -1) if p >= 0 else -1
+                    if after >= i:
+                        after = -1
+                    gap = float(max(a_all[r] - fin_all[p], 0.0)) if after >= 0 else 0.0
+                    reqs.append(
+                        SchedRequest(
+                            rid=i,
+                            prompt_tokens=int(T[r]),
+                            output_tokens=int(m[r]),
+                            block_hashes=tuple(int(x) for x in hs[off[r] : off[r + 1]]),
+                            arrival=float(arrive[i]),
+                            after=after,
+                            gap=gap,
+                        )
+                    )
+            elif ok:
                 o = np.maximum((td[order] - ts[order]) - (qm + fm + gm), 0.0)
                 arrive = ts[order] + in_share * o
                 first = arrive + qm + fm
@@ -275,11 +314,14 @@ def simulate_recorded_scheduler(
     pre = np.zeros(n, np.int64)
     for i, r in enumerate(order):
         hit[r] = res.hit_tokens[i]
-        tail = td[r] - deadlines[i] if deadlines is not None else step_time.d_out
-        sim_lat[r] = res.finished[i] + tail - ts[r]
+        if anchored:  # the server's span (anchor to last token), simulated, plus the client's measured overhead
+            sim_lat[r] = (res.finished[i] - reqs[i].arrival) + (td[r] - ts[r]) - (deadlines[i] - reqs[i].arrival)
+        else:
+            tail = td[r] - deadlines[i] if deadlines is not None else step_time.d_out
+            sim_lat[r] = res.finished[i] + tail - ts[r]
         pre[r] = res.preemptions[i]
     info = {
-        "clock": clock if first is None else "measured (server timings)",
+        "clock": "anchored (server log)" if anchored else clock if first is None else "measured (server timings)",
         "step_time": {k: getattr(step_time, k) for k in ("a", "b", "c", "d_in", "d_out")},
         "step_time_fitted": fitted,
         "max_num_batched_tokens": int(max_num_batched_tokens),

@@ -39,6 +39,7 @@ import asyncio
 import math
 import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -385,6 +386,12 @@ class ReplayRun:
     #: ``vllm:num_preemptions_total`` before and after (None when the server does not export it)
     preemptions_before: float | None = None
     preemptions_after: float | None = None
+    #: per request, the response's ``id`` (vLLM: ``cmpl-`` + the ``X-Request-Id`` header kvhit sends); None if unsent
+    response_id: list[str | None] | None = None
+    #: the Unix time of the replay's time origin (``t_send``/``t_done`` are seconds after it)
+    t0_unix: float = math.nan
+    #: the ``X-Request-Id`` of request ``r`` is ``f"{request_id_prefix}-{r}"``
+    request_id_prefix: str = ""
     error: str | None = None
     wall_s: float = 0.0
 
@@ -401,7 +408,7 @@ class _Fatal(Exception):
     pass
 
 
-async def _complete(client, model, r, prompt, max_tokens, retries, backoff, endpoint, engine="vllm"):
+async def _complete(client, model, r, prompt, max_tokens, retries, backoff, endpoint, engine="vllm", rid=None):
     body = {
         "model": model,
         "prompt": [int(x) for x in prompt],
@@ -413,7 +420,9 @@ async def _complete(client, model, r, prompt, max_tokens, retries, backoff, endp
     }
     for attempt in range(retries + 1):
         try:
-            resp = await client.post("/v1/completions", json=body)
+            resp = await client.post(
+                "/v1/completions", json=body, headers=None if rid is None else {"X-Request-Id": rid}
+            )
             break
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             if attempt == retries:
@@ -452,6 +461,7 @@ async def _complete(client, model, r, prompt, max_tokens, retries, backoff, endp
         int(usage.get("prompt_tokens", -1)),
         int(usage.get("completion_tokens", len(out))),
         (_ms("queue_time_ms"), _ms("time_to_first_token_ms"), _ms("generation_time_ms")),
+        None if d.get("id") is None else str(d["id"]),
     )
 
 
@@ -494,12 +504,16 @@ async def _run_async(
             prompt_tokens_reported=np.full(n, -1, np.int64),
             completion_tokens=np.full(n, -1, np.int64),
             status=["not-sent"] * n,
+            response_id=[None] * n,
+            # a per-run prefix keeps the ids of several replays against one server (one server log) apart
+            request_id_prefix=f"kvhit-{uuid.uuid4().hex[:12]}",
         )
         if info.counters:
             run.counters_before = await counters(client, endpoint, model, engine=eng)
         run.preemptions_before = await _preemptions(client, model)
         done_ev = [asyncio.Event() for _ in range(n)]
         t0 = time.monotonic()
+        run.t0_unix = time.time() - (time.monotonic() - t0)
         finished = 0
 
         async def one(r: int) -> None:
@@ -512,8 +526,17 @@ async def _run_async(
             run.prompts[r] = prompt
             run.status[r] = "in-flight"
             run.t_send[r] = time.monotonic() - t0
-            out, cached, pt, ct, tm = await _complete(
-                client, model, r, prompt, plan.max_tokens[r], retries, backoff, endpoint, eng
+            out, cached, pt, ct, tm, run.response_id[r] = await _complete(
+                client,
+                model,
+                r,
+                prompt,
+                plan.max_tokens[r],
+                retries,
+                backoff,
+                endpoint,
+                eng,
+                rid=f"{run.request_id_prefix}-{r}",
             )
             run.t_done[r] = time.monotonic() - t0
             run.outputs[r] = out

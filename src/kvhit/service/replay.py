@@ -160,7 +160,15 @@ class ReplayRequest(Request):
         "full-attention model) | radix (RadixCache); default unified.",
     )
 
-    FLAGS = {"log": "--log", "trace": "--trace", "blocks_trace": "--blocks-trace"}
+    server_log: Path | None = Field(
+        None,
+        description="vLLM: the server's log (started with --enable-log-requests and a logging config that stamps "
+        "lines with their Unix time, live/vllm_logging.json): a concurrent check's scheduler model then takes "
+        "each request's arrival from the server's 'Added request' line (the engine's clock) instead of the "
+        "client's send time; default: none (the client's clock).",
+    )
+
+    FLAGS = {"log": "--log", "trace": "--trace", "blocks_trace": "--blocks-trace", "server_log": "--server-log"}
 
 
 class ReplayResponse(Response):
@@ -229,7 +237,7 @@ def _notes(req: ReplayRequest, plan) -> list[str]:
     return notes
 
 
-def _write_log(path: Path, plan, run, sim, meta: dict, sims: dict | None = None) -> None:
+def _write_log(path: Path, plan, run, sim, meta: dict, sims: dict | None = None, anchors=None) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -256,6 +264,10 @@ def _write_log(path: Path, plan, run, sim, meta: dict, sims: dict | None = None)
         "server_queue_ms": pa.array(run.queue_ms),
         "server_ttft_ms": pa.array(run.ttft_ms),
         "server_generation_ms": pa.array(run.gen_ms),
+        # the response ids (vLLM: cmpl-<X-Request-Id>) and, with --server-log, the Unix time of each request's
+        # "Added request" line (NaN: none): live/recheck.py re-runs the anchored check from these
+        "response_id": pa.array(run.response_id or [None] * n, pa.string()),
+        "server_added_unix": pa.array(anchors if anchors is not None else np.full(n, np.nan)),
     }
     for name, v in (sims or {}).items():
         cols[name] = pa.array(v)
@@ -283,6 +295,8 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     if req.speedup is not None and req.concurrency is not None:
         raise InputError("--speedup and --concurrency: give one timing (trace arrival times, or a closed loop)")
     log = check_output_file(req.log, "--log")
+    if req.server_log is not None and not req.server_log.is_file():
+        raise InputError(f"--server-log {req.server_log}: no such file")
     plan = _load_plan(req)
     notes = _notes(req, plan)
     sequential = req.speedup is None and (req.concurrency or 1) == 1
@@ -338,6 +352,19 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
         raise InputError(str(e)) from None
     if not req.reset:
         notes.append("the prefix cache was not reset first: the check assumes it was empty")
+    anchors = None
+    anchor_error = None
+    if req.server_log is not None:
+        from kvhit.replay.serverlog import ServerLogError, anchor_times
+
+        if info.engine != "vllm" or sequential:
+            notes.append("--server-log: used by the scheduler model of a concurrent vLLM replay only; ignored here")
+        else:
+            ids = [run.response_id[r] if s == "ok" else None for r, s in enumerate(run.status)]
+            try:
+                anchors = anchor_times(req.server_log, ids)
+            except ServerLogError as e:
+                anchor_error = str(e)
     ok = np.array([s == "ok" for s in run.status], bool)
     plen = np.array([0 if p is None else p.shape[0] for p in run.prompts], np.int64)
     # conversations in arrival order; the first `warmup` are left out of the aggregates
@@ -414,9 +441,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             pos[idx] = np.arange(idx.size)
             pv = np.asarray(plan.prev, np.int64)[idx]
             prev_ok = np.where(pv >= 0, pos[np.maximum(pv, 0)], -1)
-            sched, info_s = ck.simulate_recorded_scheduler(
-                prompts,
-                outputs,
+            skw = dict(
                 block_size=b,
                 num_gpu_blocks=G,
                 t_send=run.t_send[idx],
@@ -426,6 +451,17 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                 max_num_batched_tokens=req.max_num_batched_tokens,
                 max_num_seqs=req.max_num_seqs,
             )
+            sched, info_s = ck.simulate_recorded_scheduler(
+                prompts, outputs, server_added=None if anchors is None else anchors[idx], **skw
+            )
+            if anchors is not None and info_s["clock"] != "anchored (server log)":
+                notes.append(
+                    "--server-log: the server returned no per-request timings (start it with "
+                    "--enable-per-request-metrics): the scheduler model uses the client's clock"
+                )
+            client_clock = None
+            if info_s["clock"] == "anchored (server log)":  # the client's clock beside it, for comparison
+                client_clock, _ = ck.simulate_recorded_scheduler(prompts, outputs, **skw)
             use = req.concurrent_model
             if use == "scheduler" and req.output_cached != "m-1":
                 use = "holds"
@@ -433,7 +469,10 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             sim_ok = sched if use == "scheduler" else holds
             lat = run.t_done[idx] - run.t_send[idx]
             concurrent = {"model": use}
-            for name, h in (("scheduler", sched), ("holds", holds)):
+            models = [("scheduler", sched), ("holds", holds)]
+            if client_clock is not None:
+                models.append(("scheduler_client_clock", client_clock))
+            for name, h in models:
                 rr = ck.compare(run.cached_tokens[idx], h, plen[idx], mask=window[idx])
                 ra = ck.compare(run.cached_tokens[idx], h, plen[idx])
                 concurrent[name] = {
@@ -505,7 +544,12 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     if log is not None:
         meta = resp.to_jsonable()
         meta["created_unix"] = time.time()
-        _write_log(log, plan, run, sim, meta, sims_log)
+        # the Unix time of t_send = 0 and the X-Request-Id prefix (request r: f"{prefix}-{r}")
+        meta["t0_unix"] = run.t0_unix if np.isfinite(run.t0_unix) else None
+        meta["request_id_prefix"] = run.request_id_prefix
+        _write_log(log, plan, run, sim, meta, sims_log, anchors)
+    if anchor_error is not None:
+        raise InputError(anchor_error + (f" (the replay's log is kept: {log})" if log is not None else ""))
     return resp
 
 

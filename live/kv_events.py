@@ -1,0 +1,116 @@
+"""vLLM's KV-cache events as a diagnostic of where kvhit's scheduler model departs from the engine (docs/live.md):
+
+    # 1. in the server environment: bind the endpoint the server will connect to, keep every event batch
+    live/kv_events.py record tcp://127.0.0.1:P EVENTS.bin        # run before the replay, stop by its PID after
+    #    the server: live/serve.sh … --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+    #                "endpoint": "tcp://127.0.0.1:P", "topic": "kv"}'   (vLLM connects to a tcp://host:port endpoint)
+    # 2. in the server environment: decode (vLLM's own msgspec classes) to JSON lines
+    live/kv_events.py decode EVENTS.bin EVENTS.jsonl
+    # 3. in kvhit's environment: for each request whose simulated hit (the log's scheduler column) differs from the
+    #    server's cached_tokens, the engine's store/remove history of its prompt blocks, relative to its
+    #    "Added request" time (the log must come from `kvhit replay --server-log`)
+    live/kv_events.py explain LOG.parquet EVENTS.jsonl
+
+The engine publishes one batch per step, stamped with time.time() at the step's end
+(vllm/v1/core/sched/scheduler.py update_from_output: KVEventBatch(ts=time.time())): the same wall clock as the
+server log's "Added request" lines. Blocks are matched by their token prefix (BlockStored carries the token ids
+and the parent hash), so no knowledge of vLLM's hash function is needed.
+"""
+
+import hashlib
+import json
+import struct
+import sys
+
+
+def record(endpoint, out):  # noqa: D103
+    import zmq
+
+    sock = zmq.Context().socket(zmq.SUB)
+    sock.bind(endpoint)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    with open(out, "ab") as f:
+        while True:
+            payload = sock.recv_multipart()[-1]
+            f.write(struct.pack("<I", len(payload)) + payload)
+            f.flush()
+
+
+def decode(src, out):  # noqa: D103
+    import msgspec
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
+
+    dec = msgspec.msgpack.Decoder(type=KVEventBatch)
+
+    def h(x):
+        return x.hex() if isinstance(x, bytes) else x
+
+    with open(src, "rb") as f, open(out, "w") as w:
+        while len(n := f.read(4)) == 4:
+            b = dec.decode(f.read(struct.unpack("<I", n)[0]))
+            ev = []
+            for e in b.events:
+                if isinstance(e, BlockStored):
+                    ev.append(["S", [h(x) for x in e.block_hashes], h(e.parent_block_hash), list(e.token_ids)])
+                elif isinstance(e, BlockRemoved):
+                    ev.append(["R", [h(x) for x in e.block_hashes]])
+                else:
+                    ev.append(["C"])
+            w.write(json.dumps({"ts": b.ts, "ev": ev}) + "\n")
+
+
+def _key(base, toks):
+    import numpy as np
+
+    return hashlib.sha1(base + np.asarray(toks, np.int64).tobytes()).digest()
+
+
+def explain(log, events_jsonl):  # noqa: D103
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(log)
+    meta = json.loads(t.schema.metadata[b"kvhit_replay"])
+    b = int(meta["server"]["block_size"])
+    d = t.to_pydict()
+    if "server_added_unix" not in d or "simulated_hit_tokens_scheduler" not in d:
+        sys.exit(f"kv_events: {log} has no server anchors or scheduler column (replay with --check --server-log)")
+    prefix, hist = {}, {}
+    for line in open(events_jsonl):
+        e = json.loads(line)
+        for ev in e["ev"]:
+            if ev[0] == "S":
+                base = prefix.get(ev[2], b"") if ev[2] is not None else b""
+                for i, h in enumerate(ev[1]):
+                    base = _key(base, ev[3][i * b : (i + 1) * b])
+                    prefix[h] = base
+                    hist.setdefault(base, []).append((e["ts"], "stored"))
+            elif ev[0] == "R":
+                for h in ev[1]:
+                    if h in prefix:
+                        hist.setdefault(prefix[h], []).append((e["ts"], "removed"))
+    added = np.asarray(d["server_added_unix"], np.float64)
+    for r, (meas, sim) in enumerate(zip(d["cached_tokens"], d["simulated_hit_tokens_scheduler"], strict=True)):
+        if d["status"][r] != "ok" or meas == sim:
+            continue
+        p = d["prompt_ids"][r]
+        print(f"request {r}: server {meas // b} blocks, model {sim // b} (prompt {len(p)} tokens)")
+        base = b""
+        lo, hi = sorted((meas // b, sim // b))
+        for i in range(hi + (1 if hi == lo else 0)):
+            base = _key(base, p[i * b : (i + 1) * b])
+            if i < lo:
+                continue
+            last = [(round((ts - added[r]) * 1e3), what) for ts, what in hist.get(base, []) if ts <= added[r] + 1.0]
+            print(f"  block {i}: last events (ms after 'Added request'): {last[-3:]}")
+
+
+def main(argv):  # noqa: D103
+    cmds = {"record": record, "decode": decode, "explain": explain}
+    if len(argv) != 3 or argv[0] not in cmds:
+        sys.exit(__doc__)
+    cmds[argv[0]](argv[1], argv[2])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
