@@ -38,14 +38,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agentic_accuracy import compose, realisation_starts, weka_files  # noqa: E402
+from kvhit.estimate.band import DEFAULT_ORDER  # noqa: E402
 from kvhit.estimate.replay_band import replay_band, sglang_replays, tier_replays  # noqa: E402
 from kvhit.workload.production import read_weka  # noqa: E402
+
+#: the replays' start law (``--order``; default the band's, kvhit.estimate.band.DEFAULT_ORDER)
+ORDER = DEFAULT_ORDER
 
 
 def pools(names):
     h = read_weka(weka_files(True))
     Ch = int(h.session.max()) + 1
-    for tag, s in (("a", 100), ("b", 101)):
+    for tag, s in (("a", 100), ("b", 101), ("f", 105)):
         if f"held-35{tag}" in names:
             yield f"held-35{tag}", h, np.random.default_rng(s).integers(0, Ch, 35)
 
@@ -125,10 +129,10 @@ def run(out, name, base, draws, arrival, engine, seeds_mean, seeds_band, K, leve
     reps, t0 = [], time.perf_counter()
     for s, pt in enumerate(traces[:seeds_band]):
         if engine == "sglang":
-            H = sglang_replays(pt, grid, replays=K, seed=1000 + s, workers=1)
+            H = sglang_replays(pt, grid, replays=K, seed=1000 + s, workers=1, order=ORDER)
         else:
             kw, _ = tier_kw(engine)
-            H = tier_replays(pt, grid[0], grid[1], tier=engine, replays=K, seed=1000 + s, **kw)
+            H = tier_replays(pt, grid[0], grid[1], tier=engine, replays=K, seed=1000 + s, order=ORDER, **kw)
         reps.append(replay_band(H, level))
     t_rep = (time.perf_counter() - t0) / seeds_band / K
     S = sims.reshape(seeds_mean, -1)
@@ -197,7 +201,11 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=16)
     ap.add_argument("--level", type=float, default=0.9)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--order", default=None, help="the replays' start law (keep-span random keep; default the band's)")
     a = ap.parse_args()
+    global ORDER
+    ORDER = a.order or DEFAULT_ORDER
+    print(f"replays' start law: {ORDER}", flush=True)
     out: list[dict] = []
     for name, base, draws in pools(a.pools):
         for arrival in a.arrivals:

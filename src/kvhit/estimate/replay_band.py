@@ -2,10 +2,11 @@
 redrawn start times (issue 23 §5/§6; ``docs/estimators.md`` §4.3).
 
 The vLLM band (:mod:`kvhit.estimate.band`) replays the trace ``K`` times through the exact vLLM simulator, the
-conversations' start times redrawn i.i.d. from the fitted start law (:func:`kvhit.estimate.band.draw_starts`: the
-trace's own start histogram, as the estimator's ``λ̂``), and keeps the estimator's ``E[h]`` beside the replays'
-mean. Here the same ``K`` realisations (same draws at the same ``seed``: :func:`~kvhit.estimate.band.draw_starts`
-called in the same order) go through
+conversations' start times redrawn by the band's start law (:data:`kvhit.estimate.band.DEFAULT_ORDER`, ``keep-span``:
+the order kept, starts uniform on the observed span widened by one mean spacing, the start histogram where a KS
+test rejects uniformity; until 2026-12-03 ``random``: i.i.d. from the start histogram — the measurements of
+docs/estimators.md §4.3 were made with it), and keeps the estimator's ``E[h]`` beside the replays' mean. Here the
+same ``K`` realisations (same draws at the same ``seed`` and ``order``: :func:`start_draws`) go through
 
 * SGLang 0.5.23 ``UnifiedRadixCache`` with LRU, page size 1 (:func:`kvhit.sim.sglang.run.radix_curve` on
   :func:`kvhit.sim.sglang.streams.streams_from_production`, one simulation per pool: no one-pass curve), and
@@ -39,7 +40,16 @@ from typing import Any
 import numpy as np
 
 from kvhit.estimate.agentic import AgenticError
-from kvhit.estimate.band import draw_starts, prediction_factor, restart_sessions, session_starts
+from kvhit.estimate.band import (
+    DEFAULT_ORDER,
+    ORDERS,
+    draw_span_starts,
+    draw_starts,
+    prediction_factor,
+    restart_sessions,
+    session_starts,
+    start_law,
+)
 
 __all__ = [
     "ReplayBand",
@@ -53,26 +63,38 @@ __all__ = [
 
 #: the note every output of this module carries: no benchmark has shown the targets for these bands
 NOT_VALIDATED = (
-    "not validated: the expected value is the mean of {K} exact {what} replays at start times redrawn from the "
-    "trace's start histogram (Monte Carlo standard error up to {se:.3f}); benchmarks/replay_band_accuracy.py "
+    "not validated: the expected value is the mean of {K} exact {what} replays at redrawn start times (the "
+    "conversations' order kept; Monte Carlo standard error up to {se:.3f}); benchmarks/replay_band_accuracy.py "
     "measures it against held-out WEKA pools (docs/estimators.md §4.3)"
 )
 
 
-def start_draws(pt, replays: int, seed: int, bins=None):
-    """The ``replays`` re-timed traces of ``pt`` (generator), start times from
-    :func:`~kvhit.estimate.band.draw_starts` with one ``default_rng(seed)`` drawn in order — the realisations of
-    :func:`kvhit.estimate.band.realisation_replays` at the same seed."""
+def start_draws(pt, replays: int, seed: int, bins=None, order: str = DEFAULT_ORDER):
+    """The ``replays`` re-timed traces of ``pt`` (generator), start times drawn by the band's law ``order``
+    (:data:`~kvhit.estimate.band.DEFAULT_ORDER`: :func:`~kvhit.estimate.band.draw_span_starts`; ``random`` /
+    ``keep``: :func:`~kvhit.estimate.band.draw_starts`) with one ``default_rng(seed)`` drawn in order — the
+    realisations of :func:`kvhit.estimate.band.realisation_replays` at the same seed and order."""
     if isinstance(replays, bool) or not isinstance(replays, int) or not 2 <= replays <= 1000:
         raise AgenticError(f"replays: expected an integer in 2–1000, got {replays!r}")
+    if order not in ORDERS:
+        raise AgenticError(f"order: expected one of {ORDERS}, got {order!r}")
     first = session_starts(pt)
     rng = np.random.default_rng(seed)
+    law = start_law(first) if order == "keep-span" else None
     for _ in range(replays):
-        yield restart_sessions(pt, draw_starts(first, rng, bins))
+        x = draw_span_starts(first, rng, law) if law else draw_starts(first, rng, bins, order=order)
+        yield restart_sessions(pt, x)
 
 
 def sglang_replays(
-    pt, Cs: Any, *, replays: int = 16, seed: int = 0, bins=None, workers: int | None = None
+    pt,
+    Cs: Any,
+    *,
+    replays: int = 16,
+    seed: int = 0,
+    bins=None,
+    workers: int | None = None,
+    order: str = DEFAULT_ORDER,
 ) -> np.ndarray:
     """Exact SGLang token hit ratios (``replays`` × len(Cs)) of ``replays`` start-time realisations of ``pt``
     (UnifiedRadixCache, LRU, page size 1; pools ``Cs`` in tokens); NaN where a request does not fit the pool."""
@@ -83,7 +105,7 @@ def sglang_replays(
     if Cs.ndim != 1 or Cs.size == 0 or (Cs < 1).any():
         raise AgenticError("Cs: expected a non-empty 1-D sequence of pool sizes ≥ 1 token")
     out = np.full((replays, Cs.shape[0]), np.nan)
-    for k, q in enumerate(start_draws(pt, replays, seed, bins)):
+    for k, q in enumerate(start_draws(pt, replays, seed, bins, order)):
         out[k] = radix_curve(streams_from_production(q), Cs, workers=workers)["token_hit_ratio"]
     return out
 
@@ -99,6 +121,7 @@ def tier_replays(
     bins=None,
     engine: str = "vllm",
     workers: int = 1,
+    order: str = DEFAULT_ORDER,
     **kw: Any,
 ) -> np.ndarray:
     """Exact two-tier hit ratios (``replays`` × len(hbm) × len(host)) of ``replays`` start-time realisations of
@@ -113,7 +136,7 @@ def tier_replays(
     ok = Ns >= N_min
     if not ok.any():
         return out
-    for k, q in enumerate(start_draws(pt, replays, seed, bins)):
+    for k, q in enumerate(start_draws(pt, replays, seed, bins, order)):
         rq = q.to_block_requests()
         s = hit_surface(
             rq.prompt_tokens,
