@@ -6,7 +6,9 @@ Per log: requests, measured ratio, and for each model the requests whose simulat
 cached_tokens and simulated − measured (aggregate token hit ratio over all requests): the scheduler model on the
 client's clock (send/finish times, the server's timings with the HTTP overhead split evenly), the scheduler model
 on the server's clock (each request's "Added request" time from --server-log, or the `server_added_unix` column
-the replay recorded with `kvhit replay --server-log`; absent for logs without either), and holds. With
+the replay recorded with `kvhit replay --server-log`; absent for logs without either), and holds on the client's
+clock (send to finish) and on the server's clock (`holds_server`: from the first schedule, "Added request" + the
+server's queue time, to the last token, + first-token + generation times; absent without anchors or timings). With
 --step-time-from, the client-clock scheduler uses a step-time line fitted to another log's latencies instead.
 """
 
@@ -17,7 +19,7 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 
-from kvhit.replay.check import compare, simulate_recorded, simulate_recorded_scheduler
+from kvhit.replay.check import compare, server_clock_holds, simulate_recorded, simulate_recorded_scheduler
 from kvhit.replay.serverlog import ServerLogError, anchor_times
 from kvhit.sim.vllm.scheduler import StepTime
 
@@ -73,6 +75,12 @@ def check(L, step_time=None, server_log=None, **kw):  # noqa: D103
             L["prompts"], L["outputs"], prev=L["prev"], server_added=added, **common, **kw
         )
         models.append(("anchored", anch))
+    span = server_clock_holds(added, kw["server_ms"])
+    if span is not None:  # holds on the server's clock: first schedule to last token
+        hs = simulate_recorded(
+            L["prompts"], L["outputs"], block_size=L["b"], num_gpu_blocks=L["G"], t_send=span[0], t_done=span[1]
+        )
+        models.append(("holds_server", hs))
     out = {"log": L["path"], "mode": L["mode"], "requests": int(T.size), "block_size": L["b"], "num_gpu_blocks": L["G"]}
     for name, h in models:
         c = compare(L["cached"], h, T)
@@ -121,11 +129,14 @@ def main(argv):
         if an is not None and "way_in_ms" in an:
             w = an["way_in_ms"]
             anc += f" (way in p50 {w['p50']:.0f} / p90 {w['p90']:.0f} / max {w['max']:.0f} ms)"
+        hs = r.get("holds_server")
+        hsc = "no server log or timings" if hs is None else f"{hs['mismatches']} differ, {hs['sim_minus_meas']:+.4f}"
         print(
             f"{p}: {r['mode']}, {r['requests']} requests, measured {r['measured']:.4f}; scheduler, client clock "
             f"{s['mismatches']} differ, {s['sim_minus_meas']:+.4f} ({s['preemptions']} preemptions, "
             f"latency error {s['latency_mae_ms']:.1f} of {s['latency_mean_ms']:.1f} ms); scheduler, server clock "
-            f"{anc}; holds {h['mismatches']} differ, {h['sim_minus_meas']:+.4f}"
+            f"{anc}; holds, client clock {h['mismatches']} differ, {h['sim_minus_meas']:+.4f}; holds, server clock "
+            f"{hsc}"
         )
     if a.json:
         with open(a.json, "w") as f:
