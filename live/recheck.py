@@ -1,6 +1,6 @@
 """Re-run the concurrent check of `kvhit replay` logs offline, with the scheduler model and with holds:
     live/recheck.py LOG.parquet [LOG.parquet …] [--server-log SERVER.log] [--step-time-from LOG.parquet]
-                    [--json OUT.json]
+                    [--hold-to-deadline] [--json OUT.json]
 
 Per log: requests, measured ratio, and for each model the requests whose simulated hit differs from the server's
 cached_tokens and simulated − measured (aggregate token hit ratio over all requests): the scheduler model on the
@@ -9,7 +9,9 @@ on the server's clock (each request's "Added request" time from --server-log, or
 the replay recorded with `kvhit replay --server-log`; absent for logs without either), and holds on the client's
 clock (send to finish) and on the server's clock (`holds_server`: from the first schedule, "Added request" + the
 server's queue time, to the last token, + first-token + generation times; absent without anchors or timings). With
---step-time-from, the client-clock scheduler uses a step-time line fitted to another log's latencies instead.
+--step-time-from, the client-clock scheduler uses a step-time line fitted to another log's latencies instead; with
+--hold-to-deadline, both scheduler runs keep a request's blocks until its measured last token when the simulated
+steps finish it earlier (docs/live.md: what it fixes and what it costs).
 """
 
 import argparse
@@ -110,6 +112,12 @@ def main(argv):
     ap.add_argument("logs", nargs="+")
     ap.add_argument("--step-time-from")
     ap.add_argument("--server-log", help="the server's log (--enable-log-requests, live/vllm_logging.json)")
+    ap.add_argument(
+        "--hold-to-deadline",
+        action="store_true",
+        help="the scheduler model keeps a request's blocks until its measured last token when it finishes earlier "
+        "(hold_to_deadline of simulate_recorded_scheduler; a diagnostic, not the default)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     st = None
@@ -119,7 +127,7 @@ def main(argv):
     rows = []
     for p in a.logs:
         try:
-            r = check(load(p), step_time=st, server_log=a.server_log)
+            r = check(load(p), step_time=st, server_log=a.server_log, hold_to_deadline=a.hold_to_deadline)
         except ServerLogError as e:
             sys.exit(f"recheck: {e}")
         rows.append(r)

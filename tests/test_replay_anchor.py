@@ -220,3 +220,26 @@ def test_parser_round_trips_any_id(tmp_path_factory, rid, suffix, t):
     f.write_text(f"{t:.6f} 7 INFO vllm.v1.engine.async_llm: Added request {resp}-0-{suffix:08x}.\n")
     (got,) = anchor_times(f, [resp])
     assert got == float(f"{t:.6f}")
+
+
+def test_cli_prints_both_clocks_for_scheduler_and_holds(tmp_path):
+    from clihelp import kvhit
+
+    path = tmp_path / "t.parquet"
+    _chat_trace(path, n_conv=4)
+    slog = tmp_path / "server.log"
+    slog.write_text("")
+    with FakeVllm(log=slog) as srv:
+        r = kvhit(
+            "replay", "--endpoint", srv.url, "--trace", str(path), "--check", "--concurrency", "2",
+            "--server-log", str(slog),
+        )  # fmt: skip
+    assert r.code == 0, r.err
+    out = " ".join(r.out.split())
+    for what in (
+        "vLLM's scheduler on the server's clock",
+        "vLLM's scheduler on the client's clock",
+        "holds on the server's clock (first schedule to last token)",
+        "holds on the client's clock (send to finish)",
+    ):
+        assert f"concurrent, {what}" in out
