@@ -10,6 +10,9 @@
     #    server's cached_tokens, the engine's store/remove history of its prompt blocks, relative to its
     #    "Added request" time (the log must come from `kvhit replay --server-log`)
     live/kv_events.py explain LOG.parquet EVENTS.jsonl
+    # 4. in kvhit's environment: every request's hit looked up in the engine's own cache state (the events up to
+    #    its admission), against cached_tokens and kvhit's model: what is left to the lookup rule vs the timing
+    live/kv_events.py oracle LOG.parquet EVENTS.jsonl
 
 The engine publishes one batch per step, stamped with time.time() at the step's end
 (vllm/v1/core/sched/scheduler.py update_from_output: KVEventBatch(ts=time.time())): the same wall clock as the
@@ -105,8 +108,92 @@ def explain(log, events_jsonl):  # noqa: D103
             print(f"  block {i}: last events (ms after 'Added request'): {last[-3:]}")
 
 
+def _replay_events(batches, b):
+    """Per batch, its events in order as (kind, prefix key): 'S' stored, 'R' removed, 'C' all cleared."""
+    prefix, evs = {}, []
+    for e in batches:
+        out = []
+        for ev in e["ev"]:
+            if ev[0] == "S":
+                base = prefix.get(ev[2], b"") if ev[2] is not None else b""
+                for i, h in enumerate(ev[1]):
+                    base = _key(base, ev[3][i * b : (i + 1) * b])
+                    prefix[h] = base
+                    out.append(("S", base))
+            elif ev[0] == "R":
+                out.extend(("R", prefix[h]) for h in ev[1] if h in prefix)
+            else:
+                out.append(("C", None))
+        evs.append(out)
+    return evs
+
+
+def oracle(log, events_jsonl):  # noqa: D103
+    """Each request's hit looked up (chained blocks, capped at (T − 1) // b) in the engine's OWN cache state: every
+    event before the request's admission — the step batch that stores its first uncached block (its measured hit),
+    taken up to that store (a batch lists a step's events in execution order: running requests first, then the
+    admissions in order); for a request that stores no block there, every batch that ended before its 'Added
+    request' time + queue time. Where this matches cached_tokens and kvhit's model does not, the model's cache
+    state at that moment differed (which steps ran when), not its lookup rule."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(log)
+    b = int(json.loads(t.schema.metadata[b"kvhit_replay"])["server"]["block_size"])
+    d = t.to_pydict()
+    if "server_added_unix" not in d or "simulated_hit_tokens_scheduler" not in d:
+        sys.exit(f"kv_events: {log} has no server anchors or scheduler column (replay with --check --server-log)")
+    batches = [json.loads(line) for line in open(events_jsonl)]
+    ts = np.array([e["ts"] for e in batches])
+    evs = _replay_events(batches, b)
+    added = np.asarray(d["server_added_unix"], np.float64)
+    queue = np.asarray(d["server_queue_ms"], np.float64) / 1e3
+    n_or = n_mod = n_ok = by_time = 0
+    for r in range(len(d["status"])):
+        if d["status"][r] != "ok":
+            continue
+        n_ok += 1
+        p = d["prompt_ids"][r]
+        base, ks = b"", []
+        for i in range(len(p) // b):
+            base = _key(base, p[i * b : (i + 1) * b])
+            ks.append(base)
+        meas, sim = d["cached_tokens"][r] // b, d["simulated_hit_tokens_scheduler"][r] // b
+        adm = None
+        if meas < len(ks):
+            for j in np.flatnonzero(ts >= added[r] - 0.005):
+                if ("S", ks[meas]) in evs[j]:
+                    adm = int(j)
+                    break
+        upto = []
+        if adm is None:
+            adm = int(np.searchsorted(ts, added[r] + queue[r]))
+            by_time += 1
+        else:
+            upto = evs[adm][: evs[adm].index(("S", ks[meas]))]
+        live = set()
+        for kind, k in [x for j in range(adm) for x in evs[j]] + upto:
+            if kind == "S":
+                live.add(k)
+            elif kind == "R":
+                live.discard(k)
+            else:
+                live.clear()
+        h = 0
+        while h < (len(p) - 1) // b and ks[h] in live:
+            h += 1
+        n_or += h != meas
+        n_mod += sim != meas
+        if h != meas or sim != meas:
+            print(f"request {r}: server {meas} blocks, engine-state lookup {h}, kvhit's model {sim}")
+    print(
+        f"{n_ok} requests ({by_time} cut by time): the lookup on the engine's own cache state differs from "
+        f"cached_tokens on {n_or}, kvhit's scheduler model on {n_mod}"
+    )
+
+
 def main(argv):  # noqa: D103
-    cmds = {"record": record, "decode": decode, "explain": explain}
+    cmds = {"record": record, "decode": decode, "explain": explain, "oracle": oracle}
     if len(argv) != 3 or argv[0] not in cmds:
         sys.exit(__doc__)
     cmds[argv[0]](argv[1], argv[2])

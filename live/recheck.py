@@ -1,13 +1,17 @@
 """Re-run the concurrent check of `kvhit replay` logs offline, with the scheduler model and with holds:
     live/recheck.py LOG.parquet [LOG.parquet …] [--server-log SERVER.log] [--step-time-from LOG.parquet]
-                    [--json OUT.json]
+                    [--hold-to-deadline] [--json OUT.json]
 
 Per log: requests, measured ratio, and for each model the requests whose simulated hit differs from the server's
 cached_tokens and simulated − measured (aggregate token hit ratio over all requests): the scheduler model on the
 client's clock (send/finish times, the server's timings with the HTTP overhead split evenly), the scheduler model
 on the server's clock (each request's "Added request" time from --server-log, or the `server_added_unix` column
-the replay recorded with `kvhit replay --server-log`; absent for logs without either), and holds. With
---step-time-from, the client-clock scheduler uses a step-time line fitted to another log's latencies instead.
+the replay recorded with `kvhit replay --server-log`; absent for logs without either), and holds on the client's
+clock (send to finish) and on the server's clock (`holds_server`: from the first schedule, "Added request" + the
+server's queue time, to the last token, + first-token + generation times; absent without anchors or timings). With
+--step-time-from, the client-clock scheduler uses a step-time line fitted to another log's latencies instead; with
+--hold-to-deadline, both scheduler runs keep a request's blocks until its measured last token when the simulated
+steps finish it earlier (docs/live.md: what it fixes and what it costs).
 """
 
 import argparse
@@ -17,7 +21,7 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 
-from kvhit.replay.check import compare, simulate_recorded, simulate_recorded_scheduler
+from kvhit.replay.check import compare, server_clock_holds, simulate_recorded, simulate_recorded_scheduler
 from kvhit.replay.serverlog import ServerLogError, anchor_times
 from kvhit.sim.vllm.scheduler import StepTime
 
@@ -73,6 +77,12 @@ def check(L, step_time=None, server_log=None, **kw):  # noqa: D103
             L["prompts"], L["outputs"], prev=L["prev"], server_added=added, **common, **kw
         )
         models.append(("anchored", anch))
+    span = server_clock_holds(added, kw["server_ms"])
+    if span is not None:  # holds on the server's clock: first schedule to last token
+        hs = simulate_recorded(
+            L["prompts"], L["outputs"], block_size=L["b"], num_gpu_blocks=L["G"], t_send=span[0], t_done=span[1]
+        )
+        models.append(("holds_server", hs))
     out = {"log": L["path"], "mode": L["mode"], "requests": int(T.size), "block_size": L["b"], "num_gpu_blocks": L["G"]}
     for name, h in models:
         c = compare(L["cached"], h, T)
@@ -102,6 +112,12 @@ def main(argv):
     ap.add_argument("logs", nargs="+")
     ap.add_argument("--step-time-from")
     ap.add_argument("--server-log", help="the server's log (--enable-log-requests, live/vllm_logging.json)")
+    ap.add_argument(
+        "--hold-to-deadline",
+        action="store_true",
+        help="the scheduler model keeps a request's blocks until its measured last token when it finishes earlier "
+        "(hold_to_deadline of simulate_recorded_scheduler; a diagnostic, not the default)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     st = None
@@ -111,7 +127,7 @@ def main(argv):
     rows = []
     for p in a.logs:
         try:
-            r = check(load(p), step_time=st, server_log=a.server_log)
+            r = check(load(p), step_time=st, server_log=a.server_log, hold_to_deadline=a.hold_to_deadline)
         except ServerLogError as e:
             sys.exit(f"recheck: {e}")
         rows.append(r)
@@ -121,11 +137,14 @@ def main(argv):
         if an is not None and "way_in_ms" in an:
             w = an["way_in_ms"]
             anc += f" (way in p50 {w['p50']:.0f} / p90 {w['p90']:.0f} / max {w['max']:.0f} ms)"
+        hs = r.get("holds_server")
+        hsc = "no server log or timings" if hs is None else f"{hs['mismatches']} differ, {hs['sim_minus_meas']:+.4f}"
         print(
             f"{p}: {r['mode']}, {r['requests']} requests, measured {r['measured']:.4f}; scheduler, client clock "
             f"{s['mismatches']} differ, {s['sim_minus_meas']:+.4f} ({s['preemptions']} preemptions, "
             f"latency error {s['latency_mae_ms']:.1f} of {s['latency_mean_ms']:.1f} ms); scheduler, server clock "
-            f"{anc}; holds {h['mismatches']} differ, {h['sim_minus_meas']:+.4f}"
+            f"{anc}; holds, client clock {h['mismatches']} differ, {h['sim_minus_meas']:+.4f}; holds, server clock "
+            f"{hsc}"
         )
     if a.json:
         with open(a.json, "w") as f:

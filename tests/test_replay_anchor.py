@@ -1,5 +1,6 @@
 """The engine's clock for the concurrent check: the server log's 'Added request' lines (kvhit.replay.serverlog) and
-the scheduler model anchored on them (simulate_recorded_scheduler(server_added=…)); refusals of bad logs."""
+the scheduler model and the holds anchored on them (simulate_recorded_scheduler(server_added=…),
+server_clock_holds); refusals of bad logs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvhit.replay.check import simulate_recorded_scheduler
+from kvhit.replay.check import server_clock_holds, simulate_recorded, simulate_recorded_scheduler
 from kvhit.replay.serverlog import ServerLogError, added_times, anchor_times, external_id
 from kvhit.service.base import build
 from kvhit.service.errors import InputError
@@ -128,6 +129,33 @@ def test_anchored_clock_equals_client_clock_at_the_client_arrivals():
     assert ci["preemptions"] + (client > 0).sum() > 0  # the case exercises hits (and, here, the pool)
 
 
+def test_server_clock_holds_hand_case():
+    """Holds on the server's clock run from the first schedule (anchor + queue) to the last token (+ ttft +
+    generation). Two requests share an 8-token prefix (blocks of 4, 5 usable blocks, one output token each: A keeps
+    2 full blocks, B its first 2 of 9 tokens): whoever is admitted first misses, the other hits — A capped at
+    (8 − 1) // 4 = 1 block (4 tokens), B at (9 − 1) // 4 = 2 blocks (8 tokens). The client sent B at 0.0 and A at
+    0.1: holds on the client's clock admit B first → [4, 0]. The server log has B added at +0.00 and A at +0.02,
+    but B waited 50 ms in the queue and A none: first schedules A at 0.02, B at 0.05 — A first; with 50 ms to the
+    first token and no decode A holds [0.02, 0.07], B [0.05, 0.10], so B is admitted while A runs and finds
+    its 2 cached blocks → [0, 8]. Holds from the arrival instead (no queue) would put B first again → [4, 0]."""
+    prompts = [np.arange(1, 9), np.arange(1, 10)]
+    outputs = [np.array([100]), np.array([101])]
+    kw = dict(block_size=4, num_gpu_blocks=6)
+    server_ms = (np.array([0.0, 50.0]), np.array([50.0, 50.0]), np.array([0.0, 0.0]))
+    start, end = server_clock_holds(np.array([1000.02, 1000.0]), server_ms)
+    np.testing.assert_allclose(start, [0.02, 0.05], atol=1e-9)
+    np.testing.assert_allclose(end, [0.07, 0.10], atol=1e-9)
+    client = simulate_recorded(prompts, outputs, t_send=np.array([0.1, 0.0]), t_done=np.array([0.3, 0.2]), **kw)
+    assert client.tolist() == [4, 0]
+    assert simulate_recorded(prompts, outputs, t_send=start, t_done=end, **kw).tolist() == [0, 8]
+    arrival = simulate_recorded(prompts, outputs, t_send=np.array([0.02, 0.0]), t_done=end, **kw)
+    assert arrival.tolist() == [4, 0]
+    # anything missing (an anchor, a duration): no server clock
+    assert server_clock_holds(np.array([1000.0, np.nan]), server_ms) is None
+    assert server_clock_holds(np.array([1000.0, 1000.1]), (server_ms[0], np.array([1.0, np.nan]), server_ms[2])) is None
+    assert server_clock_holds(None, server_ms) is None
+
+
 def _req(url, path, **kw):
     return build(ReplayRequest, endpoint=url, trace=path, check=True, **kw)
 
@@ -142,8 +170,9 @@ def test_replay_with_server_log_uses_the_anchored_clock(tmp_path):
     cc = res.check["concurrent"]
     assert cc["scheduler"]["clock"] == "anchored (server log)"
     # nothing is evicted (1,000 blocks): every clock gives the server's hits
-    for name in ("scheduler", "scheduler_client_clock", "holds"):
+    for name in ("scheduler", "scheduler_client_clock", "holds", "holds_client_clock"):
         assert cc[name]["mismatching_requests"] == 0
+    assert cc["holds"]["clock"] == "server (first schedule to last token)"
     import pyarrow.parquet as pq
 
     t = pq.read_table(tmp_path / "log.parquet").to_pydict()
@@ -191,3 +220,26 @@ def test_parser_round_trips_any_id(tmp_path_factory, rid, suffix, t):
     f.write_text(f"{t:.6f} 7 INFO vllm.v1.engine.async_llm: Added request {resp}-0-{suffix:08x}.\n")
     (got,) = anchor_times(f, [resp])
     assert got == float(f"{t:.6f}")
+
+
+def test_cli_prints_both_clocks_for_scheduler_and_holds(tmp_path):
+    from clihelp import kvhit
+
+    path = tmp_path / "t.parquet"
+    _chat_trace(path, n_conv=4)
+    slog = tmp_path / "server.log"
+    slog.write_text("")
+    with FakeVllm(log=slog) as srv:
+        r = kvhit(
+            "replay", "--endpoint", srv.url, "--trace", str(path), "--check", "--concurrency", "2",
+            "--server-log", str(slog),
+        )  # fmt: skip
+    assert r.code == 0, r.err
+    out = " ".join(r.out.split())
+    for what in (
+        "vLLM's scheduler on the server's clock",
+        "vLLM's scheduler on the client's clock",
+        "holds on the server's clock (first schedule to last token)",
+        "holds on the client's clock (send to finish)",
+    ):
+        assert f"concurrent, {what}" in out

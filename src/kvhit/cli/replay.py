@@ -58,7 +58,8 @@ def replay(
     the measured finish times; --max-num-batched-tokens and --max-num-seqs as the server runs) and with holds from
     the measured times, both reported per request and in aggregate (not gating the exit status); --server-log FILE
     (the vLLM server's log, with --enable-log-requests and Unix-time stamps: live/vllm_logging.json) anchors the
-    scheduler model on the engine's own clock (each request's "Added request" line). A replay that fails
+    scheduler model and the holds on the engine's own clock (each request's "Added request" line; holds then run
+    from the first schedule to the last token), the client's clock reported beside them. A replay that fails
     midway keeps its --log, marked partial, and exits 1. Against an SGLang server (detected from /server_info, or
     --engine sglang) --check simulates with kvhit's SGLang model instead (page size, pool and eviction policy read from
     the server); its concurrent replays are simulated with holds only.
@@ -190,10 +191,17 @@ def _render(res) -> None:
         else:
             cc = ck["concurrent"]
             anchored = "scheduler_client_clock" in cc
+            h_anchored = "holds_client_clock" in cc
             for name, what in (
                 ("scheduler", "vLLM's scheduler" + (" on the server's clock" if anchored else "")),
                 ("scheduler_client_clock", "vLLM's scheduler on the client's clock"),
-                ("holds", "holds from measured times"),
+                (
+                    "holds",
+                    "holds on the server's clock (first schedule to last token)"
+                    if h_anchored
+                    else "holds from measured times",
+                ),
+                ("holds_client_clock", "holds on the client's clock (send to finish)"),
             ):
                 if name not in cc:
                     continue

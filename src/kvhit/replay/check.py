@@ -22,7 +22,9 @@ Sequential replays are simulated request by request with nothing in flight. Conc
   (:func:`kvhit.sim.vllm.scheduler.fit_step_time`) is the alternative (``clock="fitted"``) — on a loaded
   machine, where step times vary a lot, it predicts the latencies poorly and the hits worse;
 * or with holds (``times``/``hold`` of :func:`kvhit.sim.engine.replay`): each request holds all its blocks
-  from its measured send time to its measured finish time — the older, coarser model.
+  from its measured send time to its measured finish time — the older, coarser model — or, with the server's
+  log and timings, on the server's clock (:func:`server_clock_holds`): from its first schedule to its last
+  token.
 
 The engine-aware estimator (:func:`kvhit.estimate.estimate_engine`) is evaluated on the recorded prompts
 (``cum_tokens`` = the prompt length sent) at the same ``N``.
@@ -52,6 +54,7 @@ __all__ = [
     "estimate_recorded",
     "recorded_trace",
     "estimate_recorded_sglang",
+    "server_clock_holds",
     "simulate_recorded",
     "simulate_recorded_scheduler",
     "simulate_recorded_sglang",
@@ -129,6 +132,33 @@ def simulate_recorded(
     reqs = [Request(r, int(T[r]), tuple(int(x) for x in hs[off[r] : off[r + 1]]), int(m[r])) for r in range(n)]
     eng = VllmEngine(int(num_gpu_blocks) - 1, block_size=int(block_size), engine=engine, colocated=True)
     return _replay_hits(eng, reqs, t_send, t_done)
+
+
+def server_clock_holds(server_added, server_ms):
+    """Each request's hold on the server's clock, ``(start, end)`` in seconds after the earliest anchor, or None
+    unless every request has an anchor and all three server durations (finite).
+
+    ``server_added``: Unix times of the server log's ``Added request`` lines
+    (:func:`kvhit.replay.serverlog.anchor_times`); ``server_ms``: ``(queue, ttft, generation)`` milliseconds per
+    request (vLLM ``--enable-per-request-metrics``). A request holds its blocks from its **first schedule**,
+    ``added + queue``, to its **last token**, ``added + queue + ttft + generation``. Why the first schedule and
+    not the arrival (vLLM 0.32.0, ``v1/core/sched/scheduler.py``): a waiting request holds no blocks — the prefix
+    lookup (``kv_cache_manager.get_computed_blocks``, which decides ``cached_tokens``) and the allocation
+    (``allocate_slots``) happen in the ``schedule()`` call that first admits it, whose start
+    (``scheduled_timestamp = time.monotonic()``) is the request's ``scheduled_ts``, and ``queue_time_ms`` is
+    ``scheduled_ts − queued_ts``; the blocks go back to the free queue in ``update_from_output`` of the step that
+    produced the last token (``_free_request``), the step whose output time is ``last_token_ts``. Not modelled:
+    the delay from the log line to ``queued_ts`` (up to a step; it shifts start and end alike), preemption
+    (a preempted request's blocks are freed and taken again later: holds keep them throughout), and the decode
+    blocks' growth (holds allocate every block at the start)."""
+    if server_added is None or server_ms is None:
+        return None
+    a = np.asarray(server_added, np.float64)
+    q, f, g = (np.asarray(x, np.float64) / 1e3 for x in server_ms)
+    if a.size == 0 or not np.all(np.isfinite(a) & np.isfinite(q) & np.isfinite(f) & np.isfinite(g)):
+        return None
+    start = (a - float(a.min())) + q
+    return start, start + f + g
 
 
 def simulate_recorded_sglang(

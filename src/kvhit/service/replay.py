@@ -9,8 +9,10 @@ control). A replay that cannot start is refused in one line (exit 2); one that f
 marked partial, and says why in one line. A concurrent replay is simulated with kvhit's model of vLLM's
 scheduler (``concurrent_model="scheduler"``, the default: chunked prefill, decode blocks step by step,
 preemption; arrivals at the measured send times, steps paced by the measured finish times) and with holds from
-the measured times (``"holds"``); both are reported, per request and in aggregate, and neither gates the exit
-status — only a sequential replay is exact by construction (:mod:`kvhit.replay.check`).
+the measured times (``"holds"``: from send to finish, or — with ``server_log`` and the server's per-request
+timings — from each request's first schedule to its last token on the server's clock, the client's holds then
+reported beside them as ``"holds_client_clock"``); all are reported, per request and in aggregate, and none
+gates the exit status — only a sequential replay is exact by construction (:mod:`kvhit.replay.check`).
 
 SGLang servers (``engine="sglang"``, or detected by ``auto``): the configuration is read from ``/server_info``
 (page size, ``max_total_num_tokens``, radix eviction policy and its config); the check runs kvhit's SGLang model
@@ -115,8 +117,8 @@ class ReplayRequest(Request):
     concurrent_model: Literal["scheduler", "holds"] = Field(
         "scheduler",
         description="Concurrent replays: the model whose hits are the simulated column: scheduler (vLLM's "
-        "scheduler, steps paced by the measured finish times) | holds (blocks held from send to finish); both are "
-        "reported.",
+        "scheduler, steps paced by the measured finish times) | holds (blocks held from send to finish; with "
+        "--server-log, from first schedule to last token on the server's clock); both are reported.",
     )
     max_num_batched_tokens: int = Field(
         2048,
@@ -165,7 +167,8 @@ class ReplayRequest(Request):
         description="vLLM: the server's log (started with --enable-log-requests and a logging config that stamps "
         "lines with their Unix time, live/vllm_logging.json): a concurrent check's scheduler model then takes "
         "each request's arrival from the server's 'Added request' line (the engine's clock) instead of the "
-        "client's send time; default: none (the client's clock).",
+        "client's send time, and holds run from each request's first schedule to its last token on that clock; "
+        "default: none (the client's clock).",
     )
 
     FLAGS = {"log": "--log", "trace": "--trace", "blocks_trace": "--blocks-trace", "server_log": "--server-log"}
@@ -428,15 +431,15 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                 prompts, outputs, block_size=b, num_gpu_blocks=G, output_cached=req.output_cached
             )
         else:
-            holds = ck.simulate_recorded(
-                prompts,
-                outputs,
-                block_size=b,
-                num_gpu_blocks=G,
-                output_cached=req.output_cached,
-                t_send=run.t_send[idx],
-                t_done=run.t_done[idx],
+            hkw = dict(block_size=b, num_gpu_blocks=G, output_cached=req.output_cached)
+            holds = ck.simulate_recorded(prompts, outputs, t_send=run.t_send[idx], t_done=run.t_done[idx], **hkw)
+            holds_client = None
+            span = ck.server_clock_holds(
+                None if anchors is None else anchors[idx], (run.queue_ms[idx], run.ttft_ms[idx], run.gen_ms[idx])
             )
+            if span is not None:  # holds on the server's clock; the client's clock beside it
+                holds_client = holds
+                holds = ck.simulate_recorded(prompts, outputs, t_send=span[0], t_done=span[1], **hkw)
             pos = np.full(plan.n, -1, np.int64)
             pos[idx] = np.arange(idx.size)
             pv = np.asarray(plan.prev, np.int64)[idx]
@@ -472,6 +475,8 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             models = [("scheduler", sched), ("holds", holds)]
             if client_clock is not None:
                 models.append(("scheduler_client_clock", client_clock))
+            if holds_client is not None:
+                models.append(("holds_client_clock", holds_client))
             for name, h in models:
                 rr = ck.compare(run.cached_tokens[idx], h, plen[idx], mask=window[idx])
                 ra = ck.compare(run.cached_tokens[idx], h, plen[idx])
@@ -490,6 +495,12 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             sims_log["simulated_hit_tokens_holds"][idx] = holds
             sims_log["simulated_hit_tokens_scheduler"] = np.full(plan.n, -1, np.int64)
             sims_log["simulated_hit_tokens_scheduler"][idx] = sched
+            if holds_client is not None:
+                sims_log["simulated_hit_tokens_holds_client_clock"] = np.full(plan.n, -1, np.int64)
+                sims_log["simulated_hit_tokens_holds_client_clock"][idx] = holds_client
+            concurrent["holds"]["clock"] = (
+                "server (first schedule to last token)" if holds_client is not None else "client (send to finish)"
+            )
         sim = np.full(plan.n, -1, np.int64)
         sim[idx] = sim_ok
         res = ck.compare(run.cached_tokens[idx], sim_ok, plen[idx], mask=window[idx])
