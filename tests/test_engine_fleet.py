@@ -127,6 +127,9 @@ def test_fleet_invariants(data, R, N, seed):
     assert ((res.replica >= 0) & (res.replica < R)).all()
     assert (res.hit_tokens % b == 0).all() and (res.hit_tokens <= (T - 1) // b * b).all()
     assert (res.first_token >= t - 1e-12).all() and (res.finished >= res.first_token).all()
+    fr = res.as_fleet_result()
+    assert fr.token_hit_ratio() == pytest.approx(res.token_hit_ratio(), abs=1e-12)
+    assert (fr.wait >= 0).all() and fr.summary()["requests"] == len(T) and fr.router == "dynamo"
     again = simulate_engine_fleet(T, O, off, hs, t, Ns=[N] * R, block_size=b, seed=seed, max_num_batched_tokens=8)
     assert again.replica.tolist() == res.replica.tolist() and again.finished.tolist() == res.finished.tolist()
 
@@ -140,3 +143,56 @@ def test_refusals():
         simulate_engine_fleet([4, 4], [1, 1], [0, 1, 2], [1, 2], [1.0, 0.0], Ns=[8], block_size=4)
     with pytest.raises(ValueError, match="block ids"):
         simulate_engine_fleet([8], [1], [0, 1], [1], [0.0], Ns=[8], block_size=4)
+
+
+def _mooncake(tmp_path):
+    p = tmp_path / "t.jsonl"
+    recs = [
+        {"timestamp": 0, "input_length": 1030, "output_length": 600, "hash_ids": [0, 1, 2]},
+        {"timestamp": 10, "input_length": 1536, "output_length": 40, "hash_ids": [0, 1, 3]},
+        {"timestamp": 20, "input_length": 700, "output_length": 3, "hash_ids": [0, 5]},
+        {"timestamp": 900, "input_length": 2100, "output_length": 9, "hash_ids": [0, 1, 3, 7, 8]},
+    ]
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return p
+
+
+def test_cli_engine_steps_equals_the_library(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvhit.cli import app
+    from kvhit.service.inputs import read_blocks_trace
+
+    p = _mooncake(tmp_path)
+    r = CliRunner().invoke(app, ["fleet", "simulate", "--blocks-trace", str(p), "--replicas", "1,2", "--N", "8",
+                                 "--router", "dynamo", "--engine-steps", "--seed", "3", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["timing"]["engine_steps"] is True
+    pt = read_blocks_trace(p, "sequential", None, None, 3)
+    brq = pt.to_block_requests(colocated=False)
+    for row, R in zip(out["rows"], (1, 2), strict=True):
+        lib = simulate_engine_fleet(pt.prompt_tokens, pt.output_tokens, brq.hash_offsets, brq.hashes, pt.time,
+                                    Ns=[8] * R, block_size=512, seed=3)  # fmt: skip
+        assert row["token_hit_ratio"] == pytest.approx(lib.token_hit_ratio(), abs=1e-12)
+        assert row["estimate"] is None
+
+
+@pytest.mark.parametrize(
+    "extra,msg",
+    [
+        (["--router", "round-robin"], "--engine-steps: models the fleet behind --router dynamo only"),
+        (["--router", "dynamo", "--prefill-tokens-per-s", "1000"], "--prefill-tokens-per-s: does not apply"),
+        (["--router", "dynamo", "--decode-kv"], "--decode-kv: does not apply"),
+        (["--router", "dynamo", "--lag", "1"], "--lag: does not apply"),
+    ],
+)
+def test_cli_engine_steps_refusals(tmp_path, extra, msg):
+    from typer.testing import CliRunner
+
+    from kvhit.cli import app
+
+    p = _mooncake(tmp_path)
+    r = CliRunner().invoke(app, ["fleet", "simulate", "--blocks-trace", str(p), "--replicas", "2", "--N", "8",
+                                 "--engine-steps", *extra])  # fmt: skip
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output

@@ -150,6 +150,7 @@ def fleet_simulate(
     kv_mode: KvModeO = None,
     no_estimates: Annotated[bool, typer.Option("--no-estimates", help="Skip the fleet estimator.")] = False,
     plot: Annotated[Path | None, _fopt("plot", "--plot")] = None,
+    engine_steps: Annotated[bool, _fopt("engine_steps", "--engine-steps")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Fleet token hit ratio, per-replica load and prefill, for each router and replica count."""

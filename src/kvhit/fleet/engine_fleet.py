@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvhit.fleet.routers import DynamoKV, RouteView
+from kvhit.fleet.simulate import FleetResult
 from kvhit.sim.vllm.scheduler import SchedRequest, VllmScheduler, _Req
 
 __all__ = ["EngineFleetResult", "MockerTiming", "engine_requests", "simulate_engine_fleet"]
@@ -85,20 +86,35 @@ class MockerTiming:
 
 @dataclass
 class EngineFleetResult:
-    """Per request: ``replica``, ``hit_tokens`` (first admission), ``prompt_tokens``, ``first_token`` and
-    ``finished`` times (s), ``preemptions``; ``passes``: passes run over all replicas."""
+    """Per request: ``replica``, ``hit_tokens`` (first admission), ``prompt_tokens``, ``arrival``, first
+    ``admitted``, ``first_token`` and ``finished`` times (s), ``preemptions``; ``passes``: passes run over all
+    replicas; ``Ns`` and ``block_size`` of the run."""
 
     replica: np.ndarray
     hit_tokens: np.ndarray
     prompt_tokens: np.ndarray
+    arrival: np.ndarray
+    admitted: np.ndarray
     first_token: np.ndarray
     finished: np.ndarray
     preemptions: np.ndarray
     passes: int
+    Ns: tuple = ()
+    block_size: int = 1
 
     def token_hit_ratio(self) -> float:
-        """Σ hit tokens / Σ prompt tokens (the mocker's ``prefix_cache_reused_ratio``)."""
+        """Σ hit tokens / Σ prompt tokens over first admissions (the mocker's
+        ``first_admission_prefix_cache_reused_ratio``)."""
         return float(self.hit_tokens.sum() / max(int(self.prompt_tokens.sum()), 1))
+
+    def as_fleet_result(self) -> FleetResult:
+        """The same run as a :class:`~kvhit.fleet.simulate.FleetResult` (router ``dynamo``): hit blocks, new prompt
+        blocks ``⌈T/b⌉ − hit``, wait = first admission − arrival, nothing rejected."""
+        b = self.block_size
+        hit = self.hit_tokens // b
+        n = self.replica.shape[0]
+        return FleetResult(self.replica, hit, -(-self.prompt_tokens // b) - hit, self.admitted - self.arrival,
+                           np.zeros(n, bool), self.prompt_tokens, b, tuple(self.Ns), "dynamo")  # fmt: skip
 
 
 def engine_requests(prompt_tokens, output_tokens, hash_offsets, hashes, times, block_size: int) -> list[SchedRequest]:
@@ -267,8 +283,12 @@ def simulate_engine_fleet(
         replica=rep,
         hit_tokens=np.array([q.hit_tokens for q in qs], np.int64),
         prompt_tokens=np.array([q.req.prompt_tokens for q in qs], np.int64),
+        arrival=np.array([q.arrival for q in qs], np.float64),
+        admitted=np.array([q.admitted for q in qs], np.float64),
         first_token=first,
         finished=np.array([q.finished for q in qs], np.float64),
         preemptions=np.array([q.preemptions for q in qs], np.int64),
         passes=passes,
+        Ns=Ns,
+        block_size=b,
     )
