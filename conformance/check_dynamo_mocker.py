@@ -167,7 +167,7 @@ def main(argv=None) -> int:
                          "gap": gap})  # fmt: skip
             if row == a.target and abs(gap) > a.tol:
                 ok = False
-            both = f"   (mocker, all admissions: {cell['mean_hit']:.4f})" if mk != cell["mean_hit"] else ""
+            both = f"   (mocker, all admissions: {cell['mean_hit']:.4f})" if abs(mk - cell["mean_hit"]) > 1e-12 else ""
             print(f"{row:16} {cell['R']:>2} {cell['N']:>6} {mk:7.4f} {max(mruns) - min(mruns):8.4f} {kh:7.4f} "
                   f"{max(hits) - min(hits):8.4f} {gap:+8.4f}{both}")  # fmt: skip
     if a.json:
