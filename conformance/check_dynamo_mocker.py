@@ -27,7 +27,8 @@ kvhit allocates them at admission, each a fresh block id no prompt shares; the r
 them too, where Dynamo's default ``router_track_output_blocks = False`` does not). A row is ``mapping:kv``.
 
 ``--drop prefill_hold`` or ``--drop hit_token_seconds`` leaves that option out of the ``isolated`` and ``loaded``
-mappings (the ablation in docs/peers.md).
+mappings; ``--drop dedupe_active`` makes the ``engine`` router sum active blocks per request instead of counting
+distinct ids (the ablations in docs/peers.md).
 
 Exit status: 0 when every cell of ``--target`` is within ``--tol`` of the mocker's mean, 1 otherwise, 2 on bad
 input.
@@ -89,7 +90,8 @@ def run_cell(tr, cell, mapping, kv, probe, seeds, b, out_blocks, drop=()):
     if mapping == "engine":
         return [
             simulate_engine_fleet(tr.prompt_tokens, tr.output_tokens, tr.hash_offsets, tr.hashes, tr.time,
-                                  Ns=[cell["N"]] * cell["R"], block_size=b, seed=sd).token_hit_ratio()
+                                  Ns=[cell["N"]] * cell["R"], block_size=b, seed=sd,
+                                  dedupe_active="dedupe_active" not in drop).token_hit_ratio()
             for sd in seeds
         ]  # fmt: skip
     hold, ph, hts = timing(tr, mapping, probe, cell)
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", nargs="+", default=list(ROWS), help="mapping:kv, e.g. isolated:output")
     ap.add_argument("--target", default="engine:steps")
     ap.add_argument("--tol", type=float, default=0.005)
-    ap.add_argument("--drop", nargs="+", default=[], choices=["prefill_hold", "hit_token_seconds"])
+    ap.add_argument("--drop", nargs="+", default=[], choices=["prefill_hold", "hit_token_seconds", "dedupe_active"])
     ap.add_argument("--json", help="write the table as JSON here")
     a = ap.parse_args(argv)
     bad = [x for x in a.rows + [a.target] if x.count(":") != 1 or x.split(":")[0] not in MAPPINGS
