@@ -6,7 +6,9 @@ Per cell (R replicas, N blocks of ``--block-size`` tokens each) it runs the offl
 the KV router (``router_mode="kv_router"``, every KvRouterConfig default) and the mocker's default engine timing
 (vLLM backend, ``timing_model: polynomial``, ``max_num_batched_tokens`` 8192, ``max_num_seqs`` 256, chunked
 prefill, prefix caching, ``speedup_ratio`` 1), and records the replay's own ``prefix_cache_reused_ratio``
-(Σ reused input tokens / Σ input tokens), its mean ITL/TTFT and the wall time. The replay has no seed for the
+(Σ reused input tokens / Σ input tokens; a preempted request counts its last admission's reused tokens) and its
+``first_admission_prefix_cache_reused_ratio`` (first admissions only: what kvhit measures; the two are equal
+when nothing is preempted), its mean ITL/TTFT and the wall time. The replay has no seed for the
 router: equal-cost workers are picked at random (run_synthetic_trace_replay's docstring in dynamo/replay/api.py),
 so the runs differ; all are kept. ``--probe`` also times isolated requests on one worker (prefill time against
 new tokens, decode inter-token latency) for the timing mapping on kvhit's side.
@@ -99,7 +101,9 @@ def main(argv=None) -> int:
             for _ in range(a.runs):
                 t0 = time.perf_counter()
                 s = dict(_replay(a.trace, R, N, a.block_size).summary)
-                runs.append({"hit": float(s["prefix_cache_reused_ratio"]), "mean_itl_ms": float(s["mean_itl_ms"]),
+                runs.append({"hit": float(s["prefix_cache_reused_ratio"]),
+                             "hit_first_admission": float(s["first_admission_prefix_cache_reused_ratio"]),
+                             "mean_itl_ms": float(s["mean_itl_ms"]),
                              "mean_ttft_ms": float(s["mean_ttft_ms"]), "mean_e2e_ms": float(s["mean_e2e_latency_ms"]),
                              "requests": int(s["completed_requests"]), "wall_s": time.perf_counter() - t0})  # fmt: skip
             hits = [r["hit"] for r in runs]

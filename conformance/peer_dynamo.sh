@@ -10,6 +10,7 @@ DYNAMO=${DYNAMO:-1.6.1}
 TRACE=${KVHIT_PEER_TRACE:-../shared/data/traces/mooncake_fast25/conversation_trace.jsonl}
 RUNS=${KVHIT_PEER_RUNS:-3}
 SEEDS=${KVHIT_PEER_SEEDS:-3}
+BLOCK=${KVHIT_PEER_BLOCK_SIZE:-512}
 mkdir -p "$OUT"
 if [ ! -f "$TRACE" ]; then
   echo "peer-dynamo: skipped: trace $TRACE not found (set KVHIT_PEER_TRACE)"; exit 0
@@ -18,7 +19,7 @@ if ! py=$(conformance/make_env.sh dynamo "$DYNAMO" 2>"$OUT/make_env.log"); then
   echo "peer-dynamo: skipped: the ai-dynamo $DYNAMO environment could not be built (see $OUT/make_env.log)"; exit 0
 fi
 name=$(basename "$TRACE" .jsonl)
-DYN_LOG=error "$py" conformance/dynamo_mocker_replay.py --trace "$TRACE" --runs "$RUNS" --probe \
+DYN_LOG=error "$py" conformance/dynamo_mocker_replay.py --trace "$TRACE" --block-size "$BLOCK" --runs "$RUNS" --probe \
   --json "$OUT/mocker-$name.json" 2>&1 | grep -v " INFO " || true
 [ -s "$OUT/mocker-$name.json" ] || { echo "peer-dynamo: the mocker replay wrote nothing"; exit 1; }
 export PYTHONPATH=$PWD/src NUMBA_CACHE_DIR=${KVHIT_CONFORMANCE_CACHE:-$HOME/.cache/kvhit-conformance}/numba

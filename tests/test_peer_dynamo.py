@@ -63,6 +63,8 @@ def test_output_blocks_keep_the_prompt_ids_then_fresh_ones(tmp_path):
     [
         (["--rows", "bogus:prompt"], "--rows/--target"),
         (["--target", "isolated"], "--rows/--target"),
+        (["--rows", "engine:prompt"], "--rows/--target"),
+        (["--rows", "isolated:steps"], "--rows/--target"),
         (["--seeds", "0"], "--seeds"),
         (["--mocker-json", "/nonexistent.json"], "--mocker-json"),
     ],
@@ -131,3 +133,23 @@ def test_cli_decode_kv_reproduces_the_peer_check(tmp_path, mapping):
         want = c.run_cell(tr, cell, mapping, kv, probe, [1], 512, c.with_output_blocks(tr, 512))[0]
         assert got[kv] == pytest.approx(want, abs=1e-12), kv
     assert abs(got["output"] - got["prompt"]) > 1e-4
+
+
+def test_engine_row_runs_the_engine_fleet_against_first_admissions(tmp_path):
+    """``engine:steps``: kvhit's side is simulate_engine_fleet per seed; the mocker's side the mean of its runs'
+    ``hit_first_admission`` (kvhit counts first admissions), the all-admissions mean kept beside it."""
+    from kvhit.fleet.engine_fleet import simulate_engine_fleet
+
+    p, tr = _trace(tmp_path)
+    cell = {"R": 2, "N": 64, "mean_hit": 0.15, "spread": 0.1,
+            "runs": [{"hit": 0.1, "hit_first_admission": 0.05}, {"hit": 0.2, "hit_first_admission": 0.07}]}  # fmt: skip
+    mj, out = tmp_path / "m.json", tmp_path / "o.json"
+    mj.write_text(json.dumps({"block_size": 512, "trace": str(p), "ai_dynamo": "1.6.1", "cells": [cell]}))
+    rc = c.main(["--mocker-json", str(mj), "--rows", "engine:steps", "--seeds", "2", "--json", str(out), "--tol", "1"])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    want = [simulate_engine_fleet(tr.prompt_tokens, tr.output_tokens, tr.hash_offsets, tr.hashes, tr.time,
+                                  Ns=[64, 64], block_size=512, seed=sd).token_hit_ratio() for sd in (0, 1)]  # fmt: skip
+    assert row["kvhit_seeds"] == want
+    assert row["mocker"] == pytest.approx(0.06) and row["mocker_all_admissions"] == 0.15
+    assert row["gap"] == pytest.approx(np.mean(want) - 0.06)

@@ -152,6 +152,7 @@ def fleet_simulate(
     replays: Annotated[int, _fopt("replays", "--replays")] = FR.model_fields["replays"].default,
     replay_se: Annotated[float | None, _fopt("replay_se", "--replay-se")] = None,
     plot: Annotated[Path | None, _fopt("plot", "--plot")] = None,
+    engine_steps: Annotated[bool, _fopt("engine_steps", "--engine-steps")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Fleet token hit ratio, per-replica load and prefill, for each router and replica count."""

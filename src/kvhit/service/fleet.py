@@ -12,7 +12,9 @@ speed`` seconds (its prefill), plus ``(O_r − 1) / --decode-tokens-per-s``, bot
 the prefill tokens from the router's load at the end of the prefill (:mod:`kvhit.fleet.timing`; each timing option
 refused where it would change nothing). ``--decode-kv`` (``decode_kv``) puts each request's ``O − 1`` generated
 tokens' blocks in its KV (the simulator's colocated mode; fresh ids on a block-id trace), refused without output
-lengths. NOT modelled: see :mod:`kvhit.fleet.simulate`.
+lengths. ``--engine-steps`` (``engine_steps``, ``--router dynamo`` on ``--blocks-trace`` only, no timing flag) runs
+each replica pass by pass as Dynamo's mocker does (:mod:`kvhit.fleet.engine_fleet`); its rows have no estimate.
+NOT modelled: see :mod:`kvhit.fleet.simulate`.
 
 Estimates (docs/estimators.md §6): round-robin/random/session rows without holds get
 :func:`kvhit.fleet.estimate.estimate_fleet` on the simulated routing; dynamo/llm-d/sglang/sticky rows get
@@ -246,8 +248,16 @@ class FleetRequest(FleetWorkloadFields):
         "0.1]; default: off (exactly --replays). E.g. 0.003 for an expected value within ±0.006 (2 se).",
     )
 
+    engine_steps: bool = Field(
+        False,
+        description="Each replica is vLLM's scheduler pass by pass, timed as NVIDIA Dynamo's mocker times its engine "
+        "(chunked prefill, 8,192-token budget, 256 sequences, decode blocks grown token by token, LIFO preemption; "
+        "the mocker's polynomial pass times) behind --router dynamo, whose load follows the passes: no hold or "
+        "timing flag applies; needs --blocks-trace with output lengths (kvhit.fleet.engine_fleet, docs/peers.md).",
+    )
+
     FLAGS = {"N": "--N", "replicas": "--replicas", "router": "--router", "blocks_trace": "--blocks-trace",
-             "replay_se": "--replay-se"}  # fmt: skip
+             "replay_se": "--replay-se", "engine_steps": "--engine-steps"}  # fmt: skip
 
 
 class FleetResponse(Response):
@@ -586,11 +596,44 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
     return {"h": e.h, "method": method, "se": None, "validated": False, "band": None}, None
 
 
+def _simulate(st, conv, times, Ns, name, params, req, hold, ph, hts):
+    """One (router, R) run of :func:`kvhit.fleet.simulate.simulate_fleet` under the request's options."""
+    from kvhit.fleet.simulate import simulate_fleet
+
+    return simulate_fleet(
+        st.prompt_tokens, st.hash_offsets, st.hashes, conv, Ns=Ns, block_size=st.block_size, router=name,
+        router_params=params[name], engine=req.engine, times=times, hold=hold, seed=req.seed, lag=req.lag,
+        prefill_hold=ph, hit_token_seconds=hts, **st.simulate_kw,
+    )  # fmt: skip
+
+
+#: flags --engine-steps replaces (the engine's passes time every request) and their defaults
+ENGINE_STEPS_OFF = {"prefill_tokens_per_s": None, "decode_tokens_per_s": None, "prefill_hold": False,
+                    "hit_token_seconds": None, "prefill_overhead_s": None, "decode_kv": False}  # fmt: skip
+
+
+def _check_engine_steps(req: FleetRequest) -> None:
+    """``--engine-steps``: the Dynamo router only, a block-id trace, the vLLM engine, no hold, timing or lag flag."""
+    if list(req.router) != ["dynamo"]:
+        raise InputError(f"--engine-steps: models the fleet behind --router dynamo only, not {','.join(req.router)}")
+    if req.blocks_trace is None:
+        raise InputError("--engine-steps: needs --blocks-trace (a Mooncake or WEKA file with output lengths)")
+    if req.engine != "vllm":
+        raise InputError(f"--engine-steps: the engine is vLLM's scheduler; not --engine {req.engine}")
+    if req.lag:
+        raise InputError("--lag: does not apply with --engine-steps (the router sees the passes as they happen)")
+    for fld, off in ENGINE_STEPS_OFF.items():
+        if getattr(req, fld) != off:
+            raise InputError(
+                f"{req.flag(fld)}: does not apply with --engine-steps (the engine's passes time every request and "
+                "hold its decode blocks)"
+            )
+
+
 def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     """``kvhit fleet simulate``: cross-field checks and output paths first, then the library; refused input raises
     :class:`~kvhit.service.errors.InputError` (one line naming the flag, file or field)."""
     from kvhit.fleet.blocks import METHOD_REPLAY
-    from kvhit.fleet.simulate import simulate_fleet
 
     if len(req.N) > 1 and (len(req.replicas) != 1 or req.replicas[0] != len(req.N)):
         raise InputError(
@@ -600,6 +643,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     for N in req.N:
         check_capacity_memory(N * (req.replicas[0] if len(req.N) == 1 else 1), "--N")
     params = router_params(req, list(req.router))
+    if req.engine_steps:
+        _check_engine_steps(req)
     fleet_timing(req, list(req.router))  # refused before the workload is read
     if req.plot is not None:
         from kvhit.service.io import check_output_file
@@ -608,6 +653,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     wl = load_fleet_workload(req)
     st = wl.stream
     mask, conv, times = st.measured, st.conv, st.times
+    if req.engine_steps and st.output_tokens is None:
+        raise InputError("--engine-steps: this trace has no output lengths (the engine decodes them)")
     # the loader judged a kvhit trace's window (its notes carry the verdict); a block-id trace is not judged
     steady = wl.stationarity
     steady_notes: list[str] = []
@@ -629,29 +676,25 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
             if progress:
                 progress(done, total, f"{name}, R = {R}")
             Ns = list(req.N) if len(req.N) > 1 else [req.N[0]] * R
-            with translating("router"):
-                res = simulate_fleet(
-                    st.prompt_tokens,
-                    st.hash_offsets,
-                    st.hashes,
-                    conv,
-                    Ns=Ns,
-                    block_size=st.block_size,
-                    router=name,
-                    router_params=params[name],
-                    engine=req.engine,
-                    times=times,
-                    hold=hold,
-                    seed=req.seed,
-                    lag=req.lag,
-                    prefill_hold=ph,
-                    hit_token_seconds=hts,
-                    **st.simulate_kw,
-                )
+            if req.engine_steps:
+                from kvhit.fleet.engine_fleet import simulate_engine_fleet
+
+                with translating("--engine-steps"):
+                    res = simulate_engine_fleet(
+                        st.prompt_tokens, st.output_tokens, st.hash_offsets, st.hashes, times, Ns=Ns,
+                        block_size=st.block_size, seed=req.seed, router_params=params[name],
+                    ).as_fleet_result()  # fmt: skip
+            else:
+                with translating("router"):
+                    res = _simulate(st, conv, times, Ns, name, params, req, hold, ph, hts)
             s = res.summary(mask)
             est = band = None
             validated = method = se = None
-            if req.estimates:
+            if req.estimates and req.engine_steps:
+                why = "no estimate with --engine-steps: the fleet estimators do not model the engine's passes"
+                if why not in est_notes:
+                    est_notes.append(why)
+            elif req.estimates:
                 est, why = _row_estimate(req, wl, name, params[name], res, Ns, hold, tmg)
                 if isinstance(est, dict):  # a block-id row: the point, its method, band and the validation flag
                     est, method, se, band, validated = est["h"], est["method"], est["se"], est["band"], est["validated"]
@@ -692,7 +735,7 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
             str(p) for p in plot_fleet(rows, req.plot, title=f"{wl.label}, N = {req.N[0]:,} blocks", warning=warn)
         ]
     notes = steady_notes + list(wl.notes)
-    if hold is None:
+    if hold is None and not req.engine_steps:
         notes.append("no --prefill-tokens-per-s: requests are instantaneous, so load-based routers see no load")
     notes += est_notes
     if collapses:
@@ -709,6 +752,6 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
         per_replica=per,
         notes=notes,
         figure=figure,
-        timing=timing_echo(tmg),
+        timing={**timing_echo(tmg), "engine_steps": bool(req.engine_steps)},
         stationarity=steady,
     )
