@@ -76,7 +76,8 @@ def test_simulate_equals_the_library_and_echoes_the_options(mc):
     out = _json(["fleet", "simulate", "--blocks-trace", str(path), "--replicas", "3", "--N", "40", "--router",
                  "dynamo,least-loaded", "--load-metric", "prefill_tokens", *TIMING, "--json"])  # fmt: skip
     assert out["timing"] == {"prefill_tokens_per_s": P, "decode_tokens_per_s": D, "prefill_hold": True,
-                             "hit_token_seconds": HTS, "prefill_overhead_s": OV, "decode_kv": False}  # fmt: skip
+                             "hit_token_seconds": HTS, "prefill_overhead_s": OV, "decode_kv": False,
+                             "engine_steps": False}  # fmt: skip
     cases = (("dynamo", {}), ("least-loaded", {"metric": "prefill_tokens"}))
     for row, (router, params) in zip(out["rows"], cases, strict=True):
         lib = _lib(path, rows, 3, 40, router, params).summary()
