@@ -200,3 +200,33 @@ def test_tiers_prints_tables_like_every_other_command(mooncake, capsys):
     for N, hg, h in zip(js["hbm_blocks"], js["h_gpu"], js["h"], strict=True):
         cells = [c.strip() for c in rows.pop(0).strip("│ ").split("│")]
         assert cells == [f"{N:,}", f"{hg:,.4f}", *(f"{v:,.4f}" for v in h)]
+
+
+def test_tiers_simple_estimate_model_by_trace_kind(mooncake, tmp_path, capsys):
+    """simple eager: a block-id trace is estimated by the one-displacement estimator, a kvhit trace by the
+    store-time recency model (docs/estimators.md §5.2), each equal to estimate_tiers with that model, and the
+    notes say which; the two models differ here (the test sees a swap)."""
+    from kvhit.estimate.tiers import estimate_tiers
+
+    args = ["--tier", "simple", "--hbm-blocks", "4,8", "--host-units", "1,6", "--estimate", "also", "--json"]
+    assert main(["tiers", "--blocks-trace", str(mooncake), *args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pt = read_production(mooncake)
+    one = estimate_tiers(pt, [4, 8], [1, 6], tier="simple", simple_model="onedim").hit
+    rec = estimate_tiers(pt, [4, 8], [1, 6], tier="simple", simple_model="recency").hit
+    assert np.allclose(out["h_estimate"], one, rtol=0, atol=1e-15) and not np.allclose(one, rec, rtol=0, atol=1e-6)
+    assert any("one-displacement estimator on a block-id trace" in n for n in out["notes"])
+    tr = tmp_path / "sg.parquet"
+    assert main(["trace", "sharegpt", "--source", "tests/data/sharegpt_small.jsonl", "--warmup", "1", "--measured",
+                 "1", "--cache-dir", str(tmp_path / "cache"), "-o", str(tr)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["tiers", "--trace", str(tr), *args[:2], "--hbm-blocks", "60", "--host-units", "20,80",
+                 "--estimate", "only", "--json"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert any("store-time recency model" in n for n in out["notes"])
+    assert not any("one-displacement" in n for n in out["notes"])
+    # this tiny trace never looks a full block up again (prompts within one 128-token block of each other): 0, as
+    # the simulator says — the recency model once failed here on an empty law table
+    assert out["h"] == [[0.0, 0.0]]
+    assert main(["tiers", "--trace", str(tr), *args[:2], "--hbm-blocks", "60", "--host-units", "20,80", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["h"] == [[0.0, 0.0]]

@@ -259,6 +259,12 @@ def estimate_simple_eager(u, Ns: np.ndarray, Cs: np.ndarray, *, lam0=None, meas=
     part = (T % b != 0).astype(np.int64)
     e = np.where(seg_req > 0, part[np.maximum(seg_req - 1, 0)], 0)
     notes: list = []
+    meas = np.ones(n, bool) if meas is None else meas
+    if not keep.any():  # nothing is ever looked up again (no law table to build): 0 wherever a request is admitted
+        adm = np.array([(meas & (u.prompt_blocks <= N)).any() for N in Ns])
+        gpu = np.where(adm, 0.0, np.nan)
+        host = np.where(adm[:, None], 0.0, np.nan) * np.ones((1, Cs.shape[0]))
+        return gpu, host, host.copy(), np.where(adm, 0.0, np.nan)
     big = int(max(int(Ns.max()), 4 * int(Cs.max()) if Cs.size else 1))
     lam = None if lam0 is None else float(lam0)
     Hb, delta, rows, d_same = _poisson_table(
@@ -267,7 +273,6 @@ def estimate_simple_eager(u, Ns: np.ndarray, Cs: np.ndarray, *, lam0=None, meas=
         footprint=kw.get("footprint", "exact" if lam is not None else "own"), bin_rule=kw.get("bin_rule", "br"),
     )  # fmt: skip
     c0 = (1 + e[keep] + u.seg_start[keep] + d_same).astype(np.float64)
-    meas = np.ones(n, bool) if meas is None else meas
     R = u.prompt_blocks
     gpu = np.full(Ns.shape[0], np.nan)
     host = np.full((Ns.shape[0], Cs.shape[0]), np.nan)

@@ -359,6 +359,10 @@ def tiers(req: TiersRequest) -> TiersResponse:
     if req.estimate != "none":
         from kvhit.estimate.tiers import estimate_tiers
 
+        # simple eager: the store-time recency model (docs/estimators.md §5.2) was designed and measured on chat
+        # traces; on block-id (agentic) traces it was slower (> 300 s for 1,000 pairs on the WEKA pool) and further
+        # off at the one held-out WEKA point measured (0.077 against 0.047), so those keep the one-D estimator
+        simple_model = "onedim" if req.blocks_trace is not None else "recency"
         with translating("--estimate"):
             est = estimate_tiers(
                 src,
@@ -368,7 +372,18 @@ def tiers(req: TiersRequest) -> TiersResponse:
                 blocks_per_chunk=req.blocks_per_chunk,
                 chunk_tokens=req.chunk_tokens,
                 measured=measured,
+                simple_model=simple_model,
             )
+        if req.tier == "simple":
+            notes = notes + [
+                "estimate (simple eager): "
+                + (
+                    "the one-displacement estimator on a block-id trace (the store-time recency model is for chat "
+                    "traces: slower here and not more accurate on the held-out WEKA pool, docs/estimators.md §5.2)"
+                    if simple_model == "onedim"
+                    else "the store-time recency model (docs/estimators.md §5.2; ≤ 0.0085 on held-out ShareGPT)"
+                )
+            ]
     rb = None
     if req.replays is not None:
         from kvhit.estimate.replay_band import tiers_band
