@@ -291,6 +291,8 @@ def _joint_other(
             s0 = bg_start[j]
             a = ts[k]
             z = te[k]
+            if tau[z - 1] <= t1 - s0:  # ended before the window: lo = z below, nothing added
+                continue
             lo = a + np.searchsorted(tau[a:z], t1 - s0, side="right")
             hi = a + np.searchsorted(tau[a:z], t2 - s0, side="left")
             if hi > lo:
