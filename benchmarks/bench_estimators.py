@@ -8,11 +8,12 @@ Capacities: 1,000 log-spaced block counts from the largest prompt (N_min) to 4 �
 Mooncake; deduplicated by ``np.unique``, so a little under 1,000) and from 200 to 40,000 blocks (ShareGPT);
 SGLang takes the same capacities in tokens (× block size). Tiers: 1,000 pairs = 20 GPU sizes (log-spaced, N_min …
 U/2 blocks, U = distinct blocks) × 50 host sizes (0 … 2U blocks, linear, in tier units). Fleets: R = 4 replicas,
-random routing (oblivious), every replica at the same capacity.
+random routing (oblivious), every replica at the same capacity (ShareGPT: ``estimate_fleet_curve``, every
+capacity in one call).
 
 Each row: the first call (numba compilation / cache loading, per-trace tables) and then a second, steady-state call
 on the same inputs, wall and CPU (``time.process_time``: every thread of this process). Rows whose estimator takes
-one capacity per call (the ShareGPT fleet estimators) time ``PER_CALL`` capacities and scale to 1,000 (marked
+one capacity per call (the ShareGPT KV-aware fleet estimator) time ``PER_CALL`` capacities and scale to 1,000 (marked
 ``×``). Skipped where the traces are not stored.
 
 Run alone: ``nice -n 10 python benchmarks/bench_estimators.py [--only weka mooncake sharegpt] [--families …]``.
@@ -135,13 +136,15 @@ def _calls(name, src, fam, b, Ns, hbm, host):
             rep = route_oblivious(src.session, "random", R, seed=0)
             return (lambda: estimate_fleet_blocks_curve(src, rep, R, Ns)[0]), len(Ns), 1.0
         from kvhit.fleet.blocks import route_oblivious
-        from kvhit.fleet.estimate import estimate_fleet, estimate_fleet_kv
+        from kvhit.fleet.estimate import estimate_fleet_kv
 
         sub = Ns[:: max(1, len(Ns) // PER_CALL)][:PER_CALL]
         scale = len(Ns) / len(sub)
         if fam == "fleet-oblivious":
+            from kvhit.fleet.estimate import estimate_fleet_curve
+
             rep = route_oblivious(src.cols["conv"], "random", R, seed=0)
-            return (lambda: [estimate_fleet(src, rep, [int(N)] * R) for N in sub]), len(Ns), scale
+            return (lambda: estimate_fleet_curve(src, rep, R, Ns)), len(Ns), 1.0
         return (lambda: [estimate_fleet_kv(src, "dynamo", [int(N)] * R) for N in sub]), len(Ns), scale
     raise ValueError(fam)
 
