@@ -149,17 +149,28 @@ def _calls(name, src, fam, b, Ns, hbm, host):
     raise ValueError(fam)
 
 
+#: left out of ``make bench`` (``run``): the simple-eager tier estimator on the whole WEKA pool ran > 300 s CPU
+#: without finishing its first call (docs/benchmarks.md); ``--families tiers-simple --only weka`` runs it
+SLOW = {("weka", "tiers-simple")}
+
+
 def run(only=("weka", "mooncake", "sharegpt"), families=FAMILIES) -> dict:
-    return {"rows": measure(only, families)}
+    return {"rows": measure(only, families, skip=SLOW), "skipped": sorted("/".join(x) for x in SLOW)}
 
 
 def measure(
-    only=("weka", "mooncake", "sharegpt"), families=FAMILIES, outputs: dict | None = None, verbose: bool = False
+    only=("weka", "mooncake", "sharegpt"),
+    families=FAMILIES,
+    outputs: dict | None = None,
+    verbose: bool = False,
+    skip=(),
 ) -> list[dict]:
     rows = []
     for name, src in _workloads(only):
         b, Ns, hbm, host = _grids(name, src)
         for fam in families:
+            if (name, fam) in skip:
+                continue
             got = _calls(name, src, fam, b, Ns, hbm, host)
             if got is None:
                 continue
@@ -202,6 +213,8 @@ def render(res: dict) -> str:
             f"{r['first_cpu_s']:.2f} | {r['wall_s']:.2f} / {r['cpu_s']:.2f} | {ok} | "
             f"{r['load'][0]:.1f} → {r['load'][1]:.1f} |"
         )
+    if res.get("skipped"):
+        lines.append(f"skipped (slow, see docs/benchmarks.md): {', '.join(res['skipped'])}")
     return "\n".join(lines)
 
 
