@@ -253,3 +253,21 @@ def test_agentic_joint_background_leaves_the_own_conversation_out():
     assert estimate_trace_sglang(pt, Cs, samples=4, background="marginal").h.min() >= 0.0
     with pytest.raises(AgenticError, match="background"):
         estimate_trace_sglang(pt, Cs, background="poisson")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"samples": 6}, {"samples": 4, "background": "marginal"}, {"form": "replay"}, {"samples": 4, "lam0": 0.05}],
+)
+def test_curve_kernel_equals_the_per_pool_recursion_bit_for_bit(kw):
+    """The all-pools compiled pass (one per draw, with the pool-free lookups and the reuse above the largest
+    node end) gives the same sums as the per-pool recursion: pools unsorted, repeated, below the largest request
+    and far above every node end (where the shortcut applies)."""
+    pt = read_weka(WEKA3, arrival="uniform", span=600, seed=3)
+    need = pt.prompt_tokens + np.maximum(pt.output_tokens, 1) - 1
+    grid = np.unique(np.geomspace(need.max() // 2, need.sum() // 8, 9).astype(np.int64))[::-1]
+    Cs = np.concatenate([grid, [int(need.max()) - 1, int(need.sum()) * 3, int(need.sum()) * 3]])
+    new = estimate_trace_sglang(pt, Cs, **kw).h
+    ref = estimate_trace_sglang(pt, Cs, curve_kernel=False, **kw).h
+    np.testing.assert_array_equal(new, ref)
+    assert new[-1] == new[-2] and len(np.unique(new)) > 3

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kvhit.cli import app
 from kvhit.estimate.engine import estimate_window
-from kvhit.fleet.estimate import estimate_fleet, fragment_trace, routes
+from kvhit.fleet.estimate import estimate_fleet, estimate_fleet_curve, fragment_trace, routes
 from kvhit.fleet.simulate import simulate_fleet
 from kvhit.sim.runner import block_requests
 from kvhit.workload import Trace
@@ -144,3 +144,18 @@ def test_cli_estimate_column_is_the_window_form(setting):
     res = _simulate(rq, tr, [600, 600], "random")
     assert row["token_hit_ratio"] == pytest.approx(res.token_hit_ratio(mask), rel=1e-12)
     assert row["estimate"] == pytest.approx(estimate_fleet(tr, res.replica, [600, 600], window=mask, block_size=B))
+
+
+@pytest.mark.parametrize("router", ["random", "round-robin", "session"])
+def test_curve_is_the_per_capacity_estimate(setting, router):
+    """estimate_fleet_curve answers every capacity in one call: the per-capacity estimate_fleet to 1e-12 (pools
+    unsorted, repeated, below the largest request)."""
+    _, tr, mask, _ = setting
+    rep = routes(tr, router, 3, seed=1)
+    Ns = [1200, 5, 150, 600, 150, 40, 300]
+    h = estimate_fleet_curve(tr, rep, 3, Ns, window=mask, block_size=B)
+    ref = [estimate_fleet(tr, rep, [N] * 3, window=mask, block_size=B) for N in Ns]
+    np.testing.assert_allclose(h, ref, rtol=0, atol=1e-12)
+    assert h[-1] < h[0] - 0.05
+    with pytest.raises(ValueError, match="replica"):
+        estimate_fleet_curve(tr, rep, 2, Ns)

@@ -143,6 +143,96 @@ def _replay_nodes(ptr, src, end, last, ln, Dp, need, Fb, C, hit, flag):  # pragm
         hit[q] = tot
 
 
+@njit(cache=True)
+def _piece_links(ptr, src, end, last, Fb):  # pragma: no cover - numba
+    """What :func:`_replay_nodes` looks up for every piece, independent of the pool and the draw: ``fixed[i]``
+    (the piece ends its age segment or its source's prompt: always a boundary) and ``match[i]``, the index of
+    the source's piece that ends at the same place (its flag decides), or −1 (no such piece: never a
+    boundary). Pieces of one request are sorted by ``end`` (segments are disjoint and in order)."""
+    m = src.shape[0]
+    fixed = np.zeros(m, np.bool_)
+    match = np.full(m, -1, np.int64)
+    for i in range(m):
+        s = src[i]
+        x = end[i]
+        if last[i] or x == Fb[s]:
+            fixed[i] = True
+            continue
+        lo = ptr[s]
+        hi = ptr[s + 1]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if end[mid] < x:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < ptr[s + 1] and end[lo] == x:
+            match[i] = lo
+    return fixed, match
+
+
+@njit(cache=True)
+def _replay_curve(ptr, end, ln, fixed, match, Dp, need, meas, Cs, acc):  # pragma: no cover - numba
+    """:func:`_replay_nodes` at every pool of ``Cs`` for one draw ``Dp``, with the lookups of
+    :func:`_piece_links`; adds Σ hit tokens over the measured requests to ``acc[j]``. Every test of a node
+    (``Dp + x ≤ C``, ``need ≤ C``) passes at every pool ≥ the largest ``Dp + end`` and ``need``, so the answer
+    there is computed once and reused (the same sums, bit for bit)."""
+    n = ptr.shape[0] - 1
+    m = end.shape[0]
+    flag = np.zeros(m, np.bool_)
+    top = 0.0
+    for i in range(m):
+        v = Dp[i] + end[i]
+        if v > top:
+            top = v
+        elif v != v:  # NaN: a test that never passes; no shortcut
+            top = np.inf
+            break
+    for q in range(n):
+        if need[q] > top:
+            top = float(need[q])
+    top_sum = -1.0
+    for j in range(Cs.shape[0]):
+        C = Cs[j]
+        if C >= top and top_sum >= 0.0:
+            acc[j] += top_sum
+            continue
+        tot_m = 0
+        for q in range(n):
+            a = ptr[q]
+            z = ptr[q + 1]
+            if need[q] > C:
+                for i in range(a, z):
+                    flag[i] = False
+                continue
+            hx = 0
+            alive = True
+            for i in range(a, z):
+                x = end[i]
+                isb = fixed[i]
+                if not isb:
+                    k = match[i]
+                    isb = k >= 0 and flag[k]
+                flag[i] = isb
+                if not isb:
+                    continue
+                if alive and Dp[i] + x <= C:
+                    hx = x
+                else:
+                    alive = False
+            tot = 0
+            for i in range(a, z):
+                if end[i] <= hx:
+                    tot += ln[i]
+                elif flag[i]:
+                    flag[i] = False
+            if meas[q]:
+                tot_m += tot
+        acc[j] += float(tot_m)
+        if C >= top:
+            top_sum = float(tot_m)
+
+
 def sglang_node_pieces(pt, u=None) -> dict:
     """Candidate nodes of every request's reusable run (the infinite tree read from the ids): ``req``, ``src``
     (last toucher), ``start``/``end`` (tokens), ``len`` (hit tokens, cut at T_r − 1), ``last`` (the piece ends
@@ -201,6 +291,8 @@ def _joint_other(
             s0 = bg_start[j]
             a = ts[k]
             z = te[k]
+            if tau[z - 1] <= t1 - s0:  # ended before the window: lo = z below, nothing added
+                continue
             lo = a + np.searchsorted(tau[a:z], t1 - s0, side="right")
             hi = a + np.searchsorted(tau[a:z], t2 - s0, side="left")
             if hi > lo:
@@ -278,6 +370,7 @@ def estimate_trace_sglang(
     seed: int = 0,
     form: str = "poisson",
     background: str = "joint",
+    curve_kernel: bool = True,
 ) -> AgenticEstimate:
     """Predicted SGLang token hit ratio of a production trace ``pt`` at pools ``Cs`` (tokens, page size 1, LRU);
     the law of D as :func:`kvhit.estimate.agentic.estimate_trace` (``form="poisson"``: the trace's own
@@ -290,7 +383,8 @@ def estimate_trace_sglang(
     of the trace's other conversations once, its start from the start-time histogram — so that the windows of
     consecutive requests see the same realization; ``"marginal"`` draws each request's D independently from its
     cell's compound Poisson law (as the vLLM estimator's law tables). With ``lam0`` (stationary) the marginal
-    laws are used."""
+    laws are used. ``curve_kernel``: every pool in one compiled pass per draw (default; the same sums as the
+    per-pool recursion, ``False``, bit for bit)."""
     t0 = _time.perf_counter()
     if form not in ("poisson", "replay"):
         raise AgenticError(f"form: expected 'poisson' or 'replay', got {form!r}")
@@ -360,11 +454,18 @@ def estimate_trace_sglang(
             U = (strata + rng.random((samples, n))) / samples
             draws = (d_same + _quantile(cdf, rows, U[k][sr], delta) for k in range(samples))
         n_draws = 0
-        for Dp in draws:
-            n_draws += 1
-            for j, C_val in enumerate(Cs):
-                _replay_nodes(ptr, src, pc["end"], pc["last"], pc["len"], Dp, need, Fb, float(C_val), hit, flag)
-                acc[j] += float(hit[meas].sum())
+        if curve_kernel:
+            fixed, match = _piece_links(ptr, src, pc["end"], pc["last"], Fb)
+            Cf = Cs.astype(np.float64)
+            for Dp in draws:
+                n_draws += 1
+                _replay_curve(ptr, pc["end"], pc["len"], fixed, match, Dp, need, meas, Cf, acc)
+        else:  # the reference: one recursion per pool (tests pin the two equal)
+            for Dp in draws:
+                n_draws += 1
+                for j, C_val in enumerate(Cs):
+                    _replay_nodes(ptr, src, pc["end"], pc["last"], pc["len"], Dp, need, Fb, float(C_val), hit, flag)
+                    acc[j] += float(hit[meas].sum())
         h = acc / n_draws / den if den else np.full(Cs.shape[0], np.nan)
     if n and Cs.max() < N_min:
         notes.append("every pool asked is below the largest request (infeasible)")

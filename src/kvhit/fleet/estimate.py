@@ -195,6 +195,45 @@ def estimate_fleet(
     return hits / den if den else float("nan")
 
 
+def estimate_fleet_curve(
+    trace: Trace,
+    replica: np.ndarray,
+    R: int,
+    Ns,
+    *,
+    window=None,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    lam0: float | None = None,
+    block_size: int | None = None,
+    origin: float | None = 0.0,
+    fluctuations: bool = True,
+) -> np.ndarray:
+    """:func:`estimate_fleet` with every one of the ``R`` replicas at capacity ``Ns[i]``, for every ``i`` in one
+    call: the fragments and their accounting are built once and the window-exact estimator answers all
+    capacities together (the per-capacity answers, to 1e-12: tested)."""
+    from kvhit.estimate.engine import estimate_window
+
+    Ns = np.asarray(Ns, np.int64).reshape(-1)
+    rep = np.asarray(replica, np.int64)
+    if rep.shape != (trace.n_turns,):
+        raise ValueError(f"replica: expected one replica per row ({trace.n_turns}), got shape {rep.shape}")
+    if R < 1 or (rep < 0).any() or (rep >= R).any():
+        raise ValueError(f"replica: every entry must be in [0, {R})")
+    if window is None:
+        wm = np.ones(trace.n_turns, bool)
+    elif hasattr(window, "mask"):
+        wm = np.asarray(window.mask(trace), bool)
+    else:
+        wm = np.asarray(window, bool)
+    lam = _lam0(trace, lam0, engine, block_size)
+    frag = fragment_trace(trace, rep, R)
+    n_conv = np.unique(trace["conv"]).size
+    n_frag = np.unique(frag["conv"]).size
+    kw = dict(engine=engine, metric=metric, block_size=block_size, origin=origin, fluctuations=fluctuations)
+    return np.asarray(estimate_window(frag, Ns, lam * n_frag / n_conv / R, window=wm, **kw).h, dtype=float)
+
+
 def estimate_fleet_oblivious(
     trace: Trace,
     replica: np.ndarray,
