@@ -255,26 +255,32 @@ def simulate_recorded_scheduler(
     off, hs = hashes_from_token_ids(seqs, b) if n else (np.zeros(1, np.int64), np.zeros(0, np.int64))
     runnable = -(-(T + m - 1) // b) <= N
     # simulate in send order; `after` must point to an earlier (runnable) request in that order
-    order = [int(r) for r in np.argsort(ts, kind="stable") if runnable[r]]
-    pos = {r: i for i, r in enumerate(order)}
-    reqs = []
-    for i, r in enumerate(order):
-        p = int(pv[r])
-        after = pos.get(p, -1) if p >= 0 else -1
-        if after >= i:
-            after = -1
-        gap = float(max(ts[r] - td[p], 0.0)) if after >= 0 else 0.0
-        reqs.append(
-            SchedRequest(
-                rid=i,
-                prompt_tokens=int(T[r]),
-                output_tokens=int(m[r]),
-                block_hashes=tuple(int(x) for x in hs[off[r] : off[r + 1]]),
-                arrival=float(ts[r]),
-                after=after,
-                gap=gap,
+
+    def requests(order, arrive, start, finish):
+        """The scheduler's requests in ``order``: ``arrive[i]`` the i-th one's arrival; a chat turn ``after`` its
+        previous turn (when that is earlier in ``order``) by the measured gap ``start[r] − finish[prev]``."""
+        pos = {r: i for i, r in enumerate(order)}
+        out = []
+        for i, r in enumerate(order):
+            p = int(pv[r])
+            after = pos.get(p, -1) if p >= 0 else -1
+            if after >= i:
+                after = -1
+            out.append(
+                SchedRequest(
+                    rid=i,
+                    prompt_tokens=int(T[r]),
+                    output_tokens=int(m[r]),
+                    block_hashes=tuple(int(x) for x in hs[off[r] : off[r + 1]]),
+                    arrival=float(arrive[i]),
+                    after=after,
+                    gap=float(max(start[r] - finish[p], 0.0)) if after >= 0 else 0.0,
+                )
             )
-        )
+        return out
+
+    order = [int(r) for r in np.argsort(ts, kind="stable") if runnable[r]]
+    reqs = requests(order, ts[order], ts, td)
     kw = dict(
         N=N, block_size=b, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, engine=engine
     )
@@ -298,40 +304,17 @@ def simulate_recorded_scheduler(
                 fin_all = np.full(n, np.nan)
                 fin_all[order] = a_all[order] + qm + fm + gm
                 order = [int(r) for r in np.argsort(a_all, kind="stable") if runnable[r]]
-                pos = {r: i for i, r in enumerate(order)}
                 qm, fm, gm = (np.asarray(x, np.float64)[order] / 1e3 for x in server_ms)
                 arrive = a_all[order]
                 first = arrive + qm + fm
                 deadlines = first + gm
-                reqs = []
-                for i, r in enumerate(order):
-                    p = int(pv[r])
-                    after = pos.get(p, -1) if p >= 0 else -1
-                    if after >= i:
-                        after = -1
-                    gap = float(max(a_all[r] - fin_all[p], 0.0)) if after >= 0 else 0.0
-                    reqs.append(
-                        SchedRequest(
-                            rid=i,
-                            prompt_tokens=int(T[r]),
-                            output_tokens=int(m[r]),
-                            block_hashes=tuple(int(x) for x in hs[off[r] : off[r + 1]]),
-                            arrival=float(arrive[i]),
-                            after=after,
-                            gap=gap,
-                        )
-                    )
+                reqs = requests(order, arrive, a_all, fin_all)
             elif ok:
                 o = np.maximum((td[order] - ts[order]) - (qm + fm + gm), 0.0)
                 arrive = ts[order] + in_share * o
                 first = arrive + qm + fm
                 deadlines = td[order] - (1.0 - in_share) * o
-                reqs = [
-                    SchedRequest(
-                        q.rid, q.prompt_tokens, q.output_tokens, q.block_hashes, float(arrive[i]), q.after, q.gap
-                    )
-                    for i, q in enumerate(reqs)
-                ]
+                reqs = requests(order, arrive, ts, td)
     elif step_time is None:
         fitted = True
         lat = np.array([td[r] - ts[r] for r in order], np.float64)
