@@ -158,20 +158,9 @@ def estimate_fleet(
 
     Ns = [int(x) for x in Ns]
     R = len(Ns)
-    rep = np.asarray(replica, np.int64)
-    if rep.shape != (trace.n_turns,):
-        raise ValueError(f"replica: expected one replica per row ({trace.n_turns}), got shape {rep.shape}")
-    if R < 1 or (rep < 0).any() or (rep >= R).any():
-        raise ValueError(f"replica: every entry must be in [0, {R}) (one capacity per replica in Ns)")
-    if window is None:
-        wm = np.ones(trace.n_turns, bool)
-    elif hasattr(window, "mask"):
-        wm = np.asarray(window.mask(trace), bool)
-    else:
-        wm = np.asarray(window, bool)
-    lam = _lam0(trace, lam0, engine, block_size)
-    frag = fragment_trace(trace, rep, R)
-    n_conv = np.unique(trace["conv"]).size
+    rep, wm, lam, frag, n_conv = _fragments(
+        trace, replica, R, window, lam0, engine, block_size, " (one capacity per replica in Ns)"
+    )
     fid = frag["conv"]
     kw = dict(engine=engine, metric=metric, block_size=block_size, origin=origin, fluctuations=fluctuations)
     if len(set(Ns)) == 1:
@@ -195,6 +184,24 @@ def estimate_fleet(
     return hits / den if den else float("nan")
 
 
+def _fragments(trace, replica, R: int, window, lam0, engine, block_size, why: str = ""):
+    """What both fleet estimators start from: the checked replica of each row, the window's row mask, λ0, the
+    fragment trace (:func:`fragment_trace`) and the number of conversations."""
+    rep = np.asarray(replica, np.int64)
+    if rep.shape != (trace.n_turns,):
+        raise ValueError(f"replica: expected one replica per row ({trace.n_turns}), got shape {rep.shape}")
+    if R < 1 or (rep < 0).any() or (rep >= R).any():
+        raise ValueError(f"replica: every entry must be in [0, {R}){why}")
+    if window is None:
+        wm = np.ones(trace.n_turns, bool)
+    elif hasattr(window, "mask"):
+        wm = np.asarray(window.mask(trace), bool)
+    else:
+        wm = np.asarray(window, bool)
+    lam = _lam0(trace, lam0, engine, block_size)
+    return rep, wm, lam, fragment_trace(trace, rep, R), np.unique(trace["conv"]).size
+
+
 def estimate_fleet_curve(
     trace: Trace,
     replica: np.ndarray,
@@ -215,20 +222,7 @@ def estimate_fleet_curve(
     from kvhit.estimate.engine import estimate_window
 
     Ns = np.asarray(Ns, np.int64).reshape(-1)
-    rep = np.asarray(replica, np.int64)
-    if rep.shape != (trace.n_turns,):
-        raise ValueError(f"replica: expected one replica per row ({trace.n_turns}), got shape {rep.shape}")
-    if R < 1 or (rep < 0).any() or (rep >= R).any():
-        raise ValueError(f"replica: every entry must be in [0, {R})")
-    if window is None:
-        wm = np.ones(trace.n_turns, bool)
-    elif hasattr(window, "mask"):
-        wm = np.asarray(window.mask(trace), bool)
-    else:
-        wm = np.asarray(window, bool)
-    lam = _lam0(trace, lam0, engine, block_size)
-    frag = fragment_trace(trace, rep, R)
-    n_conv = np.unique(trace["conv"]).size
+    _, wm, lam, frag, n_conv = _fragments(trace, replica, R, window, lam0, engine, block_size)
     n_frag = np.unique(frag["conv"]).size
     kw = dict(engine=engine, metric=metric, block_size=block_size, origin=origin, fluctuations=fluctuations)
     return np.asarray(estimate_window(frag, Ns, lam * n_frag / n_conv / R, window=wm, **kw).h, dtype=float)
