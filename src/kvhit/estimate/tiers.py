@@ -182,10 +182,10 @@ def estimate_tiers(
     Cs = _grid(host_units, "host_units", 0)
     u = source if isinstance(source, RequestReuse) else request_reuse(source)
     b = u.block_size
+    meas = None if measured is None else np.asarray(measured, bool)
+    if meas is not None and meas.shape != (u.n,):
+        raise TierEstimateError(f"measured: expected one flag per request ({u.n}), got shape {meas.shape}")
     if tier == "simple" and simple_model == "recency" and engine == "vllm":
-        meas = None if measured is None else np.asarray(measured, bool)
-        if meas is not None and meas.shape != (u.n,):
-            raise TierEstimateError(f"measured: expected one flag per request ({u.n}), got shape {meas.shape}")
         _, host, _, _ = estimate_simple_eager(u, Ns, Cs, lam0=lam0, meas=meas, **kw)
         # the GPU term is the single-tier estimator itself (its own value grid), per distinct admitted set
         N_min = int(u.prompt_blocks.max()) if u.n else 0
@@ -245,9 +245,6 @@ def estimate_tiers(
     hit = np.zeros((Ns.shape[0], Cs.shape[0]))
     gpu = np.zeros(Ns.shape[0])
     host = np.zeros((Ns.shape[0], Cs.shape[0]))
-    meas = None if measured is None else np.asarray(measured, bool)
-    if meas is not None and meas.shape != (u.n,):
-        raise TierEstimateError(f"measured: expected one flag per request ({u.n}), got shape {meas.shape}")
     for k in np.unique(adm_key):
         sel = adm_key == k
         mask = None if k >= N_min else (R <= k)
