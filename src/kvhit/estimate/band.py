@@ -65,6 +65,7 @@ __all__ = [
     "keep_order",
     "prediction_factor",
     "realisation_replays",
+    "realisations",
     "restart_sessions",
     "session_starts",
     "start_law",
@@ -246,6 +247,19 @@ def draw_span_starts(first, rng: np.random.Generator, law: str) -> np.ndarray:
     return keep_order(f, rng.uniform(lo - d, hi + d, C))
 
 
+def realisations(pt, replays: int, seed: int, order: str = DEFAULT_ORDER, bins=None, bin_rule: str = "br"):
+    """The ``replays`` re-timed traces of ``pt`` (generator): session starts drawn by the law ``order``
+    (:func:`draw_span_starts` for ``keep-span``, :func:`draw_starts` for ``random`` / ``keep``) from one
+    ``default_rng(seed)``, in order — the realisations every band (vLLM, SGLang, tiers) replays at that seed."""
+    first = session_starts(pt)
+    rng = np.random.default_rng(seed)
+    law = start_law(first) if order == "keep-span" else None
+    for _ in range(replays):
+        yield restart_sessions(
+            pt, draw_span_starts(first, rng, law) if law else draw_starts(first, rng, bins, bin_rule, order)
+        )
+
+
 def realisation_replays(
     pt,
     Ns: Any,
@@ -264,18 +278,14 @@ def realisation_replays(
     from kvhit.sim.vllm.curve import block_curve
 
     Ns = np.asarray(Ns, np.int64)
-    first = session_starts(pt)
-    rng = np.random.default_rng(seed)
     key = "token_hit_ratio" if metric == "tokens" else "block_hit_ratio"
     out = np.full((replays, Ns.shape[0]), np.nan)
     N_min = int(pt.prompt_blocks.max()) if pt.n_requests else 0
     ok = Ns >= N_min
     if not ok.any():
         return out
-    law = start_law(first) if order == "keep-span" else None
-    for k in range(replays):
-        x = draw_span_starts(first, rng, law) if law else draw_starts(first, rng, bins, bin_rule, order)
-        rq = restart_sessions(pt, x).to_block_requests()
+    for k, p2 in enumerate(realisations(pt, replays, seed, order, bins, bin_rule)):
+        rq = p2.to_block_requests()
         c = block_curve(
             rq.prompt_tokens,
             rq.hash_offsets,

@@ -40,16 +40,7 @@ from typing import Any
 import numpy as np
 
 from kvhit.estimate.agentic import AgenticError
-from kvhit.estimate.band import (
-    DEFAULT_ORDER,
-    ORDERS,
-    draw_span_starts,
-    draw_starts,
-    prediction_factor,
-    restart_sessions,
-    session_starts,
-    start_law,
-)
+from kvhit.estimate.band import DEFAULT_ORDER, ORDERS, prediction_factor, realisations
 
 __all__ = [
     "ReplayBand",
@@ -78,12 +69,7 @@ def start_draws(pt, replays: int, seed: int, bins=None, order: str = DEFAULT_ORD
         raise AgenticError(f"replays: expected an integer in 2–1000, got {replays!r}")
     if order not in ORDERS:
         raise AgenticError(f"order: expected one of {ORDERS}, got {order!r}")
-    first = session_starts(pt)
-    rng = np.random.default_rng(seed)
-    law = start_law(first) if order == "keep-span" else None
-    for _ in range(replays):
-        x = draw_span_starts(first, rng, law) if law else draw_starts(first, rng, bins, order=order)
-        yield restart_sessions(pt, x)
+    yield from realisations(pt, replays, seed, order, bins)
 
 
 def sglang_replays(
