@@ -139,6 +139,46 @@ def _free_list(blk, ids, n, head, tail, unhashed_to_head):
     return freed
 
 
+# ---- shared by both kernels ------------------------------------------------------------------------------------
+@njit(cache=True)
+def _max_blocks(T, N, b):
+    """The most blocks an admitted request (``⌈T/b⌉ ≤ N``) needs; at least 1 (scratch sizes)."""
+    mx = 1
+    for r in range(T.shape[0]):
+        nb = (T[r] + b - 1) // b
+        if nb <= N and nb > mx:
+            mx = nb
+    return mx
+
+
+@njit(cache=True)
+def _lookup(hs, o, Tr, b, gtab, gmask, ctab, cmask, rb, cb):
+    """The scheduler's two-tier lookup: GPU hits ``rb[:h]`` (chained, capped at ``(T − 1) // b`` blocks), then CPU
+    hits ``cb[:nc]`` beyond them (full blocks, capped at ``T − 1 − h·b`` tokens). Returns ``(h, nc)``."""
+    nf = Tr // b
+    maxhit = (Tr - 1) // b
+    h = 0
+    while h < maxhit:
+        x = _cached(hs[o + h], gtab, gmask)
+        if x < 0:
+            break
+        rb[h] = x
+        h += 1
+    g = h * b
+    nc = 0
+    if Tr - 1 - g > 0:
+        lim = min(nf, h + (Tr - 1 - g) // b)
+        i = h
+        while i < lim:
+            y = _cached(hs[o + i], ctab, cmask)
+            if y < 0:
+                break
+            cb[nc] = y
+            nc += 1
+            i += 1
+    return h, nc
+
+
 # ---- eager ------------------------------------------------------------------------------------------------------
 @njit(cache=True)
 def _select(hs, o, start, end, ctab, cmask, cfree, pos):
@@ -166,11 +206,7 @@ def _eager_kernel(T, off, hs, N, NC, b, u2h):
     cblk, cdl, cbh, ctab, cmask = _pool(NC)
     gh, gt, ch, ct = N, N + 1, NC, NC + 1
     cfree = NC
-    mx = 1
-    for r in range(n):
-        nb = (T[r] + b - 1) // b
-        if nb <= N and nb > mx:
-            mx = nb
+    mx = _max_blocks(T, N, b)
     rb = np.empty(mx, np.int32)  # the request's GPU blocks (hit + new)
     rev = np.empty(mx, np.int32)
     cb = np.empty(mx, np.int32)  # CPU hit blocks
@@ -188,28 +224,8 @@ def _eager_kernel(T, off, hs, N, NC, b, u2h):
             continue
         o = off[r]
         nf = Tr // b
-        # GPU lookup (T - 1 cap)
-        maxhit = (Tr - 1) // b
-        h = 0
-        while h < maxhit:
-            x = _cached(hs[o + h], gtab, gmask)
-            if x < 0:
-                break
-            rb[h] = x
-            h += 1
+        h, nc = _lookup(hs, o, Tr, b, gtab, gmask, ctab, cmask, rb, cb)
         g = h * b
-        # CPU lookup beyond g, capped at T - 1 - g tokens
-        nc = 0
-        if Tr - 1 - g > 0:
-            lim = min(nf, h + (Tr - 1 - g) // b)
-            i = h
-            while i < lim:
-                y = _cached(hs[o + i], ctab, cmask)
-                if y < 0:
-                    break
-                cb[nc] = y
-                nc += 1
-                i += 1
         c = nc * b
         gout[r] = g
         cout[r] = c
@@ -297,11 +313,7 @@ def _lazy_kernel(T, off, hs, N, NC, b, target):
     cblk, cdl, cbh, ctab, cmask = _pool(NC)
     gh, gt, ch, ct = N, N + 1, NC, NC + 1
     cfree = NC
-    mx = 1
-    for r in range(n):
-        nb = (T[r] + b - 1) // b
-        if nb <= N and nb > mx:
-            mx = nb
+    mx = _max_blocks(T, N, b)
     rb = np.empty(mx, np.int32)
     rev = np.empty(mx, np.int32)
     cb = np.empty(mx, np.int32)
@@ -317,26 +329,8 @@ def _lazy_kernel(T, off, hs, N, NC, b, target):
             continue
         o = off[r]
         nf = Tr // b
-        maxhit = (Tr - 1) // b
-        h = 0
-        while h < maxhit:
-            x = _cached(hs[o + h], gtab, gmask)
-            if x < 0:
-                break
-            rb[h] = x
-            h += 1
+        h, nc = _lookup(hs, o, Tr, b, gtab, gmask, ctab, cmask, rb, cb)
         g = h * b
-        nc = 0
-        if Tr - 1 - g > 0:
-            lim = min(nf, h + (Tr - 1 - g) // b)
-            i = h
-            while i < lim:
-                y = _cached(hs[o + i], ctab, cmask)
-                if y < 0:
-                    break
-                cb[nc] = y
-                nc += 1
-                i += 1
         c = nc * b
         gout[r] = g
         cout[r] = c
