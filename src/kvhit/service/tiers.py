@@ -404,30 +404,8 @@ def tiers(req: TiersRequest) -> TiersResponse:
         x = np.asarray(req.dram_gb, float) if req.dram_gb is not None else s.host.astype(float)
         xlabel = "DRAM for the KV tier (GiB, all ranks)" if req.dram_gb is not None else "host capacity (tier units)"
         figure = [str(p) for p in plot_surface(s, req.plot, x=x, xlabel=xlabel)]
-    ttft = None
-    if req.prefill_tokens_per_s is not None:
-        # a load of c tokens replaces c/prefill seconds of compute by c·bytes_per_token/bandwidth of copying
-        per_token = 1.0 / req.prefill_tokens_per_s - bpt / (req.pcie_gb_per_s * 1e9)
-        ttft = [
-            [float(x) * per_token / max(1, int(n)) for x in row]
-            for row, n in zip(s.load_tokens, s.admitted, strict=True)
-        ]
-    from kvhit.plan.tiers import cheapest_split, dram_for_target
-
     xs = np.asarray(req.dram_gb if req.dram_gb is not None else s.host, float)
-    need = dram_for_target(s.hit, xs, req.target) if req.target is not None else None
-    hbm_gib = [float(N) * bpb * req.tp / 2**30 for N in s.gpu_blocks] if bpb is not None else None
-    cheapest = None
-    if all(priced):
-        sp = cheapest_split(s.hit, hbm_gib, xs, req.target, req.price_hbm_per_gib, req.price_dram_per_gib)
-        if sp is not None:
-            cheapest = {
-                "hbm_blocks": int(s.gpu_blocks[sp.hbm_index]),
-                "hbm_gib": sp.hbm_gib,
-                "dram_gib": sp.dram_gib,
-                "cost": sp.cost,
-                "h": sp.h,
-            }
+    ttft, need, hbm_gib, cheapest = _plan_answers(req, s, xs, bpt, bpb, priced)
     name = {
         "native": "vLLM 0.33.0 native",
         "simple": "vLLM 0.33.0 SimpleCPUOffload",
@@ -462,6 +440,35 @@ def tiers(req: TiersRequest) -> TiersResponse:
         stationarity=steady,
         notes=notes,
     )
+
+
+def _plan_answers(req, s, xs, bpt, bpb, priced):
+    """The answers both tier families give on a surface ``s`` over host sizes ``xs``: per-cell TTFT saving (a load
+    of c tokens replaces c/prefill seconds of compute by c·bytes_per_token/bandwidth of copying), the DRAM for
+    ``req.target`` per HBM size, HBM GiB per size and the cheapest (HBM, DRAM) split when both are priced."""
+    from kvhit.plan.tiers import cheapest_split, dram_for_target
+
+    ttft = None
+    if req.prefill_tokens_per_s is not None:
+        per_token = 1.0 / req.prefill_tokens_per_s - bpt / (req.pcie_gb_per_s * 1e9)
+        ttft = [
+            [float(x) * per_token / max(1, int(n)) for x in row]
+            for row, n in zip(s.load_tokens, s.admitted, strict=True)
+        ]
+    need = dram_for_target(s.hit, xs, req.target) if req.target is not None else None
+    hbm_gib = [float(N) * bpb * req.tp / 2**30 for N in s.gpu_blocks] if bpb is not None else None
+    cheapest = None
+    if all(priced):
+        sp = cheapest_split(s.hit, hbm_gib, xs, req.target, req.price_hbm_per_gib, req.price_dram_per_gib)
+        if sp is not None:
+            cheapest = {
+                "hbm_blocks": int(s.gpu_blocks[sp.hbm_index]),
+                "hbm_gib": sp.hbm_gib,
+                "dram_gib": sp.dram_gib,
+                "cost": sp.cost,
+                "h": sp.h,
+            }
+    return ttft, need, hbm_gib, cheapest
 
 
 def _grid2(a) -> list[list[float | None]]:
@@ -517,7 +524,6 @@ def _hicache_requests(req: TiersRequest, br):
 
 def _hicache(req: TiersRequest) -> TiersResponse:
     """``--tier hicache``: SGLang 0.5.23 HiCache over HBM sizes × (ratios | DRAM | host tokens)."""
-    from kvhit.plan.tiers import cheapest_split, dram_for_target
     from kvhit.sim.tiers.hicache import VERSION, host_tokens
     from kvhit.sim.tiers.hicache_curve import hicache_surface
 
@@ -598,27 +604,7 @@ def _hicache(req: TiersRequest) -> TiersResponse:
             else "host pool (tokens)"
         )
         figure = [str(f) for f in plot_ratio_curve(s, req.plot, x=np.asarray(cols, float), xlabel=xlabel)]
-    ttft = None
-    if req.prefill_tokens_per_s is not None:
-        per_token = 1.0 / req.prefill_tokens_per_s - bpt / (req.pcie_gb_per_s * 1e9)
-        ttft = [
-            [float(x) * per_token / max(1, int(n)) for x in row]
-            for row, n in zip(s.load_tokens, s.admitted, strict=True)
-        ]
-    xs = np.asarray(cols, float)
-    need = dram_for_target(s.hit, xs, req.target) if req.target is not None else None
-    hbm_gib = [float(N) * bpb * req.tp / 2**30 for N in s.gpu_blocks] if bpb is not None else None
-    cheapest = None
-    if all(priced):
-        sp = cheapest_split(s.hit, hbm_gib, xs, req.target, req.price_hbm_per_gib, req.price_dram_per_gib)
-        if sp is not None:
-            cheapest = {
-                "hbm_blocks": int(s.gpu_blocks[sp.hbm_index]),
-                "hbm_gib": sp.hbm_gib,
-                "dram_gib": sp.dram_gib,
-                "cost": sp.cost,
-                "h": sp.h,
-            }
+    ttft, need, hbm_gib, cheapest = _plan_answers(req, s, np.asarray(cols, float), bpt, bpb, priced)
 
     def clean(M):
         return [[None if np.isnan(v) else float(v) for v in row] for row in M]
