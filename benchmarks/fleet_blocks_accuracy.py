@@ -148,6 +148,10 @@ NEW_POOL_SEED = 20261203
 #: and the rule below fixed: the replays' seed per realisation (``--replay-seed per-realisation``) separates the
 #: start law's bias from one answer's Monte Carlo error, ``--se-target`` bounds the latter
 FRESH_POOL_SEED = 20261204
+#: the fourth held-out WEKA pool (``held-35g``), drawn on 2026-12-03 (evening) to measure what ``fleet simulate
+#: --replay-se 0.003`` prints (replays' seed 0 as the command, adaptive count until s/√K ≤ 0.003 at every capacity);
+#: rule fixed before it was run: the gap (Poisson arm) / paired gap (uniform arm) within 0.01 at every point
+G_POOL_SEED = 20261206
 
 
 #: timing presets of ``--only replay --timing`` (kvhit.fleet.timing.FleetTiming per router class): ``speed`` holds
@@ -247,7 +251,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", default=["weka", "mooncake", "kv"],
                     choices=["weka", "mooncake", "kv", "replay"])  # fmt: skip
-    ap.add_argument("--pools", nargs="*", default=["held-35a"], choices=["held-35a", "held-35new", "held-35fresh"])
+    ap.add_argument("--pools", nargs="*", default=["held-35a"],
+                    choices=["held-35a", "held-35new", "held-35fresh", "held-35g"])  # fmt: skip
     ap.add_argument("--replay-seed", default="fixed", choices=["fixed", "per-realisation"])
     ap.add_argument(
         "--se-target", type=float, default=None, help="replay: adaptive replay count (fleet_replays_blocks)"
@@ -290,6 +295,7 @@ def main(argv=None) -> None:
             "held-35a": draws,
             "held-35new": np.random.default_rng(NEW_POOL_SEED).integers(0, Ch, 35),
             "held-35fresh": np.random.default_rng(FRESH_POOL_SEED).integers(0, Ch, 35),
+            "held-35g": np.random.default_rng(G_POOL_SEED).integers(0, Ch, 35),
         }
         for pool in a.pools:
             for arrival in a.arrivals:
