@@ -184,6 +184,94 @@ def _levy_kernel(
 
 
 @njit(cache=True)
+def _levy_by_age(
+    t_start, t_end, tau, fx_first, cumnew, a, t_rows, s_grid, Lc, delta, G, scale, out, foot, fbase
+):  # pragma: no cover
+    """:func:`_levy_kernel`'s jump masses (``G > 0``, no excluded template) for rows that share one age ``a``
+    (``a > 0``) at times ``t_rows``, with one sweep of the templates' windows for all of them.
+
+    The windows (their intervals of ``u`` and footprints ``f``) depend on ``a`` only; a row's weight of an interval
+    is ``scale·∫ λ(t − u) du`` over it, and ``λ`` is constant between the knots ``t − s_grid[i]``. So the
+    intervals are cut at the union of every row's knots, the binned footprints accumulated per cut segment as
+    ``length × split(f)`` (prefix sums over the segments), and row ``t``'s masses are ``scale·Σ_i λ_i ×`` (the
+    sum over the segments of its bin ``i``). The same sum as :func:`_levy_kernel` regrouped (``λ_i·Δu`` for
+    ``Λ(t − u_prev) − Λ(t − u)``): equal to rounding (the reference: ``tests/test_estimate_agentic.py``)."""
+    nr = t_rows.shape[0]
+    ns = s_grid.shape[0]
+    kn = np.empty(nr * ns)
+    for r in range(nr):
+        for i in range(ns):
+            kn[r * ns + i] = t_rows[r] - s_grid[i]
+    kn = np.unique(kn)
+    nk = kn.shape[0]
+    u_lo = kn[0]
+    u_hi = kn[nk - 1]
+    # H[q + 1] accumulates segment q = [kn[q], kn[q + 1]]; then prefix sums: H[q] = Σ of the segments < q
+    H = np.zeros((nk, G + 1))
+    nK = t_start.shape[0]
+    for k in range(nK):
+        i1 = t_end[k]
+        k0 = t_start[k]
+        i0 = k0 + np.searchsorted(tau[k0:i1], u_lo - a, side="right")
+        if i0 >= i1:
+            continue
+        pe = i0
+        pl = i0
+        lo = i0
+        hi = i0
+        u_prev = tau[i0]
+        while (pe < i1 or pl < i1) and u_prev < u_hi:
+            if pe < i1 and tau[pe] <= tau[pl] + a:
+                u = tau[pe]
+            else:
+                u = tau[pl] + a
+            if hi > lo and u > u_prev:
+                x0 = max(u_prev, u_lo)
+                x1 = min(u, u_hi)
+                if x1 > x0:
+                    if foot.shape[0] > 0:
+                        m1 = i1 - k0 + 1
+                        f = foot[fbase[k] + (lo - k0) * m1 + hi - k0]
+                    else:
+                        f = fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
+                    x = f / delta
+                    j = int(x)
+                    big = j >= G
+                    fr = x - j
+                    q = np.searchsorted(kn, x0, side="right") - 1
+                    while q < nk - 1 and kn[q] < x1:
+                        d = min(x1, kn[q + 1]) - max(x0, kn[q])
+                        if d > 0.0:
+                            if big:
+                                H[q + 1, G] += d
+                            else:
+                                H[q + 1, j] += d * (1.0 - fr)
+                                H[q + 1, j + 1] += d * fr
+                        q += 1
+            if pe < i1 and tau[pe] <= tau[pl] + a:
+                pe += 1
+                hi = pe
+            else:
+                pl += 1
+                lo = pl
+            u_prev = u
+    for q in range(1, nk):
+        for jj in range(G + 1):
+            H[q, jj] += H[q - 1, jj]
+    for r in range(nr):
+        t = t_rows[r]
+        for i in range(ns - 1):
+            lam = (Lc[i + 1] - Lc[i]) / (s_grid[i + 1] - s_grid[i])
+            if not lam > 0.0:
+                continue
+            qa = np.searchsorted(kn, t - s_grid[i + 1])
+            qb = np.searchsorted(kn, t - s_grid[i])
+            c = scale * lam
+            for jj in range(G + 1):
+                out[r, jj] += c * (H[qb, jj] - H[qa, jj])
+
+
+@njit(cache=True)
 def _cum(Lc, s_grid, s):  # pragma: no cover
     n = s_grid.shape[0]
     if s <= s_grid[0]:
@@ -397,35 +485,57 @@ def _poisson_table(
     Hb = np.zeros((P, G + 1))
     hist1 = _split_hist(F1, delta, G)
     chunk = max(1, (1 << 22) // (4 * G))
+    fb_m = fbase[multi] if foot.shape[0] else fbase
+    # rows in age order, so that the rows of one age (one sweep of the windows, _levy_by_age) share a chunk
+    perm = np.lexsort((t_c, a_c)) if LEVY_BY_AGE else np.arange(P)
     for c_lo in range(0, P, chunk):
-        c_hi = min(P, c_lo + chunk)
-        nu = np.zeros((c_hi - c_lo, G + 1))
+        idx = perm[c_lo : min(P, c_lo + chunk)]
+        nu = np.zeros((idx.shape[0], G + 1))
         if multi.size:
-            _levy_kernel(
-                ts_m,
-                te_m,
-                tau,
-                fx_first,
-                cumnew,
-                a_c[c_lo:c_hi],
-                t_c[c_lo:c_hi],
-                x_m[c_lo:c_hi],
-                s_grid,
-                Lc,
-                delta,
-                G,
-                scale,
-                nu,
-                np.zeros((c_hi - c_lo, 3)),
-                foot,
-                fbase[multi] if foot.shape[0] else fbase,
-            )
+            _levy_rows(ts_m, te_m, tau, fx_first, cumnew, a_c[idx], t_c[idx], x_m[idx], s_grid, Lc, delta, G,
+                       scale, nu, foot, fb_m)  # fmt: skip
         if F1.size:
-            nu += w1[c_lo:c_hi, None] * hist1[None, :]
-            xs = excl_single[c_lo:c_hi]
+            nu += w1[idx, None] * hist1[None, :]
+            xs = excl_single[idx]
             for r_ in np.flatnonzero(xs > 0):
-                nu[r_] -= w1[c_lo + r_] * _split_hist(np.array([xs[r_]]), delta, G)
+                nu[r_] -= w1[idx[r_]] * _split_hist(np.array([xs[r_]]), delta, G)
             np.maximum(nu, 0.0, out=nu)
         cdf = compound_poisson_cdf(nu, G)
-        np.cumsum(cdf * delta, axis=1, out=Hb[c_lo:c_hi, 1:])
+        Hb[idx, 1:] = np.cumsum(cdf * delta, axis=1)
     return Hb, delta, row, same
+
+
+#: the Lévy masses of rows without an excluded template by one sweep per age (:func:`_levy_by_age`); False: the
+#: per-row sweep :func:`_levy_kernel` (the reference, equal to rounding)
+LEVY_BY_AGE = True
+
+
+def _levy_rows(ts, te, tau, fx_first, cumnew, a, t, x, s_grid, Lc, delta, G, scale, nu, foot, fbase):
+    """Jump masses of the rows ``(t, a, x)`` into ``nu``: rows that exclude a template (``x ≥ 0``) through
+    :func:`_levy_kernel`; the others (``a > 0``) by age groups through :func:`_levy_by_age` (with
+    :data:`LEVY_BY_AGE`)."""
+    if not LEVY_BY_AGE:
+        _levy_kernel(ts, te, tau, fx_first, cumnew, a, t, x, s_grid, Lc, delta, G, scale, nu,
+                     np.zeros((a.shape[0], 3)), foot, fbase)  # fmt: skip
+        return
+    per_row = np.flatnonzero(x >= 0)
+    if per_row.size:
+        sub = np.zeros((per_row.size, G + 1))
+        _levy_kernel(ts, te, tau, fx_first, cumnew, a[per_row], t[per_row], x[per_row], s_grid, Lc, delta, G,
+                     scale, sub, np.zeros((per_row.size, 3)), foot, fbase)  # fmt: skip
+        nu[per_row] = sub
+    grp = np.flatnonzero((x < 0) & (a > 0))
+    if not grp.size:
+        return
+    ag = a[grp]
+    cut = np.flatnonzero(np.diff(ag) != 0) + 1 if np.all(np.diff(ag) >= 0) else None
+    if cut is None:  # rows not in age order: group them
+        o = np.argsort(ag, kind="stable")
+        grp, ag = grp[o], ag[o]
+        cut = np.flatnonzero(np.diff(ag) != 0) + 1
+    for g in np.split(np.arange(grp.size), cut):
+        rows = grp[g]
+        sub = np.zeros((rows.size, G + 1))
+        _levy_by_age(ts, te, tau, fx_first, cumnew, float(ag[g[0]]), t[rows], s_grid, Lc, delta, G, scale, sub,
+                     foot, fbase)  # fmt: skip
+        nu[rows] = sub
