@@ -220,6 +220,8 @@ def _levy_by_age(
     u_hi = kn[nk - 1]
     # H[q + 1] accumulates segment q = [kn[q], kn[q + 1]]; then prefix sums: H[q] = Σ of the segments < q
     H = np.zeros((nk, G + 1))
+    jhi = -1  # the highest value cell written below G (one conversation's footprints: a few cells of the grid)
+    has_big = False
     nK = t_start.shape[0]
     for k in range(nK):
         i1 = t_end[k]
@@ -249,6 +251,10 @@ def _levy_by_age(
                     x = f / delta
                     j = int(x)
                     big = j >= G
+                    if big:
+                        has_big = True
+                    elif j + 1 > jhi:
+                        jhi = j + 1
                     fr = x - j
                     q = np.searchsorted(kn, x0, side="right") - 1
                     while q < nk - 1 and kn[q] < x1:
@@ -267,8 +273,12 @@ def _levy_by_age(
                 pl += 1
                 lo = pl
             u_prev = u
+    # only the written cells (the others stay 0: skipping them changes no sum)
+    cols = np.arange(min(jhi, G) + 1)
+    if has_big and (cols.shape[0] == 0 or cols[cols.shape[0] - 1] < G):
+        cols = np.append(cols, G)
     for q in range(1, nk):
-        for jj in range(G + 1):
+        for jj in cols:
             H[q, jj] += H[q - 1, jj]
     for r in range(nr):
         t = t_rows[r]
@@ -279,7 +289,7 @@ def _levy_by_age(
             qa = np.searchsorted(kn, t - s_grid[i + 1])
             qb = np.searchsorted(kn, t - s_grid[i])
             c = scale * lam
-            for jj in range(G + 1):
+            for jj in cols:
                 out[r, jj] += c * (H[qb, jj] - H[qa, jj])
 
 
