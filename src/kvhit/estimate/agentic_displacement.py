@@ -226,14 +226,15 @@ def _levy_by_age(
     for k in range(nK):
         i1 = t_end[k]
         k0 = t_start[k]
-        i0 = k0 + np.searchsorted(tau[k0:i1], u_lo - a, side="right")
-        if i0 >= i1:
+        if tau[i1 - 1] <= u_lo - a:  # every window of k closes before u_lo
             continue
+        i0 = k0 + np.searchsorted(tau[k0:i1], u_lo - a, side="right")
         pe = i0
         pl = i0
         lo = i0
         hi = i0
         u_prev = tau[i0]
+        qc = np.searchsorted(kn, max(u_prev, u_lo), side="right") - 1  # kn[qc] ≤ x0 < kn[qc + 1]: walked forward
         while (pe < i1 or pl < i1) and u_prev < u_hi:
             if pe < i1 and tau[pe] <= tau[pl] + a:
                 u = tau[pe]
@@ -256,7 +257,9 @@ def _levy_by_age(
                     elif j + 1 > jhi:
                         jhi = j + 1
                     fr = x - j
-                    q = np.searchsorted(kn, x0, side="right") - 1
+                    while qc + 1 < nk and kn[qc + 1] <= x0:
+                        qc += 1
+                    q = qc
                     while q < nk - 1 and kn[q] < x1:
                         d = min(x1, kn[q + 1]) - max(x0, kn[q])
                         if d > 0.0:
