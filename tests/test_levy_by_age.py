@@ -104,7 +104,9 @@ def test_masses_equal_per_row_kernel_on_random_templates(seed, n_knots, G, exact
         sizes = (m + 1) ** 2
         fbase = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         foot = rng.integers(0, 200, int(sizes.sum())).astype(np.float64)
-    s_grid = np.sort(rng.uniform(-20, 100, n_knots))
+    # equal-width start bins, as _poisson_table's histogram (a bin far narrower than the times conditions both
+    # paths: Λ's slope multiplies the rounding of t − u, ~1e-14 here)
+    s_grid = np.linspace(rng.uniform(-20, 20), rng.uniform(60, 100), n_knots)
     Lc = np.concatenate([[0.0], np.cumsum(rng.integers(0, 5, n_knots - 1).astype(np.float64))])
     ages = rng.choice([0.0, 3.0, 17.5, 60.0], 3)
     P = 12
@@ -133,3 +135,24 @@ def test_compound_poisson_rows_bit_for_bit_in_any_batch():
     assert all(np.array_equal(AD.compound_poisson_cdf(nu[i], G)[0], whole[i]) for i in (0, 63, 64, 149))
     assert np.array_equal(np.concatenate([AD.compound_poisson_cdf(nu[i : i + 7], G) for i in range(0, 150, 7)]), whole)
     assert np.all(np.diff(whole, axis=1) >= 0) and whole.max() <= 1.0
+
+
+def test_window_same_equals_window_d():
+    """``_window_same`` (the own-session displacement over the session's requests) is ``_window_D``'s ``out_same``."""
+    nonzero = []
+    for pt in (read_mooncake(MOON), read_weka([W22, W26, W14], arrival="uniform", span=900, seed=4), _generated()):
+        u = request_reuse(pt)
+        sr = np.repeat(np.arange(u.n), np.diff(u.seg_off))
+        keep = u.seg_src >= 0
+        sr, src = sr[keep], u.seg_src[keep]
+        for bunit, Fx in ((1, u.full_blocks), (16, u.prompt_tokens)):
+            same, other = np.zeros(sr.shape[0], np.int64), np.zeros(sr.shape[0], np.int64)
+            adm = np.ones(u.n, bool)
+            AD._window_D(sr, src, u.seg_src, u.seg_off, u.seg_end, Fx, u.session, adm, same, other, bunit)
+            s_req = np.argsort(u.session, kind="stable")
+            s_off = np.concatenate([[0], np.cumsum(np.bincount(u.session))]).astype(np.int64)
+            got = np.zeros(sr.shape[0], np.int64)
+            AD._window_same(sr, src, u.seg_src, u.seg_off, u.seg_end, Fx, u.session, s_off, s_req, got, bunit)
+            assert np.array_equal(got, same)
+            nonzero.append(bool((same != 0).any()))
+    assert any(nonzero)  # some windows hold own-session requests (WEKA sub-agent bursts)
