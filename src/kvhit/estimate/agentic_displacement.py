@@ -224,10 +224,10 @@ def _levy_kernel(
 
 @njit(cache=True)
 def _levy_by_age(
-    t_start, t_end, tau, fx_first, cumnew, a, t_rows, s_grid, Lc, delta, G, scale, out, foot, fbase
+    t_start, t_end, tau, fx_first, cumnew, a, excl, t_rows, s_grid, Lc, delta, G, scale, out, foot, fbase
 ):  # pragma: no cover
-    """:func:`_levy_kernel`'s jump masses (``G > 0``, no excluded template) for rows that share one age ``a``
-    (``a > 0``) at times ``t_rows``, with one sweep of the templates' windows for all of them.
+    """:func:`_levy_kernel`'s jump masses (``G > 0``) for rows that share one age ``a`` (``a > 0``) and excluded
+    template ``excl`` (−1: none) at times ``t_rows``, with one sweep of the templates' windows for all of them.
 
     The windows (their intervals of ``u`` and footprints ``f``) depend on ``a`` only; a row's weight of an interval
     is ``scale·∫ λ(t − u) du`` over it, and ``λ`` is constant between the knots ``t − s_grid[i]``. So the
@@ -251,6 +251,8 @@ def _levy_by_age(
     has_big = False
     nK = t_start.shape[0]
     for k in range(nK):
+        if k == excl:
+            continue
         i1 = t_end[k]
         k0 = t_start[k]
         if tau[i1 - 1] <= u_lo - a:  # every window of k closes before u_lo
@@ -558,8 +560,9 @@ def _poisson_table(
     hist1 = _split_hist(F1, delta, G)
     chunk = max(1, (1 << 22) // (4 * G))
     fb_m = fbase[multi] if foot.shape[0] else fbase
-    # rows in age order, so that the rows of one age (one sweep of the windows, _levy_by_age) share a chunk
-    perm = np.lexsort((t_c, a_c)) if LEVY_BY_AGE else np.arange(P)
+    # rows in (age, excluded template) order, so that the rows of one group (one sweep of the windows,
+    # _levy_by_age) share a chunk
+    perm = np.lexsort((t_c, x_c, a_c)) if LEVY_BY_AGE else np.arange(P)
     for c_lo in range(0, P, chunk):
         idx = perm[c_lo : min(P, c_lo + chunk)]
         nu = np.zeros((idx.shape[0], G + 1))
@@ -577,37 +580,28 @@ def _poisson_table(
     return Hb, delta, row, same
 
 
-#: the Lévy masses of rows without an excluded template by one sweep per age (:func:`_levy_by_age`); False: the
-#: per-row sweep :func:`_levy_kernel` (the reference, equal to rounding)
+#: the Lévy masses by one sweep per (age, excluded template) (:func:`_levy_by_age`); False: the per-row sweep
+#: :func:`_levy_kernel` (the reference, equal to rounding)
 LEVY_BY_AGE = True
 
 
 def _levy_rows(ts, te, tau, fx_first, cumnew, a, t, x, s_grid, Lc, delta, G, scale, nu, foot, fbase):
-    """Jump masses of the rows ``(t, a, x)`` into ``nu``: rows that exclude a template (``x ≥ 0``) through
-    :func:`_levy_kernel`; the others (``a > 0``) by age groups through :func:`_levy_by_age` (with
-    :data:`LEVY_BY_AGE`)."""
+    """Jump masses of the rows ``(t, a, x)`` into ``nu``: by groups of equal age and excluded template through
+    :func:`_levy_by_age` (with :data:`LEVY_BY_AGE`; else row by row through :func:`_levy_kernel`). Rows with
+    ``a ≤ 0`` stay 0 (as in :func:`_levy_kernel`)."""
     if not LEVY_BY_AGE:
         _levy_kernel(ts, te, tau, fx_first, cumnew, a, t, x, s_grid, Lc, delta, G, scale, nu,
                      np.zeros((a.shape[0], 3)), foot, fbase)  # fmt: skip
         return
-    per_row = np.flatnonzero(x >= 0)
-    if per_row.size:
-        sub = np.zeros((per_row.size, G + 1))
-        _levy_kernel(ts, te, tau, fx_first, cumnew, a[per_row], t[per_row], x[per_row], s_grid, Lc, delta, G,
-                     scale, sub, np.zeros((per_row.size, 3)), foot, fbase)  # fmt: skip
-        nu[per_row] = sub
-    grp = np.flatnonzero((x < 0) & (a > 0))
+    grp = np.flatnonzero(a > 0)
     if not grp.size:
         return
-    ag = a[grp]
-    cut = np.flatnonzero(np.diff(ag) != 0) + 1 if np.all(np.diff(ag) >= 0) else None
-    if cut is None:  # rows not in age order: group them
-        o = np.argsort(ag, kind="stable")
-        grp, ag = grp[o], ag[o]
-        cut = np.flatnonzero(np.diff(ag) != 0) + 1
+    grp = grp[np.lexsort((t[grp], x[grp], a[grp]))]
+    ag, xg = a[grp], x[grp]
+    cut = np.flatnonzero((np.diff(ag) != 0) | (np.diff(xg) != 0)) + 1
     for g in np.split(np.arange(grp.size), cut):
         rows = grp[g]
         sub = np.zeros((rows.size, G + 1))
-        _levy_by_age(ts, te, tau, fx_first, cumnew, float(ag[g[0]]), t[rows], s_grid, Lc, delta, G, scale, sub,
-                     foot, fbase)  # fmt: skip
+        _levy_by_age(ts, te, tau, fx_first, cumnew, float(ag[g[0]]), int(xg[g[0]]), t[rows], s_grid, Lc, delta, G,
+                     scale, sub, foot, fbase)  # fmt: skip
         nu[rows] = sub
