@@ -156,3 +156,16 @@ def test_window_same_equals_window_d():
             assert np.array_equal(got, same)
             nonzero.append(bool((same != 0).any()))
     assert any(nonzero)  # some windows hold own-session requests (WEKA sub-agent bursts)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 100_000), n=st.integers(0, 60), cols=st.integers(1, 3))
+def test_unique_rows_equals_numpy_unique(seed, n, cols):
+    """``_unique_rows`` (the law table's cell keys) returns numpy's ``unique(axis=0, return_inverse=True)``."""
+    rng = np.random.default_rng(seed)
+    k = rng.choice(np.array([-3.5, -1.0, 0.0, 0.25, 2.0, 1e9]), (n, cols))  # many ties
+    if n:
+        k[:, 0] += rng.integers(0, 2, n) * rng.uniform(0, 1)
+    u, inv = AD._unique_rows(k)
+    u0, inv0 = np.unique(k, axis=0, return_inverse=True)
+    assert np.array_equal(u, u0) and np.array_equal(inv, inv0.reshape(-1))

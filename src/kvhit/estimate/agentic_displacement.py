@@ -366,6 +366,21 @@ def _cum(Lc, s_grid, s):  # pragma: no cover
 # --------------------------------------------------------------------------------------------------
 
 
+def _unique_rows(k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(k, axis=0, return_inverse=True)`` for a 2-D float array without NaN (rows in lexicographic
+    order, the inverse flat) by one ``lexsort``: the same arrays, ~4× faster than numpy's structured-row sort."""
+    n = k.shape[0]
+    if n == 0:
+        return k[:0], np.zeros(0, np.int64)
+    o = np.lexsort(k.T[::-1])
+    srt = k[o]
+    new = np.ones(n, bool)
+    new[1:] = (srt[1:] != srt[:-1]).any(axis=1)
+    inv = np.empty(n, np.int64)
+    inv[o] = np.cumsum(new) - 1
+    return srt[new], inv
+
+
 def _split_hist(f: np.ndarray, delta: float, G: int) -> np.ndarray:
     """Counts of the values ``f`` on the grid ``jδ`` (a value between two knots split in proportion; ``≥ Gδ``
     clamped to ``G``), as the kernel bins jumps."""
@@ -484,7 +499,7 @@ def _poisson_table(
             ok_t = cnt_t > 0
             med[ok_t] = t_r[o_t][starts_t[ok_t] + (cnt_t[ok_t] - 1) // 2]  # lower median (a request time)
             t_eval = med[ti]
-            n_cells = np.unique(np.stack([t_eval, la_, excl.astype(np.float64)], axis=1), axis=0).shape[0]
+            n_cells = _unique_rows(np.stack([t_eval, la_, excl.astype(np.float64)], axis=1))[0].shape[0]
             if n_cells * n_multi <= work_budget or nt <= 4:
                 break
             nt = max(4, nt // 2)
@@ -494,7 +509,7 @@ def _poisson_table(
     la = np.where(age > 0, np.round(np.log(np.maximum(age, 1e-9)) / q), -(10**9)).astype(np.int64)
     a_eval = np.where(age > 0, np.exp(la * q), 0.0)
     key = np.stack([t_eval, a_eval, excl.astype(np.float64)], axis=1)
-    cells, row = np.unique(key, axis=0, return_inverse=True)
+    cells, row = _unique_rows(key)
     row = row.reshape(-1).astype(np.int64)
     P = cells.shape[0]
     a_c = cells[:, 1].copy()
@@ -515,7 +530,7 @@ def _poisson_table(
     x_m = np.where(x_c >= 0, remap[np.maximum(x_c, 0)], -1)
     ts_m, te_m = ts[multi], te[multi]
     # moments at the oldest cell of every (time, excluded) group (D grows with the age: an upper bound)
-    grp = np.unique(np.stack([t_c, x_c.astype(np.float64)], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+    grp = _unique_rows(np.stack([t_c, x_c.astype(np.float64)], axis=1))[1]
     oldest = np.full(int(grp.max()) + 1 if P else 0, -1, np.int64)
     order_a = np.argsort(a_c, kind="stable")
     oldest[grp[order_a]] = order_a  # last write wins: the largest age of each group
