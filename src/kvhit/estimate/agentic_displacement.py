@@ -14,7 +14,9 @@ histogram (time-varying: the non-stationary pooled window) or, with ``lam0``, a 
 stationary stream the trace's conversations would make at that rate; Lemma D.1's Poisson random measure
 with the discrete marks kept instead of eq. (15)'s Gaussian). The law is computed on a value grid by an
 exponentially tilted FFT (no wrap-around, :func:`compound_poisson_cdf`), tabulated over ``(t, a)`` and
-interpolated.
+interpolated. The jump masses of the rows sharing an age (and excluded template) come from one sweep of the
+conversations' windows (:func:`_levy_by_age`; :func:`_levy_kernel`, row by row, is the reference: equal to
+rounding).
 
 ``form="replay"`` (the working-set identity; :func:`_window_D`): ``D_r(a)`` = ``Σ_{src<q<r} (F_q − k_q)`` from
 the trace's own requests (``k_q`` = leading blocks of ``q`` already touched in the window), i.e. the trace's own
