@@ -234,9 +234,10 @@ def _levy_by_age(
     The windows (their intervals of ``u`` and footprints ``f``) depend on ``a`` only; a row's weight of an interval
     is ``scale·∫ λ(t − u) du`` over it, and ``λ`` is constant between the knots ``t − s_grid[i]``. So the
     intervals are cut at the union of every row's knots, the binned footprints accumulated per cut segment as
-    ``length × split(f)`` (prefix sums over the segments), and row ``t``'s masses are ``scale·Σ_i λ_i ×`` (the
-    sum over the segments of its bin ``i``). The same sum as :func:`_levy_kernel` regrouped (``λ_i·Δu`` for
-    ``Λ(t − u_prev) − Λ(t − u)``): equal to rounding (the reference: ``tests/test_estimate_agentic.py``)."""
+    ``length × split(f)``, and row ``t``'s masses are ``scale·Σ_i λ_i ×`` (the sum over the segments of its bin
+    ``i``: added directly, or as a difference of prefix sums past :data:`DIRECT_CELLS`). The same sum as
+    :func:`_levy_kernel` regrouped (``λ_i·Δu`` for ``Λ(t − u_prev) − Λ(t − u)``): equal to rounding
+    (``tests/test_levy_by_age.py``)."""
     nr = t_rows.shape[0]
     ns = s_grid.shape[0]
     kn = np.empty(nr * ns)
