@@ -61,7 +61,10 @@ def test_native_host_smaller_than_gpu_adds_nothing_and_larger_is_the_host(weka):
         small = Cs <= N - 2
         assert np.all(e.hit[i, small] == e.gpu_hit[i])
         big = Cs >= N
-        assert np.all(e.hit[i, big] == e.host_hit[i, big])
+        # equal to rounding: the GPU's and the host's law tables are built apart, and since the by-age sweep
+        # (issue 23 §6) a row's last bits depend on the rows swept with it, so a request where the two counts tie
+        # may take either (exactly equal before, when both tables computed the tied rows the same way)
+        assert np.all(np.abs(e.hit[i, big] - e.host_hit[i, big]) <= 1e-12)
         assert np.all(e.host_hit[i, big] >= e.gpu_hit[i] - 1e-12)
 
 

@@ -66,6 +66,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from kvhit.estimate.agentic import estimate_trace
 from kvhit.estimate.tiers_simple import estimate_simple_eager
@@ -96,6 +97,24 @@ class TierEstimate:
     infeasible: np.ndarray
     N_min: int
     elapsed_s: float
+
+
+@njit(cache=True)
+def _union_sums(G, H, tail):  # pragma: no cover
+    """``out[i, j] = Σ_r max(G[r, i], H[r, j] + tail[r, i])``, summed over the requests in order: numpy's
+    ``np.maximum(G[:, i:i+1], H + tail[:, i:i+1]).sum(axis=0)`` bit for bit when ``H`` has ≥ 2 columns (with one,
+    numpy sums the contiguous column pairwise)."""
+    n, nN = G.shape
+    nC = H.shape[1]
+    out = np.zeros((nN, nC))
+    for i in range(nN):
+        for r in range(n):
+            gi = G[r, i]
+            ti = tail[r, i]
+            for j in range(nC):
+                v = H[r, j] + ti
+                out[i, j] += gi if gi >= v or gi != gi else v  # np.maximum: NaN wins
+    return out
 
 
 def _grid(x, name: str, lo: int) -> np.ndarray:
@@ -283,9 +302,13 @@ def estimate_tiers(
             else np.zeros_like(G)
         )
         # the union request by request: the dominant tier's count (tail blocks only from the GPU)
+        if H.shape[1] > 1:
+            tot = _union_sums(G, H, tail) / den
+        else:  # one host size: numpy sums a contiguous column pairwise; keep its bits
+            tot = np.stack([np.maximum(G[:, i : i + 1], H + tail[:, i : i + 1]).sum(axis=0) for i in range(G.shape[1])])
+            tot /= den
         for ii, i in enumerate(np.flatnonzero(sel)):
-            tot = np.maximum(G[:, ii : ii + 1], H + tail[:, ii : ii + 1]).sum(axis=0) / den
-            hit[i] = np.where(pos, tot, g[ii])
+            hit[i] = np.where(pos, tot[ii], g[ii])
     return TierEstimate(
         tier=tier,
         hbm_blocks=Ns,

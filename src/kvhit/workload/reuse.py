@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 __all__ = ["RequestReuse", "ReuseError", "request_reuse"]
 
@@ -178,6 +179,121 @@ def _chunked(T: np.ndarray, off: np.ndarray, ids: np.ndarray, b: int, k: int):
     return offc, ids[pos], b * k
 
 
+@njit(cache=True)
+def _id_groups(ids, order, off, sess, n_sess):  # pragma: no cover
+    """Per id position: the request that touched the same id last before it (−1: none) and the number of
+    sessions touching that id; and the counts of distinct ids and of ids touched by ≥ 2 sessions. ``order``: a
+    stable argsort of ``ids`` (equal ids adjacent, in arrival order)."""
+    m = ids.shape[0]
+    n = off.shape[0] - 1
+    req_of = np.empty(m, np.int64)
+    for r in range(n):
+        for i in range(off[r], off[r + 1]):
+            req_of[i] = r
+    prev_req = np.full(m, -1, np.int64)
+    sess_of_id = np.zeros(m, np.int64)
+    marker = np.full(n_sess, -1, np.int64)
+    distinct = 0
+    n_shared = 0
+    i = 0
+    while i < m:
+        v = ids[order[i]]
+        j = i + 1
+        while j < m and ids[order[j]] == v:
+            j += 1
+        cnt = 0
+        for q in range(i, j):
+            pos = order[q]
+            if q > i:
+                prev_req[pos] = req_of[order[q - 1]]
+            s_ = sess[req_of[pos]]
+            if marker[s_] != distinct:
+                marker[s_] = distinct
+                cnt += 1
+        for q in range(i, j):
+            sess_of_id[order[q]] = cnt
+        if cnt >= 2:
+            n_shared += 1
+        distinct += 1
+        i = j
+    return prev_req, sess_of_id, distinct, n_shared
+
+
+def _stream_prev(stream: np.ndarray) -> np.ndarray:
+    """The previous request (arrival order) of each request's stream, or −1."""
+    n = stream.shape[0]
+    so = np.lexsort((np.arange(n), stream))
+    prev = np.full(n, -1, np.int64)
+    if n:
+        cont = np.zeros(n, bool)
+        cont[1:] = stream[so[1:]] == stream[so[:-1]]
+        prev[so[cont]] = so[np.flatnonzero(cont) - 1]
+    return prev
+
+
+@njit(cache=True)
+def _per_request(ids, off, prev_req, sess_of_id, prev):  # pragma: no cover
+    """Per request: ``L_any`` (leading ids seen before), ``L_shared`` (leading ids of ≥ 2 sessions), the sessions
+    of its last shared id, ``L_own`` (common leading prefix with ``prev``) and its number of age segments (runs of
+    equal ``prev_req`` inside ``[0, L_any)``)."""
+    n = off.shape[0] - 1
+    L_any = np.zeros(n, np.int64)
+    L_shared = np.zeros(n, np.int64)
+    last_sh = np.zeros(n, np.int64)
+    L_own = np.zeros(n, np.int64)
+    seg_cnt = np.zeros(n, np.int64)
+    for r in range(n):
+        a = off[r]
+        F = off[r + 1] - a
+        k = 0
+        while k < F and prev_req[a + k] >= 0:
+            k += 1
+        L_any[r] = k
+        k = 0
+        while k < F and sess_of_id[a + k] >= 2:
+            k += 1
+        L_shared[r] = k
+        if k > 0:
+            last_sh[r] = sess_of_id[a + k - 1]
+        p = prev[r]
+        if p >= 0:
+            b = off[p]
+            mm = min(F, off[p + 1] - b)
+            k = 0
+            while k < mm and ids[a + k] == ids[b + k]:
+                k += 1
+            L_own[r] = k
+        c = 0
+        for i in range(L_any[r]):
+            if i == 0 or prev_req[a + i] != prev_req[a + i - 1]:
+                c += 1
+        seg_cnt[r] = c
+    return L_any, L_shared, last_sh, L_own, seg_cnt
+
+
+@njit(cache=True)
+def _segments(off, prev_req, L_any, seg_off):  # pragma: no cover
+    """The age segments ``[start, end)`` (block indices) and their source request, CSR by ``seg_off``."""
+    ns = seg_off[-1]
+    start = np.empty(ns, np.int64)
+    end = np.empty(ns, np.int64)
+    src = np.empty(ns, np.int64)
+    n = off.shape[0] - 1
+    for r in range(n):
+        a = off[r]
+        s = seg_off[r]
+        for i in range(L_any[r]):
+            if i == 0 or prev_req[a + i] != prev_req[a + i - 1]:
+                if i > 0:
+                    end[s - 1] = i
+                start[s] = i
+                src[s] = prev_req[a + i]
+                s += 1
+        if s > seg_off[r]:
+            end[s - 1] = L_any[r]
+    return start, end, src
+
+
 def request_reuse(source, chunk_blocks: int = 1) -> RequestReuse:
     """The :class:`RequestReuse` of a ProductionTrace or a kvhit Trace (see the module docstring).
 
@@ -191,77 +307,20 @@ def request_reuse(source, chunk_blocks: int = 1) -> RequestReuse:
         off, ids, b = _chunked(T, off, ids, b, int(chunk_blocks))
     n = T.shape[0]
     F = np.diff(off)
-    m = ids.shape[0]
-    req_of = np.repeat(np.arange(n, dtype=np.int64), F)
-    # previous access of every id (stream order = arrival order, ties in file order)
+    # previous access of every id (stream order = arrival order, ties in file order): equal ids are adjacent in
+    # the stable sort; the rest in compiled passes (_id_groups, _per_request, _segments)
     order = np.argsort(ids, kind="stable")
-    sid = ids[order]
-    same = np.zeros(m, bool)
-    if m:
-        same[1:] = sid[1:] == sid[:-1]
-    prev_pos = np.full(m, -1, np.int64)
-    prev_pos[order[same]] = order[np.flatnonzero(same) - 1]
-    prev_req = np.where(prev_pos >= 0, req_of[np.maximum(prev_pos, 0)], -1)
-    L_any = _leading(prev_pos >= 0, off)
-    # sessions per id (shared prefixes)
-    if m:
-        grp_start = ~same
-        gid = np.cumsum(grp_start) - 1
-        key = np.unique(gid * (int(sess.max()) + 1) + sess[req_of[order]])
-        nsess = np.bincount(key // (int(sess.max()) + 1), minlength=int(gid[-1]) + 1)
-        sess_of_id = np.empty(m, np.int64)
-        sess_of_id[order] = nsess[gid]
-        distinct = int(gid[-1]) + 1
-        n_shared = int((nsess >= 2).sum())
-    else:
-        sess_of_id = np.zeros(0, np.int64)
-        distinct = n_shared = 0
-    L_shared = _leading(sess_of_id >= 2, off)
-    last_sh = np.zeros(n, np.int64)
-    has = L_shared > 0
-    last_sh[has] = sess_of_id[off[:-1][has] + L_shared[has] - 1]
-    # previous request of the same stream and the common leading prefix with it
-    so = np.lexsort((np.arange(n), stream))
-    prev = np.full(n, -1, np.int64)
-    if n:
-        cont = np.zeros(n, bool)
-        cont[1:] = stream[so[1:]] == stream[so[:-1]]
-        prev[so[cont]] = so[np.flatnonzero(cont) - 1]
+    n_sess = int(sess.max()) + 1 if n else 1
+    prev_req, sess_of_id, distinct, n_shared = _id_groups(ids, order, off, sess, n_sess)
+    # previous request of the same stream (arrival order)
+    prev = _stream_prev(stream)
     gap = np.full(n, np.nan)
     hp = prev >= 0
     gap[hp] = time[hp] - time[prev[hp]]
-    L_own = np.zeros(n, np.int64)
-    if hp.any():
-        r = np.flatnonzero(hp)
-        p = prev[r]
-        mm = np.minimum(F[r], F[p])
-        tot = int(mm.sum())
-        if tot:
-            within = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(mm) - mm, mm)
-            eq = ids[np.repeat(off[r], mm) + within] == ids[np.repeat(off[p], mm) + within]
-            o2 = np.zeros(r.shape[0] + 1, np.int64)
-            np.cumsum(mm, out=o2[1:])
-            L_own[r] = _leading(eq, o2)
-    # age segments of the reusable run: runs of equal prev_req inside [0, L_any)
-    within_all = np.arange(m, dtype=np.int64) - np.repeat(off[:-1], F)
-    in_run = within_all < L_any[req_of] if m else np.zeros(0, bool)
-    start = in_run.copy()
-    if m:
-        start[1:] &= (within_all[1:] == 0) | (prev_req[1:] != prev_req[:-1])
-        start[0] = in_run[0]
-    spos = np.flatnonzero(start)
-    seg_req = req_of[spos]
-    seg_start = within_all[spos]
-    seg_src = prev_req[spos]
+    L_any, L_shared, last_sh, L_own, seg_cnt = _per_request(ids, off, prev_req, sess_of_id, prev)
     seg_off = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(seg_req, minlength=n), out=seg_off[1:])
-    nxt = np.empty(spos.shape[0], np.int64)
-    if spos.shape[0]:
-        nxt[:-1] = seg_start[1:]
-        same_req = np.zeros(spos.shape[0], bool)
-        same_req[:-1] = seg_req[1:] == seg_req[:-1]
-        nxt = np.where(same_req, nxt, L_any[seg_req])
-    seg_end = nxt
+    np.cumsum(seg_cnt, out=seg_off[1:])
+    seg_start, seg_end, seg_src = _segments(off, prev_req, L_any, seg_off)
     return RequestReuse(
         time=time,
         prompt_tokens=T,
