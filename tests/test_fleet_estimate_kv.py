@@ -164,3 +164,53 @@ def test_dynamo_routes_limits(setting):
     stay = float((rep[rev] == rep[prev[rev]]).mean())
     n = int(rev.sum())
     assert abs(stay - 0.25) < 4 * np.sqrt(0.25 * 0.75 / n)
+
+
+@pytest.mark.parametrize(
+    "router,params,R,held,destination",
+    [
+        ("dynamo", {}, 2, True, "uniform"),
+        ("dynamo", {"mode": "approx", "ttl": 60.0}, 3, True, "uniform"),
+        ("dynamo", {}, 4, False, "uniform"),
+        ("dynamo", {}, 2, True, "overlap"),
+        ("llm-d", {}, 2, True, "uniform"),
+        ("llm-d", {}, 3, False, "uniform"),
+        ("sglang", {"mode": "precise"}, 3, True, "uniform"),
+        ("sglang", {}, 2, False, "uniform"),
+        ("sticky", {"ttl": 60.0}, 4, True, "uniform"),
+    ],
+)
+def test_kv_curve_is_the_per_capacity_estimate_bit_for_bit(setting, router, params, R, held, destination):
+    """estimate_fleet_kv_curve answers every capacity in one call: exactly the per-capacity estimate_fleet_kv
+    (capacities unsorted, repeated, below the largest request), for routings that do and do not read N."""
+    from kvhit.fleet.estimate import estimate_fleet_kv_curve
+
+    tr, mask, rq, rate = setting
+    hold = rq.prompt_tokens / SPEED if held else None
+    Ns = [1200, 5, 150, 600, 150, 40, 300]
+    kw = dict(hold=hold, params=params, window=mask, rate=rate, block_size=B, seed=3, destination=destination)
+    h = estimate_fleet_kv_curve(tr, router, R, Ns, **kw)
+    ref = [estimate_fleet_kv(tr, router, [N] * R, **kw) for N in Ns]
+    np.testing.assert_array_equal(h, ref)
+    assert h[0] > h[-2] + 0.05
+    assert estimate_fleet_kv_curve(tr, router, R, [], **kw).shape == (0,)
+
+
+def test_which_routings_read_the_capacity(setting):
+    """The premise of the curve's shared routing: Dynamo's stay model, SGLang and sticky give the same stay
+    probabilities at every N (same seed); llm-d under load does not (its KV-usage term A/N), nor Dynamo's
+    overlap destination (the eviction cut) — those are drawn per capacity."""
+    from kvhit.fleet.estimate import dynamo_routes, routing_reads_capacity
+
+    tr, _, rq, rate = setting
+    hold = rq.prompt_tokens / SPEED
+    for router in ("dynamo", "sglang", "sticky", "llm-d"):
+        q = [stay_probabilities(tr, router, 3, hold=hold, Ns=[N] * 3, rate=rate, block_size=B) for N in (40, 5000)]
+        reads = routing_reads_capacity(router, hold=hold)
+        assert reads == (router == "llm-d")
+        assert np.array_equal(q[0], q[1], equal_nan=True) != reads
+    assert not routing_reads_capacity("llm-d", hold=None)
+    assert not routing_reads_capacity("llm-d", hold=hold, params={"kv_weight": 0.0})
+    assert routing_reads_capacity("dynamo", destination="overlap")
+    reps = [dynamo_routes(tr, 3, Ns=[N] * 3, block_size=B) for N in (40, 10**9)]
+    assert not np.array_equal(reps[0], reps[1])

@@ -40,6 +40,12 @@ snapshots (independent M/G/∞ per replica, holds as given); :func:`kv_routes` d
 goes to one of the other replicas uniformly) and :func:`estimate_fleet_kv` runs :func:`estimate_fleet` on it.
 q ≡ 1 is affinity, q ≡ 1/R random routing: the KV routers lie between, as a function of their weights and load.
 
+:func:`estimate_fleet_kv_curve` answers every capacity of an equal-capacity fleet in one call. The stay model reads the
+capacity only through llm-d's KV usage u = A/N (under load), and :func:`dynamo_routes` only through its eviction
+cut: for every other router the routing is drawn once and :func:`estimate_fleet_curve` answers all capacities on it;
+where the routing does depend on N, one routing per capacity is drawn (cheap) and capacities whose routings are
+identical share one fleet curve (each routing costs one fragment table, ≈ 1 s on ShareGPT).
+
 :func:`dynamo_routes` (``estimate_fleet_kv(..., destination="overlap")``, opt-in) runs Dynamo's rule on every
 replica's overlap instead, evictions cut by the block-tail rule: measured better at a heavy load, worse at R = 2
 (docs/estimators.md §6, "KV-aware routers on new ShareGPT samples"), so not the default.
@@ -62,10 +68,12 @@ __all__ = [
     "dynamo_routes",
     "estimate_fleet",
     "estimate_fleet_kv",
+    "estimate_fleet_kv_curve",
     "estimate_fleet_oblivious",
     "fragment_trace",
     "kv_routes",
     "routes",
+    "routing_reads_capacity",
     "stay_probabilities",
     "stay_probabilities_arrays",
 ]
@@ -622,3 +630,79 @@ def estimate_fleet_kv(
     )  # fmt: skip
     rep = kv_routes(trace, q, R, seed=seed + 1)
     return estimate_fleet(trace, rep, Ns, window=window, engine=engine, lam0=lam0, block_size=block_size)
+
+
+def routing_reads_capacity(router: str, *, hold=None, params: dict | None = None, destination: str = "uniform") -> bool:
+    """Whether the routing :func:`estimate_fleet_kv` draws depends on the replicas' capacity N: llm-d's score has
+    ``kv_weight · (1 − A/N)`` (A = active blocks of the load snapshot: all zero without holds), and Dynamo's
+    ``destination="overlap"`` cuts each overlap at ``N − 1 − D``. Dynamo's stay rule (costs in blocks, no N),
+    SGLang's (in-flight counts, the overlap fraction) and sticky's (TTL, in-flight counts) never read N (the load
+    snapshots are drawn before N is used, so the same seed gives the same samples at every N)."""
+    p = dict(params or {})
+    if router == "dynamo":
+        return destination == "overlap"
+    if router == "llm-d":
+        return hold is not None and float(p.get("kv_weight", 2.0)) != 0.0
+    return False
+
+
+def estimate_fleet_kv_curve(
+    trace: Trace,
+    router: str,
+    R: int,
+    Ns,
+    *,
+    hold=None,
+    params: dict | None = None,
+    window=None,
+    rate: float | None = None,
+    engine: str = "vllm",
+    lam0: float | None = None,
+    block_size: int | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+    destination: str = "uniform",
+) -> np.ndarray:
+    """:func:`estimate_fleet_kv` with every one of the ``R`` replicas at capacity ``Ns[i]``, for every ``i`` in one
+    call (bit for bit the per-capacity answers: tested). Where the routing does not read N
+    (:func:`routing_reads_capacity`) it is drawn once and :func:`estimate_fleet_curve` answers every capacity on
+    it; otherwise a routing is drawn per distinct capacity (as :func:`estimate_fleet_kv` draws it) and the
+    capacities with identical routings share one :func:`estimate_fleet_curve` call."""
+    R = int(R)
+    if R < 1:
+        raise ValueError(f"R: at least one replica, got {R}")
+    if destination not in ("uniform", "overlap"):
+        raise ValueError(f"destination: expected 'uniform' or 'overlap', got {destination!r}")
+    Ns = np.asarray(Ns, np.int64).reshape(-1)
+    if (Ns < 1).any():
+        raise ValueError("Ns: every capacity must be at least 1 block")
+    out = np.full(Ns.size, np.nan)
+    if Ns.size == 0:
+        return out
+    kw = dict(window=window, engine=engine, lam0=lam0, block_size=block_size)
+
+    def routing(N: int) -> np.ndarray:
+        Nr = [N] * R
+        if router == "dynamo" and destination == "overlap":
+            return dynamo_routes(
+                trace, R, hold=hold, Ns=Nr, params=params, rate=rate, block_size=block_size, samples=samples,
+                seed=seed,
+            )  # fmt: skip
+        q = stay_probabilities(
+            trace, router, R, hold=hold, Ns=Nr, params=params, rate=rate, block_size=block_size, samples=samples,
+            seed=seed,
+        )  # fmt: skip
+        return kv_routes(trace, q, R, seed=seed + 1)
+
+    if not routing_reads_capacity(router, hold=hold, params=params, destination=destination):
+        return estimate_fleet_curve(trace, routing(int(Ns[0])), R, Ns, **kw)
+    groups: dict[bytes, tuple[np.ndarray, list[int]]] = {}
+    uN, inv = np.unique(Ns, return_inverse=True)
+    for i, N in enumerate(uN):
+        rep = routing(int(N))
+        groups.setdefault(rep.tobytes(), (rep, []))[1].append(i)
+    hu = np.empty(uN.size)
+    for rep, idx in groups.values():
+        hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], **kw)
+    out[:] = hu[inv.ravel()]
+    return out
