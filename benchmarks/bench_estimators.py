@@ -13,8 +13,9 @@ random routing (oblivious) and Dynamo's KV-aware router (ShareGPT, no holds), ev
 
 Each row: the first call (numba compilation / cache loading, per-trace tables) and then a second, steady-state call
 on the same inputs, wall and CPU (``time.process_time``: every thread of this process). Rows whose estimator takes
-one capacity per call (``fleet-kv-per-call``: the ShareGPT KV-aware fleet estimator before its curve form, not in
-the default families) time ``PER_CALL`` capacities and scale to 1,000 (marked ``×``). Skipped where the traces are not stored.
+one capacity per call (``fleet-kv-per-call``: the ShareGPT KV-aware fleet estimator before its curve form, not
+in the default families) time ``PER_CALL`` capacities and scale to 1,000 (marked ``×``). Skipped where the
+traces are not stored.
 
 Run alone: ``nice -n 10 python benchmarks/bench_estimators.py [--only weka mooncake sharegpt] [--families …]``.
 """
