@@ -294,20 +294,37 @@ def _phi_table_kernel(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, out
         seg_v = np.empty(2 * M)
         for it in range(tgrid.size):
             t = tgrid[it]
-            for k in range(M):
-                bp[2 * k] = -s[k]
-                bp[2 * k + 1] = t - s[k]
-            bp.sort()
+            # the breakpoints −s_k and t − s_k in ascending order: two descending runs in k, merged (the same
+            # values as sorting them; only the order of equal values, ±0 at most, can differ, which no result reads)
+            i0 = M - 1
+            i1 = M - 1
+            for k in range(2 * M):
+                if i1 < 0 or (i0 >= 0 and -s[i0] <= t - s[i1]):
+                    bp[k] = -s[i0]
+                    i0 -= 1
+                else:
+                    bp[k] = t - s[i1]
+                    i1 -= 1
             lo_lim = -s[M - 1]
             nseg = 0
+            # kl = #{k: s_k ≤ t − am} and kf − 1 = #{k: s_k ≤ −am} (searchsorted, side right): both arguments
+            # fall as the segment midpoint am rises, so two pointers walk down s
+            cl = M
+            cf = M
             for q in range(2 * M - 1):
                 lo = max(bp[q], lo_lim)
                 hi = min(bp[q + 1], t)
                 if hi <= lo:
                     continue
                 am = 0.5 * (lo + hi)
-                kl = np.searchsorted(s, t - am, side="right")
-                kf = np.searchsorted(s, -am, side="right") + 1
+                vl = t - am
+                while cl > 0 and s[cl - 1] > vl:
+                    cl -= 1
+                vf = -am
+                while cf > 0 and s[cf - 1] > vf:
+                    cf -= 1
+                kl = cl
+                kf = cf + 1
                 if kf > kl:
                     continue
                 phi = cum_new[p0 + kl - 1]
