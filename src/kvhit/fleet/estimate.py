@@ -372,6 +372,18 @@ def stay_probabilities(
     whenever x > 0). Precise modes take the history as present (if it was evicted the turn misses wherever it
     goes, and the next turn follows it either way).
     """
+    return next(
+        _stay_over_capacities(
+            trace, router, R, [Ns], hold=hold, params=params, rate=rate, block_size=block_size, samples=samples,
+            seed=seed,
+        )
+    )  # fmt: skip
+
+
+def _stay_over_capacities(trace: Trace, router: str, R: int, Ns_list, *, hold, params, rate, block_size, samples,
+                          seed):  # fmt: skip
+    """:func:`stay_probabilities` at each capacity vector of ``Ns_list`` in turn (a generator), the trace's
+    arrays and the load snapshots computed once (the snapshots do not depend on N; only llm-d's KV usage does)."""
     b = int(block_size or trace.block_size or 0)
     if b < 1:
         raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
@@ -381,8 +393,8 @@ def stay_probabilities(
     H = np.where(first, 0, T[np.maximum(prev, 0)] // b)
     t = np.asarray(trace["time"], float)
     W = np.where(first, np.inf, t - t[np.maximum(prev, 0)])
-    return stay_probabilities_arrays(
-        T, H, W, first, t, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=b, samples=samples,
+    yield from _stay_arrays_over_capacities(
+        T, H, W, first, t, router, R, Ns_list, hold=hold, params=params, rate=rate, block_size=b, samples=samples,
         seed=seed,
     )  # fmt: skip
 
@@ -408,6 +420,19 @@ def stay_probabilities_arrays(
     ``H`` (blocks) the router sees on the home replica, the gap ``W`` since the home request, ``first`` (no home:
     NaN), arrival times ``t`` (for the default rate). Shared by the kvhit-trace form and the block-id form
     (:func:`kvhit.fleet.blocks.stay_probabilities_blocks`)."""
+    return next(
+        _stay_arrays_over_capacities(
+            T, H, W, first, t, router, R, [Ns], hold=hold, params=params, rate=rate, block_size=block_size,
+            samples=samples, seed=seed,
+        )
+    )  # fmt: skip
+
+
+def _stay_arrays_over_capacities(T, H, W, first, t, router: str, R: int, Ns_list, *, hold, params, rate, block_size,
+                                 samples, seed):  # fmt: skip
+    """:func:`stay_probabilities_arrays` at each capacity vector of ``Ns_list`` in turn (a generator): the load
+    snapshots are drawn once (the same draws as one call makes: N enters only the KV usage A/N, computed per
+    vector exactly as :func:`_load_samples` computes it)."""
     if router not in KV_ROUTERS:
         raise ValueError(f"router: the KV-aware model covers {sorted(KV_ROUTERS)}, got {router!r}")
     p = dict(params or {})
@@ -417,7 +442,7 @@ def stay_probabilities_arrays(
     if router == "dynamo" and float(p.get("temperature", 0.0)) != 0.0:
         raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
     b = int(block_size)
-    Ns = [1] * R if Ns is None else [int(x) for x in Ns]
+    Ns_list = [[1] * R if Ns is None else [int(x) for x in Ns] for Ns in Ns_list]
     T = np.asarray(T, np.int64)
     H = np.asarray(H, np.int64)
     W = np.asarray(W, float)
@@ -429,7 +454,15 @@ def stay_probabilities_arrays(
         span = float(t.max() - t.min()) if n else 0.0
         rate = n / span if span > 0 else 0.0
     rng = np.random.default_rng(seed)
-    I, P, A, U = _load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
+    I, P, A, U = _load_samples(T, H, hold, rate, R, Ns_list[0], b, samples, rng)
+    for k, Ns in enumerate(Ns_list):
+        if k:
+            U = A.copy() if hold is None or rate <= 0 else A / np.asarray(Ns, float)[None, :]
+        yield _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U)
+
+
+def _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U) -> np.ndarray:
+    """The router's stay rule on the load snapshots (the body of :func:`stay_probabilities_arrays`)."""
     q = np.full(n, np.nan)
     rev = ~first
     if R == 1:
@@ -494,6 +527,12 @@ def kv_routes(trace: Trace, q: np.ndarray, R: int, seed: int = 0) -> np.ndarray:
     """A routing drawn from the stay model: a first turn goes to a uniform replica (the least loaded of symmetric
     replicas); turn j stays on turn j−1's replica with probability ``q[j]``, else goes to one of the R − 1
     others uniformly. Seeded (one uniform per row for the stay, one for the destination)."""
+    draws = _kv_draws(trace, R, seed)
+    return _kv_walk(draws, draws[2] < np.asarray(q, float)[draws[0]], R)
+
+
+def _kv_draws(trace: Trace, R: int, seed: int):
+    """:func:`kv_routes`' random draws, in conversation-major row order: (order, first, u, d, jump)."""
     rng = np.random.default_rng(seed)
     order = trace.conv_index()[2]
     conv = trace["conv"][order]
@@ -501,16 +540,21 @@ def kv_routes(trace: Trace, q: np.ndarray, R: int, seed: int = 0) -> np.ndarray:
     u = rng.random(order.size)
     d = rng.integers(0, R, size=order.size)
     jump = rng.integers(1, max(R, 2), size=order.size)
-    qo = np.asarray(q, float)[order]
+    return order, first, u, d, jump
+
+
+def _kv_walk(draws, stay: np.ndarray, R: int) -> np.ndarray:
+    """The routing :func:`kv_routes` draws, given whether each row (conversation-major order) stays."""
+    order, first, _, d, jump = draws
     out = np.empty(order.size, np.int64)
     cur = 0
     for i in range(order.size):
         if first[i]:
             cur = int(d[i])
-        elif not u[i] < qo[i]:
+        elif not stay[i]:
             cur = (cur + int(jump[i])) % R
         out[i] = cur
-    rep = np.empty(trace.n_turns, np.int64)
+    rep = np.empty(order.size, np.int64)
     rep[order] = out
     return rep
 
@@ -698,9 +742,25 @@ def estimate_fleet_kv_curve(
         return estimate_fleet_curve(trace, routing(int(Ns[0])), R, Ns, **kw)
     groups: dict[bytes, tuple[np.ndarray, list[int]]] = {}
     uN, inv = np.unique(Ns, return_inverse=True)
-    for i, N in enumerate(uN):
-        rep = routing(int(N))
-        groups.setdefault(rep.tobytes(), (rep, []))[1].append(i)
+    if router == "dynamo" and destination == "overlap":
+        for i, N in enumerate(uN):
+            rep = routing(int(N))
+            groups.setdefault(rep.tobytes(), (rep, []))[1].append(i)
+    else:  # the stay rule per capacity on one set of load snapshots; a routing per distinct set of stay decisions
+        qs = _stay_over_capacities(
+            trace, router, R, [[int(N)] * R for N in uN], hold=hold, params=params, rate=rate,
+            block_size=block_size, samples=samples, seed=seed,
+        )  # fmt: skip
+        draws = _kv_draws(trace, R, seed + 1)
+        walked: dict[bytes, bytes] = {}
+        for i, q in enumerate(qs):
+            stay = draws[2] < q[draws[0]]
+            key = np.packbits(stay).tobytes()
+            if key not in walked:
+                rep = _kv_walk(draws, stay, R)
+                walked[key] = rep.tobytes()
+                groups.setdefault(walked[key], (rep, []))
+            groups[walked[key]][1].append(i)
     hu = np.empty(uN.size)
     for rep, idx in groups.values():
         hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], **kw)
