@@ -47,8 +47,10 @@ FAMILIES = (
     "fleet-oblivious",
     "fleet-kv",
 )
-#: selectable with ``--families``, not run by default: the "before" of the KV-aware fleet curve
-EXTRA_FAMILIES = ("fleet-kv-per-call",)
+#: selectable with ``--families``, not run by default: the "before" of the KV-aware fleet curve, and the KV-aware
+#: curve under load (holds T / 10,000 s: the router reads in-flight load; llm-d's KV usage A/N makes its routing
+#: depend on N)
+EXTRA_FAMILIES = ("fleet-kv-per-call", "fleet-kv-load-dynamo", "fleet-kv-load-llm-d")
 
 
 def _timed(fn):
@@ -150,6 +152,12 @@ def _calls(name, src, fam, b, Ns, hbm, host):
             return (lambda: estimate_fleet_curve(src, rep, R, Ns)), len(Ns), 1.0
         if fam == "fleet-kv":
             return (lambda: estimate_fleet_kv_curve(src, "dynamo", R, Ns)), len(Ns), 1.0
+        if fam.startswith("fleet-kv-load-"):
+            from kvhit.sim.runner import block_requests
+
+            hold = block_requests(src, source="counts").prompt_tokens / 10_000.0
+            router = fam.removeprefix("fleet-kv-load-")
+            return (lambda: estimate_fleet_kv_curve(src, router, R, Ns, hold=hold)), len(Ns), 1.0
         return (lambda: [estimate_fleet_kv(src, "dynamo", [int(N)] * R) for N in sub]), len(Ns), scale
     raise ValueError(fam)
 
