@@ -611,34 +611,12 @@ def dynamo_routes(
     tie_u = rng.random(n)
     conv = trace.dense_conv().astype(np.int64)
     n_conv = int(conv.max()) + 1 if n else 0
-    last_x = np.zeros((n_conv, R))  # full blocks of the conversation's last turn on each replica
-    last_t = np.full((n_conv, R), -np.inf)
-    last_a = np.zeros((n_conv, R))  # the replica's allocation count just after that turn
-    alloc = np.zeros(R)
-    rep = np.empty(n, np.int64)
-    Tb = T / b
-    Fb = T // b
-    nb = -(-T // b)
-    for r in np.argsort(t, kind="stable"):
-        cv = conv[r]
-        x = np.clip(np.minimum(last_x[cv], Nv - 1.0 - (alloc - last_a[cv])), 0.0, None)
-        if approx:
-            x = np.where(t[r] - last_t[cv] < ttl, last_x[cv], 0.0)
-        s = srow[r]
-        cost = w * np.maximum(P[s] / b + Tb[r] - c * x, 0.0) + A[s] + wr * I[s]
-        cand = np.flatnonzero(np.isclose(cost, cost.min(), rtol=0, atol=1e-9))
-        k = int(cand[int(tie_u[r] * cand.size)]) if cand.size > 1 else int(cand[0])
-        rep[r] = k
-        hit = (
-            min(float(x[k]), float(max((T[r] - 1) // b, 0)))
-            if not approx
-            else float(np.clip(min(last_x[cv, k], Nv[k] - 1.0 - (alloc[k] - last_a[cv, k])), 0.0, None))
-        )
-        alloc[k] += nb[r] - hit
-        last_x[cv, k] = Fb[r]
-        last_t[cv, k] = t[r]
-        last_a[cv, k] = alloc[k]
-    return rep
+    from kvhit.fleet.dynamo_kernel import dynamo_walk
+
+    return dynamo_walk(
+        np.argsort(t, kind="stable"), conv, t, T, T / b, T // b, -(-T // b), Nv, np.asarray(P, float),
+        np.asarray(A, float), np.asarray(I, float), srow, tie_u, w, wr, c, approx, ttl, b, n_conv,
+    )  # fmt: skip
 
 
 def estimate_fleet_kv(
