@@ -43,8 +43,9 @@ q ≡ 1 is affinity, q ≡ 1/R random routing: the KV routers lie between, as a 
 :func:`estimate_fleet_kv_curve` answers every capacity of an equal-capacity fleet in one call. The stay model reads the
 capacity only through llm-d's KV usage u = A/N (under load), and :func:`dynamo_routes` only through its eviction
 cut: for every other router the routing is drawn once and :func:`estimate_fleet_curve` answers all capacities on it;
-where the routing does depend on N, one routing per capacity is drawn (cheap) and capacities whose routings are
-identical share one fleet curve (each routing costs one fragment table, ≈ 1 s on ShareGPT).
+where the routing does depend on N, the load snapshots are drawn once, a routing is drawn per capacity (cheap:
+the stay rule, or the compiled walk of :mod:`kvhit.fleet.dynamo_kernel`) and capacities whose routings are
+identical share one fleet curve (each distinct routing costs one fragment table, 0.2–0.4 s on ShareGPT).
 
 :func:`dynamo_routes` (``estimate_fleet_kv(..., destination="overlap")``, opt-in) runs Dynamo's rule on every
 replica's overlap instead, evictions cut by the block-tail rule: measured better at a heavy load, worse at R = 2
