@@ -8,13 +8,14 @@ Capacities: 1,000 log-spaced block counts from the largest prompt (N_min) to 4 �
 Mooncake; deduplicated by ``np.unique``, so a little under 1,000) and from 200 to 40,000 blocks (ShareGPT);
 SGLang takes the same capacities in tokens (× block size). Tiers: 1,000 pairs = 20 GPU sizes (log-spaced, N_min …
 U/2 blocks, U = distinct blocks) × 50 host sizes (0 … 2U blocks, linear, in tier units). Fleets: R = 4 replicas,
-random routing (oblivious), every replica at the same capacity (ShareGPT: ``estimate_fleet_curve``, every
-capacity in one call).
+random routing (oblivious) and Dynamo's KV-aware router (ShareGPT, no holds), every replica at the same capacity
+(ShareGPT: ``estimate_fleet_curve`` and ``estimate_fleet_kv_curve``, every capacity in one call).
 
 Each row: the first call (numba compilation / cache loading, per-trace tables) and then a second, steady-state call
 on the same inputs, wall and CPU (``time.process_time``: every thread of this process). Rows whose estimator takes
-one capacity per call (the ShareGPT KV-aware fleet estimator) time ``PER_CALL`` capacities and scale to 1,000 (marked
-``×``). Skipped where the traces are not stored.
+one capacity per call (``fleet-kv-per-call``: the ShareGPT KV-aware fleet estimator before its curve form, not
+in the default families) time ``PER_CALL`` capacities and scale to 1,000 (marked ``×``). Skipped where the
+traces are not stored.
 
 Run alone: ``nice -n 10 python benchmarks/bench_estimators.py [--only weka mooncake sharegpt] [--families …]``.
 """
@@ -46,6 +47,10 @@ FAMILIES = (
     "fleet-oblivious",
     "fleet-kv",
 )
+#: selectable with ``--families``, not run by default: the "before" of the KV-aware fleet curve, and the KV-aware
+#: curve under load (holds T / 10,000 s: the router reads in-flight load; llm-d's KV usage A/N makes its routing
+#: depend on N)
+EXTRA_FAMILIES = ("fleet-kv-per-call", "fleet-kv-load-dynamo", "fleet-kv-load-llm-d")
 
 
 def _timed(fn):
@@ -129,14 +134,14 @@ def _calls(name, src, fam, b, Ns, hbm, host):
     if fam.startswith("fleet-"):
         R = 4
         if name != "sharegpt":
-            if fam == "fleet-kv":
+            if fam.startswith("fleet-kv"):
                 return None
             from kvhit.fleet.blocks import estimate_fleet_blocks_curve, route_oblivious
 
             rep = route_oblivious(src.session, "random", R, seed=0)
             return (lambda: estimate_fleet_blocks_curve(src, rep, R, Ns)[0]), len(Ns), 1.0
         from kvhit.fleet.blocks import route_oblivious
-        from kvhit.fleet.estimate import estimate_fleet_kv
+        from kvhit.fleet.estimate import estimate_fleet_kv, estimate_fleet_kv_curve
 
         sub = Ns[:: max(1, len(Ns) // PER_CALL)][:PER_CALL]
         scale = len(Ns) / len(sub)
@@ -145,6 +150,14 @@ def _calls(name, src, fam, b, Ns, hbm, host):
 
             rep = route_oblivious(src.cols["conv"], "random", R, seed=0)
             return (lambda: estimate_fleet_curve(src, rep, R, Ns)), len(Ns), 1.0
+        if fam == "fleet-kv":
+            return (lambda: estimate_fleet_kv_curve(src, "dynamo", R, Ns)), len(Ns), 1.0
+        if fam.startswith("fleet-kv-load-"):
+            from kvhit.sim.runner import block_requests
+
+            hold = block_requests(src, source="counts").prompt_tokens / 10_000.0
+            router = fam.removeprefix("fleet-kv-load-")
+            return (lambda: estimate_fleet_kv_curve(src, router, R, Ns, hold=hold)), len(Ns), 1.0
         return (lambda: [estimate_fleet_kv(src, "dynamo", [int(N)] * R) for N in sub]), len(Ns), scale
     raise ValueError(fam)
 
@@ -221,7 +234,7 @@ def render(res: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="+", default=["weka", "mooncake", "sharegpt"])
-    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES + EXTRA_FAMILIES)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--save", type=Path, default=None, help="write the steady-state outputs (.npz) for before/after")
     a = ap.parse_args()

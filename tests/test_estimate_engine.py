@@ -310,3 +310,49 @@ def test_window_estimator_with_rejections_within_simulation_ci():
     # and counting the rejected requests (the former estimator) is detectably wrong on the same workload
     errs0, _, _ = _accuracy_rejection(4, False)
     assert abs(np.mean(errs0)) > e_hw + a_hw + abs(e_mean)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 60),  # H: history blocks
+            st.one_of(st.just(0.0), st.floats(0.0, 3000.0)),  # mean of D
+            st.one_of(st.just(0.0), st.floats(1e-9, 1e-3), st.floats(0.01, 600.0)),  # sd of D
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.lists(st.integers(0, 5000), min_size=1, max_size=12),
+    st.booleans(),
+)
+def test_row_hits_kernel_is_its_reference_bit_for_bit(rows, Cs, prefix):
+    """_row_hits_kernel (saturated leading terms counted, the sum stopped once a term no longer changes it) sums
+    exactly what the term-by-term _row_hits_reference sums, at every capacity."""
+    from kvhit.estimate.engine import _row_hits_kernel, _row_hits_reference, _saturation_point
+
+    H = np.array([r[0] for r in rows], float)
+    mean = np.array([r[1] for r in rows])
+    sd = np.array([r[2] for r in rows])
+    size = H + 1.0
+    xsat = np.empty(H.size)
+    _saturation_point(mean, sd, xsat)
+    for C in Cs:
+        a, b = np.empty(H.size), np.empty(H.size)
+        _row_hits_kernel(H, size, mean, sd, float(C), prefix, a, xsat)
+        _row_hits_reference(H, size, mean, sd, float(C), prefix, b)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_saturation_point_is_where_the_term_first_reads_one():
+    """The bisection finds the first whole x with P(D ≤ x) == 1.0 in double precision: one below it reads less."""
+    from kvhit.estimate.engine import _prefix_term, _saturation_point
+
+    mean, sd = np.array([0.0, 37.5, 900.0, 5.0]), np.array([1.0, 4.0, 80.0, 0.0])
+    x = np.empty(4)
+    _saturation_point(mean, sd, x)
+    assert x[3] == np.inf
+    for r in range(3):
+        assert _prefix_term(x[r] + 1.0, 0, mean[r], sd[r]) == 1.0
+        assert x[r] == 0 or _prefix_term(x[r], 0, mean[r], sd[r]) < 1.0
+        assert mean[r] + 5 * sd[r] < x[r] < mean[r] + 9 * sd[r] + 1

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvhit.cli import app
+from kvhit.fleet import estimate as fe
 from kvhit.fleet.estimate import _prev_rows, estimate_fleet, estimate_fleet_kv, kv_routes, routes, stay_probabilities
 from kvhit.fleet.simulate import simulate_fleet
 from kvhit.sim.runner import block_requests
@@ -164,3 +165,149 @@ def test_dynamo_routes_limits(setting):
     stay = float((rep[rev] == rep[prev[rev]]).mean())
     n = int(rev.sum())
     assert abs(stay - 0.25) < 4 * np.sqrt(0.25 * 0.75 / n)
+
+
+@pytest.mark.parametrize(
+    "router,params,R,held,destination",
+    [
+        ("dynamo", {}, 2, True, "uniform"),
+        ("dynamo", {"mode": "approx", "ttl": 60.0}, 3, True, "uniform"),
+        ("dynamo", {}, 4, False, "uniform"),
+        ("dynamo", {}, 2, True, "overlap"),
+        ("llm-d", {}, 2, True, "uniform"),
+        ("llm-d", {}, 3, False, "uniform"),
+        ("sglang", {"mode": "precise"}, 3, True, "uniform"),
+        ("sglang", {}, 2, False, "uniform"),
+        ("sticky", {"ttl": 60.0}, 4, True, "uniform"),
+    ],
+)
+def test_kv_curve_is_the_per_capacity_estimate_bit_for_bit(setting, router, params, R, held, destination):
+    """estimate_fleet_kv_curve answers every capacity in one call: exactly the per-capacity estimate_fleet_kv
+    (capacities unsorted, repeated, below the largest request), for routings that do and do not read N."""
+    from kvhit.fleet.estimate import estimate_fleet_kv_curve
+
+    tr, mask, rq, rate = setting
+    hold = rq.prompt_tokens / SPEED if held else None
+    Ns = [1200, 5, 150, 600, 150, 40, 300]
+    kw = dict(hold=hold, params=params, window=mask, rate=rate, block_size=B, seed=3, destination=destination)
+    h = estimate_fleet_kv_curve(tr, router, R, Ns, **kw)
+    ref = [estimate_fleet_kv(tr, router, [N] * R, **kw) for N in Ns]
+    np.testing.assert_array_equal(h, ref)
+    assert h[0] > h[-2] + 0.05
+    assert estimate_fleet_kv_curve(tr, router, R, [], **kw).shape == (0,)
+
+
+def test_which_routings_read_the_capacity(setting):
+    """The premise of the curve's shared routing: Dynamo's stay model, SGLang and sticky give the same stay
+    probabilities at every N (same seed); llm-d under load does not (its KV-usage term A/N), nor Dynamo's
+    overlap destination (the eviction cut) — those are drawn per capacity."""
+    from kvhit.fleet.estimate import dynamo_routes, routing_reads_capacity
+
+    tr, _, rq, rate = setting
+    hold = rq.prompt_tokens / SPEED
+    for router in ("dynamo", "sglang", "sticky", "llm-d"):
+        q = [stay_probabilities(tr, router, 3, hold=hold, Ns=[N] * 3, rate=rate, block_size=B) for N in (40, 5000)]
+        reads = routing_reads_capacity(router, hold=hold)
+        assert reads == (router == "llm-d")
+        assert np.array_equal(q[0], q[1], equal_nan=True) != reads
+    assert not routing_reads_capacity("llm-d", hold=None)
+    assert not routing_reads_capacity("llm-d", hold=hold, params={"kv_weight": 0.0})
+    assert routing_reads_capacity("dynamo", destination="overlap")
+    reps = [dynamo_routes(tr, 3, Ns=[N] * 3, block_size=B) for N in (40, 10**9)]
+    assert not np.array_equal(reps[0], reps[1])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dynamo_routes' compiled walk against the NumPy loop it replaced
+
+
+def _dynamo_routes_reference(
+    trace,
+    R: int,
+    *,
+    hold=None,
+    Ns=None,
+    params: dict | None = None,
+    rate: float | None = None,
+    block_size: int | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+) -> np.ndarray:
+    """The NumPy loop dynamo_routes ran before its compiled walk (kvhit.fleet.dynamo_kernel), verbatim."""
+    p = dict(params or {})
+    bad = sorted(set(p) - set(fe.KV_ROUTERS["dynamo"]))
+    if bad:
+        raise ValueError(f"router dynamo: unknown parameter(s) {bad}")
+    if float(p.get("temperature", 0.0)) != 0.0:
+        raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
+    b = int(block_size or trace.block_size or 0)
+    if b < 1:
+        raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
+    Ns = [1] * R if Ns is None else [int(x) for x in Ns]
+    Nv = np.asarray(Ns, float)
+    T = np.asarray(trace["cum_tokens"] if "cum_tokens" in trace.cols else trace["R"] * b - 1, np.int64)
+    t = np.asarray(trace["time"], float)
+    prev = fe._prev_rows(trace)
+    H = np.where(prev < 0, 0, T[np.maximum(prev, 0)] // b)
+    if rate is None:
+        span = float(t.max() - t.min())
+        rate = trace.n_turns / span if span > 0 else 0.0
+    rng = np.random.default_rng(seed)
+    I, P, A, _ = fe._load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
+    w, wr = float(p.get("overlap_score_weight", 1.0)), float(p.get("request_weight", 0.0))
+    c = float(p.get("overlap_score_credit", 1.0))
+    approx = p.get("mode", "precise") == "approx"
+    ttl = float(p.get("ttl", 120.0))
+    n = trace.n_turns
+    srow = rng.integers(0, P.shape[0], size=n)
+    tie_u = rng.random(n)
+    conv = trace.dense_conv().astype(np.int64)
+    n_conv = int(conv.max()) + 1 if n else 0
+    last_x = np.zeros((n_conv, R))  # full blocks of the conversation's last turn on each replica
+    last_t = np.full((n_conv, R), -np.inf)
+    last_a = np.zeros((n_conv, R))  # the replica's allocation count just after that turn
+    alloc = np.zeros(R)
+    rep = np.empty(n, np.int64)
+    Tb = T / b
+    Fb = T // b
+    nb = -(-T // b)
+    for r in np.argsort(t, kind="stable"):
+        cv = conv[r]
+        x = np.clip(np.minimum(last_x[cv], Nv - 1.0 - (alloc - last_a[cv])), 0.0, None)
+        if approx:
+            x = np.where(t[r] - last_t[cv] < ttl, last_x[cv], 0.0)
+        s = srow[r]
+        cost = w * np.maximum(P[s] / b + Tb[r] - c * x, 0.0) + A[s] + wr * I[s]
+        cand = np.flatnonzero(np.isclose(cost, cost.min(), rtol=0, atol=1e-9))
+        k = int(cand[int(tie_u[r] * cand.size)]) if cand.size > 1 else int(cand[0])
+        rep[r] = k
+        hit = (
+            min(float(x[k]), float(max((T[r] - 1) // b, 0)))
+            if not approx
+            else float(np.clip(min(last_x[cv, k], Nv[k] - 1.0 - (alloc[k] - last_a[cv, k])), 0.0, None))
+        )
+        alloc[k] += nb[r] - hit
+        last_x[cv, k] = Fb[r]
+        last_t[cv, k] = t[r]
+        last_a[cv, k] = alloc[k]
+    return rep
+
+
+@pytest.mark.parametrize(
+    "Nr,held,params",
+    [
+        (40, False, {}),
+        (600, True, {}),
+        (10**9, True, {"overlap_score_credit": 2.0}),
+        (150, True, {"mode": "approx", "ttl": 60.0}),
+        (600, True, {"request_weight": 1.0}),
+    ],
+)
+def test_dynamo_routes_compiled_is_the_numpy_loop(setting, Nr, held, params):
+    from kvhit.fleet.estimate import dynamo_routes
+
+    tr, _, rq, rate = setting
+    hold = rq.prompt_tokens / SPEED if held else None
+    for R in (2, 3):
+        kw = dict(hold=hold, Ns=[Nr] * R, params=params, rate=rate, block_size=B, seed=5)
+        np.testing.assert_array_equal(dynamo_routes(tr, R, **kw), _dynamo_routes_reference(tr, R, **kw))

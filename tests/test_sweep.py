@@ -245,6 +245,40 @@ router = ["round-robin", "session"]
     assert rows[(4, "round-robin")]["h"] < rows[(4, "session")]["h"]  # scattering turns loses their prefixes
 
 
+def test_fleet_estimate_points_are_fleet_simulate_estimates(tmp_path, sharegpt_small):
+    """sweep.compute = "estimate" with replicas/router axes: one service call per (router, R) for every capacity
+    (service.fleet_estimate_curve), each point the estimate fleet simulate prints at that capacity."""
+    body = f"""
+[sweep]
+compute = "estimate"
+[workloads.t]
+trace = "{sharegpt_small}"
+[axes]
+N = [30, 400, 2000]
+replicas = [1, 3]
+router = ["dynamo", "random", "least-loaded"]
+"""
+    g = load_grid(_grid(tmp_path, body))
+    assert len(g.tasks()) == 6
+    assert run_sweep(g, tmp_path / "o").ok == 18
+    rows = _results(tmp_path / "o")
+    for r in rows:
+        w = svc.fleet_simulate(
+            svc.build(
+                svc.FleetRequest,
+                trace=sharegpt_small,
+                replicas=[r["replicas"]],
+                router=[r["router"]],
+                N=[r["N"]],
+                seed=r["seed"],
+            )  # fmt: skip
+        ).rows[0]
+        assert r["h"] == w["estimate"] and r["h_estimate"] == w["estimate"] and r["metric"] == "tokens", r
+        assert r["feasible"] == (w["rejected"] == 0)
+    assert all(r["h"] is None for r in rows if r["router"] == "least-loaded")
+    assert sum(r["h"] is not None for r in rows) == 12
+
+
 @pytest.mark.parametrize("compute", ["simulate", "estimate"])
 def test_dram_points_are_the_tiers_service_answers(tmp_path, sharegpt_small, compute):
     body = f"""

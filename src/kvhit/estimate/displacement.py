@@ -34,7 +34,9 @@ compare against). A conversation whose surviving pair count would exceed 4·G·M
 Two segment-by-segment variants serve the estimators: :func:`_phi2_prefix_kernel` (∫Φ² of every admitted
 prefix of a conversation, for :meth:`kvhit.estimate.accounting.EngineAccounting.admitted`) and
 :func:`_phi_table_kernel` (∫Φ and ∫Φ² restricted to conversations that arrived after the system origin, for the
-window-exact forms).
+window-exact forms; it reuses the whole-segment sums for every origin cut below a conversation's first segment and
+skips the segments that end before the cut — the same additions in the same order as
+:func:`_phi_table_reference`, bit for bit, tested).
 
 NOT modelled here: anything beyond the ingredients above (the estimator's Gaussian approximation of D(t) lives in
 :mod:`kvhit.estimate.occupancy`).
@@ -278,6 +280,91 @@ def _phi_table_kernel(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, out
     """out[it, is] += Σ_i ∫_{a > −s} Φ_t^{(i)}(a) (and Φ²) da: the background mass of conversations that
     arrived after the system origin, for a tagged access s seconds after the origin (see
     :func:`phi_moments_reference`)."""
+    nconv = conv_ptr.size - 1
+    ns = sgrid.size
+    for c in range(nconv):
+        p0 = conv_ptr[c]
+        p1 = conv_ptr[c + 1]
+        M = p1 - p0
+        s = offsets[p0:p1]
+        bp = np.empty(2 * M)
+        seg_lo = np.empty(2 * M)
+        seg_hi = np.empty(2 * M)
+        seg_m = np.empty(2 * M)
+        seg_v = np.empty(2 * M)
+        for it in range(tgrid.size):
+            t = tgrid[it]
+            # the breakpoints −s_k and t − s_k in ascending order: two descending runs in k, merged (the same
+            # values as sorting them; only the order of equal values, ±0 at most, can differ, which no result reads)
+            i0 = M - 1
+            i1 = M - 1
+            for k in range(2 * M):
+                if i1 < 0 or (i0 >= 0 and -s[i0] <= t - s[i1]):
+                    bp[k] = -s[i0]
+                    i0 -= 1
+                else:
+                    bp[k] = t - s[i1]
+                    i1 -= 1
+            lo_lim = -s[M - 1]
+            nseg = 0
+            # kl = #{k: s_k ≤ t − am} and kf − 1 = #{k: s_k ≤ −am} (searchsorted, side right): both arguments
+            # fall as the segment midpoint am rises, so two pointers walk down s
+            cl = M
+            cf = M
+            for q in range(2 * M - 1):
+                lo = max(bp[q], lo_lim)
+                hi = min(bp[q + 1], t)
+                if hi <= lo:
+                    continue
+                am = 0.5 * (lo + hi)
+                vl = t - am
+                while cl > 0 and s[cl - 1] > vl:
+                    cl -= 1
+                vf = -am
+                while cf > 0 and s[cf - 1] > vf:
+                    cf -= 1
+                kl = cl
+                kf = cf + 1
+                if kf > kl:
+                    continue
+                phi = cum_new[p0 + kl - 1]
+                if kf >= 2:
+                    phi += hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
+                seg_lo[nseg] = lo
+                seg_hi[nseg] = hi
+                seg_m[nseg] = phi
+                seg_v[nseg] = phi * phi
+                nseg += 1
+            # the whole-segment sums: every s whose cut −s lies at or below the first segment's start (the
+            # segments start in ascending order) adds exactly these, the same products in the same order
+            fm = 0.0
+            fv = 0.0
+            for q in range(nseg):
+                fm += seg_m[q] * (seg_hi[q] - seg_lo[q])
+                fv += seg_v[q] * (seg_hi[q] - seg_lo[q])
+            for js in range(ns):
+                cut = -sgrid[js]
+                if nseg == 0 or cut <= seg_lo[0]:
+                    out_m[it, js] += fm
+                    out_v[it, js] += fv
+                    continue
+                # segments ending at or before the cut add nothing (a prefix: their ends ascend too)
+                q0 = np.searchsorted(seg_hi[:nseg], cut, side="right")
+                am_ = 0.0
+                av_ = 0.0
+                for q in range(q0, nseg):
+                    lo = max(seg_lo[q], cut)
+                    if seg_hi[q] > lo:
+                        am_ += seg_m[q] * (seg_hi[q] - lo)
+                        av_ += seg_v[q] * (seg_hi[q] - lo)
+                out_m[it, js] += am_
+                out_v[it, js] += av_
+
+
+@njit(cache=True)
+def _phi_table_reference(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, out_v):  # pragma: no cover
+    """:func:`_phi_table_kernel` as first written (every segment at every s): the reference the tests compare the
+    kernel with, bit for bit."""
     nconv = conv_ptr.size - 1
     ns = sgrid.size
     for c in range(nconv):

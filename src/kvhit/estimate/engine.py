@@ -218,9 +218,90 @@ def estimate_finite(
 
 
 @njit(cache=True)
-def _row_hits_kernel(H, size, mean, sd, C, prefix, out):  # pragma: no cover - numba
+def _prefix_term(C, i, m, sd):  # pragma: no cover - numba
+    return 0.5 * math.erfc(-(C - 1 - i + 0.5 - m) / (sd * math.sqrt(2.0)))
+
+
+@njit(cache=True)
+def _row_hits_kernel(H, size, mean, sd, C, prefix, out, xsat):  # pragma: no cover - numba
     """Expected hit blocks per row: Σ_{i<H} P(D ≤ C − 1 − i) (prefix) or H·P(D ≤ C − size) (whole), with
-    D ~ Normal(mean, sd²) and a ½-block continuity correction (sd = 0: D = mean)."""
+    D ~ Normal(mean, sd²) and a ½-block continuity correction (sd = 0: D = mean).
+
+    The prefix sum is summed term by term as :func:`_row_hits_reference` sums it, with two exact shortcuts. A
+    term is a function of the whole number x = C − 1 − i alone, not decreasing in x, exactly 1.0 from
+    ``xsat[r]`` on (:func:`_saturation_point`): the leading terms with x ≥ xsat add up to their count exactly
+    (sums of 1.0 from 0.0). And the terms do not increase with i, so once one no longer changes the running sum
+    no later one can. Bit for bit the reference's sums (tested)."""
+    for r in range(H.size):
+        h = H[r]
+        tot = 0.0
+        if prefix:
+            if sd[r] > 0:
+                n = int(h)
+                k = 0
+                if C - 1 >= 0:
+                    k = min(n, int(math.floor(C - 1)) + 1)  # the terms with x ≥ 0 (the reference's break)
+                    sat = C - xsat[r]  # the terms with x ≥ xsat
+                    k = min(k, int(sat)) if sat > 0 else 0
+                    tot = float(k)
+                m = mean[r]
+                s_ = sd[r]
+                for i in range(k, n):
+                    if C - 1 - i < 0:
+                        break
+                    nxt = tot + _prefix_term(C, i, m, s_)
+                    if nxt == tot:
+                        break
+                    tot = nxt
+            else:
+                for i in range(int(h)):
+                    x = C - 1 - i
+                    if x < 0:
+                        break
+                    if mean[r] <= x:
+                        tot += 1.0
+        else:
+            x = C - size[r]
+            if x >= 0:
+                if sd[r] > 0:
+                    tot = h * 0.5 * math.erfc(-(x + 0.5 - mean[r]) / (sd[r] * math.sqrt(2.0)))
+                elif mean[r] <= x:
+                    tot = h
+        out[r] = tot
+
+
+@njit(cache=True)
+def _saturation_point(mean, sd, out):  # pragma: no cover - numba
+    """Per row, the smallest whole x ≥ 0 at which the prefix sum's term P(D ≤ x) = ½·erfc(−(x + ½ − mean) /
+    (sd·√2)) evaluates to exactly 1.0 (then it does at every larger x: the expression does not decrease in x),
+    found by bisection on the kernel's own expression (:func:`_prefix_term` with C − 1 − i = x); +inf where
+    there is none (sd = 0, or not 1.0 even at x = mean + 10·sd + 2)."""
+    for r in range(mean.size):
+        out[r] = math.inf
+        if not sd[r] > 0:
+            continue
+        m = mean[r]
+        s_ = sd[r]
+        hi = math.ceil(max(m, 0.0) + 10.0 * s_) + 2.0
+        if not hi < 4.0e15 or _prefix_term(hi + 1.0, 0, m, s_) != 1.0:
+            continue
+        lo = 0.0
+        if _prefix_term(lo + 1.0, 0, m, s_) == 1.0:
+            out[r] = lo
+            continue
+        while hi - lo > 1.0:  # term(lo) < 1.0 == term(hi)
+            mid = math.floor(0.5 * (lo + hi))
+            if _prefix_term(mid + 1.0, 0, m, s_) == 1.0:
+                hi = mid
+            else:
+                lo = mid
+        out[r] = hi
+
+
+@njit(cache=True)
+def _row_hits_reference(H, size, mean, sd, C, prefix, out):  # pragma: no cover - numba
+    """:func:`_row_hits_kernel` as first written (every term of the prefix sum evaluated): the reference the tests
+    compare the kernel with, bit for bit."""
     for r in range(H.size):
         h = H[r]
         tot = 0.0
@@ -367,11 +448,12 @@ def estimate_window(
         mean = lam0 * _bilinear(m_tab, tg, sg, Wk, sk) / acc.L
         sd = np.sqrt(lam0 * _bilinear(v_tab, tg, sg, Wk, sk) / acc.L) if fluctuations else np.zeros(Wk.size)
         out = np.empty(Wk.size)
+        Hk, Sk = H[keep], S[keep]
+        xsat = np.empty(Wk.size)
+        _saturation_point(mean, sd, xsat)
         for k in np.flatnonzero(sub):
             n = flat[k]
-            _row_hits_kernel(
-                H[keep], S[keep], mean, sd, float(n - acc.cap_offset), acc.mode == "prefix" and partial, out
-            )
+            _row_hits_kernel(Hk, Sk, mean, sd, float(n - acc.cap_offset), acc.mode == "prefix" and partial, out, xsat)
             hf[k] = acc.unit * out.sum() / den
     h = hf.reshape(Ns.shape)
     scalar = h.ndim == 0

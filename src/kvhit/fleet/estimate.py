@@ -40,6 +40,13 @@ snapshots (independent M/G/∞ per replica, holds as given); :func:`kv_routes` d
 goes to one of the other replicas uniformly) and :func:`estimate_fleet_kv` runs :func:`estimate_fleet` on it.
 q ≡ 1 is affinity, q ≡ 1/R random routing: the KV routers lie between, as a function of their weights and load.
 
+:func:`estimate_fleet_kv_curve` answers every capacity of an equal-capacity fleet in one call. The stay model reads the
+capacity only through llm-d's KV usage u = A/N (under load), and :func:`dynamo_routes` only through its eviction
+cut: for every other router the routing is drawn once and :func:`estimate_fleet_curve` answers all capacities on it;
+where the routing does depend on N, the load snapshots are drawn once, a routing is drawn per capacity (cheap:
+the stay rule, or the compiled walk of :mod:`kvhit.fleet.dynamo_kernel`) and capacities whose routings are
+identical share one fleet curve (each distinct routing costs one fragment table, 0.2–0.4 s on ShareGPT).
+
 :func:`dynamo_routes` (``estimate_fleet_kv(..., destination="overlap")``, opt-in) runs Dynamo's rule on every
 replica's overlap instead, evictions cut by the block-tail rule: measured better at a heavy load, worse at R = 2
 (docs/estimators.md §6, "KV-aware routers on new ShareGPT samples"), so not the default.
@@ -62,10 +69,12 @@ __all__ = [
     "dynamo_routes",
     "estimate_fleet",
     "estimate_fleet_kv",
+    "estimate_fleet_kv_curve",
     "estimate_fleet_oblivious",
     "fragment_trace",
     "kv_routes",
     "routes",
+    "routing_reads_capacity",
     "stay_probabilities",
     "stay_probabilities_arrays",
 ]
@@ -364,6 +373,18 @@ def stay_probabilities(
     whenever x > 0). Precise modes take the history as present (if it was evicted the turn misses wherever it
     goes, and the next turn follows it either way).
     """
+    return next(
+        _stay_over_capacities(
+            trace, router, R, [Ns], hold=hold, params=params, rate=rate, block_size=block_size, samples=samples,
+            seed=seed,
+        )
+    )  # fmt: skip
+
+
+def _stay_over_capacities(trace: Trace, router: str, R: int, Ns_list, *, hold, params, rate, block_size, samples,
+                          seed):  # fmt: skip
+    """:func:`stay_probabilities` at each capacity vector of ``Ns_list`` in turn (a generator), the trace's
+    arrays and the load snapshots computed once (the snapshots do not depend on N; only llm-d's KV usage does)."""
     b = int(block_size or trace.block_size or 0)
     if b < 1:
         raise ValueError("block_size: unknown (the trace has no block_size); pass block_size=")
@@ -373,8 +394,8 @@ def stay_probabilities(
     H = np.where(first, 0, T[np.maximum(prev, 0)] // b)
     t = np.asarray(trace["time"], float)
     W = np.where(first, np.inf, t - t[np.maximum(prev, 0)])
-    return stay_probabilities_arrays(
-        T, H, W, first, t, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=b, samples=samples,
+    yield from _stay_arrays_over_capacities(
+        T, H, W, first, t, router, R, Ns_list, hold=hold, params=params, rate=rate, block_size=b, samples=samples,
         seed=seed,
     )  # fmt: skip
 
@@ -400,6 +421,19 @@ def stay_probabilities_arrays(
     ``H`` (blocks) the router sees on the home replica, the gap ``W`` since the home request, ``first`` (no home:
     NaN), arrival times ``t`` (for the default rate). Shared by the kvhit-trace form and the block-id form
     (:func:`kvhit.fleet.blocks.stay_probabilities_blocks`)."""
+    return next(
+        _stay_arrays_over_capacities(
+            T, H, W, first, t, router, R, [Ns], hold=hold, params=params, rate=rate, block_size=block_size,
+            samples=samples, seed=seed,
+        )
+    )  # fmt: skip
+
+
+def _stay_arrays_over_capacities(T, H, W, first, t, router: str, R: int, Ns_list, *, hold, params, rate, block_size,
+                                 samples, seed):  # fmt: skip
+    """:func:`stay_probabilities_arrays` at each capacity vector of ``Ns_list`` in turn (a generator): the load
+    snapshots are drawn once (the same draws as one call makes: N enters only the KV usage A/N, computed per
+    vector exactly as :func:`_load_samples` computes it)."""
     if router not in KV_ROUTERS:
         raise ValueError(f"router: the KV-aware model covers {sorted(KV_ROUTERS)}, got {router!r}")
     p = dict(params or {})
@@ -409,7 +443,7 @@ def stay_probabilities_arrays(
     if router == "dynamo" and float(p.get("temperature", 0.0)) != 0.0:
         raise ValueError("temperature: the KV-aware estimator models Dynamo's argmin (temperature 0) only")
     b = int(block_size)
-    Ns = [1] * R if Ns is None else [int(x) for x in Ns]
+    Ns_list = [[1] * R if Ns is None else [int(x) for x in Ns] for Ns in Ns_list]
     T = np.asarray(T, np.int64)
     H = np.asarray(H, np.int64)
     W = np.asarray(W, float)
@@ -421,7 +455,15 @@ def stay_probabilities_arrays(
         span = float(t.max() - t.min()) if n else 0.0
         rate = n / span if span > 0 else 0.0
     rng = np.random.default_rng(seed)
-    I, P, A, U = _load_samples(T, H, hold, rate, R, Ns, b, samples, rng)
+    I, P, A, U = _load_samples(T, H, hold, rate, R, Ns_list[0], b, samples, rng)
+    for k, Ns in enumerate(Ns_list):
+        if k:
+            U = A.copy() if hold is None or rate <= 0 else A / np.asarray(Ns, float)[None, :]
+        yield _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U)
+
+
+def _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U) -> np.ndarray:
+    """The router's stay rule on the load snapshots (the body of :func:`stay_probabilities_arrays`)."""
     q = np.full(n, np.nan)
     rev = ~first
     if R == 1:
@@ -486,6 +528,12 @@ def kv_routes(trace: Trace, q: np.ndarray, R: int, seed: int = 0) -> np.ndarray:
     """A routing drawn from the stay model: a first turn goes to a uniform replica (the least loaded of symmetric
     replicas); turn j stays on turn j−1's replica with probability ``q[j]``, else goes to one of the R − 1
     others uniformly. Seeded (one uniform per row for the stay, one for the destination)."""
+    draws = _kv_draws(trace, R, seed)
+    return _kv_walk(draws, draws[2] < np.asarray(q, float)[draws[0]], R)
+
+
+def _kv_draws(trace: Trace, R: int, seed: int):
+    """:func:`kv_routes`' random draws, in conversation-major row order: (order, first, u, d, jump)."""
     rng = np.random.default_rng(seed)
     order = trace.conv_index()[2]
     conv = trace["conv"][order]
@@ -493,16 +541,21 @@ def kv_routes(trace: Trace, q: np.ndarray, R: int, seed: int = 0) -> np.ndarray:
     u = rng.random(order.size)
     d = rng.integers(0, R, size=order.size)
     jump = rng.integers(1, max(R, 2), size=order.size)
-    qo = np.asarray(q, float)[order]
+    return order, first, u, d, jump
+
+
+def _kv_walk(draws, stay: np.ndarray, R: int) -> np.ndarray:
+    """The routing :func:`kv_routes` draws, given whether each row (conversation-major order) stays."""
+    order, first, _, d, jump = draws
     out = np.empty(order.size, np.int64)
     cur = 0
     for i in range(order.size):
         if first[i]:
             cur = int(d[i])
-        elif not u[i] < qo[i]:
+        elif not stay[i]:
             cur = (cur + int(jump[i])) % R
         out[i] = cur
-    rep = np.empty(trace.n_turns, np.int64)
+    rep = np.empty(order.size, np.int64)
     rep[order] = out
     return rep
 
@@ -559,34 +612,12 @@ def dynamo_routes(
     tie_u = rng.random(n)
     conv = trace.dense_conv().astype(np.int64)
     n_conv = int(conv.max()) + 1 if n else 0
-    last_x = np.zeros((n_conv, R))  # full blocks of the conversation's last turn on each replica
-    last_t = np.full((n_conv, R), -np.inf)
-    last_a = np.zeros((n_conv, R))  # the replica's allocation count just after that turn
-    alloc = np.zeros(R)
-    rep = np.empty(n, np.int64)
-    Tb = T / b
-    Fb = T // b
-    nb = -(-T // b)
-    for r in np.argsort(t, kind="stable"):
-        cv = conv[r]
-        x = np.clip(np.minimum(last_x[cv], Nv - 1.0 - (alloc - last_a[cv])), 0.0, None)
-        if approx:
-            x = np.where(t[r] - last_t[cv] < ttl, last_x[cv], 0.0)
-        s = srow[r]
-        cost = w * np.maximum(P[s] / b + Tb[r] - c * x, 0.0) + A[s] + wr * I[s]
-        cand = np.flatnonzero(np.isclose(cost, cost.min(), rtol=0, atol=1e-9))
-        k = int(cand[int(tie_u[r] * cand.size)]) if cand.size > 1 else int(cand[0])
-        rep[r] = k
-        hit = (
-            min(float(x[k]), float(max((T[r] - 1) // b, 0)))
-            if not approx
-            else float(np.clip(min(last_x[cv, k], Nv[k] - 1.0 - (alloc[k] - last_a[cv, k])), 0.0, None))
-        )
-        alloc[k] += nb[r] - hit
-        last_x[cv, k] = Fb[r]
-        last_t[cv, k] = t[r]
-        last_a[cv, k] = alloc[k]
-    return rep
+    from kvhit.fleet.dynamo_kernel import dynamo_walk
+
+    return dynamo_walk(
+        np.argsort(t, kind="stable"), conv, t, T, T / b, T // b, -(-T // b), Nv, np.asarray(P, float),
+        np.asarray(A, float), np.asarray(I, float), srow, tie_u, w, wr, c, approx, ttl, b, n_conv,
+    )  # fmt: skip
 
 
 def estimate_fleet_kv(
@@ -622,3 +653,95 @@ def estimate_fleet_kv(
     )  # fmt: skip
     rep = kv_routes(trace, q, R, seed=seed + 1)
     return estimate_fleet(trace, rep, Ns, window=window, engine=engine, lam0=lam0, block_size=block_size)
+
+
+def routing_reads_capacity(router: str, *, hold=None, params: dict | None = None, destination: str = "uniform") -> bool:
+    """Whether the routing :func:`estimate_fleet_kv` draws depends on the replicas' capacity N: llm-d's score has
+    ``kv_weight · (1 − A/N)`` (A = active blocks of the load snapshot: all zero without holds), and Dynamo's
+    ``destination="overlap"`` cuts each overlap at ``N − 1 − D``. Dynamo's stay rule (costs in blocks, no N),
+    SGLang's (in-flight counts, the overlap fraction) and sticky's (TTL, in-flight counts) never read N (the load
+    snapshots are drawn before N is used, so the same seed gives the same samples at every N)."""
+    p = dict(params or {})
+    if router == "dynamo":
+        return destination == "overlap"
+    if router == "llm-d":
+        return hold is not None and float(p.get("kv_weight", 2.0)) != 0.0
+    return False
+
+
+def estimate_fleet_kv_curve(
+    trace: Trace,
+    router: str,
+    R: int,
+    Ns,
+    *,
+    hold=None,
+    params: dict | None = None,
+    window=None,
+    rate: float | None = None,
+    engine: str = "vllm",
+    lam0: float | None = None,
+    block_size: int | None = None,
+    samples: int = 2048,
+    seed: int = 0,
+    destination: str = "uniform",
+) -> np.ndarray:
+    """:func:`estimate_fleet_kv` with every one of the ``R`` replicas at capacity ``Ns[i]``, for every ``i`` in one
+    call (bit for bit the per-capacity answers: tested). Where the routing does not read N
+    (:func:`routing_reads_capacity`) it is drawn once and :func:`estimate_fleet_curve` answers every capacity on
+    it; otherwise a routing is drawn per distinct capacity (as :func:`estimate_fleet_kv` draws it) and the
+    capacities with identical routings share one :func:`estimate_fleet_curve` call."""
+    R = int(R)
+    if R < 1:
+        raise ValueError(f"R: at least one replica, got {R}")
+    if destination not in ("uniform", "overlap"):
+        raise ValueError(f"destination: expected 'uniform' or 'overlap', got {destination!r}")
+    Ns = np.asarray(Ns, np.int64).reshape(-1)
+    if (Ns < 1).any():
+        raise ValueError("Ns: every capacity must be at least 1 block")
+    out = np.full(Ns.size, np.nan)
+    if Ns.size == 0:
+        return out
+    kw = dict(window=window, engine=engine, lam0=lam0, block_size=block_size)
+
+    def routing(N: int) -> np.ndarray:
+        Nr = [N] * R
+        if router == "dynamo" and destination == "overlap":
+            return dynamo_routes(
+                trace, R, hold=hold, Ns=Nr, params=params, rate=rate, block_size=block_size, samples=samples,
+                seed=seed,
+            )  # fmt: skip
+        q = stay_probabilities(
+            trace, router, R, hold=hold, Ns=Nr, params=params, rate=rate, block_size=block_size, samples=samples,
+            seed=seed,
+        )  # fmt: skip
+        return kv_routes(trace, q, R, seed=seed + 1)
+
+    if not routing_reads_capacity(router, hold=hold, params=params, destination=destination):
+        return estimate_fleet_curve(trace, routing(int(Ns[0])), R, Ns, **kw)
+    groups: dict[bytes, tuple[np.ndarray, list[int]]] = {}
+    uN, inv = np.unique(Ns, return_inverse=True)
+    if router == "dynamo" and destination == "overlap":
+        for i, N in enumerate(uN):
+            rep = routing(int(N))
+            groups.setdefault(rep.tobytes(), (rep, []))[1].append(i)
+    else:  # the stay rule per capacity on one set of load snapshots; a routing per distinct set of stay decisions
+        qs = _stay_over_capacities(
+            trace, router, R, [[int(N)] * R for N in uN], hold=hold, params=params, rate=rate,
+            block_size=block_size, samples=samples, seed=seed,
+        )  # fmt: skip
+        draws = _kv_draws(trace, R, seed + 1)
+        walked: dict[bytes, bytes] = {}
+        for i, q in enumerate(qs):
+            stay = draws[2] < q[draws[0]]
+            key = np.packbits(stay).tobytes()
+            if key not in walked:
+                rep = _kv_walk(draws, stay, R)
+                walked[key] = rep.tobytes()
+                groups.setdefault(walked[key], (rep, []))
+            groups[walked[key]][1].append(i)
+    hu = np.empty(uN.size)
+    for rep, idx in groups.values():
+        hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], **kw)
+    out[:] = hu[inv.ravel()]
+    return out

@@ -166,6 +166,8 @@ def run_task(task: Task) -> list[dict]:
     Ns = [int(p["N"]) for p in task.points]
     if "dram_gb" in task.points[0]:
         return [_tiers(task, wl, src, task.points[0])]
+    if task.compute == "estimate" and ("replicas" in task.points[0] or "router" in task.points[0]):
+        return _fleet_estimates(task, wl, src, Ns)
     if task.compute == "estimate":
         engine = task.points[0].get("engine")
         if wl.kind == "spec":
@@ -230,6 +232,39 @@ def run_task(task: Task) -> list[dict]:
             )
         ]
     return [_simulate(task, wl, src, p)]
+
+
+def _fleet_estimates(task: Task, wl, src: dict, Ns: list[int]) -> list[dict]:
+    """Every capacity of one (workload, router, replicas, engine) fleet: :func:`kvhit.service.fleet_estimate_curve`
+    (the estimate ``fleet simulate`` prints, all capacities in one call); ``h`` None with the reason in ``extra``
+    where the estimators do not model the router."""
+    from kvhit import service as svc
+
+    p = task.points[0]
+    name, R = p.get("router", "round-robin"), int(p.get("replicas", 1))
+    req = svc.build(
+        svc.FleetRequest,
+        **src,
+        replicas=[R],
+        router=[name],
+        N=[Ns[0]],
+        engine=p["engine"],
+        seed=task.seed,
+        block_size=None if _STATE["block_sizes"].get(task.shipped) else wl.block_size,
+    )
+    res = svc.fleet_estimate_curve(req, Ns)
+    h, why = res.curves[name, R]
+    extra = {"router": name, "replicas": R} | ({"estimate_note": why} if why else {})
+    return [
+        _row(
+            h=None if h is None else _f(h[i]),
+            metric="tokens",
+            h_estimate=None if h is None else _f(h[i]),
+            feasible=n >= res.n_min,
+            extra=extra,
+        )
+        for i, n in enumerate(Ns)
+    ]
 
 
 def _tiers(task: Task, wl, src: dict, p: dict) -> dict:

@@ -21,7 +21,7 @@ A grid file is TOML with three tables (all keys optional except one capacity axi
     engine = ["content", "vllm", "vllm-0.23"]   # default ["vllm"]; also sglang (simulate/curve, N·b tokens)
     hbm_gb = [10, 20, 40]     # KV GiB of `model` (or N = [...] blocks): exactly one capacity axis
     lam0 = [0.5, 1.0, 2.0]    # conversations/s (spec and ShareGPT workloads; trace files keep their arrivals)
-    replicas = [1, 2, 4]      # fleet: R replicas behind `router` (simulate, trace/ShareGPT workloads)
+    replicas = [1, 2, 4]      # fleet: R replicas behind `router` (simulate/estimate, trace/ShareGPT workloads)
     router = ["round-robin", "session"]
     dram_gb = [0, 64, 256]    # host tier behind the GPU (sweep.tier: native | simple | lmcache | hicache)
 
@@ -30,7 +30,8 @@ native/simple/lmcache, SGLang for hicache — the engine axis is then left out; 
 estimator, ``estimate = "only"``). What each point computes otherwise: ``estimate`` →
 :func:`kvhit.service.estimate` (spec: mean-field eq. (32), and the engine-aware estimate when an engine axis is
 given) or :func:`kvhit.service.trace_estimate` (ShareGPT/trace:
-the engine-aware estimator); ``simulate`` → :func:`kvhit.service.simulate` (or
+the engine-aware estimator; with replicas/router axes :func:`kvhit.service.fleet_estimate_curve`, the fleet
+estimate at every capacity of the grid in one call); ``simulate`` → :func:`kvhit.service.simulate` (or
 :func:`kvhit.service.fleet_simulate` with replicas/router axes); ``curve`` → :func:`kvhit.service.curve` at the
 capacities of the grid, one pass per (workload, λ0, replication) for every engine and capacity at once.
 
@@ -450,8 +451,13 @@ def _check_combinations(g: Grid, fail) -> None:
     fleet = "replicas" in g.axes or "router" in g.axes
     kinds = {w.kind for w in g.workloads.values()}
     if fleet:
-        if g.compute != "simulate":
-            fail(f"axes.replicas/router: fleets are simulated; set sweep.compute = 'simulate' (got {g.compute!r})")
+        if g.compute == "curve":
+            fail("axes.replicas/router: fleets have no one-pass curve; set sweep.compute = 'simulate' or 'estimate'")
+        if g.compute == "estimate" and "blocks_trace" in kinds:
+            fail(
+                "axes.replicas/router: a blocks_trace fleet's estimate is a mean of exact replays per capacity; "
+                "set sweep.compute = 'simulate' (with estimates = true)"
+            )
         bad = [e for e in engines if e not in ("vllm", "vllm-0.23")]
         if bad:
             fail(f"axes.engine: a fleet's replicas are vllm or vllm-0.23 (got {bad[0]!r})")
