@@ -191,6 +191,28 @@ def _range_remove(tree, a, c, F):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _remove_runs(tree, rems, nrem, F):  # pragma: no cover - compiled
+    """Subtract 1 at the positions ``rems[:nrem]``, taken in runs of consecutive ascending positions: a run of up to
+    4 by point updates, a longer one by :func:`_range_remove`."""
+    k = 0
+    while k < nrem:
+        a = rems[k]
+        c = a
+        k += 1
+        while k < nrem and rems[k] == c + 1:
+            c += 1
+            k += 1
+        if c - a < 4:
+            for pp in range(a, c + 1):
+                kk = pp + 1
+                while kk <= F:
+                    tree[kk] -= 1
+                    kk += kk & (-kk)
+        else:
+            _range_remove(tree, a, c, F)
+
+
+@njit(cache=True)
 def _thresholds_kernel(T, L, off, hashes, b, new_engine):  # pragma: no cover - compiled
     """One pass over the requests; see the module docstring for the model.
 
@@ -339,22 +361,7 @@ def _thresholds_kernel(T, L, off, hashes, b, new_engine):  # pragma: no cover - 
             if i < mh and D[s, 4] >= 0:
                 rems[nrem] = D[s, 3]
                 nrem += 1
-        k = 0
-        while k < nrem:
-            a = rems[k]
-            c = a
-            k += 1
-            while k < nrem and rems[k] == c + 1:
-                c += 1
-                k += 1
-            if c - a < 4:
-                for pp in range(a, c + 1):
-                    kk = pp + 1
-                    while kk <= F:
-                        tree[kk] -= 1
-                        kk += kk & (-kk)
-            else:
-                _range_remove(tree, a, c, F)
+        _remove_runs(tree, rems, nrem, F)
         W -= nrem
 
         # ---- appends, in free (position) order

@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from kvhit.sim.vllm.block import ENGINES, BlockSimError
-from kvhit.sim.vllm.curve import _append, _prefix, _range_remove  # the position tree (Fenwick) of the exact pass
+from kvhit.sim.vllm.curve import _append, _prefix, _remove_runs  # the position tree (Fenwick) of the exact pass
 
 __all__ = ["ConvThresholdHistogram", "conv_threshold_histogram"]
 
@@ -162,22 +162,7 @@ def _conv_kernel(conv, T, b, base, nd, meas, new_engine, cap0):  # pragma: no co
             if i < mh and recent[s] >= 0:
                 rems[nrem] = first[s]
                 nrem += 1
-        k = 0
-        while k < nrem:
-            a = rems[k]
-            c = a
-            k += 1
-            while k < nrem and rems[k] == c + 1:
-                c += 1
-                k += 1
-            if c - a < 4:
-                for pp in range(a, c + 1):
-                    kk = pp + 1
-                    while kk <= F:
-                        tree[kk] -= 1
-                        kk += kk & (-kk)
-            else:
-                _range_remove(tree, a, c, F)
+        _remove_runs(tree, rems, nrem, F)
         W -= nrem
         # ---- appends, in free (position) order
         if not new_engine and part:
