@@ -171,8 +171,11 @@ def sampled_curve_from_parquet(
     return out
 
 
-def sampled_production_curve(pt, *, rate: float, salt: int = 0, engines=("vllm", "vllm-0.23"), mask=None) -> dict:
-    """Per engine the :class:`~kvhit.sim.sampled.SampledBlockCurve` of a production block-id trace (in memory)."""
+def sampled_production_curve(
+    pt, *, rate: float, salt: int = 0, engines=("vllm", "vllm-0.23"), mask=None, gaps: bool = False, jackknife: int = 20
+) -> dict:
+    """Per engine the :class:`~kvhit.sim.sampled.SampledBlockCurve` of a production block-id trace (in memory);
+    ``gaps``: with the exact reuse gaps of the ``stratified`` reading (:mod:`kvhit.sim.sampled_strata`)."""
     rq = pt.to_block_requests()
     return {
         e: sampled_block_curve(
@@ -184,6 +187,8 @@ def sampled_production_curve(pt, *, rate: float, salt: int = 0, engines=("vllm",
             salt=salt,
             engine=e,
             mask=mask,
+            gaps=gaps,
+            jackknife=jackknife,
         )
         for e in engines
     }
