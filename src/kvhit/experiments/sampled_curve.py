@@ -95,7 +95,7 @@ def curves_from_sampled(
     for e, bc in blocks.items():
         c = bc.curve(Ns, estimator)
         out[sampled_label(e, rate)] = c["block_hit_ratio"]
-        half = SE_BAND * bc.standard_error(Ns)  # the sample-size part of the error (docs/sampling.md §2)
+        half = SE_BAND * bc.standard_error(Ns, estimator)  # stratified: jackknife; else the sample-size part
         out["band low: " + sampled_label(e, rate)] = c["block_hit_ratio"] - half
         out["band high: " + sampled_label(e, rate)] = c["block_hit_ratio"] + half
         out[sampled_label(e, rate) + " token ratio"] = c["token_hit_ratio"]

@@ -163,9 +163,11 @@ def _strata(gap_cold: np.ndarray, population: np.ndarray, per: int):
     return k, pop
 
 
-def _count_leq(thr: np.ndarray, Ns: np.ndarray) -> np.ndarray:
-    s = np.sort(thr)
-    return np.searchsorted(s, Ns, side="right").astype(np.float64)
+def _weighted_leq(thr: np.ndarray, w: np.ndarray, Ns: np.ndarray) -> np.ndarray:
+    """``Σ_a w_a 1{thr_a ≤ N}`` at each ``N`` (one sort, prefix sums)."""
+    o = np.argsort(thr, kind="stable")
+    c = np.concatenate([[0.0], np.cumsum(w[o])])
+    return c[np.searchsorted(thr[o], Ns, side="right")]
 
 
 def stratified_hits(thresholds, hot, gaps: ReuseGaps, Ns, per: int = PER_STRATUM) -> np.ndarray:
@@ -173,14 +175,15 @@ def stratified_hits(thresholds, hot, gaps: ReuseGaps, Ns, per: int = PER_STRATUM
     Ns = np.asarray(Ns, np.int64)
     t = ratio_thresholds(thresholds, gaps.gap, gaps.since)
     hot = np.asarray(hot, bool)
-    out = _count_leq(t[hot], Ns)
     cold = ~hot
     k, pop = _strata(gaps.gap[cold], gaps.population, per)
-    tc = t[cold]
     n_k = np.bincount(k[k >= 0], minlength=pop.size).astype(np.float64)
-    for j in np.flatnonzero(n_k > 0):
-        out += pop[j] / n_k[j] * _count_leq(tc[k == j], Ns)
-    return out
+    w = np.ones(t.shape[0])
+    fin = k >= 0
+    wc = np.zeros(k.shape[0])  # never-seen lookups: no hit at any capacity
+    wc[fin] = pop[k[fin]] / n_k[k[fin]]
+    w[cold] = wc
+    return _weighted_leq(t, w, Ns)
 
 
 def stratified_se(thresholds, hot, ids, gaps: ReuseGaps, rate: float, Ns, per: int = PER_STRATUM) -> np.ndarray:
