@@ -289,7 +289,7 @@ def _stratified_cells(make, salts, Ns, ex, name, policy, rate) -> dict:
     return row
 
 
-def stratified_rows(salts=tuple(range(100, 108)), rates=(0.01, 0.05), sharegpt: bool = True) -> list[dict]:
+def stratified_rows(salts=tuple(range(100, 108)), rates=(0.01, 0.05), sharegpt: bool = True, emit=None) -> list[dict]:
     """The stratified reading (:mod:`kvhit.sim.sampled_strata`, in memory) against the deblurred one on the same
     samples (``--stratified``; salts 100–107 by default: held out, see the protocol in docs/sampling.md §5)."""
     from kvhit.experiments.curve import curve_inputs, default_capacity_range
@@ -320,6 +320,8 @@ def stratified_rows(salts=tuple(range(100, 108)), rates=(0.01, 0.05), sharegpt: 
                     return sampled_production_curve(pt, rate=rate, salt=salt, mask=mask, gaps=True, engines=(e,))[e]
 
                 rows.append(_stratified_cells(make, salts, Ns, ex[e]["block_hit_ratio"], name, e, rate))
+                if emit is not None:
+                    emit(rows[-1])
     if sharegpt:
         spec, _ = sharegpt_spec(0.5)
         tr = generate(spec, 1, n_conversations=270_000)
@@ -402,7 +404,11 @@ def main() -> None:
     if "--stratified" in sys.argv:
         first = int(sys.argv[sys.argv.index("--first-salt") + 1]) if "--first-salt" in sys.argv else 100
         n = int(sys.argv[sys.argv.index("--salts") + 1]) if "--salts" in sys.argv else 8
-        rows = stratified_rows(tuple(range(first, first + n)), sharegpt="--no-sharegpt" not in sys.argv)
+
+        def emit(row):
+            print(render_stratified([row]).splitlines()[-1], flush=True)
+
+        rows = stratified_rows(tuple(range(first, first + n)), sharegpt="--no-sharegpt" not in sys.argv, emit=emit)
         print(render_stratified(rows), flush=True)
         return
     if "--se-calibration" in sys.argv:
