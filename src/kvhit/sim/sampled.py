@@ -40,7 +40,10 @@ Error. Parts, all measured (``benchmarks/sampling_accuracy.py``, ``docs/sampling
 form: the noise of which accesses are measured (a ratio estimator over ``≈ rate · n`` lookups; its spread shrinks as
 ``1/√(rate · n)``); the ``1/rate`` lattice of the thresholds (the step reading's staircase); and the smoothing of each
 threshold by the binomial noise of ``ρ_s`` (relative spread ``1/√(rate · N)`` at capacity ``N``). The deblurred
-reading removes the second and the leading term of the third; the first is what remains on small traces.
+reading removes the second and the leading term of the third; the first is what remains on small traces. For a trace
+held in memory, ``sampled_block_curve(gaps=True)`` adds an exact pass over every access (each lookup's reuse gap) and
+the ``stratified`` reading (:mod:`kvhit.sim.sampled_strata`: post-stratified by the gap, ratio thresholds, jackknife
+error), which removes most of that first part (docs/sampling.md §5).
 
 Invariants: ``rate = 1`` keeps every key and reproduces the exact curves (tested: the sampled pass equals
 :func:`~kvhit.sim.vllm.curve.block_hit_thresholds`'s unrounded stack model at rate 1, and
