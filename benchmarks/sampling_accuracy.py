@@ -18,7 +18,10 @@ the best. The 10⁶-turn ShareGPT-derived trace (seed 0, λ0 = 1/s) is where the
 ``--heldout`` adds one it was not designed on (seed 1, λ0 = 0.5/s), ``--large`` the 10⁷-turn one (seed 0).
 Run: ``python benchmarks/sampling_accuracy.py [--large] [--heldout] [--salts 5]``; ``--profile``: the error over
 capacities with at least ``k`` sampled cache slots (``R·N ≥ k``), 3 salts, the 10⁶-turn trace; ``--se-calibration``:
-the stated standard error against the spread over 20 salts.
+the stated standard error against the spread over 20 salts; ``--stratified [--first-salt 100] [--salts 8]
+[--no-sharegpt]``: the in-memory stratified reading (:mod:`kvhit.sim.sampled_strata`) against the deblurred one on
+the same samples — Mooncake and WEKA at 1 % and 5 %, the held-out ShareGPT-derived trace (seed 1) at 1 % — with the
+coverage of each stated error (docs/sampling.md §5).
 """
 
 from __future__ import annotations
