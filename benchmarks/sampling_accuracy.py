@@ -37,6 +37,7 @@ TRACES = Path(os.environ.get("KVHIT_TRACES", "/work/shared/data/traces"))
 RATES = (0.01, 0.02, 0.05, 0.1)
 N_POINTS = 1000
 READINGS = ("step", "deblurred")
+JK = "--jk" in sys.argv
 
 
 def sharegpt_spec(lam0: float = 1.0, block_size: int = 128):
@@ -270,6 +271,8 @@ def _stratified_cells(make, salts, Ns, ex, name, policy, rate) -> dict:
     gives the sampled curve (one salt held at a time)."""
     ok = np.isfinite(ex)
     kinds = {"deblurred": ("deblurred",), "stratified": ("stratified", "stratified-linear")}
+    if JK:  # the second held-out round: the jackknife bias-corrected reading beside the two (no linearised error)
+        kinds = {"deblurred": ("deblurred",), "stratified": ("stratified",), "stratified-jk": ("stratified-jk",)}
     mx: dict = {rd: [] for rd in kinds}
     zs: dict = {k: [] for v in kinds.values() for k in v}
     ses: dict = {k: [] for k in zs}
@@ -292,7 +295,9 @@ def _stratified_cells(make, salts, Ns, ex, name, policy, rate) -> dict:
     return row
 
 
-def stratified_rows(salts=tuple(range(100, 108)), rates=(0.01, 0.05), sharegpt: bool = True, emit=None) -> list[dict]:
+def stratified_rows(
+    salts=tuple(range(100, 108)), rates=(0.01, 0.05), sharegpt: bool = True, emit=None, traces=("Mooncake", "WEKA")
+) -> list[dict]:
     """The stratified reading (:mod:`kvhit.sim.sampled_strata`, in memory) against the deblurred one on the same
     samples (``--stratified``; salts 100–107 by default: held out, see the protocol in docs/sampling.md §5)."""
     from kvhit.experiments.curve import curve_inputs, default_capacity_range
@@ -309,7 +314,7 @@ def stratified_rows(salts=tuple(range(100, 108)), rates=(0.01, 0.05), sharegpt: 
         ("Mooncake", TRACES / "mooncake_fast25" / "conversation_trace.jsonl"),
         ("WEKA", TRACES / "weka_kv_cache_tester" / "traces"),
     ):
-        if not path.exists():
+        if not path.exists() or name not in traces:
             continue
         pt = read_production(path)
         mask = measured_mask(pt, None)
@@ -361,6 +366,13 @@ def render_stratified(rows: list[dict]) -> str:
         def cv(t):
             return f"{t[0]:.3f} / {t[1]:.3f} ({t[2]:.4f})"
 
+        if "stratified-jk" in r:
+            lines.append(
+                f"| {r['workload']} | {r['policy']} | {r['rate']:g} | {r['salts']} | {f3(r['deblurred'])} | "
+                f"{f3(r['stratified'])} | {f3(r['stratified-jk'])} | {cv(r['cov stratified'])} | "
+                f"{cv(r['cov stratified-jk'])} |"
+            )
+            continue
         lines.append(
             f"| {r['workload']} | {r['policy']} | {r['rate']:g} | {r['salts']} | {f3(r['deblurred'])} | "
             f"{f3(r['stratified'])} | {cv(r['cov deblurred'])} | {cv(r['cov stratified'])} | "
@@ -411,7 +423,10 @@ def main() -> None:
         def emit(row):
             print(render_stratified([row]).splitlines()[-1], flush=True)
 
-        rows = stratified_rows(tuple(range(first, first + n)), sharegpt="--no-sharegpt" not in sys.argv, emit=emit)
+        traces = ("Mooncake",) if JK else ("Mooncake", "WEKA")
+        rows = stratified_rows(
+            tuple(range(first, first + n)), sharegpt="--no-sharegpt" not in sys.argv, emit=emit, traces=traces
+        )
         print(render_stratified(rows), flush=True)
         return
     if "--se-calibration" in sys.argv:

@@ -157,3 +157,46 @@ def test_stratified_refusals():
         s.curve([4], "stratified")
     with pytest.raises(SamplingError, match="jackknife"):
         sampled_block_curve(T, off, hs, block_size=4, rate=0.5, gaps=True, jackknife=1)
+
+
+def test_jackknife_thresholds_equal_a_lookup_by_lookup_correction():
+    """'stratified-jk': each kept lookup's ratio threshold corrected by its thresholds in the replicates that hold it
+    (found by its hash slice), computed lookup by lookup; rate 1 gives the exact curve."""
+    from kvhit.sim.sampled_strata import ratio_thresholds
+
+    rng = np.random.default_rng(11)
+    b, n = 4, 2000
+    conv = rng.integers(0, 200, n)
+    size: dict[int, int] = {}
+    T = np.empty(n, np.int64)
+    for r, c in enumerate(conv):
+        size[int(c)] = size.get(int(c), 0) + int(rng.integers(1, 3 * b))
+        T[r] = size[int(c)]
+    off = np.concatenate([[0], np.cumsum(T // b)])
+    hs = np.concatenate([int(c) * 10_000 + np.arange(t // b) for c, t in zip(conv, T, strict=True)]).astype(np.int64)
+    G, rate, salt = 4, 0.25, 9
+    s = sampled_block_curve(T, off, hs, block_size=b, rate=rate, salt=salt, hot=None, gaps=True, jackknife=G)
+    t0 = ratio_thresholds(s.thresholds, s.gaps.gap, s.gaps.since)
+    thr, mix = int(sample_threshold(rate)), np.uint64(_saltmix(salt))
+    reps = []
+    for g, rep in enumerate(s.replicates):
+        lo, hi = thr * g // G, thr * (g + 1) // G
+        with np.errstate(over="ignore"):
+            h = fmix64(s.lookup_ids.view(np.uint64) ^ mix)
+        present = ~((h >= np.uint64(lo)) & (h < np.uint64(hi)))
+        reps.append((np.flatnonzero(present), ratio_thresholds(rep.thresholds, rep.gaps.gap, rep.gaps.since)))
+    want = t0.copy()
+    for a in range(t0.size):
+        if t0[a] == NEVER:
+            continue
+        vals = [float(tg[list(idx).index(a)]) for idx, tg in reps if a in set(idx.tolist())]
+        vals = [v for v in vals if v < NEVER]
+        if vals:
+            want[a] = max(round(G * t0[a] - (G - 1) * np.mean(vals)), 1)
+    assert np.array_equal(s._jk_thresholds, want)
+    Ns = np.arange(1, 400)
+    assert np.array_equal(
+        s.hit_blocks(Ns, "stratified-jk"), stratified_hits(want, np.zeros(t0.size, bool), s.gaps, Ns, ratio=False)
+    )
+    one = sampled_block_curve(T, off, hs, block_size=b, rate=1.0, gaps=True)
+    assert np.array_equal(one.hit_blocks(Ns, "stratified-jk"), one.hit_blocks(Ns, "step"))

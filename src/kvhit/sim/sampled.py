@@ -76,6 +76,8 @@ from kvhit.sim.sampled_strata import (
     ReuseGaps,
     gap_pass,
     jackknife_se,
+    jackknife_thresholds,
+    ratio_thresholds,
     sample_gaps,
     stratified_hits,
     stratified_se,
@@ -427,6 +429,11 @@ class SampledBlockCurve:
             if self.sampled_lookups == 0:
                 return np.zeros(Ns.shape)
             return stratified_hits(self.thresholds, self._hot(), g, Ns)
+        if estimator == "stratified-jk":
+            g = self._need_gaps()
+            if self.sampled_lookups == 0:
+                return np.zeros(Ns.shape)
+            return stratified_hits(self._jk_thresholds, self._hot(), g, Ns, ratio=False)
         if self.sampled_lookups == 0:
             return np.zeros(Ns.shape)
         hit = sampled_hits(
@@ -442,6 +449,8 @@ class SampledBlockCurve:
         :func:`kvhit.sim.sampled_strata.stratified_se`; not the lattice or the blur); NaN below ``N_min``, 0 where
         the pass is exact."""
         Ns = np.asarray(Ns, np.int64)
+        if estimator == "stratified-jk":
+            estimator = "stratified"  # the same replicates give its error (the correction is not re-jackknifed)
         if estimator in ("stratified", "stratified-linear"):
             g = self._need_gaps()
             if self.exact or self.sampled_lookups == 0 or not self.prompt_blocks:
@@ -459,6 +468,22 @@ class SampledBlockCurve:
             se = sampling_se(self.thresholds, rank, group, self.weights, self.rate, Ns)
             se = se * self.lookup_blocks / self.prompt_blocks if self.prompt_blocks else se * np.nan
         return np.where(Ns >= self.N_min, se, np.nan)
+
+    @cached_property
+    def _jk_thresholds(self) -> np.ndarray:
+        """The jackknife bias-corrected ratio thresholds (:func:`kvhit.sim.sampled_strata.jackknife_thresholds`);
+        the ratio thresholds themselves without replicates (rate 1, exact, or ``jackknife=0``)."""
+        g = self._need_gaps()
+        t0 = ratio_thresholds(self.thresholds, g.gap, g.since)
+        if not self.replicates:
+            return t0
+        G = len(self.replicates)
+        thr = int(sample_threshold(self.rate))  # the full sample's: replicates drop slices of [0, thr)
+        reps = [
+            (ratio_thresholds(r.thresholds, r.gaps.gap, r.gaps.since), thr * k // G, thr * (k + 1) // G)
+            for k, r in enumerate(self.replicates)
+        ]
+        return jackknife_thresholds(t0, self._hot(), self.lookup_ids, reps, saltmix=_saltmix(self.salt), thr=thr)
 
     @cached_property
     def _id_ranks(self) -> tuple[np.ndarray, np.ndarray]:

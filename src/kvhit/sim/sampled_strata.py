@@ -47,6 +47,7 @@ __all__ = [
     "ReuseGaps",
     "gap_pass",
     "jackknife_se",
+    "jackknife_thresholds",
     "sample_gaps",
     "stratified_hits",
     "stratified_se",
@@ -170,10 +171,11 @@ def _weighted_leq(thr: np.ndarray, w: np.ndarray, Ns: np.ndarray) -> np.ndarray:
     return c[np.searchsorted(thr[o], Ns, side="right")]
 
 
-def stratified_hits(thresholds, hot, gaps: ReuseGaps, Ns, per: int = PER_STRATUM) -> np.ndarray:
-    """Estimated ``Σ 1{N* ≤ N}`` over the measured lookups of the whole trace (module docstring)."""
+def stratified_hits(thresholds, hot, gaps: ReuseGaps, Ns, per: int = PER_STRATUM, ratio: bool = True) -> np.ndarray:
+    """Estimated ``Σ 1{N* ≤ N}`` over the measured lookups of the whole trace (module docstring); ``ratio=False``:
+    ``thresholds`` are already the ones to read (:func:`jackknife_thresholds`)."""
     Ns = np.asarray(Ns, np.int64)
-    t = ratio_thresholds(thresholds, gaps.gap, gaps.since)
+    t = ratio_thresholds(thresholds, gaps.gap, gaps.since) if ratio else np.asarray(thresholds, np.int64)
     hot = np.asarray(hot, bool)
     cold = ~hot
     k, pop = _strata(gaps.gap[cold], gaps.population, per)
@@ -215,3 +217,24 @@ def jackknife_se(replicates) -> np.ndarray:
     th = np.asarray(replicates, np.float64)
     G = th.shape[0]
     return np.sqrt((G - 1) / G * np.square(th - th.mean(0)).sum(0))
+
+
+def jackknife_thresholds(t0: np.ndarray, hot: np.ndarray, ids: np.ndarray, reps, *, saltmix, thr) -> np.ndarray:
+    """Delete-a-group jackknife bias correction of each kept lookup's ratio threshold ``t0``: ``n·t0 − (n − 1)·t̄``
+    with ``t̄`` the mean of its thresholds in the ``G`` replicates ``reps`` (``(rate_thresholds, lo, hi)`` per
+    replicate, stream order of its kept lookups) that hold it, ``n`` = ``G`` (a non-hot lookup is missing from
+    the replicate that drops its group; ``n`` then counts that replicate as the full sample, the usual
+    delete-a-group form), rounded, at least 1; ``t0`` where it is NEVER or no replicate holds it."""
+    t0 = np.asarray(t0, np.int64)
+    S = np.zeros(t0.shape[0])
+    C = np.zeros(t0.shape[0])
+    for tg, lo, hi in reps:
+        idx = np.flatnonzero(hot | _hash_keep(ids, saltmix, thr, lo, hi))
+        fin = tg < _NEVER
+        S[idx[fin]] += tg[fin]
+        C[idx[fin]] += 1
+    ok = (t0 < _NEVER) & (C > 0)
+    n = C[ok] + (~hot[ok])
+    out = t0.copy()
+    out[ok] = np.maximum(np.round(n * t0[ok] - (n - 1) * S[ok] / C[ok]), 1).astype(np.int64)
+    return out
