@@ -424,6 +424,8 @@ def main() -> None:
             print(render_stratified([row]).splitlines()[-1], flush=True)
 
         traces = ("Mooncake",) if JK else ("Mooncake", "WEKA")
+        if "--only-sharegpt" in sys.argv:
+            traces = ()
         rows = stratified_rows(
             tuple(range(first, first + n)), sharegpt="--no-sharegpt" not in sys.argv, emit=emit, traces=traces
         )
