@@ -46,6 +46,8 @@ def _slow_stratified(tr, engine, mask, rate, salt, s, Ns, per):
             p = last.get(x)
             gap = NEVER if p is None else Ecum[r] - Ecum[p]
             since = 0.0 if p is None else Wcum[r] - Wcum[p]
+            if p is not None and x not in hot_ids:  # the lookup's own id: its appends in request p count once
+                since -= (1.0 / rate - 1.0) * sum(int(y) == x for y in hs[off[p] : off[p + 1]])
             if x not in hot_ids:
                 pop.append(gap)
             if keep(x):

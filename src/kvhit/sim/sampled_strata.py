@@ -9,7 +9,8 @@ lookups). Two uses, both design-unbiased to first order, nothing fitted:
 
 1. **Ratio thresholds.** The sampled pass estimates the entries above a kept lookup as ``t_s − 1`` (Horvitz–Thompson
    over the kept entries above it). The kept weight ``K_a`` appended by the same requests estimates ``τ_a``, which is
-   known exactly, so
+   known exactly — with the lookup's own id (in the sample by construction, its appends all in the previous
+   request) counted with weight 1, not ``1/R``, or ``K`` is size-biased by ``≈ 1/R − 1`` — so
 
        N̂*_a = 1 + (t_s − 1) · τ_a / K_a          (``K_a = 0``: ``t_s`` kept)
 
@@ -80,6 +81,7 @@ class GapPass:
     hot: np.ndarray
     look: np.ndarray
     prev: np.ndarray
+    prev_count: np.ndarray  #: accesses of the same id in its previous request (its own appends in the range)
     E: np.ndarray
     part: np.ndarray
     population: np.ndarray
@@ -106,14 +108,18 @@ def gap_pass(T, L, off, hs, *, b: int, new_engine: bool, measured, hot) -> GapPa
     grp = np.cumsum(newreq) - 1
     greq = sreq[newreq]
     gprev = np.where(newid[newreq], -1, np.concatenate([[-1], greq[:-1]]))
+    gsize = np.diff(np.concatenate([np.flatnonzero(newreq), [ids.shape[0]]]))
+    gprevn = np.where(newid[newreq], 0, np.concatenate([[0], gsize[:-1]]))
     prev = np.empty(ids.shape[0], np.int64)
     prev[o] = gprev[grp]
+    prev_count = np.empty(ids.shape[0], np.int64)
+    prev_count[o] = gprevn[grp]
     del o, sid, sreq, newid, newreq, grp
     hot_a = np.isin(ids, hot) if np.asarray(hot).size else np.zeros(ids.shape[0], bool)
     look = (pos < (T[req] - 1) // b) & np.asarray(measured, bool)[req]
     gap = np.where(prev >= 0, E[req] - E[np.maximum(prev, 0)], _NEVER)
     population = np.sort(gap[look & ~hot_a])
-    return GapPass(ids, req, hot_a, look, prev, E, part, population)
+    return GapPass(ids, req, hot_a, look, prev, prev_count, E, part, population)
 
 
 def _hash_keep(ids: np.ndarray, saltmix, thr, lo, hi) -> np.ndarray:
@@ -140,6 +146,9 @@ def sample_gaps(gp: GapPass, *, saltmix, thr, full: bool, rate: float, lo=0, hi=
     pz = np.maximum(p, 0)
     gap = np.where(seen, gp.E[r] - gp.E[pz], _NEVER)
     since = np.where(seen, cumW[r] - cumW[pz], 0.0)
+    # a kept lookup's own id is in the sample by construction: its appends in the range (all in its previous
+    # request) count once, as in τ, not 1/rate times — else K is size-biased by ≈ 1/rate − 1
+    since -= np.where(gp.hot[sel], 0.0, (inv - 1.0) * gp.prev_count[sel])
     return ReuseGaps(gap=gap, since=since, population=gp.population)
 
 
