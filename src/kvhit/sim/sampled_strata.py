@@ -27,9 +27,10 @@ ids, ``(1 − R)/R² Σ_j (Σ_{a ∈ j} R·P_k/n_k·(y_a − F̂_k))²`` (``n_k`
 other readings' error it leaves out the noise of the thresholds themselves.
 
 Invariants (tested): rate 1, or every id hot, gives the exact curve; the reading is a deterministic function of the
-sample and the exact gaps. Memory: three int64 per access of the trace during the gap pass, then one int64 per
-non-hot measured lookup (the sorted population gaps) — an in-memory trace only; the streamed Parquet path has no
-gap pass. NOT modelled: the noise of ``N̂*`` in the standard error; the strata are formed from the sample (their
+sample and the exact gaps. Memory: four int64 and two bytes per access of the trace during the gap pass, then one
+int64 per non-hot measured lookup (the sorted population gaps) — an in-memory trace only; the streamed Parquet path
+has no gap pass. NOT modelled: the noise of ``N̂*`` in :func:`stratified_se` (the jackknife of
+:class:`~kvhit.sim.sampled.SampledBlockCurve` includes it); the strata are formed from the sample (their
 edges are random), which the variance formula treats as fixed.
 """
 
