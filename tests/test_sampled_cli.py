@@ -72,7 +72,7 @@ def test_salt_changes_the_sample(trace):
         (["--sample-estimator", "step"], "--sample-estimator"),
         (["--sample-rate", "0.1", "--sample-estimator", "median"], "--sample-estimator"),
         (["--sample-rate", "0.1", "--sample-estimator", "stratified"], "--sample-estimator"),
-        (["--sample-rate", "0.1", "--sample-estimator", "stratified-jk"], "--sample-estimator"),
+        (["--sample-rate", "0.1", "--sample-estimator", "stratified-jk"], "--sample-estimator"),  # library only
         (["--sample-rate", "0.1", "--policies", "sglang"], "--sample-rate"),
     ],
 )
@@ -125,9 +125,9 @@ def test_estimator_echoed_and_equal_to_the_library(trace):
     assert np.nanmax(np.abs(got["deblurred"] - got["step"])) > 1e-4
 
 
-@pytest.mark.parametrize("est", ["stratified", "stratified-jk"])
+@pytest.mark.parametrize("est", ["stratified"])
 def test_stratified_reading_on_a_blocks_trace(est):
-    """--sample-estimator stratified[-jk] (--blocks-trace): echoed, the library's reading, its jackknife band."""
+    """--sample-estimator stratified (--blocks-trace): echoed, the library's reading, its jackknife band."""
     from kvhit.experiments.sampled_curve import curves_from_sampled, sampled_production_curve
     from kvhit.sim.tracerun import measured_mask
     from kvhit.workload.production import read_production
