@@ -426,8 +426,11 @@ def main() -> None:
         traces = ("Mooncake",) if JK else ("Mooncake", "WEKA")
         if "--only-sharegpt" in sys.argv:
             traces = ()
+        rates = (0.01, 0.05)
+        if "--only-weka" in sys.argv:
+            traces, rates = ("WEKA",), (0.01,)
         rows = stratified_rows(
-            tuple(range(first, first + n)), sharegpt="--no-sharegpt" not in sys.argv, emit=emit, traces=traces
+            tuple(range(first, first + n)), rates, "--no-sharegpt" not in sys.argv, emit=emit, traces=traces
         )
         print(render_stratified(rows), flush=True)
         return
