@@ -104,8 +104,9 @@ def gap_pass(T, L, off, hs, *, b: int, new_engine: bool, measured, hot) -> GapPa
     # request of the group before it when that group has the same id
     o = np.lexsort((req, ids))
     sid, sreq = ids[o], req[o]
-    newid = np.concatenate([[True], sid[1:] != sid[:-1]])
-    newreq = newid | np.concatenate([[True], sreq[1:] != sreq[:-1]])
+    head = np.ones(min(ids.shape[0], 1), bool)  # no access at all: empty groups
+    newid = np.concatenate([head, sid[1:] != sid[:-1]])
+    newreq = newid | np.concatenate([head, sreq[1:] != sreq[:-1]])
     grp = np.cumsum(newreq) - 1
     greq = sreq[newreq]
     gprev = np.where(newid[newreq], -1, np.concatenate([[-1], greq[:-1]]))
@@ -135,7 +136,7 @@ def sample_gaps(gp: GapPass, *, saltmix, thr, full: bool, rate: float, lo=0, hi=
     n = gp.E.shape[0] - 1
     keep = np.ones(gp.ids.shape[0], bool) if full else gp.hot | _hash_keep(gp.ids, saltmix, thr, lo, hi)
     inv = 1.0 / rate
-    wreq = np.bincount(gp.req, weights=np.where(keep, np.where(gp.hot, 1.0, inv), 0.0), minlength=n)
+    wreq = np.bincount(gp.req, weights=np.where(keep, np.where(gp.hot, 1.0, inv), 0.0), minlength=n).astype(float)
     if gp.part.any():
         pk = np.ones(n, bool) if full else _hash_keep(np.arange(n, dtype=np.int64) ^ _PARTIAL_KEY, saltmix, thr, lo, hi)
         wreq += np.where(gp.part & pk, inv, 0.0)
