@@ -18,7 +18,10 @@ the best. The 10⁶-turn ShareGPT-derived trace (seed 0, λ0 = 1/s) is where the
 ``--heldout`` adds one it was not designed on (seed 1, λ0 = 0.5/s), ``--large`` the 10⁷-turn one (seed 0).
 Run: ``python benchmarks/sampling_accuracy.py [--large] [--heldout] [--salts 5]``; ``--profile``: the error over
 capacities with at least ``k`` sampled cache slots (``R·N ≥ k``), 3 salts, the 10⁶-turn trace; ``--se-calibration``:
-the stated standard error against the spread over 20 salts.
+the stated standard error against the spread over 20 salts; ``--stratified [--first-salt 100] [--salts 8]
+[--no-sharegpt]``: the in-memory stratified reading (:mod:`kvhit.sim.sampled_strata`) against the deblurred one on
+the same samples — Mooncake and WEKA at 1 % and 5 %, the held-out ShareGPT-derived trace (seed 1) at 1 % — with the
+coverage of each stated error (docs/sampling.md §5).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ TRACES = Path(os.environ.get("KVHIT_TRACES", "/work/shared/data/traces"))
 RATES = (0.01, 0.02, 0.05, 0.1)
 N_POINTS = 1000
 READINGS = ("step", "deblurred")
+JK = "--jk" in sys.argv
 
 
 def sharegpt_spec(lam0: float = 1.0, block_size: int = 128):
@@ -262,6 +266,121 @@ def se_calibration_rows(salts: int = 20) -> list[str]:
     return lines
 
 
+def _stratified_cells(make, salts, Ns, ex, name, policy, rate) -> dict:
+    """Per reading: max |err| per salt (worst, mean, sd) and the coverage of the stated standard errors; ``make(salt)``
+    gives the sampled curve (one salt held at a time)."""
+    ok = np.isfinite(ex)
+    kinds = {"deblurred": ("deblurred",), "stratified": ("stratified", "stratified-linear")}
+    if JK:  # the second held-out round: the jackknife bias-corrected reading beside the two (no linearised error)
+        kinds = {"deblurred": ("deblurred",), "stratified": ("stratified",), "stratified-jk": ("stratified-jk",)}
+    mx: dict = {rd: [] for rd in kinds}
+    zs: dict = {k: [] for v in kinds.values() for k in v}
+    ses: dict = {k: [] for k in zs}
+    for salt in salts:
+        r = make(salt)
+        for rd, se_kinds in kinds.items():
+            d = np.abs(r.curve(Ns, rd)["block_hit_ratio"][ok] - ex[ok])
+            mx[rd].append(d.max())
+            for k in se_kinds:
+                se = r.standard_error(Ns, k)[ok]
+                zs[k].append(d / np.maximum(se, 1e-12))
+                ses[k].append(np.median(se))
+        del r
+    row = {"workload": name, "policy": policy, "rate": rate, "salts": len(salts)}
+    for rd, v in mx.items():
+        row[rd] = (float(np.max(v)), float(np.mean(v)), float(np.std(v)))
+    for k, z in zs.items():
+        z = np.array(z)
+        row[f"cov {k}"] = (float(np.mean(z <= 2)), float(np.mean(z <= 3)), float(np.median(ses[k])))
+    return row
+
+
+def stratified_rows(
+    salts=tuple(range(100, 108)), rates=(0.01, 0.05), sharegpt: bool = True, emit=None, traces=("Mooncake", "WEKA")
+) -> list[dict]:
+    """The stratified reading (:mod:`kvhit.sim.sampled_strata`, in memory) against the deblurred one on the same
+    samples (``--stratified``; salts 100–107 by default: held out, see the protocol in docs/sampling.md §5)."""
+    from kvhit.experiments.curve import curve_inputs, default_capacity_range
+    from kvhit.experiments.sampled_curve import sampled_production_curve
+    from kvhit.sim.runner import block_requests
+    from kvhit.sim.sampled import sampled_block_curve
+    from kvhit.sim.tracerun import measured_mask, production_curve
+    from kvhit.workload.generate import generate
+    from kvhit.workload.production import read_production
+    from kvhit.workload.trace import Window
+
+    rows = []
+    for name, path in (
+        ("Mooncake", TRACES / "mooncake_fast25" / "conversation_trace.jsonl"),
+        ("WEKA", TRACES / "weka_kv_cache_tester" / "traces"),
+    ):
+        if not path.exists() or name not in traces:
+            continue
+        pt = read_production(path)
+        mask = measured_mask(pt, None)
+        n_min = int(production_curve(pt, np.array([10**9], np.int64))["N_min"])
+        Ns = _grid(n_min, int(4 * pt.describe().get("distinct_blocks", n_min * 10)))
+        ex = production_curve(pt, Ns)["engines"]
+        for rate in rates:
+            for e in ("vllm", "vllm-0.23"):
+
+                def make(salt, pt=pt, mask=mask, rate=rate, e=e):
+                    return sampled_production_curve(pt, rate=rate, salt=salt, mask=mask, gaps=True, engines=(e,))[e]
+
+                rows.append(_stratified_cells(make, salts, Ns, ex[e]["block_hit_ratio"], name, e, rate))
+                if emit is not None:
+                    emit(rows[-1])
+    if sharegpt:
+        spec, _ = sharegpt_spec(0.5)
+        tr = generate(spec, 1, n_conversations=270_000)
+        tr.meta["block_size"] = 128
+        w = Window.warmup_conversations(tr, 270_000 // 5)
+        inp = curve_inputs(tr, w, ("vllm",))
+        _, hi = default_capacity_range(inp, 64)
+        Ns = _grid(inp.N_min, hi)
+        ex = inp.blocks["vllm"].hit(Ns) / inp.blocks["vllm"].prompt_blocks
+        rq = block_requests(tr, block_size=128)
+        mask = w.mask(tr)
+
+        def make_sg(salt):
+            return sampled_block_curve(
+                rq.prompt_tokens, rq.hash_offsets, rq.hashes, block_size=128, rate=0.01, salt=salt, mask=mask, gaps=True
+            )
+
+        name = f"ShareGPT-derived {tr.n_turns:,} turns (seed 1, λ0 0.5/s)"
+        rows.append(_stratified_cells(make_sg, salts, Ns, ex, name, "vllm", 0.01))
+    return rows
+
+
+def render_stratified(rows: list[dict]) -> str:
+    lines = [
+        "| workload | policy | rate | salts | deblurred: worst / mean / sd | **stratified: worst / mean / sd** "
+        "| ±2 se / ±3 se (median se): deblurred | stratified, jackknife | stratified, linearised |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+
+        def f3(t):
+            return f"{t[0]:.4f} / {t[1]:.4f} / {t[2]:.4f}"
+
+        def cv(t):
+            return f"{t[0]:.3f} / {t[1]:.3f} ({t[2]:.4f})"
+
+        if "stratified-jk" in r:
+            lines.append(
+                f"| {r['workload']} | {r['policy']} | {r['rate']:g} | {r['salts']} | {f3(r['deblurred'])} | "
+                f"{f3(r['stratified'])} | {f3(r['stratified-jk'])} | {cv(r['cov stratified'])} | "
+                f"{cv(r['cov stratified-jk'])} |"
+            )
+            continue
+        lines.append(
+            f"| {r['workload']} | {r['policy']} | {r['rate']:g} | {r['salts']} | {f3(r['deblurred'])} | "
+            f"{f3(r['stratified'])} | {cv(r['cov deblurred'])} | {cv(r['cov stratified'])} | "
+            f"{cv(r['cov stratified-linear'])} |"
+        )
+    return "\n".join(lines)
+
+
 def run(large: bool | None = None, salts: int = 5, heldout: bool = False) -> dict:
     if large is None:
         large = os.environ.get("KVHIT_BENCH_LARGE") == "1"
@@ -297,6 +416,24 @@ def render(out: dict) -> str:
 
 
 def main() -> None:
+    if "--stratified" in sys.argv:
+        first = int(sys.argv[sys.argv.index("--first-salt") + 1]) if "--first-salt" in sys.argv else 100
+        n = int(sys.argv[sys.argv.index("--salts") + 1]) if "--salts" in sys.argv else 8
+
+        def emit(row):
+            print(render_stratified([row]).splitlines()[-1], flush=True)
+
+        traces = ("Mooncake",) if JK else ("Mooncake", "WEKA")
+        if "--only-sharegpt" in sys.argv:
+            traces = ()
+        rates = (0.01, 0.05)
+        if "--only-weka" in sys.argv:
+            traces, rates = ("WEKA",), (0.01,)
+        rows = stratified_rows(
+            tuple(range(first, first + n)), rates, "--no-sharegpt" not in sys.argv, emit=emit, traces=traces
+        )
+        print(render_stratified(rows), flush=True)
+        return
     if "--se-calibration" in sys.argv:
         print("\n".join(se_calibration_rows()))
         return

@@ -71,6 +71,8 @@ def test_salt_changes_the_sample(trace):
         (["--sample-salt", "3"], "--sample-salt"),
         (["--sample-estimator", "step"], "--sample-estimator"),
         (["--sample-rate", "0.1", "--sample-estimator", "median"], "--sample-estimator"),
+        (["--sample-rate", "0.1", "--sample-estimator", "stratified"], "--sample-estimator"),
+        (["--sample-rate", "0.1", "--sample-estimator", "stratified-jk"], "--sample-estimator"),  # library only
         (["--sample-rate", "0.1", "--policies", "sglang"], "--sample-rate"),
     ],
 )
@@ -121,3 +123,28 @@ def test_estimator_echoed_and_equal_to_the_library(trace):
         assert np.allclose(got[est] - lo, hi - got[est], equal_nan=True, atol=1e-12)
         assert np.nanmin(hi - lo) > 0
     assert np.nanmax(np.abs(got["deblurred"] - got["step"])) > 1e-4
+
+
+@pytest.mark.parametrize("est", ["stratified"])
+def test_stratified_reading_on_a_blocks_trace(est):
+    """--sample-estimator stratified (--blocks-trace): echoed, the library's reading, its jackknife band."""
+    from kvhit.experiments.sampled_curve import curves_from_sampled, sampled_production_curve
+    from kvhit.sim.tracerun import measured_mask
+    from kvhit.workload.production import read_production
+
+    f = "tests/data/production/mooncake_small.jsonl"
+    r = kvhit(
+        "curve", "--blocks-trace", f, "--sample-rate", "0.3", "--json", "--points", "20", "--policies", "vllm",
+        "--sample-estimator", est,
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert out["sample_estimator"] == est
+    key = "vLLM ≥ 0.24 (block cache), sampled 30%"
+    pt = read_production(f)
+    blocks = sampled_production_curve(pt, rate=0.3, engines=("vllm",), mask=measured_mask(pt, None), gaps=True)
+    lib = curves_from_sampled(np.asarray(out["N"], np.int64), blocks, None, 0.3, est)
+    got = np.array([np.nan if x is None else x for x in out[key]])
+    assert np.allclose(got, lib[key], equal_nan=True, atol=1e-12)
+    hi = np.array([np.nan if x is None else x for x in out["band high: " + key]])
+    assert np.allclose(hi, lib["band high: " + key], equal_nan=True, atol=1e-12)

@@ -95,7 +95,7 @@ def curves_from_sampled(
     for e, bc in blocks.items():
         c = bc.curve(Ns, estimator)
         out[sampled_label(e, rate)] = c["block_hit_ratio"]
-        half = SE_BAND * bc.standard_error(Ns)  # the sample-size part of the error (docs/sampling.md §2)
+        half = SE_BAND * bc.standard_error(Ns, estimator)  # stratified: jackknife; else the sample-size part
         out["band low: " + sampled_label(e, rate)] = c["block_hit_ratio"] - half
         out["band high: " + sampled_label(e, rate)] = c["block_hit_ratio"] + half
         out[sampled_label(e, rate) + " token ratio"] = c["token_hit_ratio"]
@@ -171,8 +171,11 @@ def sampled_curve_from_parquet(
     return out
 
 
-def sampled_production_curve(pt, *, rate: float, salt: int = 0, engines=("vllm", "vllm-0.23"), mask=None) -> dict:
-    """Per engine the :class:`~kvhit.sim.sampled.SampledBlockCurve` of a production block-id trace (in memory)."""
+def sampled_production_curve(
+    pt, *, rate: float, salt: int = 0, engines=("vllm", "vllm-0.23"), mask=None, gaps: bool = False, jackknife: int = 20
+) -> dict:
+    """Per engine the :class:`~kvhit.sim.sampled.SampledBlockCurve` of a production block-id trace (in memory);
+    ``gaps``: with the exact reuse gaps of the ``stratified`` reading (:mod:`kvhit.sim.sampled_strata`)."""
     rq = pt.to_block_requests()
     return {
         e: sampled_block_curve(
@@ -184,6 +187,8 @@ def sampled_production_curve(pt, *, rate: float, salt: int = 0, engines=("vllm",
             salt=salt,
             engine=e,
             mask=mask,
+            gaps=gaps,
+            jackknife=jackknife,
         )
         for e in engines
     }

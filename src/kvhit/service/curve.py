@@ -110,11 +110,13 @@ class CurveRequest(BlocksTraceFields):
         le=2**62,
         description="Hash salt of --sample-rate (another salt: another sample); integer ≥ 0; default: 0.",
     )
-    sample_estimator: Literal["deblurred", "step"] = Field(
+    sample_estimator: Literal["deblurred", "step", "stratified"] = Field(
         "deblurred",
         description="How --sample-rate's vLLM curves are read from the sample (kvhit.sim.sampled_estimate, "
         "docs/sampling.md): deblurred (default: each sampled threshold a ramp over its 1/R lattice step, then one "
-        "deconvolution step for the binomial blur) or step (SHARDS as published: a staircase of pitch 1/R).",
+        "deconvolution step for the binomial blur), step (SHARDS as published: a staircase of pitch 1/R) or "
+        "stratified (--blocks-trace only: post-stratified by the exact reuse gap of every lookup, ratio "
+        "thresholds, jackknife band; kvhit.sim.sampled_strata, docs/sampling.md §5).",
     )
 
 
@@ -496,6 +498,10 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
         path = req.trace
         if path.is_dir() or path.suffix in (".json", ".jsonl"):
             raise InputError(f"--trace {path}: reads kvhit Parquet traces; use --blocks-trace for this file")
+        if req.sample_estimator == "stratified":
+            raise InputError(
+                f"--sample-estimator {req.sample_estimator}: needs --blocks-trace (a streamed trace has no gaps)"
+            )
         b = int(req.block_size or trace_block_size(path) or 128)
         with translating(f"--trace {path}"):
             n_warm = req.warmup if req.warmup is not None else _parquet_n_warm(path)
@@ -525,7 +531,10 @@ def _sampled(req: CurveRequest, source: str, model, block_policies: tuple[str, .
 
         engines = tuple(p for p in block_policies if p != "content")
         with translating(f"--blocks-trace {req.blocks_trace}"):
-            blocks = sampled_production_curve(pt, rate=rate, salt=salt, engines=engines, mask=measured_mask(pt, None))
+            blocks = sampled_production_curve(
+                pt, rate=rate, salt=salt, engines=engines, mask=measured_mask(pt, None),
+                gaps=req.sample_estimator == "stratified",
+            )  # fmt: skip
         if req.capacities:
             Ns = np.unique(np.asarray(req.capacities, np.int64))
         else:

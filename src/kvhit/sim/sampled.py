@@ -40,7 +40,10 @@ Error. Parts, all measured (``benchmarks/sampling_accuracy.py``, ``docs/sampling
 form: the noise of which accesses are measured (a ratio estimator over ``≈ rate · n`` lookups; its spread shrinks as
 ``1/√(rate · n)``); the ``1/rate`` lattice of the thresholds (the step reading's staircase); and the smoothing of each
 threshold by the binomial noise of ``ρ_s`` (relative spread ``1/√(rate · N)`` at capacity ``N``). The deblurred
-reading removes the second and the leading term of the third; the first is what remains on small traces.
+reading removes the second and the leading term of the third; the first is what remains on small traces. For a trace
+held in memory, ``sampled_block_curve(gaps=True)`` adds an exact pass over every access (each lookup's reuse gap) and
+the ``stratified`` reading (:mod:`kvhit.sim.sampled_strata`: post-stratified by the gap, ratio thresholds, jackknife
+error), which removes most of that first part (docs/sampling.md §5).
 
 Invariants: ``rate = 1`` keeps every key and reproduces the exact curves (tested: the sampled pass equals
 :func:`~kvhit.sim.vllm.curve.block_hit_thresholds`'s unrounded stack model at rate 1, and
@@ -56,6 +59,7 @@ the largest request are reported infeasible, as the exact curve does).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -67,6 +71,17 @@ from numba import njit
 from kvhit.sim.content.lru import ContentInputError, _previous_sizes_kernel
 from kvhit.sim.content.stackdist import FIRST_TURN, content_curve_from_thresholds, content_hit_thresholds
 from kvhit.sim.sampled_estimate import id_ranks, sampled_hits, sampling_se
+from kvhit.sim.sampled_strata import (
+    GROUPS,
+    ReuseGaps,
+    gap_pass,
+    jackknife_se,
+    jackknife_thresholds,
+    ratio_thresholds,
+    sample_gaps,
+    stratified_hits,
+    stratified_se,
+)
 from kvhit.sim.vllm.block import ENGINES, BlockSimError, request_stream
 from kvhit.sim.vllm.blockids import _MAX_POS, MAX_CONVERSATION_ID, _seedmix
 from kvhit.sim.vllm.blockids import _POS_BITS as _BLOCKID_POS_BITS
@@ -123,6 +138,15 @@ def _keep(key, saltmix, thr, full):  # pragma: no cover - compiled
     return full or fmix64(np.uint64(key) ^ saltmix) < thr
 
 
+@njit(cache=True, inline="always")
+def _keepd(key, saltmix, thr, full, lo, hi):  # pragma: no cover - compiled
+    """:func:`_keep` less the hashes in ``[lo, hi)`` (a jackknife replicate drops one group of the kept ids)."""
+    if full:
+        return True
+    h = fmix64(np.uint64(key) ^ saltmix)
+    return h < thr and not (lo <= h and h < hi)
+
+
 # --------------------------------------------------------------------------------------------------
 # phase 1: the sample (streamable, one chunk of requests at a time)
 # --------------------------------------------------------------------------------------------------
@@ -147,7 +171,7 @@ def _key(hs, off, conv, seedmix, r, i):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _select_kernel(T, L, off, hs, conv, seedmix, hot, measured, b, new_engine, thr, full, saltmix, r0, st):  # noqa: E501  # pragma: no cover
+def _select_kernel(T, L, off, hs, conv, seedmix, hot, measured, b, new_engine, thr, full, saltmix, r0, st, lo, hi):  # noqa: E501  # pragma: no cover
     """Sampled records of one chunk of requests (global stream index of request 0: ``r0``).
 
     A record is a request with ≥ 1 kept block or a kept vLLM ≤ 0.23 partial block, or (vLLM ≥ 0.24) a *marker*
@@ -166,10 +190,10 @@ def _select_kernel(T, L, off, hs, conv, seedmix, hot, measured, b, new_engine, t
         k = 0
         for i in range(L[r] // b):
             x = _key(hs, off, conv, seedmix, r, i)
-            if _keep(x, saltmix, thr, full) or _is_hot(x, hot):
+            if _keepd(x, saltmix, thr, full, lo, hi) or _is_hot(x, hot):
                 k += 1
         part = L[r] % b != 0
-        ps = (not new_engine) and part and _keep(np.int64(r0 + r) ^ np.int64(0x5BD1E995), saltmix, thr, full)
+        ps = (not new_engine) and part and _keepd(np.int64(r0 + r) ^ np.int64(0x5BD1E995), saltmix, thr, full, lo, hi)
         if k > 0 or ps:
             nrec += 1
             nblk += k
@@ -189,13 +213,13 @@ def _select_kernel(T, L, off, hs, conv, seedmix, hot, measured, b, new_engine, t
         for i in range(L[r] // b):
             x = _key(hs, off, conv, seedmix, r, i)
             h = _is_hot(x, hot)
-            if h or _keep(x, saltmix, thr, full):
+            if h or _keepd(x, saltmix, thr, full, lo, hi):
                 blk_hot[m] = h
                 blk_i[m] = i
                 blk_id[m] = x
                 m += 1
         part = L[r] % b != 0
-        ps = (not new_engine) and part and _keep(np.int64(r0 + r) ^ np.int64(0x5BD1E995), saltmix, thr, full)
+        ps = (not new_engine) and part and _keepd(np.int64(r0 + r) ^ np.int64(0x5BD1E995), saltmix, thr, full, lo, hi)
         mh = (T[r] - 1) // b
         if m > k0 or ps:
             rec[q, 0] = mh
@@ -385,11 +409,31 @@ class SampledBlockCurve:
     exact: bool = False  #: no entry was kept with probability < 1 (rate 1, or every kept entry hot): no noise
     kept_above: np.ndarray | None = None  #: per kept lookup, the non-hot kept entries above it (None: no hot ids)
     lookup_ids: np.ndarray | None = None  #: the block id of each kept lookup (for :meth:`standard_error`)
+    gaps: ReuseGaps | None = None  #: exact reuse gaps (``sampled_block_curve(gaps=True)``): the ``stratified`` reading
+    replicates: tuple | None = None  #: delete-a-group jackknife replicates (with gaps) for the stratified error
+
+    def _hot(self) -> np.ndarray:
+        return np.zeros(self.thresholds.shape[0], bool) if self.weights is None else self.weights == 1.0
+
+    def _need_gaps(self) -> ReuseGaps:
+        if self.gaps is None:
+            raise SamplingError("estimator: 'stratified' needs the exact reuse gaps (an in-memory trace, gaps=True)")
+        return self.gaps
 
     def hit_blocks(self, Ns, estimator: str = "deblurred") -> np.ndarray:
         """Estimated Σ hit blocks of the measured requests at each capacity (float64); ``estimator``: ``deblurred``
         (default) or ``step`` (:mod:`kvhit.sim.sampled_estimate`)."""
         Ns = np.asarray(Ns, np.int64)
+        if estimator == "stratified":
+            g = self._need_gaps()
+            if self.sampled_lookups == 0:
+                return np.zeros(Ns.shape)
+            return stratified_hits(self.thresholds, self._hot(), g, Ns)
+        if estimator == "stratified-jk":
+            g = self._need_gaps()
+            if self.sampled_lookups == 0:
+                return np.zeros(Ns.shape)
+            return stratified_hits(self._jk_thresholds, self._hot(), g, Ns, ratio=False)
         if self.sampled_lookups == 0:
             return np.zeros(Ns.shape)
         hit = sampled_hits(
@@ -399,11 +443,24 @@ class SampledBlockCurve:
         total = self.sampled_lookups if self.weights is None else float(self.weights.sum())
         return hit * (self.lookup_blocks / total)
 
-    def standard_error(self, Ns) -> np.ndarray:
+    def standard_error(self, Ns, estimator: str = "deblurred") -> np.ndarray:
         """Standard error of :meth:`curve`'s ``block_hit_ratio`` from *which ids* the sample kept (the sample-size
-        part of the error, :func:`kvhit.sim.sampled_estimate.sampling_se`; not the lattice or the blur); NaN below
-        ``N_min``, 0 where the pass is exact."""
+        part of the error, :func:`kvhit.sim.sampled_estimate.sampling_se`, or for ``estimator="stratified"``
+        :func:`kvhit.sim.sampled_strata.stratified_se`; not the lattice or the blur); NaN below ``N_min``, 0 where
+        the pass is exact."""
         Ns = np.asarray(Ns, np.int64)
+        if estimator == "stratified-jk":
+            estimator = "stratified"  # the same replicates give its error (the correction is not re-jackknifed)
+        if estimator in ("stratified", "stratified-linear"):
+            g = self._need_gaps()
+            if self.exact or self.sampled_lookups == 0 or not self.prompt_blocks:
+                se = np.zeros(Ns.shape) if self.prompt_blocks else np.full(Ns.shape, np.nan)
+            elif estimator == "stratified" and self.replicates:
+                se = jackknife_se([r.hit_blocks(Ns, "stratified") for r in self.replicates]) / self.prompt_blocks
+            else:
+                se = stratified_se(self.thresholds, self._hot(), self.lookup_ids, g, self.rate, Ns)
+                se = se / self.prompt_blocks
+            return np.where(Ns >= self.N_min, se, np.nan)
         if self.exact or self.sampled_lookups == 0 or self.lookup_ids is None:
             se = np.zeros(Ns.shape)
         else:
@@ -411,6 +468,22 @@ class SampledBlockCurve:
             se = sampling_se(self.thresholds, rank, group, self.weights, self.rate, Ns)
             se = se * self.lookup_blocks / self.prompt_blocks if self.prompt_blocks else se * np.nan
         return np.where(Ns >= self.N_min, se, np.nan)
+
+    @cached_property
+    def _jk_thresholds(self) -> np.ndarray:
+        """The jackknife bias-corrected ratio thresholds (:func:`kvhit.sim.sampled_strata.jackknife_thresholds`);
+        the ratio thresholds themselves without replicates (rate 1, exact, or ``jackknife=0``)."""
+        g = self._need_gaps()
+        t0 = ratio_thresholds(self.thresholds, g.gap, g.since)
+        if not self.replicates:
+            return t0
+        G = len(self.replicates)
+        thr = int(sample_threshold(self.rate))  # the full sample's: replicates drop slices of [0, thr)
+        reps = [
+            (ratio_thresholds(r.thresholds, r.gaps.gap, r.gaps.since), thr * k // G, thr * (k + 1) // G)
+            for k, r in enumerate(self.replicates)
+        ]
+        return jackknife_thresholds(t0, self._hot(), self.lookup_ids, reps, saltmix=_saltmix(self.salt), thr=thr)
 
     @cached_property
     def _id_ranks(self) -> tuple[np.ndarray, np.ndarray]:
@@ -456,13 +529,22 @@ class _BlockSampler:
         self.r0 = 0
         self.hot = _EMPTY if hot is None else np.unique(np.asarray(hot, np.int64))
         self.bh: list[np.ndarray] = []
+        self.lo = self.hi = np.uint64(0)
+
+    def drop(self, g: int, groups: int) -> None:
+        """Jackknife replicate: drop the ``g``-th of ``groups`` equal slices of the kept hash range ``[0, thr)``;
+        the others are kept with probability ``rate·(1 − 1/groups)`` (their weight)."""
+        t = int(self.thr)
+        self.lo = np.uint64(t * g // groups)
+        self.hi = np.uint64(t * (g + 1) // groups)
+        self.rate = self.rate * (1.0 - (int(self.hi) - int(self.lo)) / t)
 
     def push(self, T, L, off, hs, measured, conv=None) -> None:
         """One chunk of requests: ids ``hs`` (CSR ``off``), or ``conv`` for the ids of ``hashes_from_block_counts``."""
         c = _EMPTY if conv is None else np.ascontiguousarray(conv, np.int64)
         rec, bi, bid, bh = _select_kernel(
             T, L, off, hs, c, _SEEDMIX0, self.hot, measured, self.b, self.new, self.thr, self.full, self.mix, self.r0,
-            self.st,
+            self.st, self.lo, self.hi,
         )  # fmt: skip
         self.recs.append(rec)
         self.bh.append(bh)
@@ -516,10 +598,14 @@ def sampled_block_curve(
     engine: str = "vllm",
     mask=None,
     hot="auto",
+    gaps: bool = False,
+    jackknife: int = GROUPS,
 ) -> SampledBlockCurve:
     """SHARDS pass of the vLLM block pool over an in-memory request stream (inputs as
     :func:`kvhit.sim.vllm.curve.block_hit_thresholds`, chained or not); ``mask`` selects the measured requests.
-    See the module docstring for the estimator."""
+    See the module docstring for the estimator. ``gaps``: also make the exact reuse-gap pass over every access
+    (:mod:`kvhit.sim.sampled_strata`), which the ``stratified`` reading needs, and (``jackknife`` groups > 0) the
+    delete-a-group replicates of its stated error (each a sampled pass less one slice of the kept hash range)."""
     T, L, _, off, hs, b = request_stream(
         prompt_tokens,
         hash_offsets,
@@ -539,7 +625,34 @@ def sampled_block_curve(
         hot = hot_ids(hs, rate)
     s = _BlockSampler(b, engine, rate, salt, hot)
     s.push(T, L, off, hs, m)
-    return s.finish()
+    out = s.finish()
+    if not gaps:
+        return out
+    if (
+        isinstance(jackknife, bool)
+        or not isinstance(jackknife, int | np.integer)
+        or not (jackknife == 0 or jackknife >= 2)
+    ):
+        raise SamplingError(f"jackknife: expected 0 or an integer >= 2, got {jackknife!r}")
+    gp = gap_pass(T, L, off, hs, b=b, new_engine=s.new, measured=m, hot=s.hot)
+
+    def with_gaps(smp: _BlockSampler, res: SampledBlockCurve, lo=0, hi=0) -> SampledBlockCurve:
+        g = sample_gaps(gp, saltmix=smp.mix, thr=smp.thr, full=smp.full, rate=smp.rate, lo=lo, hi=hi)
+        if g.gap.shape[0] != res.sampled_lookups:  # pragma: no cover - the two passes share one keep rule
+            raise SamplingError("gaps: the reuse-gap pass kept a different sample (internal error)")
+        return dataclasses.replace(res, gaps=g)
+
+    out = with_gaps(s, out)
+    if jackknife == 0 or s.full or out.exact:
+        return out
+    reps = []
+    for grp in range(int(jackknife)):
+        sr = _BlockSampler(b, engine, rate, salt, s.hot)
+        sr.drop(grp, int(jackknife))
+        sr.push(T, L, off, hs, m)
+        rep = with_gaps(sr, sr.finish(), sr.lo, sr.hi)
+        reps.append(dataclasses.replace(rep, lookup_ids=None, kept_above=None))  # only its stratified reading
+    return dataclasses.replace(out, replicates=tuple(reps))
 
 
 def hot_ids(hashes, rate: float) -> np.ndarray:
