@@ -60,6 +60,7 @@ def test_salt_changes_the_sample(trace):
     )
     a2 = json.loads(kvhit("curve", "--trace", trace, "--sample-rate", "0.3", "--json", "--policies", "vllm").out)
     assert a == a2
+    assert a["sample_estimator"] == "deblurred"  # the default for a streamed trace
     assert a["sample"] != b["sample"]
 
 
@@ -95,6 +96,10 @@ def test_blocks_trace_default_policies(tmp_path):
     assert r.code == 0, r.err
     d = json.loads(r.out)
     assert any(k.endswith("sampled 50%") for k in d) and d["sample_rate"] == 0.5
+    assert d["sample_estimator"] == "stratified"  # the default for an in-memory block-id trace
+    r2 = kvhit("curve", "--blocks-trace", files[0], "--sample-rate", "0.5", "--json", "--points", "20",
+               "--sample-estimator", "stratified")  # fmt: skip
+    assert r2.code == 0 and json.loads(r2.out) == d
     r = kvhit("curve", "--blocks-trace", files[0], "--sample-rate", "0.5", "--policies", "content")
     assert r.code == 2 and len(r.err_lines) == 1 and "--policies" in r.err_lines[0]
 

@@ -110,13 +110,14 @@ class CurveRequest(BlocksTraceFields):
         le=2**62,
         description="Hash salt of --sample-rate (another salt: another sample); integer ≥ 0; default: 0.",
     )
-    sample_estimator: Literal["deblurred", "step", "stratified"] = Field(
-        "deblurred",
+    sample_estimator: Literal["deblurred", "step", "stratified"] | None = Field(
+        None,
         description="How --sample-rate's vLLM curves are read from the sample (kvhit.sim.sampled_estimate, "
-        "docs/sampling.md): deblurred (default: each sampled threshold a ramp over its 1/R lattice step, then one "
-        "deconvolution step for the binomial blur), step (SHARDS as published: a staircase of pitch 1/R) or "
-        "stratified (--blocks-trace only: post-stratified by the exact reuse gap of every lookup, ratio "
-        "thresholds, jackknife band; kvhit.sim.sampled_strata, docs/sampling.md §5).",
+        "docs/sampling.md): deblurred (each sampled threshold a ramp over its 1/R lattice step, then one "
+        "deconvolution step for the binomial blur; the default for a streamed --trace), step (SHARDS as "
+        "published: a staircase of pitch 1/R) or stratified (--blocks-trace only, and its default: post-stratified "
+        "by the exact reuse gap of every lookup, ratio thresholds, jackknife band; kvhit.sim.sampled_strata, "
+        "docs/sampling.md §5).",
     )
 
 
@@ -314,6 +315,8 @@ def curve(req: CurveRequest, progress=None) -> CurveResponse:
     with translating("--model"):
         model = model_config.resolve_model(req.model)
     if req.sample_rate is not None:
+        if req.sample_estimator is None:  # the held-out winner where it applies (docs/sampling.md §5)
+            req = req.model_copy(update={"sample_estimator": "stratified" if source == "blocks" else "deblurred"})
         return _sampled(req, source, model, block_policies)
     for f, flag in (("sample_salt", "--sample-salt"), ("sample_estimator", "--sample-estimator")):
         if f in req.model_fields_set:
