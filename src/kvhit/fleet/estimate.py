@@ -639,20 +639,25 @@ def estimate_fleet_kv(
     """Fleet hit ratio under a KV-aware (or sticky) router: :func:`stay_probabilities` → a routing drawn by
     :func:`kv_routes` → :func:`estimate_fleet` on its fragments. Between the two oblivious limits: every
     q = 1 is affinity, q = 1/R (no overlap weight, symmetric loads) is random routing."""
-    R = len(Ns)
     if destination not in ("uniform", "overlap"):
         raise ValueError(f"destination: expected 'uniform' or 'overlap', got {destination!r}")
+    rep = _kv_routing(trace, router, Ns, hold, params, rate, block_size, samples, seed, destination)
+    return estimate_fleet(trace, rep, Ns, window=window, engine=engine, lam0=lam0, block_size=block_size)
+
+
+def _kv_routing(trace, router, Ns, hold, params, rate, block_size, samples, seed, destination) -> np.ndarray:
+    """The routing :func:`estimate_fleet_kv` draws for replica capacities ``Ns``: Dynamo's overlap destination by
+    :func:`dynamo_routes`, otherwise :func:`stay_probabilities` → :func:`kv_routes` (seed + 1)."""
+    R = len(Ns)
     if router == "dynamo" and destination == "overlap":
-        rep = dynamo_routes(
+        return dynamo_routes(
             trace, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=block_size, samples=samples, seed=seed
         )
-        return estimate_fleet(trace, rep, Ns, window=window, engine=engine, lam0=lam0, block_size=block_size)
     q = stay_probabilities(
         trace, router, R, hold=hold, Ns=Ns, params=params, rate=rate, block_size=block_size, samples=samples,
         seed=seed,
     )  # fmt: skip
-    rep = kv_routes(trace, q, R, seed=seed + 1)
-    return estimate_fleet(trace, rep, Ns, window=window, engine=engine, lam0=lam0, block_size=block_size)
+    return kv_routes(trace, q, R, seed=seed + 1)
 
 
 def routing_reads_capacity(router: str, *, hold=None, params: dict | None = None, destination: str = "uniform") -> bool:
@@ -705,17 +710,7 @@ def estimate_fleet_kv_curve(
     kw = dict(window=window, engine=engine, lam0=lam0, block_size=block_size)
 
     def routing(N: int) -> np.ndarray:
-        Nr = [N] * R
-        if router == "dynamo" and destination == "overlap":
-            return dynamo_routes(
-                trace, R, hold=hold, Ns=Nr, params=params, rate=rate, block_size=block_size, samples=samples,
-                seed=seed,
-            )  # fmt: skip
-        q = stay_probabilities(
-            trace, router, R, hold=hold, Ns=Nr, params=params, rate=rate, block_size=block_size, samples=samples,
-            seed=seed,
-        )  # fmt: skip
-        return kv_routes(trace, q, R, seed=seed + 1)
+        return _kv_routing(trace, router, [N] * R, hold, params, rate, block_size, samples, seed, destination)
 
     if not routing_reads_capacity(router, hold=hold, params=params, destination=destination):
         return estimate_fleet_curve(trace, routing(int(Ns[0])), R, Ns, **kw)
