@@ -78,20 +78,12 @@ def explain(log, events_jsonl):  # noqa: D103
     d = t.to_pydict()
     if "server_added_unix" not in d or "simulated_hit_tokens_scheduler" not in d:
         sys.exit(f"kv_events: {log} has no server anchors or scheduler column (replay with --check --server-log)")
-    prefix, hist = {}, {}
-    for line in open(events_jsonl):
-        e = json.loads(line)
-        for ev in e["ev"]:
-            if ev[0] == "S":
-                base = prefix.get(ev[2], b"") if ev[2] is not None else b""
-                for i, h in enumerate(ev[1]):
-                    base = _key(base, ev[3][i * b : (i + 1) * b])
-                    prefix[h] = base
-                    hist.setdefault(base, []).append((e["ts"], "stored"))
-            elif ev[0] == "R":
-                for h in ev[1]:
-                    if h in prefix:
-                        hist.setdefault(prefix[h], []).append((e["ts"], "removed"))
+    batches = [json.loads(line) for line in open(events_jsonl)]
+    hist = {}
+    for e, evs in zip(batches, _replay_events(batches, b), strict=True):
+        for kind, base in evs:
+            if kind != "C":
+                hist.setdefault(base, []).append((e["ts"], "stored" if kind == "S" else "removed"))
     added = np.asarray(d["server_added_unix"], np.float64)
     for r, (meas, sim) in enumerate(zip(d["cached_tokens"], d["simulated_hit_tokens_scheduler"], strict=True)):
         if d["status"][r] != "ok" or meas == sim:
