@@ -171,6 +171,18 @@ def _all_or_nothing(uc: RequestReuse, C: int) -> RequestReuse:
     return replace(uc, full_blocks=np.where(big, found, F), seg_end=np.maximum(end, uc.seg_start))
 
 
+def _admitted_sets(Ns, N_min: int, prompt_blocks, meas):
+    """One estimator call per distinct admitted set: every N ≥ ``N_min`` admits every request, a smaller N those
+    with at most N blocks. Yields ``(sel, mask)``: the capacities of one set and its request mask (``None``: all
+    requests), restricted to the measured ones ``meas``; an empty mask is yielded too (the caller skips it)."""
+    adm_key = np.minimum(Ns, N_min)
+    for k in np.unique(adm_key):
+        mask = None if k >= N_min else (prompt_blocks <= k)
+        if meas is not None:
+            mask = meas if mask is None else mask & meas
+        yield adm_key == k, mask
+
+
 def estimate_tiers(
     source: Any,
     hbm_blocks: Any,
@@ -209,12 +221,7 @@ def estimate_tiers(
         # the GPU term is the single-tier estimator itself (its own value grid), per distinct admitted set
         N_min = int(u.prompt_blocks.max()) if u.n else 0
         gpu = np.full(Ns.shape[0], np.nan)
-        adm_key = np.minimum(Ns, N_min)
-        for k in np.unique(adm_key):
-            sel = adm_key == k
-            mask = None if k >= N_min else (u.prompt_blocks <= k)
-            if meas is not None:
-                mask = meas if mask is None else mask & meas
+        for sel, mask in _admitted_sets(Ns, N_min, u.prompt_blocks, meas):
             if mask is not None and not mask.any():
                 continue
             gpu[sel] = estimate_trace(u, Ns[sel], engine=engine, lam0=lam0, mask=mask, **kw).h
@@ -259,16 +266,10 @@ def estimate_tiers(
     u_tail = replace(u, seg_start=np.maximum(u.seg_start, bpc * run_c[seg_req_b])) if bpc > 1 else None
     R = u.prompt_blocks
     N_min = int(R.max()) if u.n else 0
-    # one estimator call per distinct admitted set (every N ≥ N_min admits everyone)
-    adm_key = np.minimum(Ns, N_min)
     hit = np.zeros((Ns.shape[0], Cs.shape[0]))
     gpu = np.zeros(Ns.shape[0])
     host = np.zeros((Ns.shape[0], Cs.shape[0]))
-    for k in np.unique(adm_key):
-        sel = adm_key == k
-        mask = None if k >= N_min else (R <= k)
-        if meas is not None:
-            mask = meas if mask is None else mask & meas
+    for sel, mask in _admitted_sets(Ns, N_min, R, meas):
         if mask is not None and not mask.any():
             gpu[sel] = np.nan
             hit[sel] = np.nan
