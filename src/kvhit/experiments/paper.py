@@ -93,15 +93,6 @@ def _init_worker(setting: Setting, cache_dir, estimators) -> None:
     _WORKER.update(setting=setting, cache_dir=cache_dir, estimators=estimators)
 
 
-def _init_pool_worker(setting: Setting, cache_dir, estimators) -> None:
-    """:func:`_init_worker` in a forked pool worker: SIGTERM back to its default first (``with Pool`` stops the
-    workers with it; :mod:`kvhit._procs`)."""
-    from kvhit._procs import default_sigterm
-
-    default_sigterm()
-    _init_worker(setting, cache_dir, estimators)
-
-
 def run_experiments(
     setting: str | Setting = "paper",
     *,
@@ -153,7 +144,7 @@ def run_experiments(
     else:
         methods = mp.get_all_start_methods()
         ctx = mp.get_context("fork" if "fork" in methods else None)
-        with ctx.Pool(min(jobs, total), initializer=_init_pool_worker, initargs=(st, cache_dir, est)) as pool:
+        with ctx.Pool(min(jobs, total), initializer=_init_worker, initargs=(st, cache_dir, est)) as pool:
             for k, r in enumerate(pool.imap_unordered(_task, tasks, chunksize=1)):
                 results.append(r)
                 if progress is not None:

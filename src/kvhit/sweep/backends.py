@@ -76,10 +76,8 @@ class _Inline:
 
 
 def _worker_init(payload_id: str, payload: dict) -> None:
-    from kvhit._procs import default_sigterm
     from kvhit.service.io import die_with_parent
 
-    default_sigterm()  # the pool stops its workers with SIGTERM (kvhit._procs)
     die_with_parent()
     install(payload_id, payload)
 

@@ -99,9 +99,6 @@ _W: dict[str, Any] = {}
 
 
 def _init_worker(tok_bytes: bytes, template: ChatTemplate, keep_ids: bool) -> None:
-    from kvhit._procs import default_sigterm
-
-    default_sigterm()  # a pool worker: ``with Pool`` stops it with SIGTERM (kvhit._procs)
     _W["tok"] = pickle.loads(tok_bytes)
     _W["tpl"] = template
     _W["keep"] = keep_ids
