@@ -456,14 +456,18 @@ def _stay_arrays_over_capacities(T, H, W, first, t, router: str, R: int, Ns_list
         rate = n / span if span > 0 else 0.0
     rng = np.random.default_rng(seed)
     I, P, A, U = _load_samples(T, H, hold, rate, R, Ns_list[0], b, samples, rng)
+    memo: dict = {}
     for k, Ns in enumerate(Ns_list):
         if k:
             U = A.copy() if hold is None or rate <= 0 else A / np.asarray(Ns, float)[None, :]
-        yield _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U)
+        yield _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U, memo)
 
 
-def _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U) -> np.ndarray:
-    """The router's stay rule on the load snapshots (the body of :func:`stay_probabilities_arrays`)."""
+def _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U, memo: dict | None = None) -> np.ndarray:
+    """The router's stay rule on the load snapshots (the body of :func:`stay_probabilities_arrays`); ``memo``
+    keeps what does not depend on N (the prefix fractions, llm-d's queue score) across the capacities of one
+    generator."""
+    memo = {} if memo is None else memo
     q = np.full(n, np.nan)
     rev = ~first
     if R == 1:
@@ -498,16 +502,21 @@ def _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U) -> np.ndarray
             qk[a : a + 256] = _stay_prob(home, other, "min")
         q[rev] = qk[inv.ravel()]
         return q
-    frac = np.round(x / nb, 4)
-    fs, inv = np.unique(frac[rev], return_inverse=True)
+    if "fs" not in memo:  # the prefix fractions do not depend on N: once per trace (memo is per generator)
+        frac = np.round(x / nb, 4)
+        memo["fs"], memo["inv"] = np.unique(frac[rev], return_inverse=True)
+    fs, inv = memo["fs"], memo["inv"]
     if router == "llm-d":
+        from kvhit.fleet.stay_kernel import stay_max
+
         wp, wq, wk = (
             float(p.get(k, d)) for k, d in (("prefix_weight", 3.0), ("queue_weight", 2.0), ("kv_weight", 2.0))
         )
-        lo, hi = I.min(axis=1, keepdims=True), I.max(axis=1, keepdims=True)
-        qs = np.where(hi > lo, (hi - I) / np.where(hi > lo, hi - lo, 1.0), 1.0)
-        base = wq * qs + wk * (1.0 - U)
-        qf = _stay_prob(base[:, :1] + wp * fs[None, :], base[:, 1:], "max")
+        if "wq_qs" not in memo:  # the queue score reads the in-flight counts only
+            lo, hi = I.min(axis=1, keepdims=True), I.max(axis=1, keepdims=True)
+            memo["wq_qs"] = wq * np.where(hi > lo, (hi - I) / np.where(hi > lo, hi - lo, 1.0), 1.0)
+        base = memo["wq_qs"] + wk * (1.0 - U)
+        qf = stay_max(np.ascontiguousarray(base[:, 0]), np.ascontiguousarray(base[:, 1:]), fs, wp)
         q[rev] = qf[inv]
         return q
     # sglang

@@ -1,0 +1,46 @@
+"""The compiled form of llm-d's stay probability (:func:`kvhit.fleet.estimate._stay_prob` with ``better="max"`` on
+the home scores ``base_h + w_p·f``): per load snapshot s the best other replica's score and its tie count, then for
+every prefix fraction f whether the home replica wins (by more than 1e-9) or ties (within 1e-9, the tie broken
+uniformly among the tied replicas) — the same floating-point operations in the same order as the NumPy form
+(each snapshot's terms added in snapshot order, then divided by the snapshot count), which
+tests/test_fleet_stay_kernel.py compares bit for bit.
+
+Invariant: the result depends only on the arrays passed; it is the mean over the S snapshots, so it lies in [0, 1].
+NOT modelled here: see :func:`kvhit.fleet.estimate.stay_probabilities`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["stay_max"]
+
+
+@njit(cache=True)
+def stay_max(base_home, base_other, fs, wp):  # pragma: no cover - numba
+    """P(home wins) per fraction ``fs[k]``: ``base_home`` (S,), ``base_other`` (S, R−1), home score
+    ``base_home[s] + wp·fs[k]``; the maximum wins, ties (|h − o| ≤ 1e-9) are shared with the tied others."""
+    S = base_home.size
+    K = fs.size
+    win = np.zeros(K)
+    tie = np.zeros(K)
+    add = wp * fs
+    for s in range(S):
+        best = base_other[s, 0]
+        for j in range(1, base_other.shape[1]):
+            if base_other[s, j] > best:
+                best = base_other[s, j]
+        n_tie = 0
+        for j in range(base_other.shape[1]):
+            if base_other[s, j] == best:
+                n_tie += 1
+        share = 1.0 / (n_tie + 1.0)
+        h0 = base_home[s]
+        for k in range(K):
+            h = h0 + add[k]
+            if abs(h - best) <= 1e-9:
+                tie[k] += share
+            elif h > best:
+                win[k] += 1.0
+    return win / S + tie / S
