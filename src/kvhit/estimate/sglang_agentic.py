@@ -172,6 +172,77 @@ def _piece_links(ptr, src, end, last, Fb):  # pragma: no cover - numba
 
 
 @njit(cache=True)
+def _segment_constant(ptr, last, Dp):  # pragma: no cover - numba
+    """True iff every age segment's pieces share one displacement (NaN equal to NaN): what
+    :func:`_curve_thresholds` assumes. Pieces of a segment are consecutive and end with ``last``."""
+    for i in range(Dp.shape[0] - 1):
+        if not last[i]:
+            x = Dp[i]
+            y = Dp[i + 1]
+            if x != y and not (x != x and y != y):
+                return False
+    return True
+
+
+@njit(cache=True)
+def _curve_thresholds(ptr, end, ln, fixed, match, last, Dp, need, meas, Cs_sorted, cnt):  # pragma: no cover
+    """:func:`_replay_nodes` at every pool at once for one draw ``Dp`` (constant over each age segment:
+    :func:`_segment_constant`), by thresholds: adds to ``cnt[j]`` the hit tokens over the measured requests
+    that first count at the pool ``Cs_sorted[j]`` (ascending), so that the cumulative sum of ``cnt`` is Σ hit
+    tokens at each pool — the per-pool recursion's integer sums exactly.
+
+    Why thresholds exist: the pool C enters the recursion only through the tests ``need ≤ C`` and
+    ``Dp + x ≤ C``, and every flag (piece i is a node boundary of its request after it ran) is monotone in C.
+    By induction in arrival order: piece i is present (a boundary) at C iff C ≥ b_i (−∞ when ``fixed``, the
+    flag threshold of ``match[i]``, +∞ when it has no match). Present boundaries of one segment share Dp, so a
+    failing one fails every later one in it, and the segment end is always present: request q is alive at its
+    piece i iff C ≥ P_i = max(Dp + end over the earlier segments' ends, Dp_i + x_i). The hit reaches x_i iff
+    some piece k ≥ i is present, alive and passes: C ≥ H_i = min_{k ≥ i} max(b_k, P_k, need_q); piece i's
+    tokens count from H_i on, and its flag from f_i = max(b_i, need_q, H_i). A NaN displacement never passes
+    (+∞)."""
+    n = ptr.shape[0] - 1
+    m = end.shape[0]
+    f = np.empty(m)
+    g = np.empty(m)
+    inf = np.inf
+    for q in range(n):
+        a = ptr[q]
+        z = ptr[q + 1]
+        nq = float(need[q])
+        pre = -inf
+        for i in range(a, z):
+            if fixed[i]:
+                bi = -inf
+            elif match[i] >= 0:
+                bi = f[match[i]]
+            else:
+                bi = inf
+            v = Dp[i] + end[i]
+            if v != v:
+                v = inf
+            P = pre if pre > v else v
+            gi = bi if bi > P else P
+            g[i] = gi if gi > nq else nq
+            if last[i]:
+                pre = P
+        h = inf
+        mq = meas[q]
+        for i in range(z - 1, a - 1, -1):
+            if g[i] < h:
+                h = g[i]
+            if fixed[i]:
+                bi = -inf
+            elif match[i] >= 0:
+                bi = f[match[i]]
+            else:
+                bi = inf
+            fi = bi if bi > nq else nq
+            f[i] = fi if fi > h else h
+            if mq and ln[i] > 0 and h < inf:
+                cnt[np.searchsorted(Cs_sorted, h, side="left")] += ln[i]
+
+
+@njit(cache=True)
 def _replay_curve(ptr, end, ln, fixed, match, Dp, need, meas, Cs, acc):  # pragma: no cover - numba
     """:func:`_replay_nodes` at every pool of ``Cs`` for one draw ``Dp``, with the lookups of
     :func:`_piece_links`; adds Σ hit tokens over the measured requests to ``acc[j]``. Every test of a node
@@ -457,9 +528,17 @@ def estimate_trace_sglang(
         if curve_kernel:
             fixed, match = _piece_links(ptr, src, pc["end"], pc["last"], Fb)
             Cf = Cs.astype(np.float64)
+            order = np.argsort(Cf, kind="stable")
+            Cso = Cf[order]
+            cnt = np.zeros(Cs.shape[0] + 1, np.int64)
             for Dp in draws:
                 n_draws += 1
-                _replay_curve(ptr, pc["end"], pc["len"], fixed, match, Dp, need, meas, Cf, acc)
+                if _segment_constant(ptr, pc["last"], Dp):
+                    cnt[:] = 0
+                    _curve_thresholds(ptr, pc["end"], pc["len"], fixed, match, pc["last"], Dp, need, meas, Cso, cnt)
+                    acc[order] += np.cumsum(cnt[:-1]).astype(np.float64)
+                else:  # not met by the draws above; the per-pool pass covers it
+                    _replay_curve(ptr, pc["end"], pc["len"], fixed, match, Dp, need, meas, Cf, acc)
         else:  # the reference: one recursion per pool (tests pin the two equal)
             for Dp in draws:
                 n_draws += 1
