@@ -342,32 +342,42 @@ def sglang_node_pieces(pt, u=None) -> dict:
 
 @njit(cache=True)
 def _joint_other(
-    seg_r, seg_s, time, tmpl_of_req, bg_start, bg_tmpl, max_dur, ts, te, tau, fx_first, cumnew, out
+    seg_r, seg_s, time, tmpl_of_req, bg_start, bg_tmpl, cls_off, cls_dur, ts, te, tau, fx_first, cumnew, out
 ):  # pragma: no cover
     """D_other of each window (time[seg_s], time[seg_r]) from one realization of the background: conversation j
-    of template ``bg_tmpl[j]`` started at ``bg_start[j]`` (sorted) contributes its footprint in the window (first
-    request in it whole, later ones their new part: Lemma D.1's Φ); the tagged request's own template is left
-    out (``tmpl_of_req``; −1: none)."""
+    of template ``bg_tmpl[j]`` started at ``bg_start[j]`` contributes its footprint in the window (first request
+    in it whole, later ones their new part: Lemma D.1's Φ); the tagged request's own template is left out
+    (``tmpl_of_req``; −1: none). The background is grouped by duration class (``cls_off``: class c is
+    ``bg_start[cls_off[c]:cls_off[c + 1]]``, sorted; ``cls_dur[c]`` ≥ its longest duration): only the
+    conversations of a class started at most ``cls_dur[c]`` (with a relative slack) before the window can have
+    a request in it, the others add nothing. Every term is a whole number of tokens held exactly in a double,
+    so the order of the sum does not change it."""
     for i in range(seg_r.shape[0]):
         t1 = time[seg_s[i]]
         t2 = time[seg_r[i]]
-        ex = tmpl_of_req[seg_r[i]]
         tot = 0.0
-        j0 = np.searchsorted(bg_start, t1 - max_dur, side="left")
-        j1 = np.searchsorted(bg_start, t2, side="left")
-        for j in range(j0, j1):
-            k = bg_tmpl[j]
-            if k == ex:
-                continue
-            s0 = bg_start[j]
-            a = ts[k]
-            z = te[k]
-            if tau[z - 1] <= t1 - s0:  # ended before the window: lo = z below, nothing added
-                continue
-            lo = a + np.searchsorted(tau[a:z], t1 - s0, side="right")
-            hi = a + np.searchsorted(tau[a:z], t2 - s0, side="left")
-            if hi > lo:
-                tot += fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
+        if t2 > t1:  # an empty window holds no request
+            ex = tmpl_of_req[seg_r[i]]
+            for c in range(cls_off.shape[0] - 1):
+                a0 = cls_off[c]
+                a1 = cls_off[c + 1]
+                lim = t1 - cls_dur[c]
+                lim -= 1e-9 * (abs(lim) + abs(t1) + cls_dur[c] + 1.0)
+                j0 = a0 + np.searchsorted(bg_start[a0:a1], lim, side="left")
+                j1 = a0 + np.searchsorted(bg_start[a0:a1], t2, side="left")
+                for j in range(j0, j1):
+                    k = bg_tmpl[j]
+                    if k == ex:
+                        continue
+                    s0 = bg_start[j]
+                    a = ts[k]
+                    z = te[k]
+                    if tau[z - 1] <= t1 - s0:  # ended before the window: lo = z below, nothing added
+                        continue
+                    lo = a + np.searchsorted(tau[a:z], t1 - s0, side="right")
+                    hi = a + np.searchsorted(tau[a:z], t2 - s0, side="left")
+                    if hi > lo:
+                        tot += fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
         out[i] = tot
 
 
@@ -389,7 +399,15 @@ def _joint_draws(u, sr, src, Fx, b, bins, samples, seed):
     nb = int(bins) if bins else int(np.clip(round(math.sqrt(C)), 1, 24))
     lo, hi = float(t_first.min()), float(t_first.max())
     cnt, edges = np.histogram(t_first, bins=nb, range=(lo, hi if hi > lo else lo + 1.0))
-    max_dur = float(tau[te - 1].max()) if C else 0.0
+    # duration classes (a factor 2 apart; zero-length conversations alone): the window search per class
+    dur = tau[te - 1] if C else np.zeros(0)
+    pos = dur[dur > 0]
+    d0 = float(pos.min()) if pos.size else 1.0
+    cls = np.where(dur > 0, 1 + np.floor(np.log2(np.maximum(dur, d0) / d0)).astype(np.int64), 0)
+    ncls = int(cls.max()) + 1 if C else 1
+    cls_dur = np.zeros(ncls)
+    np.maximum.at(cls_dur, cls, dur)
+    cls_off = np.concatenate([[0], np.cumsum(np.bincount(cls, minlength=ncls))]).astype(np.int64)
     # windows are per (request, source): compute once per distinct pair
     key = sr * (n + 1) + src
     uk, first_i, inv = np.unique(key, return_index=True, return_inverse=True)
@@ -399,10 +417,11 @@ def _joint_draws(u, sr, src, Fx, b, bins, samples, seed):
     for _ in range(samples):
         bins_ = rng.choice(nb, size=C, p=cnt / cnt.sum())
         st = rng.uniform(edges[bins_], edges[bins_ + 1])
-        o = np.argsort(st, kind="stable")
+        o = np.lexsort((st, cls))
         _joint_other(
-            seg_r, seg_s, u.time, tmpl_of_req, st[o], o.astype(np.int64), max_dur, ts, te, tau, fx_first, cumnew, out
-        )
+            seg_r, seg_s, u.time, tmpl_of_req, st[o], o.astype(np.int64), cls_off, cls_dur, ts, te, tau,
+            fx_first, cumnew, out,
+        )  # fmt: skip
         yield same + out[inv.reshape(-1)]
 
 
