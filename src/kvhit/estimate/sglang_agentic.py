@@ -342,43 +342,97 @@ def sglang_node_pieces(pt, u=None) -> dict:
 
 @njit(cache=True)
 def _joint_other(
-    seg_r, seg_s, time, tmpl_of_req, bg_start, bg_tmpl, cls_off, cls_dur, ts, te, tau, fx_first, cumnew, out
+    seg_r, seg_s, time, tmpl_of_req, bg_start, bg_tmpl, max_dur, ts, te, tau, fx_first, cumnew, out
 ):  # pragma: no cover
     """D_other of each window (time[seg_s], time[seg_r]) from one realization of the background: conversation j
-    of template ``bg_tmpl[j]`` started at ``bg_start[j]`` contributes its footprint in the window (first request
-    in it whole, later ones their new part: Lemma D.1's Φ); the tagged request's own template is left out
-    (``tmpl_of_req``; −1: none). The background is grouped by duration class (``cls_off``: class c is
-    ``bg_start[cls_off[c]:cls_off[c + 1]]``, sorted; ``cls_dur[c]`` ≥ its longest duration): only the
-    conversations of a class started at most ``cls_dur[c]`` (with a relative slack) before the window can have
-    a request in it, the others add nothing. Every term is a whole number of tokens held exactly in a double,
-    so the order of the sum does not change it."""
+    of template ``bg_tmpl[j]`` started at ``bg_start[j]`` (sorted) contributes its footprint in the window (first
+    request in it whole, later ones their new part: Lemma D.1's Φ); the tagged request's own template is left
+    out (``tmpl_of_req``; −1: none). The slow reference of :func:`_joint_other_sweep` (tests pin the two
+    equal)."""
     for i in range(seg_r.shape[0]):
         t1 = time[seg_s[i]]
         t2 = time[seg_r[i]]
+        ex = tmpl_of_req[seg_r[i]]
         tot = 0.0
-        if t2 > t1:  # an empty window holds no request
-            ex = tmpl_of_req[seg_r[i]]
-            for c in range(cls_off.shape[0] - 1):
-                a0 = cls_off[c]
-                a1 = cls_off[c + 1]
-                lim = t1 - cls_dur[c]
-                lim -= 1e-9 * (abs(lim) + abs(t1) + cls_dur[c] + 1.0)
-                j0 = a0 + np.searchsorted(bg_start[a0:a1], lim, side="left")
-                j1 = a0 + np.searchsorted(bg_start[a0:a1], t2, side="left")
-                for j in range(j0, j1):
-                    k = bg_tmpl[j]
-                    if k == ex:
-                        continue
-                    s0 = bg_start[j]
-                    a = ts[k]
-                    z = te[k]
-                    if tau[z - 1] <= t1 - s0:  # ended before the window: lo = z below, nothing added
-                        continue
-                    lo = a + np.searchsorted(tau[a:z], t1 - s0, side="right")
-                    hi = a + np.searchsorted(tau[a:z], t2 - s0, side="left")
-                    if hi > lo:
-                        tot += fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
+        j0 = np.searchsorted(bg_start, t1 - max_dur, side="left")
+        j1 = np.searchsorted(bg_start, t2, side="left")
+        for j in range(j0, j1):
+            k = bg_tmpl[j]
+            if k == ex:
+                continue
+            s0 = bg_start[j]
+            a = ts[k]
+            z = te[k]
+            if tau[z - 1] <= t1 - s0:  # ended before the window: lo = z below, nothing added
+                continue
+            lo = a + np.searchsorted(tau[a:z], t1 - s0, side="right")
+            hi = a + np.searchsorted(tau[a:z], t2 - s0, side="left")
+            if hi > lo:
+                tot += fx_first[lo] + cumnew[hi] - cumnew[lo + 1]
         out[i] = tot
+
+
+@njit(cache=True)
+def _joint_other_sweep(w_t1, w_t2, w_ex, w_ord, st, ts, te, tau, fx, nw, cn, out):  # pragma: no cover - numba
+    """:func:`_joint_other` by one sweep: the background's requests at their absolute times A = start + τ
+    (template k's conversation started at ``st[k]``). A window (t1, t2) holds Φ = Σ over the requests in it of
+    their footprint ``fx`` less, for each that is not the first of its conversation in the window, its own
+    reuse ``fx − nw`` (``nw``: the new part): the requests with t1 < A < t2 by a prefix sum over A sorted, the
+    non-first ones — previous request of the conversation at A' > t1 and A < t2 — by a Fenwick tree over A's
+    rank, filled in order of A' while the windows are taken by t1 descending (``w_ord``). The tagged
+    request's own template (``w_ex``; −1: none) is subtracted: its requests in the window, first whole, the
+    others their new part (``cn``: running sum of ``nw``). Integer token sums: exact. The window tests are on
+    A (``start + τ > t1``) where :func:`_joint_other` tests ``τ > t1 − start``: the same but for a rounding
+    tie."""
+    C = ts.shape[0]
+    P = tau.shape[0]
+    A = np.empty(P)
+    Ap = np.empty(P)
+    for k in range(C):
+        s0 = st[k]
+        for i in range(ts[k], te[k]):
+            A[i] = s0 + tau[i]
+            Ap[i] = A[i - 1] if i > ts[k] else -np.inf
+    oa = np.argsort(A)
+    As = A[oa]
+    rank = np.empty(P, np.int64)
+    cfx = np.zeros(P + 1, np.int64)
+    for r in range(P):
+        rank[oa[r]] = r
+        cfx[r + 1] = cfx[r] + fx[oa[r]]
+    op = np.argsort(-Ap)
+    fen = np.zeros(P + 1, np.int64)
+    ptr = 0
+    for wi in range(w_ord.shape[0]):
+        w = w_ord[wi]
+        t1 = w_t1[w]
+        t2 = w_t2[w]
+        while ptr < P and Ap[op[ptr]] > t1:
+            p = op[ptr]
+            j = rank[p] + 1
+            v = fx[p] - nw[p]
+            while j <= P:
+                fen[j] += v
+                j += j & (-j)
+            ptr += 1
+        i1 = np.searchsorted(As, t1, side="right")
+        i2 = np.searchsorted(As, t2, side="left")
+        tot = 0
+        if i2 > i1:
+            tot = cfx[i2] - cfx[i1]
+            j = i2
+            while j > 0:
+                tot -= fen[j]
+                j -= j & (-j)
+            ex = w_ex[w]
+            if ex >= 0:
+                a = ts[ex]
+                z = te[ex]
+                lo = a + np.searchsorted(A[a:z], t1, side="right")
+                hi = a + np.searchsorted(A[a:z], t2, side="left")
+                if hi > lo:
+                    tot -= fx[lo] + cn[hi] - cn[lo + 1]
+        out[w] = float(tot)
 
 
 def _joint_draws(u, sr, src, Fx, b, bins, samples, seed):
@@ -399,29 +453,21 @@ def _joint_draws(u, sr, src, Fx, b, bins, samples, seed):
     nb = int(bins) if bins else int(np.clip(round(math.sqrt(C)), 1, 24))
     lo, hi = float(t_first.min()), float(t_first.max())
     cnt, edges = np.histogram(t_first, bins=nb, range=(lo, hi if hi > lo else lo + 1.0))
-    # duration classes (a factor 2 apart; zero-length conversations alone): the window search per class
-    dur = tau[te - 1] if C else np.zeros(0)
-    pos = dur[dur > 0]
-    d0 = float(pos.min()) if pos.size else 1.0
-    cls = np.where(dur > 0, 1 + np.floor(np.log2(np.maximum(dur, d0) / d0)).astype(np.int64), 0)
-    ncls = int(cls.max()) + 1 if C else 1
-    cls_dur = np.zeros(ncls)
-    np.maximum.at(cls_dur, cls, dur)
-    cls_off = np.concatenate([[0], np.cumsum(np.bincount(cls, minlength=ncls))]).astype(np.int64)
     # windows are per (request, source): compute once per distinct pair
     key = sr * (n + 1) + src
     uk, first_i, inv = np.unique(key, return_index=True, return_inverse=True)
     seg_r, seg_s = sr[first_i], src[first_i]
+    w_t1, w_t2, w_ex = u.time[seg_s], u.time[seg_r], tmpl_of_req[seg_r].astype(np.int64)
+    w_ord = np.argsort(-w_t1, kind="stable").astype(np.int64)
+    # the footprints as whole token counts (exact in the doubles of _templates: < 2**53)
+    fxi, cni = fx_first.astype(np.int64), cumnew.astype(np.int64)
+    nwi = np.diff(cni)
     rng = np.random.default_rng(seed)
     out = np.zeros(uk.shape[0])
     for _ in range(samples):
         bins_ = rng.choice(nb, size=C, p=cnt / cnt.sum())
         st = rng.uniform(edges[bins_], edges[bins_ + 1])
-        o = np.lexsort((st, cls))
-        _joint_other(
-            seg_r, seg_s, u.time, tmpl_of_req, st[o], o.astype(np.int64), cls_off, cls_dur, ts, te, tau,
-            fx_first, cumnew, out,
-        )  # fmt: skip
+        _joint_other_sweep(w_t1, w_t2, w_ex, w_ord, st, ts, te, tau, fxi, nwi, cni, out)
         yield same + out[inv.reshape(-1)]
 
 
