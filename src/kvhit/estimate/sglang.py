@@ -53,6 +53,7 @@ from kvhit.estimate.accounting import EngineAccounting
 from kvhit.estimate.displacement import _phi_table_kernel
 from kvhit.estimate.engine import _bilinear
 from kvhit.estimate.occupancy import _fluct_grid, _Occupancy, _PrefixVariance, _resolve_F
+from kvhit.estimate.occupancy_shifted import shifted_G_sums
 from kvhit.estimate.trace_stats import EstimateError, _conv_layout, trace_moments
 from kvhit.workload.dists import Interarrival
 from kvhit.workload.trace import Trace
@@ -465,12 +466,16 @@ def estimate_sglang(
     block_size: int | None = None,
     mask: Any = None,
     shared: bool | str = "auto",
+    series: bool = True,
 ) -> SglangEstimate:
     """Stationary SGLang estimate at pool sizes ``C`` (tokens): ĥ = p·Σ_revisits Σ_nodes len·G(C' − e)
     (+ shared segments) / Σ_requests T (module docstring; docs/estimators.md §7). G is
     :class:`kvhit.estimate.occupancy._Occupancy` of the SGLang accounting (eq. (38) mean field, Gaussian fluctuations
     of Lemma D.1 with ``fluctuations=True``); with ``rejection`` the requests that cannot run at C are misses
-    and displace nothing (:meth:`kvhit.estimate.accounting.EngineAccounting.admitted`, in pages)."""
+    and displace nothing (:meth:`kvhit.estimate.accounting.EngineAccounting.admitted`, in pages). ``series``
+    (with fluctuations): the node sum Σ len·G(C' − e) by :func:`kvhit.estimate.occupancy_shifted.shifted_G_sums`
+    where every node end is below C' (the same sum up to rounding; ``False``: G at every (C', e), the
+    reference)."""
     sa = _source(source, page_size, block_size, mask, shared)
     acc = sa.acc
     p = sa.page_size
@@ -508,9 +513,14 @@ def estimate_sglang(
         sk = np.stack([sa.seg_end[ks], sa.seg_g[ks], sa.seg_own[ks].astype(np.int64)], axis=1)
         su, sinv = np.unique(sk, axis=0, return_inverse=True) if sk.size else (np.zeros((0, 3), np.int64), None)
         sw = np.bincount(sinv.ravel(), weights=sa.seg_len[ks].astype(float), minlength=su.shape[0]) if sk.size else None
-        for i in np.flatnonzero(sub):
-            c = Cp[i] - sa.cap_offset
-            hits = float(wu @ G(c - eu.astype(float))) if eu.size else 0.0
+        idx = np.flatnonzero(sub)
+        cs = Cp[idx] - sa.cap_offset
+        node_hits = np.full(idx.size, np.nan)
+        if eu.size and G.fluct and series:  # every node end below the pool: Σ w·G(c − e) by the series
+            ok = cs - float(eu.max()) >= 0
+            node_hits[ok] = shifted_G_sums(G, eu, wu, cs[ok])
+        for i, c, nh in zip(idx, cs, node_hits, strict=True):
+            hits = (nh if nh == nh else float(wu @ G(c - eu.astype(float)))) if eu.size else 0.0
             if su.shape[0]:
                 x = c - su[:, 0].astype(float)
                 q = _shared_q(su[:, 1], sa, G, x, lam)
