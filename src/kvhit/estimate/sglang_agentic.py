@@ -23,7 +23,11 @@ prompt tail and outputs are its own tokens (never reused). Changes against the v
   a time drawn from the start-time density: a pool holds each conversation once, and consecutive windows must
   see the same background, or runs of misses are spread out), or with ``lam0`` independent draws from each
   request's compound Poisson law (one uniform per request: its segments' windows are nested);
-* a request needing T + max(n, 1) − 1 tokens > C never runs: a miss (``infeasible`` below the largest).
+* a request needing T + max(n, 1) − 1 tokens > C never runs: a miss (``infeasible`` below the largest);
+* cost (issue 23 §6): the pool enters the recursion only through ``need ≤ C`` and ``D + e ≤ C`` and every
+  boundary flag is monotone in C, so one pass per draw gives every piece the pool from which its tokens count
+  (:func:`_curve_thresholds`); the joint background of every window is one sweep per draw
+  (:func:`_joint_other_sweep`). Both give the per-pool, per-conversation sums exactly (tests).
 
 Invariant: h ≤ h_max = Σ min(b·L_any, T − 1) / Σ T (every node survives); without background (λ0 → 0) and with
 ``form="replay"`` the recursion reproduces the simulator (tests: within 2e-3). NOT modelled: the cap's split of
@@ -519,8 +523,8 @@ def estimate_trace_sglang(
     of the trace's other conversations once, its start from the start-time histogram — so that the windows of
     consecutive requests see the same realization; ``"marginal"`` draws each request's D independently from its
     cell's compound Poisson law (as the vLLM estimator's law tables). With ``lam0`` (stationary) the marginal
-    laws are used. ``curve_kernel``: every pool in one compiled pass per draw (default; the same sums as the
-    per-pool recursion, ``False``, bit for bit)."""
+    laws are used. ``curve_kernel``: every pool at once per draw, by each piece's threshold pool
+    (:func:`_curve_thresholds`; default; the same sums as the per-pool recursion, ``False``, bit for bit)."""
     t0 = _time.perf_counter()
     if form not in ("poisson", "replay"):
         raise AgenticError(f"form: expected 'poisson' or 'replay', got {form!r}")
