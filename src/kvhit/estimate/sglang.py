@@ -53,7 +53,7 @@ from kvhit.estimate.accounting import EngineAccounting
 from kvhit.estimate.displacement import _phi_table_kernel
 from kvhit.estimate.engine import _bilinear
 from kvhit.estimate.occupancy import _fluct_grid, _Occupancy, _PrefixVariance, _resolve_F
-from kvhit.estimate.occupancy_shifted import shifted_G_sums
+from kvhit.estimate.occupancy_shifted import shifted_G_sums, shifted_G_values
 from kvhit.estimate.trace_stats import EstimateError, _conv_layout, trace_moments
 from kvhit.workload.dists import Interarrival
 from kvhit.workload.trace import Trace
@@ -474,8 +474,8 @@ def estimate_sglang(
     of Lemma D.1 with ``fluctuations=True``); with ``rejection`` the requests that cannot run at C are misses
     and displace nothing (:meth:`kvhit.estimate.accounting.EngineAccounting.admitted`, in pages). ``series``
     (with fluctuations): the node sum Σ len·G(C' − e) by :func:`kvhit.estimate.occupancy_shifted.shifted_G_sums`
-    where every node end is below C' (the same sum up to rounding; ``False``: G at every (C', e), the
-    reference)."""
+    and G at the shared segments' ends by :func:`~kvhit.estimate.occupancy_shifted.shifted_G_values` where every
+    end is below C' (the same up to rounding; ``False``: G at every (C', e), the reference)."""
     sa = _source(source, page_size, block_size, mask, shared)
     acc = sa.acc
     p = sa.page_size
@@ -519,12 +519,20 @@ def estimate_sglang(
         if eu.size and G.fluct and series:  # every node end below the pool: Σ w·G(c − e) by the series
             ok = cs - float(eu.max()) >= 0
             node_hits[ok] = shifted_G_sums(G, eu, wu, cs[ok])
-        for i, c, nh in zip(idx, cs, node_hits, strict=True):
+        own_G = None
+        if su.shape[0] and G.fluct and series:  # G at the shared segments' distinct ends, by the series
+            se, s_inv = np.unique(su[:, 0], return_inverse=True)
+            s_inv = s_inv.ravel()
+            s_ok = cs - float(se.max()) >= 0
+            own_G = np.full((idx.size, se.size), np.nan)
+            own_G[s_ok] = shifted_G_values(G, se, cs[s_ok])
+        for r, (i, c, nh) in enumerate(zip(idx, cs, node_hits, strict=True)):
             hits = (nh if nh == nh else float(wu @ G(c - eu.astype(float)))) if eu.size else 0.0
             if su.shape[0]:
                 x = c - su[:, 0].astype(float)
                 q = _shared_q(su[:, 1], sa, G, x, lam)
-                own = np.where(su[:, 2] > 0, G(x), 0.0)
+                gx = own_G[r][s_inv] if own_G is not None and s_ok[r] else G(x)
+                own = np.where(su[:, 2] > 0, gx, 0.0)
                 hits += float((sw * np.maximum(q, own)).sum())
             h[i] = p * hits / total
     shape = Cs.shape
