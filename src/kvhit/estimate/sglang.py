@@ -552,7 +552,8 @@ def estimate_sglang(
 
 @njit(cache=True)
 def _window_hits(node_ptr, node_end, node_len, mean, sd, c, out):  # pragma: no cover - numba
-    """Σ_nodes len·P(D ≤ c − e) per revisit, D ~ Normal(mean, sd²) with a ½-page continuity correction."""
+    """Σ_nodes len·P(D ≤ c − e) per revisit, D ~ Normal(mean, sd²) with a ½-page continuity correction (the
+    reference of :func:`_window_hits_sat`)."""
     for k in range(node_ptr.size - 1):
         tot = 0.0
         for q in range(node_ptr[k], node_ptr[k + 1]):
@@ -562,6 +563,65 @@ def _window_hits(node_ptr, node_end, node_len, mean, sd, c, out):  # pragma: no 
             if sd[k] > 0:
                 tot += node_len[q] * 0.5 * math.erfc(-(x + 0.5 - mean[k]) / (sd[k] * math.sqrt(2.0)))
             elif mean[k] <= x:
+                tot += node_len[q]
+        out[k] = tot
+
+
+@njit(cache=True)
+def _node_cumsums(node_ptr, node_len):  # pragma: no cover - numba
+    """Per revisit, the running sum of its node lengths from 0.0 in node order (``cum[q]``: nodes up to q)."""
+    cum = np.empty(node_len.shape[0])
+    for k in range(node_ptr.size - 1):
+        tot = 0.0
+        for q in range(node_ptr[k], node_ptr[k + 1]):
+            tot += node_len[q]
+            cum[q] = tot
+    return cum
+
+
+@njit(cache=True)
+def _window_hits_sat(node_ptr, node_end, node_len, cum, mean, sd, c, out):  # pragma: no cover - numba
+    """:func:`_window_hits` with its leading saturated terms read from ``cum`` (:func:`_node_cumsums`): a
+    revisit's node ends rise, so z = (c − e + ½ − mean)/sd falls along its nodes, and where z ≥ 8.5
+    ``0.5·erfc(−z/√2)`` is exactly 1.0 (erfc(−6.01) rounds to 2): those terms add ``len`` each, in the same order
+    from 0.0 — the running sum, bit for bit. Where z ≤ −9 the term is below Φ(−9)·len < 1.2e-19·len and is left
+    out (so the sum is within 1.2e-19·Σ len of :func:`_window_hits`'s; c < e: 0). Both runs are found by
+    bisection on the same expression. :func:`_window_hits` stays as the reference (tests)."""
+    for k in range(node_ptr.size - 1):
+        a = node_ptr[k]
+        b = node_ptr[k + 1]
+        s = sd[k]
+        m = mean[k]
+        j = a
+        if s > 0:
+            lo = a
+            hi = b
+            while lo < hi:
+                mid = (lo + hi) // 2
+                x = c - node_end[mid]
+                if x >= 0 and (x + 0.5 - m) / s >= 8.5:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            j = lo
+            # the trailing run where the term is < 1.2e-19·len (z ≤ −9) or 0 (x < 0): left out
+            hi = b
+            while lo < hi:
+                mid = (lo + hi) // 2
+                x = c - node_end[mid]
+                if x < 0 or (x + 0.5 - m) / s <= -9.0:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            b = lo
+        tot = cum[j - 1] if j > a else 0.0
+        for q in range(j, b):
+            x = c - node_end[q]
+            if x < 0:
+                continue
+            if s > 0:
+                tot += node_len[q] * 0.5 * math.erfc(-(x + 0.5 - m) / (s * math.sqrt(2.0)))
+            elif m <= x:
                 tot += node_len[q]
         out[k] = tot
 
@@ -639,9 +699,10 @@ def estimate_sglang_window(
     G = _Occupancy(acc, _resolve_F("empirical", acc.W), lam, False)
     h = np.zeros(Cp.shape)
     out = np.empty(kidx.size)
+    cum = _node_cumsums(ptr, nl)
     for i, cpg in enumerate(Cp):
         c = cpg - sa.cap_offset
-        _window_hits(ptr, ne, nl, mean, sd, c, out)
+        _window_hits_sat(ptr, ne, nl, cum, mean, sd, c, out)
         hits = float(out.sum())
         if ks.any():
             x = c - sa.seg_end[ks].astype(float)
