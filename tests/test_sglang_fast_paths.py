@@ -24,8 +24,10 @@ from scipy.special import ndtr
 from kvhit.estimate.occupancy_shifted import shifted_G_sums, shifted_G_values
 from kvhit.estimate.sglang import (
     _node_cumsums,
+    _revisit_moments,
     _window_hits,
     _window_hits_sat,
+    _window_hits_series,
     estimate_sglang,
     sglang_accounting,
 )
@@ -213,12 +215,13 @@ def test_stationary_series_with_shared_prefixes_equals_the_reference():
 @given(
     n_rev=st.integers(1, 30),
     sd_scale=st.sampled_from([0.0, 1.0, 30.0, 1000.0, 1e5]),
-    c=st.floats(0, 50_000),
+    c=st.floats(0, 50_000) | st.floats(40_001, 90_000),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_window_hits_with_saturated_runs_equal_the_reference(n_rev, sd_scale, c, seed):
     """The window form's per-revisit node sums with the saturated runs read from running sums equal the
-    term-by-term kernel within 1.2e-19·Σ len (the left-out terms' bound; measured: equal)."""
+    term-by-term kernel within 1.2e-19·Σ len (the left-out terms' bound; measured: equal); by the per-revisit
+    Hermite series within 1e-13·Σ len."""
     rng = np.random.default_rng(seed)
     cnt = rng.integers(0, 9, n_rev)
     ptr = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64)
@@ -227,7 +230,12 @@ def test_window_hits_with_saturated_runs_equal_the_reference(n_rev, sd_scale, c,
     mean = rng.uniform(0, 40_000, n_rev)
     sd = sd_scale * rng.uniform(0.1, 2.0, n_rev)
     sd[rng.random(n_rev) < 0.2] = 0.0
-    ref, got = np.empty(n_rev), np.empty(n_rev)
+    ref, got, ser = np.empty(n_rev), np.empty(n_rev), np.empty(n_rev)
+    cum = _node_cumsums(ptr, lens)
     _window_hits(ptr, ends, lens, mean, sd, float(c), ref)
-    _window_hits_sat(ptr, ends, lens, _node_cumsums(ptr, lens), mean, sd, float(c), got)
+    _window_hits_sat(ptr, ends, lens, cum, mean, sd, float(c), got)
     np.testing.assert_allclose(got, ref, rtol=0, atol=1.2e-19 * lens.sum())
+    # the Hermite series per revisit (revisits within 2 sd; pools below a revisit's last end go term by term)
+    e0, R, M, nterm = _revisit_moments(ptr, ends, lens, sd, 96)
+    _window_hits_series(ptr, ends, lens, cum, e0, R, M, nterm, mean, sd, float(c), ser)
+    np.testing.assert_allclose(ser, ref, rtol=0, atol=1e-13 * max(lens.sum(), 1.0))
