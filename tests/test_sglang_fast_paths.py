@@ -22,16 +22,15 @@ from hypothesis import strategies as st
 from scipy.special import ndtr
 
 from kvhit.estimate.occupancy_shifted import shifted_G_sums, shifted_G_values
-from kvhit.estimate.sglang import (
+from kvhit.estimate.sglang import estimate_sglang, sglang_accounting
+from kvhit.estimate.sglang_agentic import _joint_other, _joint_other_sweep, estimate_trace_sglang
+from kvhit.estimate.sglang_window_sums import (
     _node_cumsums,
     _revisit_moments,
     _window_hits,
     _window_hits_sat,
     _window_hits_series,
-    estimate_sglang,
-    sglang_accounting,
 )
-from kvhit.estimate.sglang_agentic import _joint_other, _joint_other_sweep, estimate_trace_sglang
 from kvhit.workload.production import read_mooncake, read_weka
 from test_estimate_engine import token_trace
 
