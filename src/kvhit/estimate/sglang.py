@@ -53,6 +53,8 @@ from kvhit.estimate.accounting import EngineAccounting
 from kvhit.estimate.displacement import _phi_table_kernel
 from kvhit.estimate.engine import _bilinear
 from kvhit.estimate.occupancy import _fluct_grid, _Occupancy, _PrefixVariance, _resolve_F
+from kvhit.estimate.occupancy_shifted import shifted_G_sums, shifted_G_values
+from kvhit.estimate.sglang_window_sums import _node_cumsums, _revisit_moments, _window_hits_series
 from kvhit.estimate.trace_stats import EstimateError, _conv_layout, trace_moments
 from kvhit.workload.dists import Interarrival
 from kvhit.workload.trace import Trace
@@ -465,12 +467,16 @@ def estimate_sglang(
     block_size: int | None = None,
     mask: Any = None,
     shared: bool | str = "auto",
+    series: bool = True,
 ) -> SglangEstimate:
     """Stationary SGLang estimate at pool sizes ``C`` (tokens): ĥ = p·Σ_revisits Σ_nodes len·G(C' − e)
     (+ shared segments) / Σ_requests T (module docstring; docs/estimators.md §7). G is
     :class:`kvhit.estimate.occupancy._Occupancy` of the SGLang accounting (eq. (38) mean field, Gaussian fluctuations
     of Lemma D.1 with ``fluctuations=True``); with ``rejection`` the requests that cannot run at C are misses
-    and displace nothing (:meth:`kvhit.estimate.accounting.EngineAccounting.admitted`, in pages)."""
+    and displace nothing (:meth:`kvhit.estimate.accounting.EngineAccounting.admitted`, in pages). ``series``
+    (with fluctuations): the node sum Σ len·G(C' − e) by :func:`kvhit.estimate.occupancy_shifted.shifted_G_sums`
+    and G at the shared segments' ends by :func:`~kvhit.estimate.occupancy_shifted.shifted_G_values` where every
+    end is below C' (the same up to rounding; ``False``: G at every (C', e), the reference)."""
     sa = _source(source, page_size, block_size, mask, shared)
     acc = sa.acc
     p = sa.page_size
@@ -508,13 +514,26 @@ def estimate_sglang(
         sk = np.stack([sa.seg_end[ks], sa.seg_g[ks], sa.seg_own[ks].astype(np.int64)], axis=1)
         su, sinv = np.unique(sk, axis=0, return_inverse=True) if sk.size else (np.zeros((0, 3), np.int64), None)
         sw = np.bincount(sinv.ravel(), weights=sa.seg_len[ks].astype(float), minlength=su.shape[0]) if sk.size else None
-        for i in np.flatnonzero(sub):
-            c = Cp[i] - sa.cap_offset
-            hits = float(wu @ G(c - eu.astype(float))) if eu.size else 0.0
+        idx = np.flatnonzero(sub)
+        cs = Cp[idx] - sa.cap_offset
+        node_hits = np.full(idx.size, np.nan)
+        if eu.size and G.fluct and series:  # every node end below the pool: Σ w·G(c − e) by the series
+            ok = cs - float(eu.max()) >= 0
+            node_hits[ok] = shifted_G_sums(G, eu, wu, cs[ok])
+        own_G = None
+        if su.shape[0] and G.fluct and series:  # G at the shared segments' distinct ends, by the series
+            se, s_inv = np.unique(su[:, 0], return_inverse=True)
+            s_inv = s_inv.ravel()
+            s_ok = cs - float(se.max()) >= 0
+            own_G = np.full((idx.size, se.size), np.nan)
+            own_G[s_ok] = shifted_G_values(G, se, cs[s_ok])
+        for r, (i, c, nh) in enumerate(zip(idx, cs, node_hits, strict=True)):
+            hits = (nh if nh == nh else float(wu @ G(c - eu.astype(float)))) if eu.size else 0.0
             if su.shape[0]:
                 x = c - su[:, 0].astype(float)
                 q = _shared_q(su[:, 1], sa, G, x, lam)
-                own = np.where(su[:, 2] > 0, G(x), 0.0)
+                gx = own_G[r][s_inv] if own_G is not None and s_ok[r] else G(x)
+                own = np.where(su[:, 2] > 0, gx, 0.0)
                 hits += float((sw * np.maximum(q, own)).sum())
             h[i] = p * hits / total
     shape = Cs.shape
@@ -530,22 +549,6 @@ def estimate_sglang(
         form="stationary",
         rejected_share=float(rej[0]) if scalar else rej.reshape(shape),
     )
-
-
-@njit(cache=True)
-def _window_hits(node_ptr, node_end, node_len, mean, sd, c, out):  # pragma: no cover - numba
-    """Σ_nodes len·P(D ≤ c − e) per revisit, D ~ Normal(mean, sd²) with a ½-page continuity correction."""
-    for k in range(node_ptr.size - 1):
-        tot = 0.0
-        for q in range(node_ptr[k], node_ptr[k + 1]):
-            x = c - node_end[q]
-            if x < 0:
-                continue
-            if sd[k] > 0:
-                tot += node_len[q] * 0.5 * math.erfc(-(x + 0.5 - mean[k]) / (sd[k] * math.sqrt(2.0)))
-            elif mean[k] <= x:
-                tot += node_len[q]
-        out[k] = tot
 
 
 def estimate_sglang_window(
@@ -621,9 +624,11 @@ def estimate_sglang_window(
     G = _Occupancy(acc, _resolve_F("empirical", acc.W), lam, False)
     h = np.zeros(Cp.shape)
     out = np.empty(kidx.size)
+    cum = _node_cumsums(ptr, nl)
+    e0, R, M, nterm = _revisit_moments(ptr, ne, nl, sd, 96)
     for i, cpg in enumerate(Cp):
         c = cpg - sa.cap_offset
-        _window_hits(ptr, ne, nl, mean, sd, c, out)
+        _window_hits_series(ptr, ne, nl, cum, e0, R, M, nterm, mean, sd, c, out)
         hits = float(out.sum())
         if ks.any():
             x = c - sa.seg_end[ks].astype(float)

@@ -23,7 +23,11 @@ prompt tail and outputs are its own tokens (never reused). Changes against the v
   a time drawn from the start-time density: a pool holds each conversation once, and consecutive windows must
   see the same background, or runs of misses are spread out), or with ``lam0`` independent draws from each
   request's compound Poisson law (one uniform per request: its segments' windows are nested);
-* a request needing T + max(n, 1) − 1 tokens > C never runs: a miss (``infeasible`` below the largest).
+* a request needing T + max(n, 1) − 1 tokens > C never runs: a miss (``infeasible`` below the largest);
+* cost (issue 23 §6): the pool enters the recursion only through ``need ≤ C`` and ``D + e ≤ C`` and every
+  boundary flag is monotone in C, so one pass per draw gives every piece the pool from which its tokens count
+  (:func:`_curve_thresholds`); the joint background of every window is one sweep per draw
+  (:func:`_joint_other_sweep`). Both give the per-pool, per-conversation sums exactly (tests).
 
 Invariant: h ≤ h_max = Σ min(b·L_any, T − 1) / Σ T (every node survives); without background (λ0 → 0) and with
 ``form="replay"`` the recursion reproduces the simulator (tests: within 2e-3). NOT modelled: the cap's split of
@@ -172,6 +176,77 @@ def _piece_links(ptr, src, end, last, Fb):  # pragma: no cover - numba
 
 
 @njit(cache=True)
+def _segment_constant(ptr, last, Dp):  # pragma: no cover - numba
+    """True iff every age segment's pieces share one displacement (NaN equal to NaN): what
+    :func:`_curve_thresholds` assumes. Pieces of a segment are consecutive and end with ``last``."""
+    for i in range(Dp.shape[0] - 1):
+        if not last[i]:
+            x = Dp[i]
+            y = Dp[i + 1]
+            if x != y and not (x != x and y != y):
+                return False
+    return True
+
+
+@njit(cache=True)
+def _curve_thresholds(ptr, end, ln, fixed, match, last, Dp, need, meas, Cs_sorted, cnt):  # pragma: no cover
+    """:func:`_replay_nodes` at every pool at once for one draw ``Dp`` (constant over each age segment:
+    :func:`_segment_constant`), by thresholds: adds to ``cnt[j]`` the hit tokens over the measured requests
+    that first count at the pool ``Cs_sorted[j]`` (ascending), so that the cumulative sum of ``cnt`` is Σ hit
+    tokens at each pool — the per-pool recursion's integer sums exactly.
+
+    Why thresholds exist: the pool C enters the recursion only through the tests ``need ≤ C`` and
+    ``Dp + x ≤ C``, and every flag (piece i is a node boundary of its request after it ran) is monotone in C.
+    By induction in arrival order: piece i is present (a boundary) at C iff C ≥ b_i (−∞ when ``fixed``, the
+    flag threshold of ``match[i]``, +∞ when it has no match). Present boundaries of one segment share Dp, so a
+    failing one fails every later one in it, and the segment end is always present: request q is alive at its
+    piece i iff C ≥ P_i = max(Dp + end over the earlier segments' ends, Dp_i + x_i). The hit reaches x_i iff
+    some piece k ≥ i is present, alive and passes: C ≥ H_i = min_{k ≥ i} max(b_k, P_k, need_q); piece i's
+    tokens count from H_i on, and its flag from f_i = max(b_i, need_q, H_i). A NaN displacement never passes
+    (+∞)."""
+    n = ptr.shape[0] - 1
+    m = end.shape[0]
+    f = np.empty(m)
+    g = np.empty(m)
+    inf = np.inf
+    for q in range(n):
+        a = ptr[q]
+        z = ptr[q + 1]
+        nq = float(need[q])
+        pre = -inf
+        for i in range(a, z):
+            if fixed[i]:
+                bi = -inf
+            elif match[i] >= 0:
+                bi = f[match[i]]
+            else:
+                bi = inf
+            v = Dp[i] + end[i]
+            if v != v:
+                v = inf
+            P = pre if pre > v else v
+            gi = bi if bi > P else P
+            g[i] = gi if gi > nq else nq
+            if last[i]:
+                pre = P
+        h = inf
+        mq = meas[q]
+        for i in range(z - 1, a - 1, -1):
+            if g[i] < h:
+                h = g[i]
+            if fixed[i]:
+                bi = -inf
+            elif match[i] >= 0:
+                bi = f[match[i]]
+            else:
+                bi = inf
+            fi = bi if bi > nq else nq
+            f[i] = fi if fi > h else h
+            if mq and ln[i] > 0 and h < inf:
+                cnt[np.searchsorted(Cs_sorted, h, side="left")] += ln[i]
+
+
+@njit(cache=True)
 def _replay_curve(ptr, end, ln, fixed, match, Dp, need, meas, Cs, acc):  # pragma: no cover - numba
     """:func:`_replay_nodes` at every pool of ``Cs`` for one draw ``Dp``, with the lookups of
     :func:`_piece_links`; adds Σ hit tokens over the measured requests to ``acc[j]``. Every test of a node
@@ -276,7 +351,8 @@ def _joint_other(
     """D_other of each window (time[seg_s], time[seg_r]) from one realization of the background: conversation j
     of template ``bg_tmpl[j]`` started at ``bg_start[j]`` (sorted) contributes its footprint in the window (first
     request in it whole, later ones their new part: Lemma D.1's Φ); the tagged request's own template is left
-    out (``tmpl_of_req``; −1: none)."""
+    out (``tmpl_of_req``; −1: none). The slow reference of :func:`_joint_other_sweep` (tests pin the two
+    equal)."""
     for i in range(seg_r.shape[0]):
         t1 = time[seg_s[i]]
         t2 = time[seg_r[i]]
@@ -300,6 +376,69 @@ def _joint_other(
         out[i] = tot
 
 
+@njit(cache=True)
+def _joint_other_sweep(w_t1, w_t2, w_ex, w_ord, st, ts, te, tau, fx, nw, cn, out):  # pragma: no cover - numba
+    """:func:`_joint_other` by one sweep: the background's requests at their absolute times A = start + τ
+    (template k's conversation started at ``st[k]``). A window (t1, t2) holds Φ = Σ over the requests in it of
+    their footprint ``fx`` less, for each that is not the first of its conversation in the window, its own
+    reuse ``fx − nw`` (``nw``: the new part): the requests with t1 < A < t2 by a prefix sum over A sorted, the
+    non-first ones — previous request of the conversation at A' > t1 and A < t2 — by a Fenwick tree over A's
+    rank, filled in order of A' while the windows are taken by t1 descending (``w_ord``). The tagged
+    request's own template (``w_ex``; −1: none) is subtracted: its requests in the window, first whole, the
+    others their new part (``cn``: running sum of ``nw``). Integer token sums: exact. The window tests are on
+    A (``start + τ > t1``) where :func:`_joint_other` tests ``τ > t1 − start``: the same but for a rounding
+    tie."""
+    C = ts.shape[0]
+    P = tau.shape[0]
+    A = np.empty(P)
+    Ap = np.empty(P)
+    for k in range(C):
+        s0 = st[k]
+        for i in range(ts[k], te[k]):
+            A[i] = s0 + tau[i]
+            Ap[i] = A[i - 1] if i > ts[k] else -np.inf
+    oa = np.argsort(A)
+    As = A[oa]
+    rank = np.empty(P, np.int64)
+    cfx = np.zeros(P + 1, np.int64)
+    for r in range(P):
+        rank[oa[r]] = r
+        cfx[r + 1] = cfx[r] + fx[oa[r]]
+    op = np.argsort(-Ap)
+    fen = np.zeros(P + 1, np.int64)
+    ptr = 0
+    for wi in range(w_ord.shape[0]):
+        w = w_ord[wi]
+        t1 = w_t1[w]
+        t2 = w_t2[w]
+        while ptr < P and Ap[op[ptr]] > t1:
+            p = op[ptr]
+            j = rank[p] + 1
+            v = fx[p] - nw[p]
+            while j <= P:
+                fen[j] += v
+                j += j & (-j)
+            ptr += 1
+        i1 = np.searchsorted(As, t1, side="right")
+        i2 = np.searchsorted(As, t2, side="left")
+        tot = 0
+        if i2 > i1:
+            tot = cfx[i2] - cfx[i1]
+            j = i2
+            while j > 0:
+                tot -= fen[j]
+                j -= j & (-j)
+            ex = w_ex[w]
+            if ex >= 0:
+                a = ts[ex]
+                z = te[ex]
+                lo = a + np.searchsorted(A[a:z], t1, side="right")
+                hi = a + np.searchsorted(A[a:z], t2, side="left")
+                if hi > lo:
+                    tot -= fx[lo] + cn[hi] - cn[lo + 1]
+        out[w] = float(tot)
+
+
 def _joint_draws(u, sr, src, Fx, b, bins, samples, seed):
     """Displacements of every piece for ``samples`` joint realizations of the time-varying background: each of
     the trace's conversations once (the tagged one's own left out), its start drawn from the start-time
@@ -318,20 +457,21 @@ def _joint_draws(u, sr, src, Fx, b, bins, samples, seed):
     nb = int(bins) if bins else int(np.clip(round(math.sqrt(C)), 1, 24))
     lo, hi = float(t_first.min()), float(t_first.max())
     cnt, edges = np.histogram(t_first, bins=nb, range=(lo, hi if hi > lo else lo + 1.0))
-    max_dur = float(tau[te - 1].max()) if C else 0.0
     # windows are per (request, source): compute once per distinct pair
     key = sr * (n + 1) + src
     uk, first_i, inv = np.unique(key, return_index=True, return_inverse=True)
     seg_r, seg_s = sr[first_i], src[first_i]
+    w_t1, w_t2, w_ex = u.time[seg_s], u.time[seg_r], tmpl_of_req[seg_r].astype(np.int64)
+    w_ord = np.argsort(-w_t1, kind="stable").astype(np.int64)
+    # the footprints as whole token counts (exact in the doubles of _templates: < 2**53)
+    fxi, cni = fx_first.astype(np.int64), cumnew.astype(np.int64)
+    nwi = np.diff(cni)
     rng = np.random.default_rng(seed)
     out = np.zeros(uk.shape[0])
     for _ in range(samples):
         bins_ = rng.choice(nb, size=C, p=cnt / cnt.sum())
         st = rng.uniform(edges[bins_], edges[bins_ + 1])
-        o = np.argsort(st, kind="stable")
-        _joint_other(
-            seg_r, seg_s, u.time, tmpl_of_req, st[o], o.astype(np.int64), max_dur, ts, te, tau, fx_first, cumnew, out
-        )
+        _joint_other_sweep(w_t1, w_t2, w_ex, w_ord, st, ts, te, tau, fxi, nwi, cni, out)
         yield same + out[inv.reshape(-1)]
 
 
@@ -383,8 +523,8 @@ def estimate_trace_sglang(
     of the trace's other conversations once, its start from the start-time histogram — so that the windows of
     consecutive requests see the same realization; ``"marginal"`` draws each request's D independently from its
     cell's compound Poisson law (as the vLLM estimator's law tables). With ``lam0`` (stationary) the marginal
-    laws are used. ``curve_kernel``: every pool in one compiled pass per draw (default; the same sums as the
-    per-pool recursion, ``False``, bit for bit)."""
+    laws are used. ``curve_kernel``: every pool at once per draw, by each piece's threshold pool
+    (:func:`_curve_thresholds`; default; the same sums as the per-pool recursion, ``False``, bit for bit)."""
     t0 = _time.perf_counter()
     if form not in ("poisson", "replay"):
         raise AgenticError(f"form: expected 'poisson' or 'replay', got {form!r}")
@@ -457,9 +597,17 @@ def estimate_trace_sglang(
         if curve_kernel:
             fixed, match = _piece_links(ptr, src, pc["end"], pc["last"], Fb)
             Cf = Cs.astype(np.float64)
+            order = np.argsort(Cf, kind="stable")
+            Cso = Cf[order]
+            cnt = np.zeros(Cs.shape[0] + 1, np.int64)
             for Dp in draws:
                 n_draws += 1
-                _replay_curve(ptr, pc["end"], pc["len"], fixed, match, Dp, need, meas, Cf, acc)
+                if _segment_constant(ptr, pc["last"], Dp):
+                    cnt[:] = 0
+                    _curve_thresholds(ptr, pc["end"], pc["len"], fixed, match, pc["last"], Dp, need, meas, Cso, cnt)
+                    acc[order] += np.cumsum(cnt[:-1]).astype(np.float64)
+                else:  # not met by the draws above; the per-pool pass covers it
+                    _replay_curve(ptr, pc["end"], pc["len"], fixed, match, Dp, need, meas, Cf, acc)
         else:  # the reference: one recursion per pool (tests pin the two equal)
             for Dp in draws:
                 n_draws += 1
