@@ -44,6 +44,20 @@ def _phi(z):  # pragma: no cover - numba
 
 
 @njit(cache=True)
+def series_terms(u, kmax):  # pragma: no cover - numba
+    """Hermite terms of the shifted series for half range / sd = ``u`` (≥ 1): add terms while k ≤ u² or while
+    Cramér's bound u^k/√(k!) is ≥ 1e-18, at most ``kmax``; u = 0 (one node end) needs one."""
+    bnd = 1.0
+    k = 0
+    while k < kmax and u > 0.0:
+        k += 1
+        bnd *= u / math.sqrt(k)
+        if k > u * u and bnd < 1e-18:
+            break
+    return max(k, 1)
+
+
+@njit(cache=True)
 def _shifted_kernel(c, e, w, e0, R, Mk, W, mean, sd, p, out):  # pragma: no cover - numba
     """``out[j]`` = Σ_q p_q Σ_e w_e Φ((c_j − e + ½ − m_q)/s_q) (a step ``c_j − e ≥ m_q`` where s_q = 0)."""
     nq = mean.shape[0]
@@ -58,17 +72,7 @@ def _shifted_kernel(c, e, w, e0, R, Mk, W, mean, sd, p, out):  # pragma: no cove
         u = R / s
         if u > U_MAX:
             continue
-        if u == 0.0:
-            nterm[q] = 1
-            continue
-        bnd = 1.0
-        k = 0
-        while k < K:
-            k += 1
-            bnd *= u / math.sqrt(k)
-            if k > u * u and bnd < 1e-18:
-                break
-        nterm[q] = max(k, 1)
+        nterm[q] = series_terms(u, K)
     for j in range(c.shape[0]):
         cj = c[j]
         tot = 0.0
@@ -125,14 +129,7 @@ def _values_kernel(c, e, e0, R, mean, sd, p, out):  # pragma: no cover - numba
         u = R / s
         if u > U_MAX:
             continue
-        bnd = 1.0
-        k = 0
-        while k < Kmax and u > 0.0:
-            k += 1
-            bnd *= u / math.sqrt(k)
-            if k > u * u and bnd < 1e-18:
-                break
-        nterm[q] = max(k, 1)
+        nterm[q] = series_terms(u, Kmax)
     v = np.empty(ne)
     for i in range(ne):
         v[i] = (e[i] - e0) / R if R > 0 else 0.0

@@ -189,6 +189,16 @@ def _segment_constant(ptr, last, Dp):  # pragma: no cover - numba
 
 
 @njit(cache=True)
+def _flag_threshold(fixed, match, f, i):  # pragma: no cover - numba
+    """b_i of :func:`_curve_thresholds`: −∞ for a fixed boundary, the flag threshold of its match, +∞ without."""
+    if fixed[i]:
+        return -np.inf
+    if match[i] >= 0:
+        return f[match[i]]
+    return np.inf
+
+
+@njit(cache=True)
 def _curve_thresholds(ptr, end, ln, fixed, match, last, Dp, need, meas, Cs_sorted, cnt):  # pragma: no cover
     """:func:`_replay_nodes` at every pool at once for one draw ``Dp`` (constant over each age segment:
     :func:`_segment_constant`), by thresholds: adds to ``cnt[j]`` the hit tokens over the measured requests
@@ -215,12 +225,7 @@ def _curve_thresholds(ptr, end, ln, fixed, match, last, Dp, need, meas, Cs_sorte
         nq = float(need[q])
         pre = -inf
         for i in range(a, z):
-            if fixed[i]:
-                bi = -inf
-            elif match[i] >= 0:
-                bi = f[match[i]]
-            else:
-                bi = inf
+            bi = _flag_threshold(fixed, match, f, i)
             v = Dp[i] + end[i]
             if v != v:
                 v = inf
@@ -234,12 +239,7 @@ def _curve_thresholds(ptr, end, ln, fixed, match, last, Dp, need, meas, Cs_sorte
         for i in range(z - 1, a - 1, -1):
             if g[i] < h:
                 h = g[i]
-            if fixed[i]:
-                bi = -inf
-            elif match[i] >= 0:
-                bi = f[match[i]]
-            else:
-                bi = inf
+            bi = _flag_threshold(fixed, match, f, i)
             fi = bi if bi > nq else nq
             f[i] = fi if fi > h else h
             if mq and ln[i] > 0 and h < inf:

@@ -18,6 +18,8 @@ import math
 import numpy as np
 from numba import njit
 
+from kvhit.estimate.occupancy_shifted import series_terms
+
 
 @njit(cache=True)
 def _window_hits(node_ptr, node_end, node_len, mean, sd, c, out):  # pragma: no cover - numba
@@ -125,14 +127,7 @@ def _revisit_moments(node_ptr, node_end, node_len, sd, kmax):  # pragma: no cove
             for j in range(kmax + 1):
                 M[k, j] += pw
                 pw *= v
-        bnd = 1.0
-        t = 0
-        while t < kmax and u > 0.0:
-            t += 1
-            bnd *= u / math.sqrt(t)
-            if t > u * u and bnd < 1e-18:
-                break
-        nterm[k] = max(t, 1)
+        nterm[k] = series_terms(u, kmax)
     return e0, R, M, nterm
 
 
