@@ -127,6 +127,12 @@ class SchedResult:
     preemptions: np.ndarray
     steps: np.ndarray
     evictions: int
+    #: per request, ``(computed tokens after the step, step end)`` for every step in which it cached new full
+    #: blocks (its first computation only): the steps whose ends a vLLM engine publishes as KV event batches
+    stores: list[list[tuple[int, float]]] = field(default_factory=list)
+    #: marked steps (``marks``) ended at their mark; of those, steps whose marks disagreed (earliest taken)
+    marked_steps: int = 0
+    mark_conflicts: int = 0
 
     @property
     def total_preemptions(self) -> int:
@@ -309,6 +315,8 @@ def simulate_schedule(
     first_deadlines=None,
     hold_to_deadline: bool = False,
     min_step: float = 1e-6,
+    marks=None,
+    mark_pacing: str = "forced",
 ) -> SchedResult:
     """Run every request through :class:`VllmScheduler` at its arrival time (``+ step_time.d_in``; later if its
     ``after`` request has not finished by then) and return what happened (:class:`SchedResult`).
@@ -316,7 +324,19 @@ def simulate_schedule(
     ``deadlines`` (per request, optional) replaces the step-time line by the *measured clock*: each step lasts
     ``min over the requests it schedules of (deadline − now) / (steps that request still needs, this one
     included)`` (at least ``min_step``) — the engine runs just fast enough for every request to finish by its
-    deadline (its measured finish time) if nothing is preempted; ``step_time.a, b, c`` are then unused."""
+    deadline (its measured finish time) if nothing is preempted; ``step_time.a, b, c`` are then unused.
+
+    ``marks`` (per request, optional; the *step clock*): ``[(n, t), …]`` — the step in which that request's
+    computed tokens first reach ``n`` (during its first computation: before any preemption) ended at ``t``, as
+    observed (a vLLM engine publishes a KV event batch stamped with the step's end whenever a step stores a full
+    block; :func:`kvhit.replay.kvevents.step_marks`). A step that crosses a mark ends at it (at the earliest one
+    when several disagree; at least ``min_step`` after its start); every other step follows the deadline rule
+    (``mark_pacing="forced"``), or the deadline rule with each pending mark as one more deadline
+    (``"spread"``: steps before a mark share the time up to it). A mark whose ``n`` the request's prefix hit
+    already covers is skipped (the model did not compute that block). With a run's own ``stores`` as marks, the
+    forced step clock reproduces the run exactly."""
+    if mark_pacing not in ("forced", "spread"):
+        raise ValueError(f"mark_pacing: expected 'forced' or 'spread', got {mark_pacing!r}")
     sch = VllmScheduler(
         N,
         block_size=block_size,
@@ -339,6 +359,14 @@ def simulate_schedule(
     steps: list[tuple[float, float, int, int]] = []
     dl = None if deadlines is None else [float(x) for x in np.asarray(deadlines, np.float64)]
     fdl = None if first_deadlines is None else [float(x) for x in np.asarray(first_deadlines, np.float64)]
+    mk = None
+    if marks is not None:
+        if len(marks) != n:
+            raise ValueError(f"marks: expected one list per request ({n}), got {len(marks)}")
+        mk = [sorted((int(a), float(t)) for a, t in marks[r]) for r in range(n)]
+    mpos = [0] * n
+    stores: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    marked = conflicts = 0
     now = 0.0
     left = n
     empty = 0
@@ -366,7 +394,23 @@ def simulate_schedule(
             continue
         empty = 0
         tok = sum(k for _, k in out)
-        if deadlines is None:
+        hit_marks: list[float] = []
+        if mk is not None:
+            for q, k in out:
+                if q.preemptions:
+                    continue
+                lst, j = mk[q.index], mpos[q.index]
+                before = q.num_computed - k
+                while j < len(lst) and lst[j][0] <= q.num_computed:
+                    if lst[j][0] > before:
+                        hit_marks.append(lst[j][1])
+                    j += 1
+                mpos[q.index] = j
+        if hit_marks:
+            marked += 1
+            conflicts += max(hit_marks) - min(hit_marks) > 0
+            dur = max(min(hit_marks) - now, min_step)
+        elif deadlines is None:
             dur = step_time.duration(tok, len(out))
         else:
             dur = math.inf
@@ -378,9 +422,29 @@ def simulate_schedule(
                 dur = min(dur, (dl[q.index] - now) / k)
                 if fdl is not None and q.outputs == 0 and q.preemptions == 0:
                     dur = min(dur, (fdl[q.index] - now) / (1 + (-(-rest // sch.max_tokens) if rest > 0 else 0)))
+                if (
+                    mk is not None
+                    and mark_pacing == "spread"
+                    and q.preemptions == 0
+                    and mpos[q.index] < len(mk[q.index])
+                ):
+                    a_next, t_next = mk[q.index][mpos[q.index]]
+                    # steps up to the one that crosses the mark, this one included: the rest of the prefill in
+                    # budget-sized chunks, then one token a step
+                    left_tok = a_next - q.num_computed
+                    if rest > 0:
+                        ahead = -(-min(left_tok, rest) // sch.max_tokens) + max(left_tok - rest, 0)
+                    else:
+                        ahead = left_tok
+                    dur = min(dur, (t_next - now) / (1 + ahead))
             dur = max(dur, min_step)
         steps.append((now, dur, tok, len(out)))
         now += dur
+        for q, k in out:
+            if q.preemptions == 0 and q.num_computed // sch.b > (q.num_computed - k) // sch.b:
+                full = min(q.num_computed, q.num_tokens) // sch.b
+                if full * sch.b > max(q.num_computed - k, q.hit_tokens):
+                    stores[q.index].append((q.num_computed, now))
         for q in sch.finish_step(out, now):
             left -= 1
             for d in dependents.get(q.index, ()):
@@ -397,6 +461,9 @@ def simulate_schedule(
         preemptions=np.array([q.preemptions for q in qs], np.int64),
         steps=np.array(steps, np.float64).reshape(-1, 4),
         evictions=sch.pool.evictions,
+        stores=stores,
+        marked_steps=marked,
+        mark_conflicts=conflicts,
     )
 
 
