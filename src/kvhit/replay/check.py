@@ -375,6 +375,11 @@ def simulate_recorded_scheduler(
     }
     if mark_info is not None:
         info["step_clock"] = {**mark_info, "marked_steps": res.marked_steps, "mark_conflicts": res.mark_conflicts}
+    if anchored:  # the steps that cached new full blocks, per request: (computed tokens, Unix time of the step's end)
+        t_zero = float(np.min(added[order]))
+        info["store_times"] = [[] for _ in range(n)]
+        for i, r in enumerate(order):
+            info["store_times"][r] = [(a, t + t_zero) for a, t in res.stores[i]]
     return hit, info
 
 

@@ -57,9 +57,10 @@ def prefix_keys(tokens, block_size: int) -> list[bytes]:
     return out
 
 
-def read_kv_events(path, block_size: int) -> list[tuple[float, list[bytes] | None]]:
-    """The batches of ``path`` in file order: ``(ts, prefix keys stored)``, or ``(ts, None)`` for a batch that
-    cleared the cache (``AllBlocksCleared``: a prefix-cache reset). Removals are read for validity only."""
+def read_kv_events(path, block_size: int) -> list[tuple[float, list[bytes], bool]]:
+    """The batches of ``path`` in file order: ``(ts, prefix keys stored, reset)`` — ``reset``: the batch cleared
+    the cache (``AllBlocksCleared``: a prefix-cache reset, published with the next step's batch, so the keys are
+    those stored after it). Removals are read for validity only."""
     p = Path(path)
     try:
         fh = p.open(encoding="utf-8")
@@ -67,7 +68,7 @@ def read_kv_events(path, block_size: int) -> list[tuple[float, list[bytes] | Non
         raise KvEventsError(f"--kv-events {p}: cannot be read ({e.strerror or e})") from None
     b = int(block_size)
     prefix: dict[object, bytes] = {}
-    out: list[tuple[float, list[bytes] | None]] = []
+    out: list[tuple[float, list[bytes], bool]] = []
     last = -math.inf
     with fh:
         for i, line in enumerate(fh, 1):
@@ -90,11 +91,12 @@ def read_kv_events(path, block_size: int) -> list[tuple[float, list[bytes] | Non
                     f"{where}: 'ts' {ts} is earlier than the previous batch's ({last}); batches are in order"
                 )
             last = float(ts)
-            stored: list[bytes] | None = []
+            stored: list[bytes] = []
+            reset = False
             for ev in rec["ev"]:
                 kind = ev[0] if isinstance(ev, list) and ev else None
                 if kind == "C":
-                    stored = None
+                    stored, reset = [], True
                     prefix.clear()
                 elif kind == "S":
                     if len(ev) != 4 or not isinstance(ev[1], list) or not isinstance(ev[3], list):
@@ -109,14 +111,13 @@ def read_kv_events(path, block_size: int) -> list[tuple[float, list[bytes] | Non
                     for j, h in enumerate(hashes):
                         base = _key(base, toks[j * b : (j + 1) * b])
                         prefix[h] = base
-                        if stored is not None:
-                            stored.append(base)
+                        stored.append(base)
                 elif kind == "R":
                     if len(ev) != 2 or not isinstance(ev[1], list):
                         raise KvEventsError(f"{where}: a removed event must be ['R', hashes]")
                 else:
                     raise KvEventsError(f"{where}: unknown event {str(ev)[:60]!r} (expected 'S', 'R' or 'C')")
-            out.append((last, stored))
+            out.append((last, stored, reset))
     if not out:
         raise KvEventsError(f"--kv-events {p}: no event batches")
     return out
@@ -127,23 +128,24 @@ def step_marks(
 ) -> tuple[list[list[tuple[int, float]]], dict]:
     """Per request, its step marks ``[(tokens, Unix time), …]`` from ``batches`` (:func:`read_kv_events`), and
     counts. ``sequences[r]``: request ``r``'s tokens that get KV (prompt + returned tokens but the last);
-    ``server_added[r]``: its arrival at the server (Unix). Only batches after the last cache reset at or before
-    the earliest arrival are used; a run with none is refused (:class:`KvEventsError`)."""
+    ``server_added[r]``: its arrival at the server (Unix). Only the batches from the run's cache reset on are
+    used: the last reset published up to the first batch that ends after the earliest arrival (vLLM publishes a
+    reset with the next step's batch: a replay's reset comes with its first step, which ends after the first
+    arrival), only its stores after the reset; a run with no store is refused (:class:`KvEventsError`)."""
     b = int(block_size)
     added = np.asarray(server_added, np.float64)
     n = len(sequences)
     t0 = float(np.min(added)) if n else 0.0
     start = 0
-    for j, (ts, st) in enumerate(batches):
+    for j, (ts, _st, reset) in enumerate(batches):
+        if reset:
+            start = j
         if ts > t0:
             break
-        if st is None:
-            start = j + 1
     first_store: dict[bytes, float] = {}
-    for ts, st in batches[start:]:
-        if st:
-            for k in st:
-                first_store.setdefault(k, ts)
+    for ts, st, _reset in batches[start:]:
+        for k in st:
+            first_store.setdefault(k, ts)
     if not first_store:
         raise KvEventsError(f"{path}: no stored block after the run's start (is it this run's events file?)")
     keys = [prefix_keys(s, b) for s in sequences]

@@ -520,6 +520,7 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                 }
             sl = info_s.pop("simulated_latency")
             info_s.pop("preemptions_per_request")
+            info_s.pop("store_times", None)
             info_s["latency_mean_abs_error_s"] = float(np.nanmean(np.abs(sl - lat)))
             info_s["measured_latency_mean_s"] = float(np.mean(lat))
             concurrent["scheduler"].update(info_s)

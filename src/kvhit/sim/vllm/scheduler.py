@@ -409,7 +409,10 @@ def simulate_schedule(
         if hit_marks:
             marked += 1
             conflicts += max(hit_marks) - min(hit_marks) > 0
-            dur = max(min(hit_marks) - now, min_step)
+            end = min(hit_marks)
+            dur = end - now
+            if dur < min_step:
+                dur, end = min_step, now + min_step
         elif deadlines is None:
             dur = step_time.duration(tok, len(out))
         else:
@@ -439,7 +442,7 @@ def simulate_schedule(
                     dur = min(dur, (t_next - now) / (1 + ahead))
             dur = max(dur, min_step)
         steps.append((now, dur, tok, len(out)))
-        now += dur
+        now = end if hit_marks else now + dur
         for q, k in out:
             if q.preemptions == 0 and q.num_computed // sch.b > (q.num_computed - k) // sch.b:
                 full = min(q.num_computed, q.num_tokens) // sch.b
