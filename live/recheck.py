@@ -176,7 +176,9 @@ def main(argv):
                 if "stepclock" not in r
                 else f"; step clock {r['stepclock']['mismatches']} differ, {r['stepclock']['sim_minus_meas']:+.4f} "
                 f"({r['stepclock']['marks']} marks, {r['stepclock']['marked_steps']} marked steps, "
-                f"{r['stepclock']['mark_conflicts']} conflicts, {r['stepclock']['preemptions']} preemptions)"
+                f"{r['stepclock']['mark_conflicts']} conflicts, {r['stepclock']['marks_before_step_start']} late, "
+                f"|shift| p50 {r['stepclock']['mark_shift_ms']['p50']:.1f} / p90 "
+                f"{r['stepclock']['mark_shift_ms']['p90']:.1f} ms, {r['stepclock']['preemptions']} preemptions)"
             )
         )
     if a.json:

@@ -242,3 +242,42 @@ def test_replay_refuses_a_bad_events_file_in_one_line(tmp_path):
         assert r.code == 2 and "--kv-events: needs --server-log" in r.err and "Traceback" not in r.err
         r = kvhit(*args, "--server-log", str(slog), "--kv-events", str(tmp_path / "none.jsonl"))
         assert r.code == 2 and "--kv-events" in r.err and "no such file" in r.err
+
+
+def test_replay_reports_the_step_clock_beside_the_server_clock(tmp_path):
+    """kvhit replay --server-log --kv-events: the step clock is reported (scheduler_step_clock, its marks) and
+    written to the log; events that store none of the replay's blocks leave it equal to the server's clock."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    from kvhit.service.base import build
+    from kvhit.service.replay import ReplayRequest, replay
+
+    path = tmp_path / "t.parquet"
+    _chat_trace(path, n_conv=5)
+    slog = tmp_path / "server.log"
+    slog.write_text("")
+    ev = tmp_path / "events.jsonl"
+    ev.write_text(json.dumps({"ts": time.time() + 1e4, "ev": [["S", ["x"], None, list(range(16))]]}) + "\n")
+    with FakeVllm(log=slog) as srv:
+        req = build(
+            ReplayRequest,
+            endpoint=srv.url,
+            trace=path,
+            check=True,
+            concurrency=3,
+            server_log=slog,
+            kv_events=ev,
+            log=tmp_path / "log.parquet",
+        )
+        res = replay(req)
+    cc = res.check["concurrent"]
+    sc = cc["scheduler_step_clock"]
+    assert (
+        sc["marks"] == 0
+        and sc["new_blocks"] > 0
+        and sc["mismatching_requests"] == cc["scheduler"]["mismatching_requests"]
+    )
+    t = pq.read_table(tmp_path / "log.parquet").to_pydict()
+    assert t["simulated_hit_tokens_scheduler_step_clock"] == t["simulated_hit_tokens_scheduler"]

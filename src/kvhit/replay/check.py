@@ -374,7 +374,16 @@ def simulate_recorded_scheduler(
         "preemptions_per_request": pre,
     }
     if mark_info is not None:
-        info["step_clock"] = {**mark_info, "marked_steps": res.marked_steps, "mark_conflicts": res.mark_conflicts}
+        sh = np.abs(res.mark_shifts) * 1e3
+        info["step_clock"] = {
+            **mark_info,
+            "marked_steps": res.marked_steps,
+            "mark_conflicts": res.mark_conflicts,
+            "mark_shift_ms": {
+                q: float(np.percentile(sh, p)) if sh.size else 0.0 for q, p in (("p50", 50), ("p90", 90))
+            },
+            "marks_before_step_start": res.marks_late,
+        }
     if anchored:  # the steps that cached new full blocks, per request: (computed tokens, Unix time of the step's end)
         t_zero = float(np.min(added[order]))
         info["store_times"] = [[] for _ in range(n)]

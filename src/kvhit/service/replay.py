@@ -526,7 +526,8 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             concurrent["scheduler"].update(info_s)
             if step_clock is not None:
                 concurrent["scheduler_step_clock"].update(
-                    preemptions=info_k["preemptions"], **{k: int(v) for k, v in info_k["step_clock"].items()}
+                    preemptions=info_k["preemptions"],
+                    **{k: v if isinstance(v, dict) else int(v) for k, v in info_k["step_clock"].items()},
                 )
             sims_log = {"simulated_hit_tokens_holds": np.full(plan.n, -1, np.int64)}
             sims_log["simulated_hit_tokens_holds"][idx] = holds

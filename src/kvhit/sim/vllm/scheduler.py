@@ -133,6 +133,10 @@ class SchedResult:
     #: marked steps (``marks``) ended at their mark; of those, steps whose marks disagreed (earliest taken)
     marked_steps: int = 0
     mark_conflicts: int = 0
+    #: per marked step, its observed end minus the end the model's own step rule would have given it (seconds)
+    mark_shifts: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: marked steps whose mark was not after their start (the model reached the step late; it lasts ``min_step``)
+    marks_late: int = 0
 
     @property
     def total_preemptions(self) -> int:
@@ -366,7 +370,8 @@ def simulate_schedule(
         mk = [sorted((int(a), float(t)) for a, t in marks[r]) for r in range(n)]
     mpos = [0] * n
     stores: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    marked = conflicts = 0
+    marked = conflicts = late = 0
+    shifts: list[float] = []
     now = 0.0
     left = n
     empty = 0
@@ -406,14 +411,7 @@ def simulate_schedule(
                         hit_marks.append(lst[j][1])
                     j += 1
                 mpos[q.index] = j
-        if hit_marks:
-            marked += 1
-            conflicts += max(hit_marks) - min(hit_marks) > 0
-            end = min(hit_marks)
-            dur = end - now
-            if dur < min_step:
-                dur, end = min_step, now + min_step
-        elif deadlines is None:
+        if deadlines is None:
             dur = step_time.duration(tok, len(out))
         else:
             dur = math.inf
@@ -441,6 +439,15 @@ def simulate_schedule(
                         ahead = left_tok
                     dur = min(dur, (t_next - now) / (1 + ahead))
             dur = max(dur, min_step)
+        if hit_marks:
+            marked += 1
+            conflicts += max(hit_marks) - min(hit_marks) > 0
+            end = min(hit_marks)
+            shifts.append(end - (now + dur))  # the observed end against the model's own rule
+            dur = end - now
+            if dur < min_step:
+                late += 1
+                dur, end = min_step, now + min_step
         steps.append((now, dur, tok, len(out)))
         now = end if hit_marks else now + dur
         for q, k in out:
@@ -467,6 +474,8 @@ def simulate_schedule(
         stores=stores,
         marked_steps=marked,
         mark_conflicts=conflicts,
+        mark_shifts=np.array(shifts, np.float64),
+        marks_late=late,
     )
 
 
