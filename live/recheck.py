@@ -136,7 +136,7 @@ def main(argv):
         "(hold_to_deadline of simulate_recorded_scheduler; a diagnostic, not the default)",
     )
     ap.add_argument("--kv-events", help="the server's KV-cache events as JSON lines (live/kv_events.py decode)")
-    ap.add_argument("--mark-pacing", choices=("forced", "spread"), default="forced")
+    ap.add_argument("--mark-pacing", choices=("forced", "spread", "targets"), default="forced")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     st = None

@@ -113,6 +113,12 @@ def test_spread_pacing_meets_the_mark_and_a_covered_mark_is_skipped():
     kw = dict(N=4, block_size=4, deadlines=DEADLINES)
     sp = simulate_schedule(reqs, marks=[[(4, 0.407)], [], [], []], mark_pacing="spread", **kw)
     assert sp.steps[1, 0] + sp.steps[1, 1] == pytest.approx(0.407)  # request 0's decode step 1 ends at its mark
+    # "targets": the steps before a late mark are stretched towards it (the deadline rule alone would end the
+    # first step at 0.362; the mark at 0.6 is two steps on, so each lasts about (0.6 − 0.267) / 2)
+    tg = simulate_schedule(reqs, marks=[[(4, 0.6)], [], [], []], mark_pacing="targets", **kw)
+    fo = simulate_schedule(reqs, marks=[[(4, 0.6)], [], [], []], **kw)
+    assert fo.steps[0, 1] == pytest.approx(0.095, abs=1e-3) and fo.steps[1, 1] == pytest.approx(0.238, abs=1e-3)
+    assert tg.steps[0, 1] == pytest.approx((0.6 - 0.2672) / 2) and tg.steps[1, 0] + tg.steps[1, 1] == pytest.approx(0.6)
     # a mark for tokens the request's prefix hit covers is not one of its steps: request 3 hits 4 tokens
     base = simulate_schedule(reqs, marks=[[(4, 0.407)], [], [], []], **kw)
     skip = simulate_schedule(reqs, marks=[[(4, 0.407)], [], [], [(4, 0.1)]], **kw)

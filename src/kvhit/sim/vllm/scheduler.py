@@ -336,11 +336,12 @@ def simulate_schedule(
     block; :func:`kvhit.replay.kvevents.step_marks`). A step that crosses a mark ends at it (at the earliest one
     when several disagree; at least ``min_step`` after its start); every other step follows the deadline rule
     (``mark_pacing="forced"``), or the deadline rule with each pending mark as one more deadline
-    (``"spread"``: steps before a mark share the time up to it). A mark whose ``n`` the request's prefix hit
-    already covers is skipped (the model did not compute that block). With a run's own ``stores`` as marks, the
-    forced step clock reproduces the run exactly."""
-    if mark_pacing not in ("forced", "spread"):
-        raise ValueError(f"mark_pacing: expected 'forced' or 'spread', got {mark_pacing!r}")
+    (``"spread"``: steps before a mark share the time up to it), or with a request's next mark *instead of* its
+    deadline while it has one (``"targets"``: steps before a mark are also stretched to it). A mark whose ``n``
+    the request's prefix hit already covers is skipped (the model did not compute that block). With a run's own
+    ``stores`` as marks, the forced step clock reproduces the run exactly."""
+    if mark_pacing not in ("forced", "spread", "targets"):
+        raise ValueError(f"mark_pacing: expected 'forced', 'spread' or 'targets', got {mark_pacing!r}")
     sch = VllmScheduler(
         N,
         block_size=block_size,
@@ -420,15 +421,12 @@ def simulate_schedule(
                 rest = q.num_tokens - q.num_computed
                 if rest > 0:  # prefill continues: more chunks, and this step samples nothing
                     k += -(-rest // sch.max_tokens)
-                dur = min(dur, (dl[q.index] - now) / k)
+                pending = mk is not None and q.preemptions == 0 and mpos[q.index] < len(mk[q.index])
+                if not (pending and mark_pacing == "targets"):
+                    dur = min(dur, (dl[q.index] - now) / k)
                 if fdl is not None and q.outputs == 0 and q.preemptions == 0:
                     dur = min(dur, (fdl[q.index] - now) / (1 + (-(-rest // sch.max_tokens) if rest > 0 else 0)))
-                if (
-                    mk is not None
-                    and mark_pacing == "spread"
-                    and q.preemptions == 0
-                    and mpos[q.index] < len(mk[q.index])
-                ):
+                if pending and mark_pacing in ("spread", "targets"):
                     a_next, t_next = mk[q.index][mpos[q.index]]
                     # steps up to the one that crosses the mark, this one included: the rest of the prefill in
                     # budget-sized chunks, then one token a step
