@@ -287,3 +287,47 @@ def test_replay_reports_the_step_clock_beside_the_server_clock(tmp_path):
     )
     t = pq.read_table(tmp_path / "log.parquet").to_pydict()
     assert t["simulated_hit_tokens_scheduler_step_clock"] == t["simulated_hit_tokens_scheduler"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads())
+def test_every_own_step_end_as_the_iteration_clock_reproduces_the_run(w):
+    """step_ends = the run's own step ends (what --enable-logging-iteration-details logs: every step) reproduce
+    the run; a grid shifted by half a step changes the step times (so the grid is used)."""
+    seqs, prompts, arrivals, dls, N = w
+    reqs = _reqs(seqs, prompts, arrivals, 4)
+    try:
+        res = simulate_schedule(reqs, N=N, block_size=4, deadlines=dls)
+    except ValueError:
+        return
+    ends = res.steps[:, 0] + res.steps[:, 1]
+    again = simulate_schedule(reqs, N=N, block_size=4, deadlines=dls, step_ends=ends)
+    np.testing.assert_array_equal(again.hit_tokens, res.hit_tokens)
+    np.testing.assert_allclose(again.steps[:, 0], res.steps[:, 0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(again.finished, res.finished, rtol=1e-12, atol=1e-12)
+    late = simulate_schedule(reqs, N=N, block_size=4, deadlines=dls, step_ends=np.unique(ends + 0.5 * res.steps[:, 1]))
+    late_ends = late.steps[:, 0] + late.steps[:, 1]
+    assert late.steps.shape != res.steps.shape or not np.allclose(late_ends, ends)
+    with pytest.raises(ValueError, match="increasing"):
+        simulate_schedule(reqs, N=N, block_size=4, deadlines=dls, step_ends=[1.0, 1.0])
+
+
+def test_iteration_lines_are_read_and_bad_ones_refused(tmp_path):
+    from kvhit.replay.serverlog import ServerLogError, iteration_times
+
+    line = (
+        "{t} 4182 INFO vllm.v1.metrics.loggers: Engine 000: Iteration({i}): 1 context requests, 11 context tokens, "
+        "0 generation requests, 0 generation tokens, iteration elapsed time: 22.50 ms, CPU KV cache usage: 2.6%\n"
+    )
+    f = tmp_path / "server.log"
+    f.write_text(line.format(t="10.5", i=0) + "noise\n" + line.format(t="10.75", i=1))
+    np.testing.assert_array_equal(iteration_times(f), [10.5, 10.75])
+    f.write_text(line.format(t="10.5", i=0) + line.format(t="10.75", i=2))
+    with pytest.raises(ServerLogError, match=r"server\.log, line 2: Iteration\(2\) after Iteration\(0\)"):
+        iteration_times(f)
+    f.write_text("INFO 12-03 [loggers.py] " + line.format(t="x", i=0)[2:])
+    with pytest.raises(ServerLogError, match=r"line 1: an 'Iteration\(…\)' line without a Unix time"):
+        iteration_times(f)
+    f.write_text("10.5 1 INFO started\n")
+    with pytest.raises(ServerLogError, match="--enable-logging-iteration-details"):
+        iteration_times(f)

@@ -211,6 +211,7 @@ def simulate_recorded_scheduler(
     hold_to_deadline: bool = False,
     kv_events=None,
     mark_pacing: str = "forced",
+    iterations=None,
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 128,
     engine: str = "vllm",
@@ -335,8 +336,16 @@ def simulate_recorded_scheduler(
         mk_unix, mark_info = step_marks([seqs[r] for r in order], added[order], kv_events, b)
         t_zero = float(np.min(added[order]))
         marks = [[(a, t - t_zero) for a, t in lst] for lst in mk_unix]
+    grid = None
+    if iterations is not None:
+        if not anchored:
+            raise ValueError("iterations: the iteration clock needs the server's clock (server_added and server_ms)")
+        it = np.asarray(iterations, np.float64) - float(np.min(added[order]))
+        grid = np.unique(it[it >= 0.0])
+        marks = None
     res = simulate_schedule(
         reqs,
+        step_ends=grid,
         step_time=step_time,
         deadlines=deadlines,
         first_deadlines=first,
@@ -357,7 +366,13 @@ def simulate_recorded_scheduler(
             sim_lat[r] = res.finished[i] + tail - ts[r]
         pre[r] = res.preemptions[i]
     info = {
-        "clock": ("step clock (KV events)" if marks is not None else "anchored (server log)")
+        "clock": (
+            "iteration clock (server log)"
+            if grid is not None
+            else "step clock (KV events)"
+            if marks is not None
+            else "anchored (server log)"
+        )
         if anchored
         else clock
         if first is None

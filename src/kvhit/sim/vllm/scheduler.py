@@ -51,6 +51,7 @@ fitted line, not the model's cost; see :func:`fit_step_time`).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -321,6 +322,7 @@ def simulate_schedule(
     min_step: float = 1e-6,
     marks=None,
     mark_pacing: str = "forced",
+    step_ends=None,
 ) -> SchedResult:
     """Run every request through :class:`VllmScheduler` at its arrival time (``+ step_time.d_in``; later if its
     ``after`` request has not finished by then) and return what happened (:class:`SchedResult`).
@@ -339,7 +341,11 @@ def simulate_schedule(
     (``"spread"``: steps before a mark share the time up to it), or with a request's next mark *instead of* its
     deadline while it has one (``"targets"``: steps before a mark are also stretched to it). A mark whose ``n``
     the request's prefix hit already covers is skipped (the model did not compute that block). With a run's own
-    ``stores`` as marks, the forced step clock reproduces the run exactly."""
+    ``stores`` as marks, the forced step clock reproduces the run exactly.
+
+    ``step_ends`` (optional, increasing; the *iteration clock*): the engine's observed step ends, every step — a
+    step starting at ``now`` ends at the first of them after ``now`` (the deadline rule or the step-time line only
+    past the last one); ``marks`` are then not used."""
     if mark_pacing not in ("forced", "spread", "targets"):
         raise ValueError(f"mark_pacing: expected 'forced', 'spread' or 'targets', got {mark_pacing!r}")
     sch = VllmScheduler(
@@ -370,6 +376,9 @@ def simulate_schedule(
             raise ValueError(f"marks: expected one list per request ({n}), got {len(marks)}")
         mk = [sorted((int(a), float(t)) for a, t in marks[r]) for r in range(n)]
     mpos = [0] * n
+    grid = None if step_ends is None else [float(x) for x in np.asarray(step_ends, np.float64)]
+    if grid is not None and any(b <= a for a, b in zip(grid, grid[1:], strict=False)):
+        raise ValueError("step_ends: expected increasing times")
     stores: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     marked = conflicts = late = 0
     shifts: list[float] = []
@@ -437,6 +446,11 @@ def simulate_schedule(
                         ahead = left_tok
                     dur = min(dur, (t_next - now) / (1 + ahead))
             dur = max(dur, min_step)
+        if grid is not None:
+            j = bisect.bisect_right(grid, now)
+            if j < len(grid):
+                hit_marks = []
+                dur = max(grid[j] - now, min_step)
         if hit_marks:
             marked += 1
             conflicts += max(hit_marks) - min(hit_marks) > 0
