@@ -2,6 +2,7 @@
 
     # 1. in the server environment: bind the endpoint the server will connect to, keep every event batch
     live/kv_events.py record tcp://127.0.0.1:P EVENTS.bin        # run before the replay, stop by its PID after
+    #    (or EVENTS.jsonl: decoded as they arrive, for `kvhit replay --kv-events EVENTS.jsonl`: the step clock)
     #    the server: live/serve.sh … --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
     #                "endpoint": "tcp://127.0.0.1:P", "topic": "kv"}'   (vLLM connects to a tcp://host:port endpoint)
     # 2. in the server environment: decode (vLLM's own msgspec classes) to JSON lines
@@ -27,19 +28,23 @@ import sys
 
 
 def record(endpoint, out):  # noqa: D103
+    """Keep every batch: raw (length-prefixed msgpack) or, for an ``.jsonl`` path, decoded as it arrives (what
+    ``kvhit replay --kv-events`` and ``live/recheck.py --kv-events`` read; needs vLLM's classes: server env)."""
     import zmq
 
     sock = zmq.Context().socket(zmq.SUB)
     sock.bind(endpoint)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
-    with open(out, "ab") as f:
+    as_json = str(out).endswith(".jsonl")
+    line = _decoder() if as_json else None
+    with open(out, "a" if as_json else "ab") as f:
         while True:
             payload = sock.recv_multipart()[-1]
-            f.write(struct.pack("<I", len(payload)) + payload)
+            f.write(line(payload) if as_json else struct.pack("<I", len(payload)) + payload)
             f.flush()
 
 
-def decode(src, out):  # noqa: D103
+def _decoder():
     import msgspec
     from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
@@ -48,18 +53,26 @@ def decode(src, out):  # noqa: D103
     def h(x):
         return x.hex() if isinstance(x, bytes) else x
 
+    def line(payload):
+        b = dec.decode(payload)
+        ev = []
+        for e in b.events:
+            if isinstance(e, BlockStored):
+                ev.append(["S", [h(x) for x in e.block_hashes], h(e.parent_block_hash), list(e.token_ids)])
+            elif isinstance(e, BlockRemoved):
+                ev.append(["R", [h(x) for x in e.block_hashes]])
+            else:
+                ev.append(["C"])
+        return json.dumps({"ts": b.ts, "ev": ev}) + "\n"
+
+    return line
+
+
+def decode(src, out):  # noqa: D103
+    line = _decoder()
     with open(src, "rb") as f, open(out, "w") as w:
         while len(n := f.read(4)) == 4:
-            b = dec.decode(f.read(struct.unpack("<I", n)[0]))
-            ev = []
-            for e in b.events:
-                if isinstance(e, BlockStored):
-                    ev.append(["S", [h(x) for x in e.block_hashes], h(e.parent_block_hash), list(e.token_ids)])
-                elif isinstance(e, BlockRemoved):
-                    ev.append(["R", [h(x) for x in e.block_hashes]])
-                else:
-                    ev.append(["C"])
-            w.write(json.dumps({"ts": b.ts, "ev": ev}) + "\n")
+            w.write(line(f.read(struct.unpack("<I", n)[0])))
 
 
 def _key(base, toks):

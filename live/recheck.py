@@ -1,6 +1,6 @@
 """Re-run the concurrent check of `kvhit replay` logs offline, with the scheduler model and with holds:
     live/recheck.py LOG.parquet [LOG.parquet …] [--server-log SERVER.log] [--step-time-from LOG.parquet]
-                    [--hold-to-deadline] [--json OUT.json]
+                    [--hold-to-deadline] [--kv-events EVENTS.jsonl [--mark-pacing forced|spread]] [--json OUT.json]
 
 Per log: requests, measured ratio, and for each model the requests whose simulated hit differs from the server's
 cached_tokens and simulated − measured (aggregate token hit ratio over all requests): the scheduler model on the
@@ -11,7 +11,11 @@ clock (send to finish) and on the server's clock (`holds_server`: from the first
 server's queue time, to the last token, + first-token + generation times; absent without anchors or timings). With
 --step-time-from, the client-clock scheduler uses a step-time line fitted to another log's latencies instead; with
 --hold-to-deadline, both scheduler runs keep a request's blocks until its measured last token when the simulated
-steps finish it earlier (docs/live.md: what it fixes and what it costs).
+steps finish it earlier (docs/live.md: what it fixes and what it costs). With --kv-events (the server's KV-cache
+events, `live/kv_events.py decode`), the scheduler model on the server's clock is also run on the step clock
+(`stepclock`: steps that store a block only their request can compute end at the engine's published batch). With
+--iteration-clock SERVER.log (a server started with --enable-logging-iteration-details), also on the iteration clock
+(`iterclock`: every model step ends at the first engine step end logged after its start).
 """
 
 import argparse
@@ -22,7 +26,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from kvhit.replay.check import compare, server_clock_holds, simulate_recorded, simulate_recorded_scheduler
-from kvhit.replay.serverlog import ServerLogError, anchor_times
+from kvhit.replay.kvevents import KvEventsError, read_kv_events
+from kvhit.replay.serverlog import ServerLogError, anchor_times, iteration_times
 from kvhit.sim.vllm.scheduler import StepTime
 
 
@@ -57,7 +62,7 @@ def load(path):
     }
 
 
-def check(L, step_time=None, server_log=None, **kw):  # noqa: D103
+def check(L, step_time=None, server_log=None, kv_events=None, mark_pacing="forced", iteration_log=None, **kw):  # noqa: D103
     T = np.array([p.shape[0] for p in L["prompts"]], np.int64)
     common = dict(block_size=L["b"], num_gpu_blocks=L["G"], t_send=L["t_send"], t_done=L["t_done"])
     kw.setdefault("server_ms", L["server_ms"])
@@ -77,6 +82,29 @@ def check(L, step_time=None, server_log=None, **kw):  # noqa: D103
             L["prompts"], L["outputs"], prev=L["prev"], server_added=added, **common, **kw
         )
         models.append(("anchored", anch))
+        if kv_events is not None:
+            sc, sinfo = simulate_recorded_scheduler(
+                L["prompts"],
+                L["outputs"],
+                prev=L["prev"],
+                server_added=added,
+                kv_events=read_kv_events(kv_events, L["b"]),
+                mark_pacing=mark_pacing,
+                **common,
+                **kw,
+            )
+            models.append(("stepclock", sc))
+        if iteration_log is not None:
+            ic, iinfo = simulate_recorded_scheduler(
+                L["prompts"],
+                L["outputs"],
+                prev=L["prev"],
+                server_added=added,
+                iterations=iteration_times(iteration_log),
+                **common,
+                **kw,
+            )
+            models.append(("iterclock", ic))
     span = server_clock_holds(added, kw["server_ms"])
     if span is not None:  # holds on the server's clock: first schedule to last token
         hs = simulate_recorded(
@@ -88,6 +116,11 @@ def check(L, step_time=None, server_log=None, **kw):  # noqa: D103
         c = compare(L["cached"], h, T)
         out["measured"] = c.measured_ratio
         out[name] = {"mismatches": c.mismatches, "sim_minus_meas": c.simulated_ratio - c.measured_ratio}
+    if "iterclock" in out:
+        out["iterclock"]["preemptions"] = iinfo["preemptions"]
+        out["iterclock"]["steps"] = iinfo["steps"]
+    if "stepclock" in out:
+        out["stepclock"].update(preemptions=sinfo["preemptions"], **sinfo["step_clock"])
     if ainfo is not None:
         out["anchored"]["preemptions"] = ainfo["preemptions"]
         # the way in: from the client's send to the server's "Added request" line (needs the replay's t0_unix)
@@ -118,6 +151,13 @@ def main(argv):
         help="the scheduler model keeps a request's blocks until its measured last token when it finishes earlier "
         "(hold_to_deadline of simulate_recorded_scheduler; a diagnostic, not the default)",
     )
+    ap.add_argument("--kv-events", help="the server's KV-cache events as JSON lines (live/kv_events.py decode)")
+    ap.add_argument("--mark-pacing", choices=("forced", "spread", "targets"), default="forced")
+    ap.add_argument(
+        "--iteration-clock",
+        metavar="SERVER.log",
+        help="the server's log with --enable-logging-iteration-details: every engine step's end (the iteration clock)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     st = None
@@ -127,8 +167,16 @@ def main(argv):
     rows = []
     for p in a.logs:
         try:
-            r = check(load(p), step_time=st, server_log=a.server_log, hold_to_deadline=a.hold_to_deadline)
-        except ServerLogError as e:
+            r = check(
+                load(p),
+                step_time=st,
+                server_log=a.server_log,
+                kv_events=a.kv_events,
+                mark_pacing=a.mark_pacing,
+                iteration_log=a.iteration_clock,
+                hold_to_deadline=a.hold_to_deadline,
+            )
+        except (ServerLogError, KvEventsError) as e:
             sys.exit(f"recheck: {e}")
         rows.append(r)
         s, h = r["scheduler"], r["holds"]
@@ -145,6 +193,22 @@ def main(argv):
             f"latency error {s['latency_mae_ms']:.1f} of {s['latency_mean_ms']:.1f} ms); scheduler, server clock "
             f"{anc}; holds, client clock {h['mismatches']} differ, {h['sim_minus_meas']:+.4f}; holds, server clock "
             f"{hsc}"
+            + (
+                ""
+                if "iterclock" not in r
+                else f"; iteration clock {r['iterclock']['mismatches']} differ, "
+                f"{r['iterclock']['sim_minus_meas']:+.4f} ({r['iterclock']['steps']} steps, "
+                f"{r['iterclock']['preemptions']} preemptions)"
+            )
+            + (
+                ""
+                if "stepclock" not in r
+                else f"; step clock {r['stepclock']['mismatches']} differ, {r['stepclock']['sim_minus_meas']:+.4f} "
+                f"({r['stepclock']['marks']} marks, {r['stepclock']['marked_steps']} marked steps, "
+                f"{r['stepclock']['mark_conflicts']} conflicts, {r['stepclock']['marks_before_step_start']} late, "
+                f"|shift| p50 {r['stepclock']['mark_shift_ms']['p50']:.1f} / p90 "
+                f"{r['stepclock']['mark_shift_ms']['p90']:.1f} ms, {r['stepclock']['preemptions']} preemptions)"
+            )
         )
     if a.json:
         with open(a.json, "w") as f:

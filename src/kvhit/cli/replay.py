@@ -46,6 +46,7 @@ def replay(
     evict_policy: Annotated[str | None, _opt(RR, "evict_policy", "--evict-policy")] = None,
     sglang_cache: Annotated[str, _opt(RR, "sglang_cache", "--sglang-cache")] = "unified",
     server_log: Annotated[Path | None, _opt(RR, "server_log", "--server-log")] = None,
+    kv_events: Annotated[Path | None, _opt(RR, "kv_events", "--kv-events")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print strict JSON instead of tables.")] = False,
 ) -> None:
     """Replay a trace against a running vLLM or SGLang server (OpenAI completions, token-id prompts) and record
@@ -59,7 +60,9 @@ def replay(
     the measured times, both reported per request and in aggregate (not gating the exit status); --server-log FILE
     (the vLLM server's log, with --enable-log-requests and Unix-time stamps: live/vllm_logging.json) anchors the
     scheduler model and the holds on the engine's own clock (each request's "Added request" line; holds then run
-    from the first schedule to the last token), the client's clock reported beside them. A replay that fails
+    from the first schedule to the last token), the client's clock reported beside them; --kv-events EVENTS.jsonl
+    (the server's KV-cache events, live/kv_events.py record) adds the scheduler model on the step clock (steps that
+    store a block only their request can compute end when the engine published them). A replay that fails
     midway keeps its --log, marked partial, and exits 1. Against an SGLang server (detected from /server_info, or
     --engine sglang) --check simulates with kvhit's SGLang model instead (page size, pool and eviction policy read from
     the server); its concurrent replays are simulated with holds only.
@@ -106,6 +109,7 @@ def replay(
         evict_policy=evict_policy,
         sglang_cache=sglang_cache,
         server_log=server_log,
+        kv_events=kv_events,
     )
     if as_json:
         _print_json(res)
@@ -202,6 +206,7 @@ def _render(res) -> None:
                     else "holds from measured times",
                 ),
                 ("holds_client_clock", "holds on the client's clock (send to finish)"),
+                ("scheduler_step_clock", "vLLM's scheduler on the step clock (KV events)"),
             ):
                 if name not in cc:
                     continue

@@ -209,6 +209,9 @@ def simulate_recorded_scheduler(
     server_added=None,
     in_share: float = 0.5,
     hold_to_deadline: bool = False,
+    kv_events=None,
+    mark_pacing: str = "forced",
+    iterations=None,
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 128,
     engine: str = "vllm",
@@ -232,6 +235,10 @@ def simulate_recorded_scheduler(
     reaches the scheduler at ``added_r``, its first token is due at ``added_r + queue + ttft`` and its last at that
     plus ``generation`` — the client's send and finish times are then used for nothing but the order of equal
     anchors, and a chat turn's gap after the previous answer is measured on the same server clock.
+    ``kv_events``: optional batches of the server's KV-cache events (:func:`kvhit.replay.kvevents.read_kv_events`)
+    — the *step clock*: on the anchored clock only, every step that stores a block only its request can compute
+    ends at the batch the engine published for it (:func:`kvhit.replay.kvevents.step_marks`; ``mark_pacing`` as
+    in :func:`~kvhit.sim.vllm.scheduler.simulate_schedule`).
     Returns the hits (-1: a request kvhit cannot run: more tokens than blocks) and a dict
     with the step time used, whether it was fitted, the preemptions and the simulated/measured latencies.
     """
@@ -319,8 +326,33 @@ def simulate_recorded_scheduler(
         fitted = True
         lat = np.array([td[r] - ts[r] for r in order], np.float64)
         step_time = fit_step_time(reqs, lat, **kw)
+    marks = None
+    mark_info = None
+    if kv_events is not None:
+        if not anchored:
+            raise ValueError("kv_events: the step clock needs the server's clock (server_added and server_ms)")
+        from kvhit.replay.kvevents import step_marks
+
+        mk_unix, mark_info = step_marks([seqs[r] for r in order], added[order], kv_events, b)
+        t_zero = float(np.min(added[order]))
+        marks = [[(a, t - t_zero) for a, t in lst] for lst in mk_unix]
+    grid = None
+    if iterations is not None:
+        if not anchored:
+            raise ValueError("iterations: the iteration clock needs the server's clock (server_added and server_ms)")
+        it = np.asarray(iterations, np.float64) - float(np.min(added[order]))
+        grid = np.unique(it[it >= 0.0])
+        marks = None
     res = simulate_schedule(
-        reqs, step_time=step_time, deadlines=deadlines, first_deadlines=first, hold_to_deadline=hold_to_deadline, **kw
+        reqs,
+        step_ends=grid,
+        step_time=step_time,
+        deadlines=deadlines,
+        first_deadlines=first,
+        hold_to_deadline=hold_to_deadline,
+        marks=marks,
+        mark_pacing=mark_pacing,
+        **kw,
     )
     hit = np.full(n, -1, np.int64)
     sim_lat = np.full(n, np.nan)
@@ -334,7 +366,17 @@ def simulate_recorded_scheduler(
             sim_lat[r] = res.finished[i] + tail - ts[r]
         pre[r] = res.preemptions[i]
     info = {
-        "clock": "anchored (server log)" if anchored else clock if first is None else "measured (server timings)",
+        "clock": (
+            "iteration clock (server log)"
+            if grid is not None
+            else "step clock (KV events)"
+            if marks is not None
+            else "anchored (server log)"
+        )
+        if anchored
+        else clock
+        if first is None
+        else "measured (server timings)",
         "step_time": {k: getattr(step_time, k) for k in ("a", "b", "c", "d_in", "d_out")},
         "step_time_fitted": fitted,
         "max_num_batched_tokens": int(max_num_batched_tokens),
@@ -346,6 +388,22 @@ def simulate_recorded_scheduler(
         "simulated_latency": sim_lat,
         "preemptions_per_request": pre,
     }
+    if mark_info is not None:
+        sh = np.abs(res.mark_shifts) * 1e3
+        info["step_clock"] = {
+            **mark_info,
+            "marked_steps": res.marked_steps,
+            "mark_conflicts": res.mark_conflicts,
+            "mark_shift_ms": {
+                q: float(np.percentile(sh, p)) if sh.size else 0.0 for q, p in (("p50", 50), ("p90", 90))
+            },
+            "marks_before_step_start": res.marks_late,
+        }
+    if anchored:  # the steps that cached new full blocks, per request: (computed tokens, Unix time of the step's end)
+        t_zero = float(np.min(added[order]))
+        info["store_times"] = [[] for _ in range(n)]
+        for i, r in enumerate(order):
+            info["store_times"][r] = [(a, t + t_zero) for a, t in res.stores[i]]
     return hit, info
 
 

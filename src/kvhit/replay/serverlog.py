@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ServerLogError", "added_times", "anchor_times", "external_id"]
+__all__ = ["ServerLogError", "added_times", "anchor_times", "external_id", "iteration_times"]
 
 _MARK = "Added request "
 _LINE = re.compile(r"^\s*(\d+\.\d+)\s.*?Added request (\S+?)\.\s*$")
@@ -104,3 +104,41 @@ def anchor_times(path, response_ids: Sequence[str | None]) -> np.ndarray:
             raise ServerLogError(f"--server-log {path}: no 'Added request' line for request {r} (id {rid}); {hint}")
         out[r] = t
     return out
+
+
+_ITER = re.compile(r"^\s*(\d+\.\d+)\s.*?Iteration\((\d+)\): ")
+
+
+def iteration_times(path) -> np.ndarray:
+    """Unix times of the ``Iteration(i): …`` lines of ``path`` in log order — one per engine step that scheduled
+    tokens, logged by the front end as the step's output reaches it (vLLM 0.32.0 with
+    ``--enable-logging-iteration-details``: ``v1/engine/core.py`` ``capture_iteration_details``,
+    ``v1/metrics/loggers.py`` ``_log_iteration_details``). A line with the marker but no Unix time, or an index
+    that does not follow the previous one, is refused with the file and line; a log with none is refused."""
+    p = Path(path)
+    try:
+        fh = p.open(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ServerLogError(f"--server-log {p}: cannot be read ({e.strerror or e})") from None
+    out: list[float] = []
+    last = -1
+    with fh:
+        for i, line in enumerate(fh, 1):
+            if "Iteration(" not in line:
+                continue
+            m = _ITER.match(line)
+            if m is None:
+                raise ServerLogError(
+                    f"--server-log {p}, line {i}: an 'Iteration(…)' line without a Unix time at its start; start the "
+                    "server with VLLM_LOGGING_CONFIG_PATH=live/vllm_logging.json"
+                )
+            k = int(m.group(2))
+            if k != last + 1 and not (k == 0 and last >= 0):
+                raise ServerLogError(f"--server-log {p}, line {i}: Iteration({k}) after Iteration({last})")
+            last = k
+            out.append(float(m.group(1)))
+    if not out:
+        raise ServerLogError(
+            f"--server-log {p}: no 'Iteration(…)' line: start the server with --enable-logging-iteration-details"
+        )
+    return np.asarray(out, np.float64)

@@ -171,7 +171,21 @@ class ReplayRequest(Request):
         "default: none (the client's clock).",
     )
 
-    FLAGS = {"log": "--log", "trace": "--trace", "blocks_trace": "--blocks-trace", "server_log": "--server-log"}
+    kv_events: Path | None = Field(
+        None,
+        description="vLLM, with --server-log: the server's KV-cache events as JSON lines (live/kv_events.py record "
+        "… EVENTS.jsonl while the replay runs; the server started with --kv-events-config): the scheduler model's "
+        "steps that store a block only their request can compute end at the times the engine published for them "
+        "(the step clock, reported as scheduler_step_clock beside the server's clock); default: none.",
+    )
+
+    FLAGS = {
+        "log": "--log",
+        "trace": "--trace",
+        "blocks_trace": "--blocks-trace",
+        "server_log": "--server-log",
+        "kv_events": "--kv-events",
+    }
 
 
 class ReplayResponse(Response):
@@ -300,6 +314,11 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
     log = check_output_file(req.log, "--log")
     if req.server_log is not None and not req.server_log.is_file():
         raise InputError(f"--server-log {req.server_log}: no such file")
+    if req.kv_events is not None:
+        if req.server_log is None:
+            raise InputError("--kv-events: needs --server-log (the step clock runs on the server's clock)")
+        if not req.kv_events.is_file():
+            raise InputError(f"--kv-events {req.kv_events}: no such file")
     plan = _load_plan(req)
     notes = _notes(req, plan)
     sequential = req.speedup is None and (req.concurrency or 1) == 1
@@ -463,8 +482,19 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                     "--enable-per-request-metrics): the scheduler model uses the client's clock"
                 )
             client_clock = None
+            step_clock = None
             if info_s["clock"] == "anchored (server log)":  # the client's clock beside it, for comparison
                 client_clock, _ = ck.simulate_recorded_scheduler(prompts, outputs, **skw)
+                if req.kv_events is not None:
+                    from kvhit.replay.kvevents import KvEventsError, read_kv_events
+
+                    try:
+                        batches = read_kv_events(req.kv_events, b)
+                        step_clock, info_k = ck.simulate_recorded_scheduler(
+                            prompts, outputs, server_added=anchors[idx], kv_events=batches, **skw
+                        )
+                    except KvEventsError as e:
+                        anchor_error = str(e)
             use = req.concurrent_model
             if use == "scheduler" and req.output_cached != "m-1":
                 use = "holds"
@@ -477,6 +507,8 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                 models.append(("scheduler_client_clock", client_clock))
             if holds_client is not None:
                 models.append(("holds_client_clock", holds_client))
+            if step_clock is not None:
+                models.append(("scheduler_step_clock", step_clock))
             for name, h in models:
                 rr = ck.compare(run.cached_tokens[idx], h, plen[idx], mask=window[idx])
                 ra = ck.compare(run.cached_tokens[idx], h, plen[idx])
@@ -488,9 +520,15 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
                 }
             sl = info_s.pop("simulated_latency")
             info_s.pop("preemptions_per_request")
+            info_s.pop("store_times", None)
             info_s["latency_mean_abs_error_s"] = float(np.nanmean(np.abs(sl - lat)))
             info_s["measured_latency_mean_s"] = float(np.mean(lat))
             concurrent["scheduler"].update(info_s)
+            if step_clock is not None:
+                concurrent["scheduler_step_clock"].update(
+                    preemptions=info_k["preemptions"],
+                    **{k: v if isinstance(v, dict) else int(v) for k, v in info_k["step_clock"].items()},
+                )
             sims_log = {"simulated_hit_tokens_holds": np.full(plan.n, -1, np.int64)}
             sims_log["simulated_hit_tokens_holds"][idx] = holds
             sims_log["simulated_hit_tokens_scheduler"] = np.full(plan.n, -1, np.int64)
@@ -498,6 +536,9 @@ def replay(req: ReplayRequest, progress=None) -> ReplayResponse:
             if holds_client is not None:
                 sims_log["simulated_hit_tokens_holds_client_clock"] = np.full(plan.n, -1, np.int64)
                 sims_log["simulated_hit_tokens_holds_client_clock"][idx] = holds_client
+            if step_clock is not None:
+                sims_log["simulated_hit_tokens_scheduler_step_clock"] = np.full(plan.n, -1, np.int64)
+                sims_log["simulated_hit_tokens_scheduler_step_clock"][idx] = step_clock
             concurrent["holds"]["clock"] = (
                 "server (first schedule to last token)" if holds_client is not None else "client (send to finish)"
             )

@@ -51,6 +51,7 @@ fitted line, not the model's cost; see :func:`fit_step_time`).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -127,6 +128,16 @@ class SchedResult:
     preemptions: np.ndarray
     steps: np.ndarray
     evictions: int
+    #: per request, ``(computed tokens after the step, step end)`` for every step in which it cached new full
+    #: blocks (its first computation only): the steps whose ends a vLLM engine publishes as KV event batches
+    stores: list[list[tuple[int, float]]] = field(default_factory=list)
+    #: marked steps (``marks``) ended at their mark; of those, steps whose marks disagreed (earliest taken)
+    marked_steps: int = 0
+    mark_conflicts: int = 0
+    #: per marked step, its observed end minus the end the model's own step rule would have given it (seconds)
+    mark_shifts: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: marked steps whose mark was not after their start (the model reached the step late; it lasts ``min_step``)
+    marks_late: int = 0
 
     @property
     def total_preemptions(self) -> int:
@@ -309,6 +320,9 @@ def simulate_schedule(
     first_deadlines=None,
     hold_to_deadline: bool = False,
     min_step: float = 1e-6,
+    marks=None,
+    mark_pacing: str = "forced",
+    step_ends=None,
 ) -> SchedResult:
     """Run every request through :class:`VllmScheduler` at its arrival time (``+ step_time.d_in``; later if its
     ``after`` request has not finished by then) and return what happened (:class:`SchedResult`).
@@ -316,7 +330,24 @@ def simulate_schedule(
     ``deadlines`` (per request, optional) replaces the step-time line by the *measured clock*: each step lasts
     ``min over the requests it schedules of (deadline − now) / (steps that request still needs, this one
     included)`` (at least ``min_step``) — the engine runs just fast enough for every request to finish by its
-    deadline (its measured finish time) if nothing is preempted; ``step_time.a, b, c`` are then unused."""
+    deadline (its measured finish time) if nothing is preempted; ``step_time.a, b, c`` are then unused.
+
+    ``marks`` (per request, optional; the *step clock*): ``[(n, t), …]`` — the step in which that request's
+    computed tokens first reach ``n`` (during its first computation: before any preemption) ended at ``t``, as
+    observed (a vLLM engine publishes a KV event batch stamped with the step's end whenever a step stores a full
+    block; :func:`kvhit.replay.kvevents.step_marks`). A step that crosses a mark ends at it (at the earliest one
+    when several disagree; at least ``min_step`` after its start); every other step follows the deadline rule
+    (``mark_pacing="forced"``), or the deadline rule with each pending mark as one more deadline
+    (``"spread"``: steps before a mark share the time up to it), or with a request's next mark *instead of* its
+    deadline while it has one (``"targets"``: steps before a mark are also stretched to it). A mark whose ``n``
+    the request's prefix hit already covers is skipped (the model did not compute that block). With a run's own
+    ``stores`` as marks, the forced step clock reproduces the run exactly.
+
+    ``step_ends`` (optional, increasing; the *iteration clock*): the engine's observed step ends, every step — a
+    step starting at ``now`` ends at the first of them after ``now`` (the deadline rule or the step-time line only
+    past the last one); ``marks`` are then not used."""
+    if mark_pacing not in ("forced", "spread", "targets"):
+        raise ValueError(f"mark_pacing: expected 'forced', 'spread' or 'targets', got {mark_pacing!r}")
     sch = VllmScheduler(
         N,
         block_size=block_size,
@@ -339,6 +370,18 @@ def simulate_schedule(
     steps: list[tuple[float, float, int, int]] = []
     dl = None if deadlines is None else [float(x) for x in np.asarray(deadlines, np.float64)]
     fdl = None if first_deadlines is None else [float(x) for x in np.asarray(first_deadlines, np.float64)]
+    mk = None
+    if marks is not None:
+        if len(marks) != n:
+            raise ValueError(f"marks: expected one list per request ({n}), got {len(marks)}")
+        mk = [sorted((int(a), float(t)) for a, t in marks[r]) for r in range(n)]
+    mpos = [0] * n
+    grid = None if step_ends is None else [float(x) for x in np.asarray(step_ends, np.float64)]
+    if grid is not None and any(b <= a for a, b in zip(grid, grid[1:], strict=False)):
+        raise ValueError("step_ends: expected increasing times")
+    stores: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    marked = conflicts = late = 0
+    shifts: list[float] = []
     now = 0.0
     left = n
     empty = 0
@@ -366,6 +409,18 @@ def simulate_schedule(
             continue
         empty = 0
         tok = sum(k for _, k in out)
+        hit_marks: list[float] = []
+        if mk is not None:
+            for q, k in out:
+                if q.preemptions:
+                    continue
+                lst, j = mk[q.index], mpos[q.index]
+                before = q.num_computed - k
+                while j < len(lst) and lst[j][0] <= q.num_computed:
+                    if lst[j][0] > before:
+                        hit_marks.append(lst[j][1])
+                    j += 1
+                mpos[q.index] = j
         if deadlines is None:
             dur = step_time.duration(tok, len(out))
         else:
@@ -375,12 +430,43 @@ def simulate_schedule(
                 rest = q.num_tokens - q.num_computed
                 if rest > 0:  # prefill continues: more chunks, and this step samples nothing
                     k += -(-rest // sch.max_tokens)
-                dur = min(dur, (dl[q.index] - now) / k)
+                pending = mk is not None and q.preemptions == 0 and mpos[q.index] < len(mk[q.index])
+                if not (pending and mark_pacing == "targets"):
+                    dur = min(dur, (dl[q.index] - now) / k)
                 if fdl is not None and q.outputs == 0 and q.preemptions == 0:
                     dur = min(dur, (fdl[q.index] - now) / (1 + (-(-rest // sch.max_tokens) if rest > 0 else 0)))
+                if pending and mark_pacing in ("spread", "targets"):
+                    a_next, t_next = mk[q.index][mpos[q.index]]
+                    # steps up to the one that crosses the mark, this one included: the rest of the prefill in
+                    # budget-sized chunks, then one token a step
+                    left_tok = a_next - q.num_computed
+                    if rest > 0:
+                        ahead = -(-min(left_tok, rest) // sch.max_tokens) + max(left_tok - rest, 0)
+                    else:
+                        ahead = left_tok
+                    dur = min(dur, (t_next - now) / (1 + ahead))
             dur = max(dur, min_step)
+        if grid is not None:
+            j = bisect.bisect_right(grid, now)
+            if j < len(grid):
+                hit_marks = []
+                dur = max(grid[j] - now, min_step)
+        if hit_marks:
+            marked += 1
+            conflicts += max(hit_marks) - min(hit_marks) > 0
+            end = min(hit_marks)
+            shifts.append(end - (now + dur))  # the observed end against the model's own rule
+            dur = end - now
+            if dur < min_step:
+                late += 1
+                dur, end = min_step, now + min_step
         steps.append((now, dur, tok, len(out)))
-        now += dur
+        now = end if hit_marks else now + dur
+        for q, k in out:
+            if q.preemptions == 0 and q.num_computed // sch.b > (q.num_computed - k) // sch.b:
+                full = min(q.num_computed, q.num_tokens) // sch.b
+                if full * sch.b > max(q.num_computed - k, q.hit_tokens):
+                    stores[q.index].append((q.num_computed, now))
         for q in sch.finish_step(out, now):
             left -= 1
             for d in dependents.get(q.index, ()):
@@ -397,6 +483,11 @@ def simulate_schedule(
         preemptions=np.array([q.preemptions for q in qs], np.int64),
         steps=np.array(steps, np.float64).reshape(-1, 4),
         evictions=sch.pool.evictions,
+        stores=stores,
+        marked_steps=marked,
+        mark_conflicts=conflicts,
+        mark_shifts=np.array(shifts, np.float64),
+        marks_late=late,
     )
 
 
