@@ -57,6 +57,8 @@ def _cdf(Hb, row, z, delta, G):  # pragma: no cover
     """P(D ≤ z) on the table's interpolation (``H(z + 1) − H(z)``); 0 below 0."""
     if z < 0.0:
         return 0.0
+    if z >= (G + 2) * delta:  # z and z + 1 beyond the grid: _H's linear extension, without its division
+        return (Hb[row, G] + (z + 1.0 - G * delta)) - (Hb[row, G] + (z - G * delta))
     return _H(Hb, row, z + 1.0, delta, G) - _H(Hb, row, z, delta, G)
 
 
@@ -131,6 +133,7 @@ def _eager_kernel(
     d1 = np.zeros(nG)
     kap = np.zeros(nG)
     buf = np.empty(seg_off.shape[0], np.int64)
+    cn0 = 0.0
     for r in range(seg_off.shape[0] - 1):
         if not req_use[r]:
             continue
@@ -159,7 +162,8 @@ def _eager_kernel(
             L = 1
             for x in range(s0, s1):
                 if x == s0:
-                    pb = 1.0 - _cdf(Hb, row, n0, delta, G)
+                    cn0 = _cdf(Hb, row, n0, delta, G)
+                    pb = 1.0 - cn0
                 else:
                     nx = n0 - (x - s0)
                     if nx + 1.0 < 0.0:
@@ -218,9 +222,11 @@ def _eager_kernel(
                     dd = d1[gi]
                     if x == s0:
                         for m in range(M):
+                            if pi[m] == 0.0:  # adds exactly 0
+                                continue
                             t = (room - (msacc[m, gi] - dd)) / kp
                             if t > n0:
-                                tot += pi[m] * (_cdf(Hb, row, t, delta, G) - _cdf(Hb, row, n0, delta, G))
+                                tot += pi[m] * (_cdf(Hb, row, t, delta, G) - cn0)
                         out_h[r, k] += gain * tot
                     else:
                         d = n0 - (x - s0) + 1.0
