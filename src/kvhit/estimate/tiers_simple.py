@@ -134,6 +134,14 @@ def _eager_kernel(
     kap = np.zeros(nG)
     buf = np.empty(seg_off.shape[0], np.int64)
     cn0 = 0.0
+    gains = np.zeros(nC)
+    rooms = np.zeros(nC)
+    tots = np.zeros(nC)
+    live = np.zeros(nC, np.bool_)
+    am = np.zeros((MAXM, nG))
+    vm = np.zeros((MAXM, nG))
+    mono = np.zeros(nG, np.bool_)
+    run = np.zeros(MAXM + 1)
     for r in range(seg_off.shape[0] - 1):
         if not req_use[r]:
             continue
@@ -210,30 +218,65 @@ def _eager_kernel(
                     if acc < 1e-9 or qq <= 0.0:
                         break
                     j = seg_src[sj]
+                # per capacity: the gain and the room (κ·D_1 + S_m ≤ room); a capacity with no room or gain adds 0
                 for k in range(nC):
-                    gi = grp[k]
                     Feff = min(float(Fj1), Cs[k] - 1.0)
-                    gain = min(float(s1), Feff) - x
-                    room = Cs[k] - 1.0 - Feff + x - ds  # κ·D_1 + S_m ≤ room
-                    if room < 0.0 or gain <= 0.0:
-                        continue
-                    tot = 0.0
-                    kp = kap[gi]
-                    dd = d1[gi]
-                    if x == s0:
+                    gains[k] = min(float(s1), Feff) - x
+                    rooms[k] = Cs[k] - 1.0 - Feff + x - ds
+                    live[k] = not (rooms[k] < 0.0 or gains[k] <= 0.0)
+                    tots[k] = 0.0
+                for gi in range(nG):
+                    for m in range(M):
+                        am[m, gi] = msacc[m, gi] - d1[gi]  # S_m
+                if x == s0:
+                    # chain steps outside, capacities inside: each capacity's sum still runs over m in order
+                    for m in range(M):
+                        pm = pi[m]
+                        if pm == 0.0:  # adds exactly 0
+                            continue
+                        for k in range(nC):
+                            if live[k]:
+                                gi = grp[k]
+                                t = (rooms[k] - am[m, gi]) / kap[gi]
+                                if t > n0:
+                                    tots[k] += pm * (_cdf(Hb, row, t, delta, G) - cn0)
+                    for k in range(nC):
+                        if live[k]:
+                            out_h[r, k] += gains[k] * tots[k]
+                else:
+                    d = n0 - (x - s0) + 1.0
+                    # v_m = κ·d + S_m, each group's; where v rises with m the steps a capacity counts are a prefix
+                    # m < m_k, whose sum (in order) is the running sum of pi at m_k
+                    for gi in range(nG):
+                        kd = kap[gi] * d
+                        mono[gi] = True
                         for m in range(M):
-                            if pi[m] == 0.0:  # adds exactly 0
-                                continue
-                            t = (room - (msacc[m, gi] - dd)) / kp
-                            if t > n0:
-                                tot += pi[m] * (_cdf(Hb, row, t, delta, G) - cn0)
-                        out_h[r, k] += gain * tot
-                    else:
-                        d = n0 - (x - s0) + 1.0
-                        for m in range(M):
-                            if kp * d + (msacc[m, gi] - dd) <= room:
-                                tot += pi[m]
-                        out_h[r, k] += gain * pb * tot
+                            vm[m, gi] = kd + am[m, gi]
+                            if m > 0 and not vm[m, gi] >= vm[m - 1, gi]:
+                                mono[gi] = False
+                    run[0] = 0.0
+                    for m in range(M):
+                        run[m + 1] = run[m] + pi[m]
+                    for k in range(nC):
+                        if live[k]:
+                            gi = grp[k]
+                            rk = rooms[k]
+                            if mono[gi]:
+                                lo = 0  # the first m with v_m > room (bisection on the non-decreasing v)
+                                hi = M
+                                while lo < hi:
+                                    mid = (lo + hi) >> 1
+                                    if vm[mid, gi] <= rk:
+                                        lo = mid + 1
+                                    else:
+                                        hi = mid
+                                tot = run[lo]
+                            else:
+                                tot = 0.0
+                                for m in range(M):
+                                    if vm[m, gi] <= rk:
+                                        tot += pi[m]
+                            out_h[r, k] += gains[k] * pb * tot
 
 
 def simple_eager_hits(u, table, c0, same, N: int, Cs: np.ndarray, use: np.ndarray, seg_keep: np.ndarray):
