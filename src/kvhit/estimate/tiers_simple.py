@@ -140,7 +140,9 @@ def _eager_kernel(
     live = np.zeros(nC, np.bool_)
     am = np.zeros((MAXM, nG))
     vm = np.zeros((MAXM, nG))
-    mono = np.zeros(nG, np.bool_)
+    nan = np.zeros(nG, np.bool_)
+    pmax = np.zeros((MAXM, nG))
+    smin = np.zeros((MAXM, nG))
     run = np.zeros(MAXM + 1)
     for r in range(seg_off.shape[0] - 1):
         if not req_use[r]:
@@ -176,6 +178,7 @@ def _eager_kernel(
                     nx = n0 - (x - s0)
                     if nx + 1.0 < 0.0:
                         break
+                    # P(D ≤ nx + 1) is the previous block's P(D ≤ nx) (the same argument), else computed
                     pb = _cdf(Hb, row, nx + 1.0, delta, G) - _cdf(Hb, row, nx, delta, G)
                 if pb <= 1e-12:
                     continue
@@ -245,15 +248,22 @@ def _eager_kernel(
                             out_h[r, k] += gains[k] * tots[k]
                 else:
                     d = n0 - (x - s0) + 1.0
-                    # v_m = κ·d + S_m, each group's; where v rises with m the steps a capacity counts are a prefix
-                    # m < m_k, whose sum (in order) is the running sum of pi at m_k
+                    # v_m = κ·d + S_m, each group's. A capacity counts the steps with v_m ≤ room, in m order: all of
+                    # them before the first m* whose running maximum of v exceeds the room (the running sum of pi at
+                    # m*, the reference's partial sum exactly), then those after m* up to the last m whose suffix
+                    # minimum of v is within the room
                     for gi in range(nG):
                         kd = kap[gi] * d
-                        mono[gi] = True
+                        nan[gi] = False
                         for m in range(M):
-                            vm[m, gi] = kd + am[m, gi]
-                            if m > 0 and not vm[m, gi] >= vm[m - 1, gi]:
-                                mono[gi] = False
+                            v = kd + am[m, gi]
+                            vm[m, gi] = v
+                            if v != v:
+                                nan[gi] = True
+                            pmax[m, gi] = v if m == 0 or v > pmax[m - 1, gi] else pmax[m - 1, gi]
+                        for m in range(M - 1, -1, -1):
+                            v = vm[m, gi]
+                            smin[m, gi] = v if m == M - 1 or v < smin[m + 1, gi] else smin[m + 1, gi]
                     run[0] = 0.0
                     for m in range(M):
                         run[m + 1] = run[m] + pi[m]
@@ -261,19 +271,24 @@ def _eager_kernel(
                         if live[k]:
                             gi = grp[k]
                             rk = rooms[k]
-                            if mono[gi]:
-                                lo = 0  # the first m with v_m > room (bisection on the non-decreasing v)
+                            if nan[gi]:
+                                tot = 0.0
+                                for m in range(M):
+                                    if vm[m, gi] <= rk:
+                                        tot += pi[m]
+                            else:
+                                lo = 0  # m* = the first m with pmax > room (bisection: pmax does not fall)
                                 hi = M
                                 while lo < hi:
                                     mid = (lo + hi) >> 1
-                                    if vm[mid, gi] <= rk:
+                                    if pmax[mid, gi] <= rk:
                                         lo = mid + 1
                                     else:
                                         hi = mid
                                 tot = run[lo]
-                            else:
-                                tot = 0.0
-                                for m in range(M):
+                                for m in range(lo + 1, M):
+                                    if smin[m, gi] > rk:
+                                        break
                                     if vm[m, gi] <= rk:
                                         tot += pi[m]
                             out_h[r, k] += gains[k] * pb * tot
