@@ -63,6 +63,25 @@ def _cdf(Hb, row, z, delta, G):  # pragma: no cover
 
 
 @njit(cache=True)
+def _H_q(Hb, row, y, x, G, delta):  # pragma: no cover
+    """``_H(Hb, row, y, delta, G)`` given its quotient ``x = y / delta``."""
+    if y <= 0.0:
+        return 0.0
+    j = int(x)
+    if j >= G:
+        return Hb[row, G] + (y - G * delta)
+    return Hb[row, j] + (x - j) * (Hb[row, j + 1] - Hb[row, j])
+
+
+@njit(cache=True)
+def _cdf_q(Hb, row, z, xz, xz1, delta, G):  # pragma: no cover
+    """``_cdf(Hb, row, z, delta, G)`` given the quotients ``xz = z / delta``, ``xz1 = (z + 1) / delta``."""
+    if z < 0.0:
+        return 0.0
+    return _H_q(Hb, row, z + 1.0, xz1, G, delta) - _H_q(Hb, row, z, xz, G, delta)
+
+
+@njit(cache=True)
 def _seg_of(seg_off, seg_start, s1cap, j, x):  # pragma: no cover
     """The segment of request ``j`` whose GPU-hittable part holds block ``x``, or -1."""
     for s in range(seg_off[j], seg_off[j + 1]):
@@ -139,6 +158,10 @@ def _eager_kernel(
     tots = np.zeros(nC)
     live = np.zeros(nC, np.bool_)
     am = np.zeros((MAXM, nG))
+    tk = np.zeros(nC)
+    x0 = np.zeros(nC)
+    x1 = np.zeros(nC)
+    kapk = np.zeros(nC)
     vm = np.zeros((MAXM, nG))
     nan = np.zeros(nG, np.bool_)
     pmax = np.zeros((MAXM, nG))
@@ -228,6 +251,7 @@ def _eager_kernel(
                     rooms[k] = Cs[k] - 1.0 - Feff + x - ds
                     live[k] = not (rooms[k] < 0.0 or gains[k] <= 0.0)
                     tots[k] = 0.0
+                    kapk[k] = kap[grp[k]]
                 for gi in range(nG):
                     for m in range(M):
                         am[m, gi] = msacc[m, gi] - d1[gi]  # S_m
@@ -237,12 +261,17 @@ def _eager_kernel(
                         pm = pi[m]
                         if pm == 0.0:  # adds exactly 0
                             continue
+                        # the divisions first (a loop without branches: vectorized), then _cdf's interpolation on
+                        # them (the same quotients _H computes)
                         for k in range(nC):
-                            if live[k]:
-                                gi = grp[k]
-                                t = (rooms[k] - am[m, gi]) / kap[gi]
-                                if t > n0:
-                                    tots[k] += pm * (_cdf(Hb, row, t, delta, G) - cn0)
+                            t = (rooms[k] - am[m, grp[k]]) / kapk[k]
+                            tk[k] = t
+                            x0[k] = t / delta
+                            x1[k] = (t + 1.0) / delta
+                        for k in range(nC):
+                            t = tk[k]
+                            if live[k] and t > n0:
+                                tots[k] += pm * (_cdf_q(Hb, row, t, x0[k], x1[k], delta, G) - cn0)
                     for k in range(nC):
                         if live[k]:
                             out_h[r, k] += gains[k] * tots[k]
