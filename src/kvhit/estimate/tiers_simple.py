@@ -368,11 +368,14 @@ def simple_eager_hits(u, table, c0, same, N: int, Cs: np.ndarray, use: np.ndarra
         nxt = np.full(u.n, -1, np.int64)  # the next request of each request's stream (prev's inverse)
         has = prev >= 0
         nxt[prev[has]] = np.flatnonzero(has)
-        h = np.zeros((u.n, act.size))
+        # the kernel adds into out_h's own columns where the active ones are a range (C ≤ 1 comes first when sorted)
+        rng = act[-1] - act[0] + 1 == act.size
+        h = out_h[:, act[0] : act[-1] + 1] if rng else np.zeros((u.n, act.size))
         _eager_kernel(Hb, delta, seg_row, seg_c0, u.seg_off, u.seg_start, s1cap, u.seg_src, F, use, seg_same,
                       float(N), Cs[act].astype(np.float64), grp.astype(np.int64), push, ov, prev, sess, nxt, mean_D,
                       h)  # fmt: skip
-        out_h[:, act] = h
+        if not rng:
+            out_h[:, act] = h
     # the GPU hits of the counted requests (the same sums as out_g's)
     out_g2 = np.where(use, out_g, 0.0)
     return out_g2, out_h, rho
