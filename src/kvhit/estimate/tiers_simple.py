@@ -138,10 +138,12 @@ def _eager_kernel(
 
     ``push[g, q]`` = E blocks q inserts on the CPU under store cap group ``g`` (``grp[k]``: the group of ``Cs[k]``),
     ``ov[g, q]`` = how many of them its stream's previous request ``prev[q]`` inserted too (not distinct when both
-    are in a window); ``mean_D[row]`` = E D of a row. Every term is the one-pass-per-group reference's
-    (``tests/test_tiers_simple_fast.py``) with the same floating-point operations in the same order: the chain's
-    CPU insertion counts ``S`` depend on the chain's requests only, so they are computed once per distinct chain
-    prefix of a segment (memo) instead of once per block ``x``, and every group is served by one walk."""
+    are in a window); ``nxt[q]`` = the next request of q's stream (prev's inverse, −1); ``mean_D[row]`` = E D of a
+    row. Every value is the one-pass-per-group reference's (e442ffa's, kept in ``tests/test_tiers_simple_fast.py``),
+    bit for bit: each sum has the same operands in the same order. The chain's CPU insertion counts ``S`` depend on
+    the chain's requests only, so they are computed once per distinct chain prefix of a segment (memo) instead of
+    once per block ``x``; every group is served by one walk; a capacity's x > s0 sum is a running sum of π up to
+    the first step whose running maximum of κ·d + S exceeds its room."""
     G = Hb.shape[1] - 1
     nC = Cs.shape[0]
     nG = push.shape[0]
