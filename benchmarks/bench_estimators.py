@@ -162,9 +162,9 @@ def _calls(name, src, fam, b, Ns, hbm, host):
     raise ValueError(fam)
 
 
-#: left out of ``make bench`` (``run``): the simple-eager tier estimator on the whole WEKA pool ran > 300 s CPU
-#: without finishing its first call (docs/benchmarks.md); ``--families tiers-simple --only weka`` runs it
-SLOW = {("weka", "tiers-simple")}
+#: rows left out of ``make bench`` (``run``); empty since the simple-eager tier estimator on the whole WEKA pool went
+#: from > 300 s to ≈ 30 s CPU a call (docs/benchmarks.md, branch w9-eager)
+SLOW: set = set()
 
 
 def run(only=("weka", "mooncake", "sharegpt"), families=FAMILIES) -> dict:

@@ -57,7 +57,28 @@ def _cdf(Hb, row, z, delta, G):  # pragma: no cover
     """P(D ≤ z) on the table's interpolation (``H(z + 1) − H(z)``); 0 below 0."""
     if z < 0.0:
         return 0.0
+    if z >= (G + 2) * delta:  # z and z + 1 beyond the grid: _H's linear extension, without its division
+        return (Hb[row, G] + (z + 1.0 - G * delta)) - (Hb[row, G] + (z - G * delta))
     return _H(Hb, row, z + 1.0, delta, G) - _H(Hb, row, z, delta, G)
+
+
+@njit(cache=True)
+def _H_q(Hb, row, y, x, G, delta):  # pragma: no cover
+    """``_H(Hb, row, y, delta, G)`` given its quotient ``x = y / delta``."""
+    if y <= 0.0:
+        return 0.0
+    j = int(x)
+    if j >= G:
+        return Hb[row, G] + (y - G * delta)
+    return Hb[row, j] + (x - j) * (Hb[row, j + 1] - Hb[row, j])
+
+
+@njit(cache=True)
+def _cdf_q(Hb, row, z, xz, xz1, delta, G):  # pragma: no cover
+    """``_cdf(Hb, row, z, delta, G)`` given the quotients ``xz = z / delta``, ``xz1 = (z + 1) / delta``."""
+    if z < 0.0:
+        return 0.0
+    return _H_q(Hb, row, z + 1.0, xz1, G, delta) - _H_q(Hb, row, z, xz, G, delta)
 
 
 @njit(cache=True)
@@ -69,6 +90,24 @@ def _seg_of(seg_off, seg_start, s1cap, j, x):  # pragma: no cover
         if seg_start[s] > x:
             return -1
     return -1
+
+
+@njit(cache=True)
+def _gpu_hits(Hb, delta, seg_row, seg_c0, seg_off, seg_start, s1cap, N, out_g):  # pragma: no cover
+    """out_g[r] += E GPU hit blocks of each segment of request r (every request)."""
+    G = Hb.shape[1] - 1
+    for r in range(seg_off.shape[0] - 1):
+        for sg in range(seg_off[r], seg_off[r + 1]):
+            s0 = seg_start[sg]
+            s1 = s1cap[sg]
+            row = seg_row[sg]
+            if s1 <= s0 or row < 0:
+                continue
+            n0 = N - seg_c0[sg]
+            g = 0.0
+            for i in range(s0, s1):
+                g += _cdf(Hb, row, n0 - (i - s0), delta, G)
+            out_g[r] += g
 
 
 @njit(cache=True)
@@ -86,26 +125,54 @@ def _eager_kernel(
     same,
     N,
     Cs,
+    grp,
     push,
     ov,
     prev,
     sess,
+    nxt,
     mean_D,
-    out_g,
     out_h,
 ):  # pragma: no cover
-    """out_g[r] = E GPU hit blocks of request r; out_h[r, k] = E blocks the CPU adds at capacity Cs[k].
+    """out_h[r, k] = E blocks the CPU adds at capacity ``Cs[k]`` for the requests ``req_use``.
 
-    ``push[q]`` = E blocks q inserts on the CPU, ``ov[q]`` = how many of them its stream's previous request
-    ``prev[q]`` inserted too (not distinct when both are in a window); ``mean_D[row]`` = E D of a row."""
+    ``push[g, q]`` = E blocks q inserts on the CPU under store cap group ``g`` (``grp[k]``: the group of ``Cs[k]``),
+    ``ov[g, q]`` = how many of them its stream's previous request ``prev[q]`` inserted too (not distinct when both
+    are in a window); ``nxt[q]`` = the next request of q's stream (prev's inverse, −1); ``mean_D[row]`` = E D of a
+    row. Every value is the one-pass-per-group reference's (e442ffa's, kept in ``tests/test_tiers_simple_fast.py``),
+    bit for bit: each sum has the same operands in the same order. The chain's CPU insertion counts ``S`` depend on
+    the chain's requests only, so they are computed once per distinct chain prefix of a segment (memo) instead of
+    once per block ``x``; every group is served by one walk; a capacity's x > s0 sum is a running sum of π up to
+    the first step whose running maximum of κ·d + S exceeds its room."""
     G = Hb.shape[1] - 1
     nC = Cs.shape[0]
+    nG = push.shape[0]
     MAXM = 256
     pi = np.zeros(MAXM)
-    S = np.zeros(MAXM)
+    mj = np.empty(MAXM, np.int64)  # memo: the chain's requests j_0 … j_{L−1}
+    msacc = np.zeros((MAXM, nG))  # D_H(j_m, r) per group after step m
+    d1 = np.zeros(nG)
+    kap = np.zeros(nG)
+    buf = np.empty(seg_off.shape[0], np.int64)
+    cn0 = 0.0
+    gains = np.zeros(nC)
+    rooms = np.zeros(nC)
+    tots = np.zeros(nC)
+    live = np.zeros(nC, np.bool_)
+    am = np.zeros((MAXM, nG))
+    tk = np.zeros(nC)
+    x0 = np.zeros(nC)
+    x1 = np.zeros(nC)
+    kapk = np.zeros(nC)
+    vm = np.zeros((MAXM, nG))
+    nan = np.zeros(nG, np.bool_)
+    pmax = np.zeros((MAXM, nG))
+    smin = np.zeros((MAXM, nG))
+    run = np.zeros(MAXM + 1)
     for r in range(seg_off.shape[0] - 1):
         if not req_use[r]:
             continue
+        sr = sess[r]
         for sg in range(seg_off[r], seg_off[r + 1]):
             s0 = seg_start[sg]
             s1 = s1cap[sg]
@@ -117,82 +184,145 @@ def _eager_kernel(
             j1 = seg_src[sg]
             Fj1 = F[j1]
             ds = same[sg]
-            g = 0.0
-            for i in range(s0, s1):
-                g += _cdf(Hb, row, n0 - (i - s0), delta, G)
-            out_g[r] += g
-            if nC == 0:
-                continue
-            # the CPU's displacement D_H(j, r) (distinct other blocks inserted strictly between j and r), for every
-            # j of the window back to the oldest chain step, accumulated backwards from r
-            sr = sess[r]
-            d1 = 0.0
-            for q in range(j1 + 1, r):
-                if sess[q] != sr:
-                    d1 += push[q] - (ov[q] if prev[q] > j1 else 0.0)
-            kap = max(d1 / mean_D[row], 1e-9) if mean_D[row] > 0.0 else 1.0
+            for gi in range(nG):
+                acc1 = 0.0
+                for q in range(j1 + 1, r):
+                    if sess[q] != sr:
+                        acc1 += push[gi, q] - (ov[gi, q] if prev[q] > j1 else 0.0)
+                d1[gi] = acc1
+                kap[gi] = max(acc1 / mean_D[row], 1e-9) if mean_D[row] > 0.0 else 1.0
+            mj[0] = j1
+            for gi in range(nG):
+                msacc[0, gi] = d1[gi]
+            L = 1
             for x in range(s0, s1):
-                # probability that x is the boundary (first GPU miss)
                 if x == s0:
-                    pb = 1.0 - _cdf(Hb, row, n0, delta, G)
+                    cn0 = _cdf(Hb, row, n0, delta, G)
+                    pb = 1.0 - cn0
                 else:
                     nx = n0 - (x - s0)
                     if nx + 1.0 < 0.0:
                         break
+                    # P(D ≤ nx + 1) is the previous block's P(D ≤ nx) (the same argument), else computed
                     pb = _cdf(Hb, row, nx + 1.0, delta, G) - _cdf(Hb, row, nx, delta, G)
                 if pb <= 1e-12:
                     continue
-                # the refresh chain of x: S[m] = the CPU's insertions between the refresh and t_j1
                 M = 0
                 acc = 1.0
                 j = j1
-                sacc = d1  # D_H(j, r) for the current chain step j
-                jprev = j1
                 while M < MAXM:
+                    if M >= L or mj[M] != j:  # a new chain step: D_H(j, r) from the previous step's
+                        jprev = mj[M - 1]
+                        # the requests after jprev whose previous request enters the window now: the next
+                        # requests of (j, jprev], in arrival order (the reference scans (jprev, r) for them)
+                        nb = 0
+                        for p in range(j + 1, jprev + 1):
+                            q = nxt[p]
+                            if jprev < q < r and sess[q] != sr:
+                                buf[nb] = q
+                                nb += 1
+                        if nb > 1:
+                            buf[:nb].sort()
+                        for gi in range(nG):
+                            sacc = msacc[M - 1, gi]
+                            for q in range(j + 1, jprev + 1):
+                                if sess[q] != sr:
+                                    sacc += push[gi, q] - (ov[gi, q] if prev[q] > j else 0.0)
+                            for t in range(nb):
+                                sacc -= ov[gi, buf[t]]
+                            msacc[M, gi] = sacc
+                        mj[M] = j
+                        L = M + 1
                     sj = _seg_of(seg_off, seg_start, s1cap, j, x)
-                    if j < jprev:  # the insertions in [j + 1, jprev] (distinct within the window (j, r))
-                        for q in range(j + 1, jprev + 1):
-                            if sess[q] != sr:
-                                sacc += push[q] - (ov[q] if prev[q] > j else 0.0)
-                        # requests after jprev whose previous request entered the window now
-                        for q in range(jprev + 1, r):
-                            if sess[q] != sr and j < prev[q] <= jprev:
-                                sacc -= ov[q]
-                        jprev = j
-                    S[M] = sacc - d1
                     if sj < 0 or seg_row[sj] < 0 or seg_src[sj] < 0:
                         pi[M] = acc
                         M += 1
                         break
                     nl = N - seg_c0[sj] - (x - seg_start[sj])
-                    q = _cdf(Hb, seg_row[sj], nl, delta, G)
-                    pi[M] = acc * (1.0 - q)
+                    qq = _cdf(Hb, seg_row[sj], nl, delta, G)
+                    pi[M] = acc * (1.0 - qq)
                     M += 1
-                    acc *= q
-                    if acc < 1e-9 or q <= 0.0:
+                    acc *= qq
+                    if acc < 1e-9 or qq <= 0.0:
                         break
                     j = seg_src[sj]
+                # per capacity: the gain and the room (κ·D_1 + S_m ≤ room); a capacity with no room or gain adds 0
                 for k in range(nC):
-                    # a request stores at most C − 1 blocks (the CPU's free count; its own pinned batch cannot
-                    # evict itself), head first: of j_1's prompt the CPU can hold [.., min(F_j1, C − 1)) only
                     Feff = min(float(Fj1), Cs[k] - 1.0)
-                    gain = min(float(s1), Feff) - x
-                    room = Cs[k] - 1.0 - Feff + x - ds  # κ·D_1 + S_m ≤ room
-                    if room < 0.0 or gain <= 0.0:
-                        continue
-                    tot = 0.0
-                    if x == s0:
+                    gains[k] = min(float(s1), Feff) - x
+                    rooms[k] = Cs[k] - 1.0 - Feff + x - ds
+                    live[k] = not (rooms[k] < 0.0 or gains[k] <= 0.0)
+                    tots[k] = 0.0
+                    kapk[k] = kap[grp[k]]
+                for gi in range(nG):
+                    for m in range(M):
+                        am[m, gi] = msacc[m, gi] - d1[gi]  # S_m
+                if x == s0:
+                    # chain steps outside, capacities inside: each capacity's sum still runs over m in order
+                    for m in range(M):
+                        pm = pi[m]
+                        if pm == 0.0:  # adds exactly 0
+                            continue
+                        # the divisions first (a loop without branches: vectorized), then _cdf's interpolation on
+                        # them (the same quotients _H computes)
+                        for k in range(nC):
+                            t = (rooms[k] - am[m, grp[k]]) / kapk[k]
+                            tk[k] = t
+                            x0[k] = t / delta
+                            x1[k] = (t + 1.0) / delta
+                        for k in range(nC):
+                            t = tk[k]
+                            if live[k] and t > n0:
+                                tots[k] += pm * (_cdf_q(Hb, row, t, x0[k], x1[k], delta, G) - cn0)
+                    for k in range(nC):
+                        if live[k]:
+                            out_h[r, k] += gains[k] * tots[k]
+                else:
+                    d = n0 - (x - s0) + 1.0
+                    # v_m = κ·d + S_m, each group's. A capacity counts the steps with v_m ≤ room, in m order: all of
+                    # them before the first m* whose running maximum of v exceeds the room (the running sum of pi at
+                    # m*, the reference's partial sum exactly), then those after m* up to the last m whose suffix
+                    # minimum of v is within the room
+                    for gi in range(nG):
+                        kd = kap[gi] * d
+                        nan[gi] = False
                         for m in range(M):
-                            t = (room - S[m]) / kap
-                            if t > n0:
-                                tot += pi[m] * (_cdf(Hb, row, t, delta, G) - _cdf(Hb, row, n0, delta, G))
-                        out_h[r, k] += gain * tot
-                    else:
-                        d = n0 - (x - s0) + 1.0
-                        for m in range(M):
-                            if kap * d + S[m] <= room:
-                                tot += pi[m]
-                        out_h[r, k] += gain * pb * tot
+                            v = kd + am[m, gi]
+                            vm[m, gi] = v
+                            if v != v:
+                                nan[gi] = True
+                            pmax[m, gi] = v if m == 0 or v > pmax[m - 1, gi] else pmax[m - 1, gi]
+                        for m in range(M - 1, -1, -1):
+                            v = vm[m, gi]
+                            smin[m, gi] = v if m == M - 1 or v < smin[m + 1, gi] else smin[m + 1, gi]
+                    run[0] = 0.0
+                    for m in range(M):
+                        run[m + 1] = run[m] + pi[m]
+                    for k in range(nC):
+                        if live[k]:
+                            gi = grp[k]
+                            rk = rooms[k]
+                            if nan[gi]:
+                                tot = 0.0
+                                for m in range(M):
+                                    if vm[m, gi] <= rk:
+                                        tot += pi[m]
+                            else:
+                                lo = 0  # m* = the first m with pmax > room (bisection: pmax does not fall)
+                                hi = M
+                                while lo < hi:
+                                    mid = (lo + hi) >> 1
+                                    if pmax[mid, gi] <= rk:
+                                        lo = mid + 1
+                                    else:
+                                        hi = mid
+                                tot = run[lo]
+                                for m in range(lo + 1, M):
+                                    if smin[m, gi] > rk:
+                                        break
+                                    if vm[m, gi] <= rk:
+                                        tot += pi[m]
+                            out_h[r, k] += gains[k] * pb * tot
 
 
 def simple_eager_hits(u, table, c0, same, N: int, Cs: np.ndarray, use: np.ndarray, seg_keep: np.ndarray):
@@ -216,9 +346,7 @@ def simple_eager_hits(u, table, c0, same, N: int, Cs: np.ndarray, use: np.ndarra
     G = Hb.shape[1] - 1
     mean_D = G * delta - Hb[:, G]
     # the CPU's insertions: every full block the GPU does not hit (store or load), request by request
-    _eager_kernel(Hb, delta, seg_row, seg_c0, u.seg_off, u.seg_start, s1cap, u.seg_src, F, np.ones(u.n, np.bool_),
-                  seg_same, float(N), np.zeros(0), F * 0.0, F * 0.0, u.prev, u.session, mean_D, out_g,
-                  np.zeros((u.n, 0)))  # fmt: skip
+    _gpu_hits(Hb, delta, seg_row, seg_c0, u.seg_off, u.seg_start, s1cap, float(N), out_g)
     miss = np.maximum(F - out_g, 0.0)
     prev = u.prev.astype(np.int64)
     pp = np.maximum(prev, 0)
@@ -227,21 +355,31 @@ def simple_eager_hits(u, table, c0, same, N: int, Cs: np.ndarray, use: np.ndarra
     sess = u.session.astype(np.int64)
     tot = float(F.sum())
     rho = 1.0 - float(out_g.sum()) / tot if tot else 1.0
-    out_g2 = np.zeros(u.n)
     out_h = np.zeros((u.n, Cs.shape[0]))
-    # insertions per request capped at C − 1 (the store cap): one kernel pass per distinct cap that binds
-    top = float(miss.max()) if miss.size else 0.0
-    cap = np.minimum(Cs.astype(np.float64) - 1.0, top)
-    for cv in np.unique(cap):
-        ks = np.flatnonzero(cap == cv)
-        push = np.minimum(miss, cv)
-        ov = np.minimum(ov0, push)
-        g2 = np.zeros(u.n)
-        h2 = np.zeros((u.n, ks.shape[0]))
+    if Cs.shape[0] == 0:
+        return np.zeros(u.n), out_h, rho
+    # insertions per request capped at C − 1 (the store cap): one group per distinct cap that binds, every group
+    # in one kernel pass; C ≤ 1 adds nothing (F′ = min(F, C − 1) ≤ 0: no block to gain), left at 0
+    act = np.flatnonzero(Cs > 1)
+    if act.size:
+        top = float(miss.max()) if miss.size else 0.0
+        cap = np.minimum(Cs[act].astype(np.float64) - 1.0, top)
+        cvs, grp = np.unique(cap, return_inverse=True)
+        push = np.minimum(miss[None, :], cvs[:, None])
+        ov = np.minimum(ov0[None, :], push)
+        nxt = np.full(u.n, -1, np.int64)  # the next request of each request's stream (prev's inverse)
+        has = prev >= 0
+        nxt[prev[has]] = np.flatnonzero(has)
+        # the kernel adds into out_h's own columns where the active ones are a range (C ≤ 1 comes first when sorted)
+        rng = act[-1] - act[0] + 1 == act.size
+        h = out_h[:, act[0] : act[-1] + 1] if rng else np.zeros((u.n, act.size))
         _eager_kernel(Hb, delta, seg_row, seg_c0, u.seg_off, u.seg_start, s1cap, u.seg_src, F, use, seg_same,
-                      float(N), Cs[ks].astype(np.float64), push, ov, prev, sess, mean_D, g2, h2)  # fmt: skip
-        out_g2 = g2
-        out_h[:, ks] = h2
+                      float(N), Cs[act].astype(np.float64), grp.astype(np.int64), push, ov, prev, sess, nxt, mean_D,
+                      h)  # fmt: skip
+        if not rng:
+            out_h[:, act] = h
+    # the GPU hits of the counted requests (the same sums as out_g's)
+    out_g2 = np.where(use, out_g, 0.0)
     return out_g2, out_h, rho
 
 
