@@ -72,3 +72,28 @@ def test_pools_under_the_cli_handler_do_not_hang():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr
+
+
+def test_a_sigterm_between_fork_and_reset_kills_the_child():
+    """The race behind a hang seen once in a loaded ``make test``: a pool that terminates right after forking a
+    worker sends SIGTERM before the child's at-fork reset has run. Forced here: an at-fork hook registered *before*
+    kvhit's (so it runs first in the child) sends the child SIGTERM. The child must die by SIGTERM; without the
+    blocked mask, kvhit's handler ran inside the hook, its SystemExit was ignored and the child lived on (exit 7)."""
+    code = textwrap.dedent(
+        """
+        import os, signal, sys
+        os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        from kvhit.service.io import install_signal_handlers
+        install_signal_handlers()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        _, status = os.waitpid(pid, 0)
+        ok = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        # the parent's mask is as before the fork: SIGTERM not blocked, and its handler still kvhit's
+        ok = ok and signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+        print("killed" if ok else f"status {status}")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "killed", (r.stdout, r.stderr)

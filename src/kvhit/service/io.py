@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -138,10 +139,34 @@ def _sigterm(signum, frame):  # pragma: no cover - exercised by a subprocess tes
     raise SystemExit(128 + signum)
 
 
+_FORK = threading.local()  # per forking thread: whether _before_fork blocked SIGTERM (the child inherits it)
+
+
+def _before_fork() -> None:
+    """In the forking thread, while :func:`_sigterm` is installed: block SIGTERM across the fork, so that the child
+    starts with it blocked and no SIGTERM can run :func:`_sigterm` in the child before :func:`_child_default_sigterm`
+    has reset it (a pool terminated just after forking a worker sends exactly that SIGTERM)."""
+    _FORK.blocked = False
+    if signal.getsignal(signal.SIGTERM) is _sigterm:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        _FORK.blocked = signal.SIGTERM not in old
+
+
+def _parent_after_fork() -> None:
+    """The forking thread's signal mask as it was before :func:`_before_fork`."""
+    if getattr(_FORK, "blocked", False):
+        _FORK.blocked = False
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def _child_default_sigterm() -> None:
-    """In a process forked from one that holds :func:`_sigterm`: SIGTERM back to its default action (death)."""
+    """In a process forked from one that holds :func:`_sigterm`: SIGTERM back to its default action (death), then
+    unblocked — a SIGTERM that arrived since the fork is delivered now and ends the child."""
     if signal.getsignal(signal.SIGTERM) is _sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if getattr(_FORK, "blocked", False):
+        _FORK.blocked = False
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 _AT_FORK = [False]
@@ -156,14 +181,20 @@ def install_signal_handlers() -> None:
     pool) and expects them to die at once, whereas a worker that raises ``SystemExit`` inside the pool's shared
     queue lock can leave the pool hung for good — seen in a ``make test`` run (2026-12-03) and reproduced: a fork
     ``Pool`` of 2 used in a loop under this handler hangs within 78–88 pools, and finishes 300 in 2.8 s with the
-    reset (``tests/test_procs.py``). A handler the child installs itself, or another one than :func:`_sigterm`,
-    is left alone; spawned processes start with default handlers anyway."""
+    reset (``tests/test_procs.py``). SIGTERM is blocked in the forking thread across the fork and unblocked in the
+    child only after the reset, so a SIGTERM sent between the fork and the reset (a pool terminated right after it
+    forked a worker; seen once in a loaded ``make test``, 2026-12-03) kills the child instead of running
+    :func:`_sigterm` inside the at-fork hook, where its ``SystemExit`` was ignored and the worker lived on. A
+    handler the child installs itself, or another one than :func:`_sigterm`, is left alone; spawned processes start
+    with default handlers anyway."""
     try:
         signal.signal(signal.SIGTERM, _sigterm)
     except ValueError:  # pragma: no cover - not the main thread
         pass
     if not _AT_FORK[0]:
-        os.register_at_fork(after_in_child=_child_default_sigterm)
+        os.register_at_fork(
+            before=_before_fork, after_in_parent=_parent_after_fork, after_in_child=_child_default_sigterm
+        )
         _AT_FORK[0] = True
 
 
