@@ -1,5 +1,6 @@
 """The compiled llm-d stay probability (:func:`kvhit.fleet.stay_kernel.stay_max`) against the NumPy form it
-replaces (:func:`kvhit.fleet.estimate._stay_prob` with ``better="max"``), bit for bit, on scores with many exact
+replaces (:func:`kvhit.fleet.estimate._stay_prob` with ``better="max"``), bit for bit (within 1e-15 for a single
+prefix fraction, where NumPy sums the one contiguous column pairwise), on scores with many exact
 ties (small integers and multiples of 1/4, as in-flight counts and min–max queue scores give) and on continuous
 ones; and llm-d's stay probabilities under load at several capacities against values the NumPy form computed."""
 
@@ -37,7 +38,10 @@ def test_stay_max_equals_numpy_form(S, R, K, wp, grid, seed):
         fs = np.unique(rng.integers(0, 5, size=K) * 0.25)
     got = stay_max(np.ascontiguousarray(base[:, 0]), np.ascontiguousarray(base[:, 1:]), fs, wp)
     want = _numpy_form(base, fs, wp)
-    assert np.array_equal(got, want)
+    if fs.size > 1:  # NumPy's mean over axis 0 of an (S, K ≥ 2) array adds row by row, as the kernel does
+        assert np.array_equal(got, want)
+    else:  # one column is contiguous: NumPy sums it pairwise, so the tie shares (1/3, …) may round differently
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
 
 
 def test_stay_max_hand_case():

@@ -1,9 +1,10 @@
 """The compiled form of llm-d's stay probability (:func:`kvhit.fleet.estimate._stay_prob` with ``better="max"`` on
 the home scores ``base_h + w_p·f``): per load snapshot s the best other replica's score and its tie count, then for
 every prefix fraction f whether the home replica wins (by more than 1e-9) or ties (within 1e-9, the tie broken
-uniformly among the tied replicas) — the same floating-point operations in the same order as the NumPy form
-(each snapshot's terms added in snapshot order, then divided by the snapshot count), which
-tests/test_fleet_stay_kernel.py compares bit for bit.
+uniformly among the tied replicas) — the same floating-point operations as the NumPy form (each snapshot's terms
+added in snapshot order, then divided by the snapshot count), which tests/test_fleet_stay_kernel.py compares: bit
+for bit with two or more fractions (NumPy then adds row by row too), within 1e-15 with one (NumPy sums a single
+contiguous column pairwise).
 
 Invariant: the result depends only on the arrays passed; it is the mean over the S snapshots, so it lies in [0, 1].
 NOT modelled here: see :func:`kvhit.fleet.estimate.stay_probabilities`.
