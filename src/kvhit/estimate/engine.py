@@ -355,6 +355,7 @@ def estimate_window(
     n_t: int = 96,
     n_s: int = 48,
     rejection: bool = True,
+    tables: Any = None,
 ) -> EngineEstimate:
     """The engine estimator evaluated on the rows a measurement actually counts (window-exact form).
 
@@ -374,6 +375,11 @@ def estimate_window(
     ``rejection=True`` (vLLM engines): at capacity N, rows with ⌈T_j/b⌉ > N are rejected (left out of the
     numerator and the denominator, as the simulator's metrics do) and the background is the admitted
     accounting :meth:`EngineAccounting.admitted` (one moment table per distinct admitted set).
+
+    ``tables``: a callable ``(accounting, tgrid, sgrid) → (m_tab, v_tab)`` that returns the moment tables of the
+    whole accounting (admitted subsets still use the kernel) in place of
+    :func:`kvhit.estimate.displacement._phi_table_kernel` (the fleet curve's tables shared across routings,
+    :func:`kvhit.fleet.shared_tables.SharedTables`); default: the kernel.
     """
     if not isinstance(trace, Trace):
         raise EstimateError(f"trace: expected a Trace, got {type(trace).__name__}")
@@ -441,9 +447,12 @@ def estimate_window(
             hf[sub] = 0.0
             continue
         keep = adm[rev]  # the measured revisits that are admitted (their previous turn then is too)
-        m_tab = np.zeros((tg.size, sg.size))
-        v_tab = np.zeros((tg.size, sg.size))
-        _phi_table_kernel(acc_g.conv_ptr, acc_g.offsets, acc_g.cum_new, acc_g.hist_all, tg, sg, m_tab, v_tab)
+        if tables is not None and acc_g is acc:
+            m_tab, v_tab = tables(acc_g, tg, sg)
+        else:
+            m_tab = np.zeros((tg.size, sg.size))
+            v_tab = np.zeros((tg.size, sg.size))
+            _phi_table_kernel(acc_g.conv_ptr, acc_g.offsets, acc_g.cum_new, acc_g.hist_all, tg, sg, m_tab, v_tab)
         Wk, sk = W[keep], s_eval[keep]
         mean = lam0 * _bilinear(m_tab, tg, sg, Wk, sk) / acc.L
         sd = np.sqrt(lam0 * _bilinear(v_tab, tg, sg, Wk, sk) / acc.L) if fluctuations else np.zeros(Wk.size)

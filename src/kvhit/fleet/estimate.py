@@ -224,17 +224,20 @@ def estimate_fleet_curve(
     block_size: int | None = None,
     origin: float | None = 0.0,
     fluctuations: bool = True,
+    tables=None,
 ) -> np.ndarray:
     """:func:`estimate_fleet` with every one of the ``R`` replicas at capacity ``Ns[i]``, for every ``i`` in one
     call: the fragments and their accounting are built once and the window-exact estimator answers all
-    capacities together (the per-capacity answers, to 1e-12: tested)."""
+    capacities together (the per-capacity answers, to 1e-12: tested). ``tables``: passed to
+    :func:`kvhit.estimate.engine.estimate_window` (:class:`kvhit.fleet.shared_tables.SharedTables`)."""
     from kvhit.estimate.engine import estimate_window
 
     Ns = np.asarray(Ns, np.int64).reshape(-1)
     _, wm, lam, frag, n_conv = _fragments(trace, replica, R, window, lam0, engine, block_size)
     n_frag = np.unique(frag["conv"]).size
     kw = dict(engine=engine, metric=metric, block_size=block_size, origin=origin, fluctuations=fluctuations)
-    return np.asarray(estimate_window(frag, Ns, lam * n_frag / n_conv / R, window=wm, **kw).h, dtype=float)
+    e = estimate_window(frag, Ns, lam * n_frag / n_conv / R, window=wm, tables=tables, **kw)
+    return np.asarray(e.h, dtype=float)
 
 
 def estimate_fleet_oblivious(
@@ -699,12 +702,15 @@ def estimate_fleet_kv_curve(
     samples: int = 2048,
     seed: int = 0,
     destination: str = "uniform",
+    bitwise: bool = False,
 ) -> np.ndarray:
     """:func:`estimate_fleet_kv` with every one of the ``R`` replicas at capacity ``Ns[i]``, for every ``i`` in one
-    call (bit for bit the per-capacity answers: tested). Where the routing does not read N
-    (:func:`routing_reads_capacity`) it is drawn once and :func:`estimate_fleet_curve` answers every capacity on
-    it; otherwise a routing is drawn per distinct capacity (as :func:`estimate_fleet_kv` draws it) and the
-    capacities with identical routings share one :func:`estimate_fleet_curve` call."""
+    call (the per-capacity answers: tested). Where the routing does not read N (:func:`routing_reads_capacity`)
+    it is drawn once and :func:`estimate_fleet_curve` answers every capacity on it (bit for bit); otherwise a
+    routing is drawn per distinct capacity (as :func:`estimate_fleet_kv` draws it), the capacities with identical
+    routings share one :func:`estimate_fleet_curve` call, and the routings share the Φ tables of the fragments
+    they have in common (:class:`kvhit.fleet.shared_tables.SharedTables`: to rounding, within 1e-12 of the
+    per-capacity answers; ``bitwise=True``: each routing's own table by the estimator's kernel, bit for bit)."""
     R = int(R)
     if R < 1:
         raise ValueError(f"R: at least one replica, got {R}")
@@ -745,7 +751,13 @@ def estimate_fleet_kv_curve(
                 groups.setdefault(walked[key], (rep, []))
             groups[walked[key]][1].append(i)
     hu = np.empty(uN.size)
+    shared = None
+    if not bitwise and len(groups) > 1:
+        from kvhit.fleet.shared_tables import SharedTables
+
+        shared = SharedTables(trace, [rep for rep, _ in groups.values()], R)
     for rep, idx in groups.values():
-        hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], **kw)
+        tables = None if shared is None else shared.for_routing(rep)
+        hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], tables=tables, **kw)
     out[:] = hu[inv.ravel()]
     return out
