@@ -558,15 +558,10 @@ def _kv_draws(trace: Trace, R: int, seed: int):
 
 def _kv_walk(draws, stay: np.ndarray, R: int) -> np.ndarray:
     """The routing :func:`kv_routes` draws, given whether each row (conversation-major order) stays."""
+    from kvhit.fleet.stay_kernel import kv_walk
+
     order, first, _, d, jump = draws
-    out = np.empty(order.size, np.int64)
-    cur = 0
-    for i in range(order.size):
-        if first[i]:
-            cur = int(d[i])
-        elif not stay[i]:
-            cur = (cur + int(jump[i])) % R
-        out[i] = cur
+    out = kv_walk(first, np.asarray(stay, bool), np.asarray(d, np.int64), np.asarray(jump, np.int64), int(R))
     rep = np.empty(order.size, np.int64)
     rep[order] = out
     return rep
@@ -751,13 +746,16 @@ def estimate_fleet_kv_curve(
                 groups.setdefault(walked[key], (rep, []))
             groups[walked[key]][1].append(i)
     hu = np.empty(uN.size)
-    shared = None
+    runs = [list(groups.values())]
     if not bitwise and len(groups) > 1:
-        from kvhit.fleet.shared_tables import SharedTables
+        from kvhit.fleet.shared_tables import SharedTables, share_runs
 
-        shared = SharedTables(trace, [rep for rep, _ in groups.values()], R)
-    for rep, idx in groups.values():
-        tables = None if shared is None else shared.for_routing(rep)
-        hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], tables=tables, **kw)
+        runs = share_runs(trace, [g[0] for g in groups.values()])
+        runs = [[list(groups.values())[i] for i in run] for run in runs]
+    for run in runs:
+        shared = None if bitwise or len(run) < 2 else SharedTables(trace, [rep for rep, _ in run], R)
+        for rep, idx in run:
+            tables = None if shared is None else shared.for_routing(rep)
+            hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], tables=tables, **kw)
     out[:] = hu[inv.ravel()]
     return out

@@ -22,7 +22,31 @@ import numpy as np
 from kvhit.estimate.displacement import _phi_table_grouped
 from kvhit.workload.trace import Trace
 
-__all__ = ["SharedTables"]
+__all__ = ["SharedTables", "share_runs"]
+
+
+def share_runs(trace: Trace, reps, max_changed: float = 0.2) -> list[list[int]]:
+    """The routings ``reps`` (in the caller's order: ascending capacity) cut into consecutive runs that share
+    tables: a run grows while the share of conversations whose replicas differ within it stays at or below
+    ``max_changed`` (Dynamo's overlap destination changes a few conversations between neighbouring capacities,
+    but two thirds of them over the whole curve; llm-d under load: one run)."""
+    conv = trace.dense_conv().astype(np.int64)
+    n_conv = int(conv.max()) + 1 if conv.size else 0
+    runs: list[list[int]] = []
+    first = differs = np.zeros(0, bool)  # the run's first routing and the rows where the run's routings differ
+    for i, rep in enumerate(reps):
+        rep = np.asarray(rep, np.int64)
+        if runs:
+            diff = differs | (rep != first)
+            changed = np.zeros(n_conv, bool)
+            changed[conv[diff]] = True
+            if changed.mean() <= max_changed:
+                runs[-1].append(i)
+                differs = diff
+                continue
+        runs.append([i])
+        first, differs = rep, np.zeros(rep.size, bool)
+    return runs
 
 
 def _select(ptr: np.ndarray, arrays, keep: np.ndarray):
