@@ -356,3 +356,21 @@ def test_shared_tables_are_each_routings_own_tables(setting):
     for rep in reps:
         h = estimate_fleet_curve(tr, rep, R, Ns, window=mask, block_size=B, tables=st.for_routing(rep))
         np.testing.assert_allclose(h, estimate_fleet_curve(tr, rep, R, Ns, window=mask, block_size=B), atol=1e-12)
+
+
+def test_share_runs_cut_where_too_many_conversations_change(setting):
+    """share_runs keeps consecutive routings together while at most max_changed of the conversations differ
+    within the run, and starts a new run at a routing that would push the share above it."""
+    from kvhit.fleet.shared_tables import share_runs
+
+    tr = setting[0]
+    conv = tr.dense_conv()
+    n_conv = int(conv.max()) + 1
+    a = np.zeros(tr.n_turns, np.int64)
+    few = a.copy()
+    few[np.isin(conv, np.arange(max(1, n_conv // 20)))] = 1  # ≤ 5 % of the conversations moved
+    many = np.ones(tr.n_turns, np.int64)  # every conversation moved
+    assert share_runs(tr, [a, a, few]) == [[0, 1, 2]]
+    assert share_runs(tr, [a, few, many, many, a]) == [[0, 1], [2, 3], [4]]
+    assert share_runs(tr, [a, few], max_changed=0.0) == [[0], [1]]
+    assert share_runs(tr, []) == []

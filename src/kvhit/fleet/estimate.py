@@ -753,7 +753,7 @@ def estimate_fleet_kv_curve(
         runs = share_runs(trace, [g[0] for g in groups.values()])
         runs = [[list(groups.values())[i] for i in run] for run in runs]
     for run in runs:
-        shared = None if bitwise or len(run) < 2 else SharedTables(trace, [rep for rep, _ in run], R)
+        shared = None if bitwise or len(groups) < 2 else SharedTables(trace, [rep for rep, _ in run], R)
         for rep, idx in run:
             tables = None if shared is None else shared.for_routing(rep)
             hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], tables=tables, **kw)
