@@ -520,8 +520,14 @@ def _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U, memo: dict | 
             memo["wq_qs"] = wq * np.where(hi > lo, (hi - I) / np.where(hi > lo, hi - lo, 1.0), 1.0)
         base = memo["wq_qs"] + wk * (1.0 - U)
         qf = stay_max(np.ascontiguousarray(base[:, 0]), np.ascontiguousarray(base[:, 1:]), fs, wp)
-        q[rev] = qf[inv]
-        return q
+        # capacities whose per-fraction probabilities coincide get the very same array (read-only for the
+        # callers: estimate_fleet_kv_curve then skips the routing's stay draws by its identity)
+        seen = memo.setdefault("q_by_qf", {})
+        key = qf.tobytes()
+        if key not in seen:
+            q[rev] = qf[inv]
+            seen[key] = q
+        return seen[key]
     # sglang
     th = float(p.get("cache_threshold", 0.3))
     ab, rel = float(p.get("balance_abs_threshold", 64)), float(p.get("balance_rel_threshold", 1.5))
@@ -737,9 +743,15 @@ def estimate_fleet_kv_curve(
         )  # fmt: skip
         draws = _kv_draws(trace, R, seed + 1)
         walked: dict[bytes, bytes] = {}
+        by_q: dict[int, tuple[np.ndarray, bytes]] = {}  # a stay array the generator returns again: its decisions
         for i, q in enumerate(qs):
-            stay = draws[2] < q[draws[0]]
-            key = np.packbits(stay).tobytes()
+            seen = by_q.get(id(q))
+            if seen is not None and seen[0] is q:
+                key = seen[1]  # already in walked
+            else:
+                stay = draws[2] < q[draws[0]]
+                key = np.packbits(stay).tobytes()
+                by_q[id(q)] = (q, key)
             if key not in walked:
                 rep = _kv_walk(draws, stay, R)
                 walked[key] = rep.tobytes()
