@@ -426,17 +426,25 @@ def _phi_table_grouped(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, ou
     column of a per-t bucket row, and the buckets are summed cumulatively over s at the end (one addition per
     conversation and t instead of one per column). (2) Below that suffix, a column's sum is the cut segment's
     part plus the suffix sum of the whole segments after it (precomputed per conversation and t) instead of a
-    loop over the segments. ≈ 2.4× faster than the kernel on the ShareGPT fleet fragments."""
+    loop over the segments. (3) The conversations of one access (offset 0; 45 % of the ShareGPT fleet fragments)
+    each add Φ·t to every column: their Φ (and Φ²) are summed once and multiplied by t. ≈ 2.4× faster than the
+    kernel on the ShareGPT fleet fragments (without (3))."""
     nconv = conv_ptr.size - 1
     ns = sgrid.size
     G = tgrid.size
     fast_m = np.zeros((G, ns))
     fast_v = np.zeros((G, ns))
+    one_m = 0.0  # single-access conversations (offset 0): one segment [0, t] with Φ = cum_new, summed over them
+    one_v = 0.0
     for c in range(nconv):
         p0 = conv_ptr[c]
         p1 = conv_ptr[c + 1]
         M = p1 - p0
         s = offsets[p0:p1]
+        if M == 1 and s[0] == 0.0:
+            one_m += cum_new[p0]
+            one_v += cum_new[p0] * cum_new[p0]
+            continue
         bp = np.empty(2 * M)
         seg_lo = np.empty(2 * M)
         seg_hi = np.empty(2 * M)
@@ -511,6 +519,9 @@ def _phi_table_grouped(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, ou
     for it in range(G):
         rm = 0.0
         rv = 0.0
+        if tgrid[it] > 0 and ns > 0:  # their whole segment reaches every column (its start −0 ≤ every cut)
+            fast_m[it, 0] += one_m * tgrid[it]
+            fast_v[it, 0] += one_v * tgrid[it]
         for js in range(ns):
             rm += fast_m[it, js]
             rv += fast_v[it, js]
