@@ -45,7 +45,8 @@ capacity only through llm-d's KV usage u = A/N (under load), and :func:`dynamo_r
 cut: for every other router the routing is drawn once and :func:`estimate_fleet_curve` answers all capacities on it;
 where the routing does depend on N, the load snapshots are drawn once, a routing is drawn per capacity (cheap:
 the stay rule, or the compiled walk of :mod:`kvhit.fleet.dynamo_kernel`) and capacities whose routings are
-identical share one fleet curve (each distinct routing costs one fragment table, 0.2–0.4 s on ShareGPT).
+identical share one fleet curve; the distinct routings share the fragment tables of the conversations none of
+them moves (:mod:`kvhit.fleet.shared_tables`: to rounding; ``bitwise=True``: one kernel table per routing).
 
 :func:`dynamo_routes` (``estimate_fleet_kv(..., destination="overlap")``, opt-in) runs Dynamo's rule on every
 replica's overlap instead, evictions cut by the block-tail rule: measured better at a heavy load, worse at R = 2
