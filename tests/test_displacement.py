@@ -91,3 +91,22 @@ def test_phi_table_kernel_is_its_reference_bit_for_bit(case, s_points):
         out.append((m, v))
     np.testing.assert_array_equal(out[0][0], out[1][0])
     np.testing.assert_array_equal(out[0][1], out[1][1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(conversations(), st.lists(st.one_of(st.just(0.0), st.floats(0.0, 200.0)), min_size=1, max_size=8))
+def test_phi_table_grouped_is_the_kernel_to_rounding(case, s_points):
+    """_phi_table_grouped (whole-segment sums bucketed by their first column and summed cumulatively over s, cut
+    columns by suffix sums) adds the kernel's terms in another order: equal to 1e-12 relative, and adds onto out."""
+    from kvhit.estimate.displacement import _phi_table_grouped, _phi_table_reference
+
+    ptr, off, cn, hist, t = case
+    tg = np.unique(t)
+    sg = np.unique(np.asarray(s_points))
+    out = []
+    for kernel in (_phi_table_grouped, _phi_table_reference):
+        m, v = np.full((tg.size, sg.size), 1.0), np.full((tg.size, sg.size), 2.0)
+        kernel(ptr, off, cn, hist, tg, sg, m, v)
+        out.append((m, v))
+    for a, b in zip(out[0], out[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * max(1.0, float(np.abs(b).max())))

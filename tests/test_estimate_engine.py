@@ -328,7 +328,8 @@ def test_window_estimator_with_rejections_within_simulation_ci():
 )
 def test_row_hits_kernel_is_its_reference_bit_for_bit(rows, Cs, prefix):
     """_row_hits_kernel (saturated leading terms counted, the sum stopped once a term no longer changes it) sums
-    exactly what the term-by-term _row_hits_reference sums, at every capacity."""
+    exactly what the term-by-term _row_hits_reference sums, at every capacity, with and without the terms
+    remembered across capacities (in any order, repeated, neighbouring)."""
     from kvhit.estimate.engine import _row_hits_kernel, _row_hits_reference, _saturation_point
 
     H = np.array([r[0] for r in rows], float)
@@ -337,11 +338,41 @@ def test_row_hits_kernel_is_its_reference_bit_for_bit(rows, Cs, prefix):
     size = H + 1.0
     xsat = np.empty(H.size)
     _saturation_point(mean, sd, xsat)
-    for C in Cs:
-        a, b = np.empty(H.size), np.empty(H.size)
-        _row_hits_kernel(H, size, mean, sd, float(C), prefix, a, xsat)
+    P = 4  # few slots: remembered terms are overwritten and re-evaluated as well as read back
+    mval, mkey = np.empty(H.size * P), np.full(H.size * P, np.nan)
+    none = np.empty(0)
+    for C in Cs + sorted(Cs) + [c + 1 for c in Cs]:
+        a, b, c = np.empty(H.size), np.empty(H.size), np.empty(H.size)
+        _row_hits_kernel(H, size, mean, sd, float(C), prefix, a, xsat, none, none)
+        _row_hits_kernel(H, size, mean, sd, float(C), prefix, c, xsat, mval, mkey)
         _row_hits_reference(H, size, mean, sd, float(C), prefix, b)
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(c, b)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(-50.0, 5e4), st.one_of(st.floats(1e-3, 1e3), st.floats(1e3, 2e5))), min_size=1, max_size=20
+    )
+)
+def test_saturation_point_is_the_first_whole_x_reading_one(rows):
+    """For any mean and sd (the bracket narrowed around the erfc threshold or not) the point is the smallest whole
+    x ≥ 0 whose term reads exactly 1.0, or +inf where none does up to mean + 10·sd + 2."""
+    from kvhit.estimate.engine import _prefix_term, _saturation_point
+
+    mean = np.array([r[0] for r in rows])
+    sd = np.array([r[1] for r in rows])
+    x = np.empty(mean.size)
+    _saturation_point(mean, sd, x)
+    for r in range(mean.size):
+        if np.isinf(x[r]):
+            hi = np.ceil(max(mean[r], 0.0) + 10.0 * sd[r]) + 2.0
+            assert _prefix_term(hi + 1.0, 0, mean[r], sd[r]) != 1.0
+            continue
+        assert x[r] >= 0 and x[r] == np.floor(x[r])
+        assert _prefix_term(x[r] + 1.0, 0, mean[r], sd[r]) == 1.0
+        assert x[r] == 0 or _prefix_term(x[r], 0, mean[r], sd[r]) < 1.0
 
 
 def test_saturation_point_is_where_the_term_first_reads_one():

@@ -183,17 +183,23 @@ def test_dynamo_routes_limits(setting):
 )
 def test_kv_curve_is_the_per_capacity_estimate_bit_for_bit(setting, router, params, R, held, destination):
     """estimate_fleet_kv_curve answers every capacity in one call: exactly the per-capacity estimate_fleet_kv
-    (capacities unsorted, repeated, below the largest request), for routings that do and do not read N."""
-    from kvhit.fleet.estimate import estimate_fleet_kv_curve
+    (capacities unsorted, repeated, below the largest request), for routings that do and do not read N; where
+    the routing reads N, the default shares the Φ tables across routings (to 1e-12), ``bitwise=True`` does not."""
+    from kvhit.fleet.estimate import estimate_fleet_kv_curve, routing_reads_capacity
 
     tr, mask, rq, rate = setting
     hold = rq.prompt_tokens / SPEED if held else None
     Ns = [1200, 5, 150, 600, 150, 40, 300]
     kw = dict(hold=hold, params=params, window=mask, rate=rate, block_size=B, seed=3, destination=destination)
-    h = estimate_fleet_kv_curve(tr, router, R, Ns, **kw)
+    h = estimate_fleet_kv_curve(tr, router, R, Ns, bitwise=True, **kw)
     ref = [estimate_fleet_kv(tr, router, [N] * R, **kw) for N in Ns]
     np.testing.assert_array_equal(h, ref)
     assert h[0] > h[-2] + 0.05
+    h2 = estimate_fleet_kv_curve(tr, router, R, Ns, **kw)
+    if routing_reads_capacity(router, hold=hold, params=params, destination=destination):
+        np.testing.assert_allclose(h2, ref, rtol=0, atol=1e-12)
+    else:
+        np.testing.assert_array_equal(h2, ref)
     assert estimate_fleet_kv_curve(tr, router, R, [], **kw).shape == (0,)
 
 
@@ -311,3 +317,60 @@ def test_dynamo_routes_compiled_is_the_numpy_loop(setting, Nr, held, params):
     for R in (2, 3):
         kw = dict(hold=hold, Ns=[Nr] * R, params=params, rate=rate, block_size=B, seed=5)
         np.testing.assert_array_equal(dynamo_routes(tr, R, **kw), _dynamo_routes_reference(tr, R, **kw))
+
+
+def test_shared_tables_are_each_routings_own_tables(setting):
+    """SharedTables: routings that differ in a few conversations get the moment tables of their whole fragment
+    traces (the kernel's, to 1e-12 relative) and the same fleet curve (to 1e-12), grids and fallbacks included."""
+    from kvhit.estimate.accounting import engine_accounting
+    from kvhit.estimate.displacement import _phi_table_kernel
+    from kvhit.fleet.estimate import estimate_fleet_curve, fragment_trace, kv_routes
+    from kvhit.fleet.shared_tables import SharedTables
+
+    tr, mask, _, _ = setting
+    R = 3
+    q = stay_probabilities(tr, "dynamo", R, block_size=B)
+    rep0 = kv_routes(tr, q, R, seed=1)
+    conv = tr.dense_conv()
+    rng = np.random.default_rng(5)
+    reps = [rep0]
+    for k in range(3):  # move every row of a few conversations
+        rep = rep0.copy()
+        for c in rng.choice(int(conv.max()) + 1, size=3 + k, replace=False):
+            rep[conv == c] = (rep[conv == c] + 1 + k) % R
+        reps.append(rep)
+    st = SharedTables(tr, reps, R)
+    assert 3 <= st.changed.sum() <= 3 + 4 + 5
+    tg = np.array([0.0, 3.0, 40.0, 41.5, 400.0])
+    for i, rep in enumerate(reps):
+        acc = engine_accounting(fragment_trace(tr, rep, R), engine="vllm", block_size=B)
+        sg = np.array([0.0, 10.0, 100.0, 1e4]) if i < 3 else np.array([0.0, 5.0])  # the last: another s-grid
+        tgi = np.unique(np.concatenate([tg[i:], tg[i:] + 0.25 * i]))  # shared and new grid points
+        m, v = st.for_routing(rep)(acc, tgi, sg)
+        m0, v0 = np.zeros_like(m), np.zeros_like(v)
+        _phi_table_kernel(acc.conv_ptr, acc.offsets, acc.cum_new, acc.hist_all, tgi, sg, m0, v0)
+        np.testing.assert_allclose(m, m0, rtol=1e-12, atol=1e-12 * float(m0.max()))
+        np.testing.assert_allclose(v, v0, rtol=1e-12, atol=1e-12 * float(v0.max()))
+    Ns = [40, 150, 600]
+    st = SharedTables(tr, reps, R)
+    for rep in reps:
+        h = estimate_fleet_curve(tr, rep, R, Ns, window=mask, block_size=B, tables=st.for_routing(rep))
+        np.testing.assert_allclose(h, estimate_fleet_curve(tr, rep, R, Ns, window=mask, block_size=B), atol=1e-12)
+
+
+def test_share_runs_cut_where_too_many_conversations_change(setting):
+    """share_runs keeps consecutive routings together while at most max_changed of the conversations differ
+    within the run, and starts a new run at a routing that would push the share above it."""
+    from kvhit.fleet.shared_tables import share_runs
+
+    tr = setting[0]
+    conv = tr.dense_conv()
+    n_conv = int(conv.max()) + 1
+    a = np.zeros(tr.n_turns, np.int64)
+    few = a.copy()
+    few[np.isin(conv, np.arange(max(1, n_conv // 20)))] = 1  # ≤ 5 % of the conversations moved
+    many = np.ones(tr.n_turns, np.int64)  # every conversation moved
+    assert share_runs(tr, [a, a, few]) == [[0, 1, 2]]
+    assert share_runs(tr, [a, few, many, many, a]) == [[0, 1], [2, 3], [4]]
+    assert share_runs(tr, [a, few], max_changed=0.0) == [[0], [1]]
+    assert share_runs(tr, []) == []

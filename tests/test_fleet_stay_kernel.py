@@ -87,3 +87,31 @@ def test_llmd_stay_under_load_pinned():
     for N, (total, at_rows) in want.items():
         assert float(np.nansum(qs[N])) == total
         assert qs[N][rows].tolist() == at_rows
+
+
+def _kv_walk_loop(first, stay, d, jump, R):
+    """kvhit.fleet.estimate._kv_walk's Python loop before kv_walk compiled it, verbatim."""
+    out = np.empty(first.size, np.int64)
+    cur = 0
+    for i in range(first.size):
+        if first[i]:
+            cur = int(d[i])
+        elif not stay[i]:
+            cur = (cur + int(jump[i])) % R
+        out[i] = cur
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 60), st.integers(0, 2**32 - 1))
+def test_kv_walk_is_the_python_loop(R, n, seed):
+    """The compiled walk of the stay model's routing gives the replicas the Python loop gave."""
+    from kvhit.fleet.stay_kernel import kv_walk
+
+    rng = np.random.default_rng(seed)
+    first = rng.random(n) < 0.3
+    first[0] = True
+    stay = rng.random(n) < 0.6
+    d = rng.integers(0, R, n)
+    jump = rng.integers(1, max(R, 2), n)
+    np.testing.assert_array_equal(kv_walk(first, stay, d, jump, R), _kv_walk_loop(first, stay, d, jump, R))

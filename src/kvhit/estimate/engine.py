@@ -223,7 +223,7 @@ def _prefix_term(C, i, m, sd):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def _row_hits_kernel(H, size, mean, sd, C, prefix, out, xsat):  # pragma: no cover - numba
+def _row_hits_kernel(H, size, mean, sd, C, prefix, out, xsat, mval, mkey):  # pragma: no cover - numba
     """Expected hit blocks per row: Σ_{i<H} P(D ≤ C − 1 − i) (prefix) or H·P(D ≤ C − size) (whole), with
     D ~ Normal(mean, sd²) and a ½-block continuity correction (sd = 0: D = mean).
 
@@ -231,7 +231,13 @@ def _row_hits_kernel(H, size, mean, sd, C, prefix, out, xsat):  # pragma: no cov
     term is a function of the whole number x = C − 1 − i alone, not decreasing in x, exactly 1.0 from
     ``xsat[r]`` on (:func:`_saturation_point`): the leading terms with x ≥ xsat add up to their count exactly
     (sums of 1.0 from 0.0). And the terms do not increase with i, so once one no longer changes the running sum
-    no later one can. Bit for bit the reference's sums (tested)."""
+    no later one can. Bit for bit the reference's sums (tested).
+
+    ``mval``/``mkey`` (each ``P`` slots per row, P a power of two; empty: none) remember evaluated terms across
+    calls at other capacities: a term depends on the whole number x alone (C − 1 − i is exact), so slot
+    ``x mod P`` of row r keeps the last (x, term) evaluated there and a call at a nearby capacity reads it back
+    instead of evaluating erfc again (the same value: bit for bit). The caller initialises ``mkey`` to NaN."""
+    P = mkey.size // H.size if H.size else 0
     for r in range(H.size):
         h = H[r]
         tot = 0.0
@@ -247,9 +253,20 @@ def _row_hits_kernel(H, size, mean, sd, C, prefix, out, xsat):  # pragma: no cov
                 m = mean[r]
                 s_ = sd[r]
                 for i in range(k, n):
-                    if C - 1 - i < 0:
+                    x = C - 1 - i
+                    if x < 0:
                         break
-                    nxt = tot + _prefix_term(C, i, m, s_)
+                    if P:
+                        slot = r * P + (int(x) & (P - 1))
+                        if mkey[slot] == x:
+                            term = mval[slot]
+                        else:
+                            term = _prefix_term(C, i, m, s_)
+                            mval[slot] = term
+                            mkey[slot] = x
+                    else:
+                        term = _prefix_term(C, i, m, s_)
+                    nxt = tot + term
                     if nxt == tot:
                         break
                     tot = nxt
@@ -289,6 +306,15 @@ def _saturation_point(mean, sd, out):  # pragma: no cover - numba
         if _prefix_term(lo + 1.0, 0, m, s_) == 1.0:
             out[r] = lo
             continue
+        # narrow the bracket to where ½·erfc first rounds to 1.0 (its argument between −5.6 and −6.2): two
+        # evaluations, each moving an end only where term(lo) < 1.0 == term(hi) still holds (the same point is
+        # found, in fewer steps)
+        g = math.floor(m - 0.5 + 5.6 * s_ * math.sqrt(2.0))
+        if lo < g < hi and _prefix_term(g + 1.0, 0, m, s_) != 1.0:
+            lo = g
+        g = math.ceil(m - 0.5 + 6.2 * s_ * math.sqrt(2.0))
+        if lo < g < hi and _prefix_term(g + 1.0, 0, m, s_) == 1.0:
+            hi = g
         while hi - lo > 1.0:  # term(lo) < 1.0 == term(hi)
             mid = math.floor(0.5 * (lo + hi))
             if _prefix_term(mid + 1.0, 0, m, s_) == 1.0:
@@ -355,6 +381,7 @@ def estimate_window(
     n_t: int = 96,
     n_s: int = 48,
     rejection: bool = True,
+    tables: Any = None,
 ) -> EngineEstimate:
     """The engine estimator evaluated on the rows a measurement actually counts (window-exact form).
 
@@ -374,6 +401,11 @@ def estimate_window(
     ``rejection=True`` (vLLM engines): at capacity N, rows with ⌈T_j/b⌉ > N are rejected (left out of the
     numerator and the denominator, as the simulator's metrics do) and the background is the admitted
     accounting :meth:`EngineAccounting.admitted` (one moment table per distinct admitted set).
+
+    ``tables``: a callable ``(accounting, tgrid, sgrid) → (m_tab, v_tab)`` that returns the moment tables of the
+    whole accounting (admitted subsets still use the kernel) in place of
+    :func:`kvhit.estimate.displacement._phi_table_kernel` (the fleet curve's tables shared across routings,
+    :func:`kvhit.fleet.shared_tables.SharedTables`); default: the kernel.
     """
     if not isinstance(trace, Trace):
         raise EstimateError(f"trace: expected a Trace, got {type(trace).__name__}")
@@ -441,9 +473,12 @@ def estimate_window(
             hf[sub] = 0.0
             continue
         keep = adm[rev]  # the measured revisits that are admitted (their previous turn then is too)
-        m_tab = np.zeros((tg.size, sg.size))
-        v_tab = np.zeros((tg.size, sg.size))
-        _phi_table_kernel(acc_g.conv_ptr, acc_g.offsets, acc_g.cum_new, acc_g.hist_all, tg, sg, m_tab, v_tab)
+        if tables is not None and acc_g is acc:
+            m_tab, v_tab = tables(acc_g, tg, sg)
+        else:
+            m_tab = np.zeros((tg.size, sg.size))
+            v_tab = np.zeros((tg.size, sg.size))
+            _phi_table_kernel(acc_g.conv_ptr, acc_g.offsets, acc_g.cum_new, acc_g.hist_all, tg, sg, m_tab, v_tab)
         Wk, sk = W[keep], s_eval[keep]
         mean = lam0 * _bilinear(m_tab, tg, sg, Wk, sk) / acc.L
         sd = np.sqrt(lam0 * _bilinear(v_tab, tg, sg, Wk, sk) / acc.L) if fluctuations else np.zeros(Wk.size)
@@ -451,9 +486,14 @@ def estimate_window(
         Hk, Sk = H[keep], S[keep]
         xsat = np.empty(Wk.size)
         _saturation_point(mean, sd, xsat)
-        for k in np.flatnonzero(sub):
+        ks = np.flatnonzero(sub)
+        # terms remembered across capacities (P slots a row: twice the longest history, at most 16), ascending N
+        P = 0 if ks.size < 2 or Hk.size == 0 else min(16, 1 << int(2 * max(float(Hk.max()), 1.0) - 1).bit_length())
+        mval, mkey = np.empty(Hk.size * P), np.full(Hk.size * P, np.nan)
+        for k in ks[np.argsort(flat[ks], kind="stable")]:
             n = flat[k]
-            _row_hits_kernel(Hk, Sk, mean, sd, float(n - acc.cap_offset), acc.mode == "prefix" and partial, out, xsat)
+            C = float(n - acc.cap_offset)
+            _row_hits_kernel(Hk, Sk, mean, sd, C, acc.mode == "prefix" and partial, out, xsat, mval, mkey)
             hf[k] = acc.unit * out.sum() / den
     h = hf.reshape(Ns.shape)
     scalar = h.ndim == 0

@@ -45,7 +45,8 @@ capacity only through llm-d's KV usage u = A/N (under load), and :func:`dynamo_r
 cut: for every other router the routing is drawn once and :func:`estimate_fleet_curve` answers all capacities on it;
 where the routing does depend on N, the load snapshots are drawn once, a routing is drawn per capacity (cheap:
 the stay rule, or the compiled walk of :mod:`kvhit.fleet.dynamo_kernel`) and capacities whose routings are
-identical share one fleet curve (each distinct routing costs one fragment table, 0.2–0.4 s on ShareGPT).
+identical share one fleet curve; the distinct routings share the fragment tables of the conversations none of
+them moves (:mod:`kvhit.fleet.shared_tables`: to rounding; ``bitwise=True``: one kernel table per routing).
 
 :func:`dynamo_routes` (``estimate_fleet_kv(..., destination="overlap")``, opt-in) runs Dynamo's rule on every
 replica's overlap instead, evictions cut by the block-tail rule: measured better at a heavy load, worse at R = 2
@@ -224,17 +225,20 @@ def estimate_fleet_curve(
     block_size: int | None = None,
     origin: float | None = 0.0,
     fluctuations: bool = True,
+    tables=None,
 ) -> np.ndarray:
     """:func:`estimate_fleet` with every one of the ``R`` replicas at capacity ``Ns[i]``, for every ``i`` in one
     call: the fragments and their accounting are built once and the window-exact estimator answers all
-    capacities together (the per-capacity answers, to 1e-12: tested)."""
+    capacities together (the per-capacity answers, to 1e-12: tested). ``tables``: passed to
+    :func:`kvhit.estimate.engine.estimate_window` (:class:`kvhit.fleet.shared_tables.SharedTables`)."""
     from kvhit.estimate.engine import estimate_window
 
     Ns = np.asarray(Ns, np.int64).reshape(-1)
     _, wm, lam, frag, n_conv = _fragments(trace, replica, R, window, lam0, engine, block_size)
     n_frag = np.unique(frag["conv"]).size
     kw = dict(engine=engine, metric=metric, block_size=block_size, origin=origin, fluctuations=fluctuations)
-    return np.asarray(estimate_window(frag, Ns, lam * n_frag / n_conv / R, window=wm, **kw).h, dtype=float)
+    e = estimate_window(frag, Ns, lam * n_frag / n_conv / R, window=wm, tables=tables, **kw)
+    return np.asarray(e.h, dtype=float)
 
 
 def estimate_fleet_oblivious(
@@ -517,8 +521,14 @@ def _stay_rule(T, H, W, first, n, nb, router, R, p, b, I, P, A, U, memo: dict | 
             memo["wq_qs"] = wq * np.where(hi > lo, (hi - I) / np.where(hi > lo, hi - lo, 1.0), 1.0)
         base = memo["wq_qs"] + wk * (1.0 - U)
         qf = stay_max(np.ascontiguousarray(base[:, 0]), np.ascontiguousarray(base[:, 1:]), fs, wp)
-        q[rev] = qf[inv]
-        return q
+        # capacities whose per-fraction probabilities coincide get the very same array (read-only for the
+        # callers: estimate_fleet_kv_curve then skips the routing's stay draws by its identity)
+        seen = memo.setdefault("q_by_qf", {})
+        key = qf.tobytes()
+        if key not in seen:
+            q[rev] = qf[inv]
+            seen[key] = q
+        return seen[key]
     # sglang
     th = float(p.get("cache_threshold", 0.3))
     ab, rel = float(p.get("balance_abs_threshold", 64)), float(p.get("balance_rel_threshold", 1.5))
@@ -555,15 +565,10 @@ def _kv_draws(trace: Trace, R: int, seed: int):
 
 def _kv_walk(draws, stay: np.ndarray, R: int) -> np.ndarray:
     """The routing :func:`kv_routes` draws, given whether each row (conversation-major order) stays."""
+    from kvhit.fleet.stay_kernel import kv_walk
+
     order, first, _, d, jump = draws
-    out = np.empty(order.size, np.int64)
-    cur = 0
-    for i in range(order.size):
-        if first[i]:
-            cur = int(d[i])
-        elif not stay[i]:
-            cur = (cur + int(jump[i])) % R
-        out[i] = cur
+    out = kv_walk(first, np.asarray(stay, bool), np.asarray(d, np.int64), np.asarray(jump, np.int64), int(R))
     rep = np.empty(order.size, np.int64)
     rep[order] = out
     return rep
@@ -699,12 +704,15 @@ def estimate_fleet_kv_curve(
     samples: int = 2048,
     seed: int = 0,
     destination: str = "uniform",
+    bitwise: bool = False,
 ) -> np.ndarray:
     """:func:`estimate_fleet_kv` with every one of the ``R`` replicas at capacity ``Ns[i]``, for every ``i`` in one
-    call (bit for bit the per-capacity answers: tested). Where the routing does not read N
-    (:func:`routing_reads_capacity`) it is drawn once and :func:`estimate_fleet_curve` answers every capacity on
-    it; otherwise a routing is drawn per distinct capacity (as :func:`estimate_fleet_kv` draws it) and the
-    capacities with identical routings share one :func:`estimate_fleet_curve` call."""
+    call (the per-capacity answers: tested). Where the routing does not read N (:func:`routing_reads_capacity`)
+    it is drawn once and :func:`estimate_fleet_curve` answers every capacity on it (bit for bit); otherwise a
+    routing is drawn per distinct capacity (as :func:`estimate_fleet_kv` draws it), the capacities with identical
+    routings share one :func:`estimate_fleet_curve` call, and the routings share the Φ tables of the fragments
+    they have in common (:class:`kvhit.fleet.shared_tables.SharedTables`: to rounding, within 1e-12 of the
+    per-capacity answers; ``bitwise=True``: each routing's own table by the estimator's kernel, bit for bit)."""
     R = int(R)
     if R < 1:
         raise ValueError(f"R: at least one replica, got {R}")
@@ -736,16 +744,31 @@ def estimate_fleet_kv_curve(
         )  # fmt: skip
         draws = _kv_draws(trace, R, seed + 1)
         walked: dict[bytes, bytes] = {}
+        by_q: dict[int, tuple[np.ndarray, bytes]] = {}  # a stay array the generator returns again: its decisions
         for i, q in enumerate(qs):
-            stay = draws[2] < q[draws[0]]
-            key = np.packbits(stay).tobytes()
+            seen = by_q.get(id(q))
+            if seen is not None and seen[0] is q:
+                key = seen[1]  # already in walked
+            else:
+                stay = draws[2] < q[draws[0]]
+                key = np.packbits(stay).tobytes()
+                by_q[id(q)] = (q, key)
             if key not in walked:
                 rep = _kv_walk(draws, stay, R)
                 walked[key] = rep.tobytes()
                 groups.setdefault(walked[key], (rep, []))
             groups[walked[key]][1].append(i)
     hu = np.empty(uN.size)
-    for rep, idx in groups.values():
-        hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], **kw)
+    runs = [list(groups.values())]
+    if not bitwise and len(groups) > 1:
+        from kvhit.fleet.shared_tables import SharedTables, share_runs
+
+        runs = share_runs(trace, [g[0] for g in groups.values()])
+        runs = [[list(groups.values())[i] for i in run] for run in runs]
+    for run in runs:
+        shared = None if bitwise or len(groups) < 2 else SharedTables(trace, [rep for rep, _ in run], R)
+        for rep, idx in run:
+            tables = None if shared is None else shared.for_routing(rep)
+            hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], tables=tables, **kw)
     out[:] = hu[inv.ravel()]
     return out

@@ -4,7 +4,8 @@ every prefix fraction f whether the home replica wins (by more than 1e-9) or tie
 uniformly among the tied replicas) — the same floating-point operations as the NumPy form (each snapshot's terms
 added in snapshot order, then divided by the snapshot count), which tests/test_fleet_stay_kernel.py compares: bit
 for bit with two or more fractions (NumPy then adds row by row too), within 1e-15 with one (NumPy sums a single
-contiguous column pairwise).
+contiguous column pairwise). Also the compiled walk of the routing the stay model draws (:func:`kv_walk`,
+:func:`kvhit.fleet.estimate._kv_walk`'s loop: integers only, identical to the Python loop).
 
 Invariant: the result depends only on the arrays passed; it is the mean over the S snapshots, so it lies in [0, 1].
 NOT modelled here: see :func:`kvhit.fleet.estimate.stay_probabilities`.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["stay_max"]
+__all__ = ["kv_walk", "stay_max"]
 
 
 @njit(cache=True)
@@ -45,3 +46,18 @@ def stay_max(base_home, base_other, fs, wp):  # pragma: no cover - numba
             elif h > best:
                 win[k] += 1.0
     return win / S + tie / S
+
+
+@njit(cache=True)
+def kv_walk(first, stay, d, jump, R):  # pragma: no cover - numba
+    """The replica of every row (conversation-major order): a first turn goes to ``d``, a later one stays on the
+    previous turn's replica if ``stay``, else moves ``jump`` replicas on (mod ``R``)."""
+    out = np.empty(first.size, np.int64)
+    cur = 0
+    for i in range(first.size):
+        if first[i]:
+            cur = d[i]
+        elif not stay[i]:
+            cur = (cur + jump[i]) % R
+        out[i] = cur
+    return out

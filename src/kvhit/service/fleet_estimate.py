@@ -84,9 +84,10 @@ def fleet_estimate_curve(req: FleetRequest, capacities) -> FleetEstimateCurves:
                     out[name, R] = (None, why)
                     continue
                 with translating("estimate"):
+                    # bitwise: the number `fleet simulate` prints, bit for bit (the shared tables agree to rounding)
                     h = estimate_fleet_kv_curve(
                         wl.tr, name, R, Ns, hold=hold, params=params[name], rate=measured_rate(st.times, st.measured),
-                        seed=req.seed, **kw,
+                        seed=req.seed, bitwise=True, **kw,
                     )  # fmt: skip
                 out[name, R] = (h, None)
     need = -(-np.asarray(st.prompt_tokens, np.int64)[np.asarray(st.measured, bool)] // st.block_size)
