@@ -276,6 +276,55 @@ def _phi2_prefix_kernel(conv_ptr, offsets, cum_new, hist, tgrid, out_v):  # prag
 
 
 @njit(cache=True)
+def _segments(s, M, t, p0, cum_new, hist, bp, seg_lo, seg_hi, seg_m, seg_v):  # pragma: no cover - numba
+    """The segments of one conversation (offsets ``s``, ``M`` accesses, rows from ``p0``) at window ``t``, as
+    :func:`_phi_table_kernel` and :func:`_phi_table_grouped` read them: ``seg_lo/seg_hi`` in ascending order, Φ
+    (``seg_m``) and Φ² (``seg_v``) on each; returns their number. ``bp`` is scratch of size 2M."""
+    # the breakpoints −s_k and t − s_k in ascending order: two descending runs in k, merged (the same values as
+    # sorting them; only the order of equal values, ±0 at most, can differ, which no result reads)
+    i0 = M - 1
+    i1 = M - 1
+    for k in range(2 * M):
+        if i1 < 0 or (i0 >= 0 and -s[i0] <= t - s[i1]):
+            bp[k] = -s[i0]
+            i0 -= 1
+        else:
+            bp[k] = t - s[i1]
+            i1 -= 1
+    lo_lim = -s[M - 1]
+    nseg = 0
+    # kl = #{k: s_k ≤ t − am} and kf − 1 = #{k: s_k ≤ −am} (searchsorted, side right): both arguments fall as the
+    # segment midpoint am rises, so two pointers walk down s
+    cl = M
+    cf = M
+    for q in range(2 * M - 1):
+        lo = max(bp[q], lo_lim)
+        hi = min(bp[q + 1], t)
+        if hi <= lo:
+            continue
+        am = 0.5 * (lo + hi)
+        vl = t - am
+        while cl > 0 and s[cl - 1] > vl:
+            cl -= 1
+        vf = -am
+        while cf > 0 and s[cf - 1] > vf:
+            cf -= 1
+        kl = cl
+        kf = cf + 1
+        if kf > kl:
+            continue
+        phi = cum_new[p0 + kl - 1]
+        if kf >= 2:
+            phi += hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
+        seg_lo[nseg] = lo
+        seg_hi[nseg] = hi
+        seg_m[nseg] = phi
+        seg_v[nseg] = phi * phi
+        nseg += 1
+    return nseg
+
+
+@njit(cache=True)
 def _phi_table_kernel(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, out_v):  # pragma: no cover
     """out[it, is] += Σ_i ∫_{a > −s} Φ_t^{(i)}(a) (and Φ²) da: the background mass of conversations that
     arrived after the system origin, for a tagged access s seconds after the origin (see
@@ -294,47 +343,7 @@ def _phi_table_kernel(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, out
         seg_v = np.empty(2 * M)
         for it in range(tgrid.size):
             t = tgrid[it]
-            # the breakpoints −s_k and t − s_k in ascending order: two descending runs in k, merged (the same
-            # values as sorting them; only the order of equal values, ±0 at most, can differ, which no result reads)
-            i0 = M - 1
-            i1 = M - 1
-            for k in range(2 * M):
-                if i1 < 0 or (i0 >= 0 and -s[i0] <= t - s[i1]):
-                    bp[k] = -s[i0]
-                    i0 -= 1
-                else:
-                    bp[k] = t - s[i1]
-                    i1 -= 1
-            lo_lim = -s[M - 1]
-            nseg = 0
-            # kl = #{k: s_k ≤ t − am} and kf − 1 = #{k: s_k ≤ −am} (searchsorted, side right): both arguments
-            # fall as the segment midpoint am rises, so two pointers walk down s
-            cl = M
-            cf = M
-            for q in range(2 * M - 1):
-                lo = max(bp[q], lo_lim)
-                hi = min(bp[q + 1], t)
-                if hi <= lo:
-                    continue
-                am = 0.5 * (lo + hi)
-                vl = t - am
-                while cl > 0 and s[cl - 1] > vl:
-                    cl -= 1
-                vf = -am
-                while cf > 0 and s[cf - 1] > vf:
-                    cf -= 1
-                kl = cl
-                kf = cf + 1
-                if kf > kl:
-                    continue
-                phi = cum_new[p0 + kl - 1]
-                if kf >= 2:
-                    phi += hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
-                seg_lo[nseg] = lo
-                seg_hi[nseg] = hi
-                seg_m[nseg] = phi
-                seg_v[nseg] = phi * phi
-                nseg += 1
+            nseg = _segments(s, M, t, p0, cum_new, hist, bp, seg_lo, seg_hi, seg_m, seg_v)
             # the whole-segment sums: every s whose cut −s lies at or below the first segment's start (the
             # segments start in ascending order) adds exactly these, the same products in the same order
             fm = 0.0
@@ -454,44 +463,7 @@ def _phi_table_grouped(conv_ptr, offsets, cum_new, hist, tgrid, sgrid, out_m, ou
         suf_v = np.empty(2 * M + 1)
         for it in range(G):
             t = tgrid[it]
-            # the segments exactly as _phi_table_kernel builds them
-            i0 = M - 1
-            i1 = M - 1
-            for k in range(2 * M):
-                if i1 < 0 or (i0 >= 0 and -s[i0] <= t - s[i1]):
-                    bp[k] = -s[i0]
-                    i0 -= 1
-                else:
-                    bp[k] = t - s[i1]
-                    i1 -= 1
-            lo_lim = -s[M - 1]
-            nseg = 0
-            cl = M
-            cf = M
-            for q in range(2 * M - 1):
-                lo = max(bp[q], lo_lim)
-                hi = min(bp[q + 1], t)
-                if hi <= lo:
-                    continue
-                am = 0.5 * (lo + hi)
-                vl = t - am
-                while cl > 0 and s[cl - 1] > vl:
-                    cl -= 1
-                vf = -am
-                while cf > 0 and s[cf - 1] > vf:
-                    cf -= 1
-                kl = cl
-                kf = cf + 1
-                if kf > kl:
-                    continue
-                phi = cum_new[p0 + kl - 1]
-                if kf >= 2:
-                    phi += hist[p0 + kf - 2] - cum_new[p0 + kf - 2]
-                seg_lo[nseg] = lo
-                seg_hi[nseg] = hi
-                seg_m[nseg] = phi
-                seg_v[nseg] = phi * phi
-                nseg += 1
+            nseg = _segments(s, M, t, p0, cum_new, hist, bp, seg_lo, seg_hi, seg_m, seg_v)
             if nseg == 0:
                 continue
             suf_m[nseg] = 0.0
