@@ -226,7 +226,7 @@ def _levy_kernel(
 
 @njit(cache=True)
 def _levy_by_age(
-    t_start, t_end, tau, fx_first, cumnew, a, excl, t_rows, s_grid, Lc, delta, G, scale, out, foot, fbase
+    t_start, t_end, tau, fx_first, cumnew, a, excl, t_rows, s_grid, Lc, delta, G, scale, out, orow, foot, fbase, W
 ):  # pragma: no cover
     """:func:`_levy_kernel`'s jump masses (``G > 0``) for rows that share one age ``a`` (``a > 0``) and excluded
     template ``excl`` (−1: none) at times ``t_rows``, with one sweep of the templates' windows for all of them.
@@ -237,7 +237,13 @@ def _levy_by_age(
     ``length × split(f)``, and row ``t``'s masses are ``scale·Σ_i λ_i ×`` (the sum over the segments of its bin
     ``i``: added directly, or as a difference of prefix sums past :data:`DIRECT_CELLS`). The same sum as
     :func:`_levy_kernel` regrouped (``λ_i·Δu`` for ``Λ(t − u_prev) − Λ(t − u)``): equal to rounding
-    (``tests/test_levy_by_age.py``)."""
+    (``tests/test_levy_by_age.py``).
+
+    Row ``r``'s masses are added into ``out[orow[r]]`` (rows of ``out`` not shared between calls; ``out`` starts
+    at 0). Only the value cells below ``W`` and the cell ``G`` are stored while sweeping (one conversation's
+    footprints fill a few cells of the grid): the same additions in the same order as a full ``(·, G + 1)``
+    array, bit for bit. Returns 0, or — when a footprint needs a cell in ``[W, G)`` — ``G`` with nothing written
+    (the caller calls again with ``W = G``)."""
     nr = t_rows.shape[0]
     ns = s_grid.shape[0]
     kn = np.empty(nr * ns)
@@ -248,8 +254,11 @@ def _levy_by_age(
     nk = kn.shape[0]
     u_lo = kn[0]
     u_hi = kn[nk - 1]
-    # H[q + 1] accumulates segment q = [kn[q], kn[q + 1]]; then prefix sums: H[q] = Σ of the segments < q
-    H = np.zeros((nk, G + 1))
+    # H[q + 1] accumulates segment q = [kn[q], kn[q + 1]]; then prefix sums: H[q] = Σ of the segments < q.
+    # Value cells 0 … W − 1 in H, the cell G in HG
+    W = max(1, min(W, G))
+    H = np.zeros((nk, W))
+    HG = np.zeros(nk)
     jhi = -1  # the highest value cell written below G (one conversation's footprints: a few cells of the grid)
     has_big = False
     nK = t_start.shape[0]
@@ -289,6 +298,8 @@ def _levy_by_age(
                     elif j + 1 > jhi:
                         jhi = j + 1
                     fr = x - j
+                    if not big and min(j + 2, G) > W:
+                        return G  # a cell beyond the stored ones: the caller calls again with W = G
                     while qc + 1 < nk and kn[qc + 1] <= x0:
                         qc += 1
                     q = qc
@@ -296,10 +307,13 @@ def _levy_by_age(
                         d = min(x1, kn[q + 1]) - max(x0, kn[q])
                         if d > 0.0:
                             if big:
-                                H[q + 1, G] += d
+                                HG[q + 1] += d
                             else:
                                 H[q + 1, j] += d * (1.0 - fr)
-                                H[q + 1, j + 1] += d * fr
+                                if j + 1 < G:
+                                    H[q + 1, j + 1] += d * fr
+                                else:
+                                    HG[q + 1] += d * fr
                         q += 1
             if pe < i1 and tau[pe] <= tau[pl] + a:
                 pe += 1
@@ -314,12 +328,19 @@ def _levy_by_age(
     cols = np.arange(min(jhi, G) + 1)
     if has_big and (cols.shape[0] == 0 or cols[cols.shape[0] - 1] < G):
         cols = np.append(cols, G)
-    direct = nk * cols.shape[0] <= DIRECT_CELLS
+    nc = cols.shape[0]
+    Hc = np.empty((nk, nc))  # the written cells: column ii is the value cell cols[ii]
+    for ii in range(nc):
+        if cols[ii] < G:
+            Hc[:, ii] = H[:, cols[ii]]
+        else:
+            Hc[:, ii] = HG
+    direct = nk * nc <= DIRECT_CELLS
     if not direct:
         for q in range(1, nk):
-            for jj in cols:
-                H[q, jj] += H[q - 1, jj]
-    acc = np.zeros(cols.shape[0])
+            for ii in range(nc):
+                Hc[q, ii] += Hc[q - 1, ii]
+    acc = np.zeros(nc)
     for r in range(nr):
         t = t_rows[r]
         for i in range(ns - 1):
@@ -332,13 +353,14 @@ def _levy_by_age(
             if direct:
                 acc[:] = 0.0
                 for q in range(qa + 1, qb + 1):
-                    for ii in range(cols.shape[0]):
-                        acc[ii] += H[q, cols[ii]]
-                for ii in range(cols.shape[0]):
-                    out[r, cols[ii]] += c * acc[ii]
+                    for ii in range(nc):
+                        acc[ii] += Hc[q, ii]
+                for ii in range(nc):
+                    out[orow[r], cols[ii]] += c * acc[ii]
             else:
-                for jj in cols:
-                    out[r, jj] += c * (H[qb, jj] - H[qa, jj])
+                for ii in range(nc):
+                    out[orow[r], cols[ii]] += c * (Hc[qb, ii] - Hc[qa, ii])
+    return 0
 
 
 #: :func:`_levy_by_age` sums a bin's segments directly up to this many (segment × value cell) terms per bin
@@ -603,10 +625,25 @@ def _poisson_table(
 LEVY_BY_AGE = True
 
 
+def _cell_bound(ts, te, fx_first, cumnew, foot, delta, G) -> int:
+    """Value cells ``0 … W − 1`` hold every binned footprint when the footprints are non-negative counts:
+    ``f ≤ max fx_first + max_k (cumnew[te_k] − cumnew[ts_k + 1])`` (own; the new blocks are ≥ 0) or ``max foot``
+    (exact); ``W = ⌊f_max/δ⌋ + 2``, at most ``G``. Only a hint: :func:`_levy_by_age` checks every cell."""
+    if foot.shape[0]:
+        fmax = float(foot.max())
+    elif ts.shape[0]:
+        fmax = float(fx_first.max()) + max(float((cumnew[te] - cumnew[np.minimum(ts + 1, te)]).max()), 0.0)
+    else:
+        return 1
+    if not math.isfinite(fmax) or fmax < 0:
+        return G
+    return int(min(G, math.floor(fmax / delta) + 2))
+
+
 def _levy_rows(ts, te, tau, fx_first, cumnew, a, t, x, s_grid, Lc, delta, G, scale, nu, foot, fbase):
     """Jump masses of the rows ``(t, a, x)`` into ``nu``: by groups of equal age and excluded template through
     :func:`_levy_by_age` (with :data:`LEVY_BY_AGE`; else row by row through :func:`_levy_kernel`). Rows with
-    ``a ≤ 0`` stay 0 (as in :func:`_levy_kernel`)."""
+    ``a ≤ 0`` stay 0 (as in :func:`_levy_kernel`). ``nu`` holds zeros on entry (the masses are added)."""
     if not LEVY_BY_AGE:
         _levy_kernel(ts, te, tau, fx_first, cumnew, a, t, x, s_grid, Lc, delta, G, scale, nu,
                      np.zeros((a.shape[0], 3)), foot, fbase)  # fmt: skip
@@ -617,9 +654,12 @@ def _levy_rows(ts, te, tau, fx_first, cumnew, a, t, x, s_grid, Lc, delta, G, sca
     grp = grp[np.lexsort((t[grp], x[grp], a[grp]))]
     ag, xg = a[grp], x[grp]
     cut = np.flatnonzero((np.diff(ag) != 0) | (np.diff(xg) != 0)) + 1
+    # the value cells a footprint can reach (f ≤ the largest window footprint of any template; a bound that
+    # is too small only costs a second sweep): the sweep stores cells below W and the cell G only
+    W = _cell_bound(ts, te, fx_first, cumnew, foot, delta, G)
     for g in np.split(np.arange(grp.size), cut):
         rows = grp[g]
-        sub = np.zeros((rows.size, G + 1))
-        _levy_by_age(ts, te, tau, fx_first, cumnew, float(ag[g[0]]), int(xg[g[0]]), t[rows], s_grid, Lc, delta, G,
-                     scale, sub, foot, fbase)  # fmt: skip
-        nu[rows] = sub
+        args = (ts, te, tau, fx_first, cumnew, float(ag[g[0]]), int(xg[g[0]]), t[rows], s_grid, Lc, delta, G, scale,
+                nu, rows, foot, fbase)  # fmt: skip
+        if _levy_by_age(*args, W):
+            _levy_by_age(*args, G)
