@@ -70,12 +70,15 @@ def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
     # rows are independent: blocks of ~2 MB of buffer (cache-resident; every row's arithmetic is the same as in
     # one batch, bit for bit), the steps in place
     step = max(1, (1 << 18) // M)
+    # one buffer for every block: columns ≥ J stay 0 (0·θ^j = 0 exactly, so only [0, J) is tilted) and column 0
+    # is never written; each block's rows hold the same values as a fresh zeroed buffer, bit for bit
+    buf_all = np.zeros((min(step, P), M))
     for r0 in range(0, P, step):
         r1 = min(P, r0 + step)
-        buf = np.zeros((r1 - r0, M))
+        buf = buf_all[: r1 - r0]
         buf[:, 1:J] = nu[r0:r1, 1:J]
         lam = buf.sum(axis=1, keepdims=True)
-        buf *= tilt
+        buf[:, :J] *= tilt[:J]
         phi = np.fft.rfft(buf, axis=1)
         phi -= lam
         np.exp(phi, out=phi)
@@ -420,7 +423,7 @@ def _split_hist(f: np.ndarray, delta: float, G: int) -> np.ndarray:
     return out
 
 
-def _poisson_table(
+def _poisson_prepare(
     u,
     sr,
     src,
@@ -438,13 +441,13 @@ def _poisson_table(
     footprint="own",
     bin_rule="sqrt",
 ):
-    """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same.
+    """The cells, value grid and marks of :func:`_poisson_table` (all but the law's rows: :func:`_poisson_finish`).
 
-    Returns ``(Hb, delta, row, D_same)``: ``Hb[row]`` = δ·cumulative CDF on the value grid of the segment's
-    cell. Cells: ``n_times`` uniform time bins × log-age bins of ratio ``1 + 1/n_ages`` (× the tagged
-    conversation when its own template is excluded); the law is computed exactly at each occupied cell's
-    centre (nearest cell: no interpolation across a lumpy law). ``bunit``: units of ``Fx`` (and of ``Ns``)
-    per block (1: blocks, vLLM; b: tokens, :mod:`kvhit.estimate.sglang_agentic`)."""
+    The table (:func:`_poisson_finish`) is ``(Hb, delta, row, D_same)``: ``Hb[row]`` = δ·cumulative CDF on the value
+    grid of the segment's cell. Cells: ``n_times`` uniform time bins × log-age bins of ratio ``1 + 1/n_ages`` (× the
+    tagged conversation when its own template is excluded); the law is computed exactly at each occupied cell's
+    centre (nearest cell: no interpolation across a lumpy law). ``bunit``: units of ``Fx`` (and of ``Ns``) per block
+    (1: blocks, vLLM; b: tokens, :mod:`kvhit.estimate.sglang_agentic`)."""
     n = u.n
     adm = np.ones(n, bool)
     same = np.zeros(sr.shape[0], np.int64)
@@ -596,28 +599,100 @@ def _poisson_table(
     Vmax = max(Vmax, 2)
     G = int(min(n_values, Vmax))
     delta = Vmax / G
-    Hb = np.zeros((P, G + 1))
+    fb_m = fbase[multi] if foot.shape[0] else fbase
+    return {
+        "P": P, "G": G, "delta": delta, "row": row, "same": same, "a_c": a_c, "t_c": t_c, "x_c": x_c, "x_m": x_m,
+        "multi": multi, "ts_m": ts_m, "te_m": te_m, "tau": tau, "fx_first": fx_first, "cumnew": cumnew,
+        "s_grid": s_grid, "Lc": Lc, "scale": scale, "foot": foot, "fb_m": fb_m, "F1": F1, "w1": w1,
+        "excl_single": excl_single,
+    }  # fmt: skip
+
+
+def _poisson_finish(states: list) -> list:
+    """The law tables ``(Hb, delta, row, D_same)`` of prepared cells (:func:`_poisson_prepare`). Several states
+    on the same templates and value grid (:func:`_shareable`) are filled together: their rows' Lévy masses come
+    from one sweep per (age, excluded template) over all their rows (:func:`_levy_by_age` with every row's knots,
+    so a bin's sum is cut at more points: equal to rounding, not bit for bit); one state is today's table."""
+    st = states[0]
+    G, delta = st["G"], st["delta"]
+
+    def cat(k):
+        return np.concatenate([x[k] for x in states]) if len(states) > 1 else st[k]
+
+    a_c, t_c, x_c, x_m, w1, excl_single = (cat(k) for k in ("a_c", "t_c", "x_c", "x_m", "w1", "excl_single"))
+    own = np.concatenate([np.full(x["P"], i, np.int64) for i, x in enumerate(states)])
+    loc = np.concatenate([np.arange(x["P"], dtype=np.int64) for x in states])
+    P = own.shape[0]
+    multi, F1, foot = st["multi"], st["F1"], st["foot"]
+    Hbs = [np.zeros((x["P"], G + 1)) for x in states]
     hist1 = _split_hist(F1, delta, G)
     chunk = max(1, (1 << 22) // (4 * G))
-    fb_m = fbase[multi] if foot.shape[0] else fbase
     # rows in (age, excluded template) order, so that the rows of one group (one sweep of the windows,
     # _levy_by_age) share a chunk
     perm = np.lexsort((t_c, x_c, a_c)) if LEVY_BY_AGE else np.arange(P)
+    zero_cdf = None
     for c_lo in range(0, P, chunk):
         idx = perm[c_lo : min(P, c_lo + chunk)]
         nu = np.zeros((idx.shape[0], G + 1))
         if multi.size:
-            _levy_rows(ts_m, te_m, tau, fx_first, cumnew, a_c[idx], t_c[idx], x_m[idx], s_grid, Lc, delta, G,
-                       scale, nu, foot, fb_m)  # fmt: skip
+            _levy_rows(st["ts_m"], st["te_m"], st["tau"], st["fx_first"], st["cumnew"], a_c[idx], t_c[idx], x_m[idx],
+                       st["s_grid"], st["Lc"], delta, G, st["scale"], nu, foot, st["fb_m"])  # fmt: skip
         if F1.size:
             nu += w1[idx, None] * hist1[None, :]
             xs = excl_single[idx]
             for r_ in np.flatnonzero(xs > 0):
                 nu[r_] -= w1[idx[r_]] * _split_hist(np.array([xs[r_]]), delta, G)
             np.maximum(nu, 0.0, out=nu)
-        cdf = compound_poisson_cdf(nu, G)
-        Hb[idx, 1:] = np.cumsum(cdf * delta, axis=1)
-    return Hb, delta, row, same
+        # rows without jumps (age 0) all have the CDF of ν = 0: computed once (a row's CDF is the same bits
+        # alone as in any batch, test_compound_poisson_rows_bit_for_bit_in_any_batch)
+        z = ~nu[:, 1:].any(axis=1)
+        if z.any():
+            cdf = np.empty((idx.shape[0], G))
+            cdf[~z] = compound_poisson_cdf(nu[~z], G)
+            if zero_cdf is None:
+                zero_cdf = compound_poisson_cdf(np.zeros((1, G + 1)), G)
+            cdf[z] = zero_cdf
+        else:
+            cdf = compound_poisson_cdf(nu, G)
+        np.multiply(cdf, delta, out=cdf)
+        np.cumsum(cdf, axis=1, out=cdf)
+        if len(states) == 1:
+            Hbs[0][idx, 1:] = cdf
+        else:
+            for i in range(len(states)):
+                m = own[idx] == i
+                Hbs[i][loc[idx[m]], 1:] = cdf[m]
+    return [(Hb, delta, x["row"], x["same"]) for Hb, x in zip(Hbs, states, strict=True)]
+
+
+def _poisson_table(*args, **kw):
+    """Law of D_other at every segment's (t, a) cell and the deterministic own-session part D_same
+    (:func:`_poisson_prepare`'s arguments; returns ``(Hb, delta, row, D_same)``)."""
+    return _poisson_finish([_poisson_prepare(*args, **kw)])[0]
+
+
+_SHARED_KEYS = ("ts_m", "te_m", "tau", "fx_first", "cumnew", "s_grid", "Lc", "foot", "fb_m", "F1", "multi")
+
+
+def _shareable(states: list) -> bool:
+    """States whose Lévy masses one sweep can give: the same templates, intensity, value grid and scale."""
+    s0 = states[0]
+    return LEVY_BY_AGE and all(
+        x["G"] == s0["G"]
+        and x["delta"] == s0["delta"]
+        and x["scale"] == s0["scale"]
+        and all(np.array_equal(x[k], s0[k]) for k in _SHARED_KEYS)
+        for x in states[1:]
+    )
+
+
+def _poisson_tables(calls: list) -> list:
+    """:func:`_poisson_table` of several ``(args, kwargs)`` calls, filled together where :func:`_shareable`
+    (e.g. the two-tier estimator's GPU table and its tail table: the same conversations, other segments)."""
+    states = [_poisson_prepare(*a, **k) for a, k in calls]
+    if len(states) > 1 and _shareable(states):
+        return _poisson_finish(states)
+    return [_poisson_finish([x])[0] for x in states]
 
 
 #: the Lévy masses by one sweep per (age, excluded template) (:func:`_levy_by_age`); False: the per-row sweep
