@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from kvhit.estimate.agentic_displacement import _poisson_table, _window_D
+from kvhit.estimate.agentic_displacement import _poisson_table, _poisson_tables, _window_D
 from kvhit.estimate.startbins import RULES as BIN_RULES
 from kvhit.workload.reuse import RequestReuse, request_reuse
 
@@ -281,6 +281,7 @@ def estimate_trace(
     rejection: bool = True,
     per_request: bool = False,
     footprint: str = "auto",
+    _table: Any = None,
 ) -> AgenticEstimate:
     """Predicted vLLM hit ratio of a request trace at capacities ``Ns`` (blocks); see the module docstring.
 
@@ -316,6 +317,8 @@ def estimate_trace(
     growth over their own stream's previous request: the behaviour before issue 23 §3), or ``"auto"``: ``"exact"``
     with ``lam0`` (the stationary what-if, where it was validated: ``docs/accuracy.md``), ``"own"`` on the trace's
     own start times (not re-validated yet).
+
+    ``_table`` (internal): the law table and its notes, built by :func:`law_tables` for these very arguments.
     """
     t0 = _time.perf_counter()
     if engine not in ENGINES:
@@ -411,6 +414,9 @@ def estimate_trace(
         else:
             # one law table for every capacity: the background is the feasible (everyone admitted) one; below
             # N_min only the rejected requests' own hits are dropped (their touches are not)
+            if table is None and _table is not None:
+                table, tnotes = _table
+                notes.extend(tnotes)
             if table is None:
                 table = _poisson_table(
                     u,
@@ -503,6 +509,57 @@ def estimate_trace(
         h_mc=None if h_lo is None else np.full(h.shape[0], np.nan),
         band=band,
     )
+
+
+def law_tables(calls: list) -> list | None:
+    """The law tables of several :func:`estimate_trace` calls ``(source, Ns, kwargs)`` on one trace's
+    conversations (e.g. the two-tier estimator's GPU term and its tail term: the same requests, other segments),
+    built together where they share the templates and value grid (one Lévy sweep per age for all their rows,
+    :func:`kvhit.estimate.agentic_displacement._poisson_tables`: equal to rounding to the tables built apart). Each
+    entry ``(table, notes)`` goes back as ``_table=`` of the same call. None where a call does not build one table
+    for all its capacities (the replay form, an argument it would refuse): the calls then build their own."""
+    import inspect
+
+    dflt = {k: v.default for k, v in inspect.signature(estimate_trace).parameters.items()}
+    reqs = []
+    for source, Ns, kw in calls:
+        o = dflt | kw
+        lam0 = o["lam0"]
+        if (
+            o["form"] != "poisson"
+            or o["engine"] not in ENGINES
+            or o["footprint"] not in FOOTPRINTS
+            or o["bin_rule"] not in BIN_RULES
+            or (lam0 is not None and not (math.isfinite(float(lam0)) and float(lam0) > 0))
+        ):
+            return None
+        try:
+            Ns = _capacities(Ns)
+        except AgenticError:
+            return None
+        u = _prepare(source, o["engine"])
+        n = u.n
+        meas = np.ones(n, bool) if o["mask"] is None else np.asarray(o["mask"])
+        if meas.dtype != np.bool_ or meas.shape != (n,):
+            return None
+        # as estimate_trace: the measured segments that hold a block below the cap
+        cap = u.hit_cap if o["cap_last"] else u.full_blocks
+        b = u.block_size
+        part = (u.prompt_tokens % b != 0).astype(np.int64)
+        Fx = u.full_blocks + (part if o["engine"] == "vllm-0.23" else 0)
+        seg_req = np.repeat(np.arange(n, dtype=np.int64), np.diff(u.seg_off))
+        keep = (np.minimum(u.seg_end, cap[seg_req]) > u.seg_start) & meas[seg_req]
+        if not keep.any():
+            return None
+        notes: list[str] = []
+        fp = o["footprint"]
+        args = (u, seg_req[keep], u.seg_src[keep], Fx, Ns, None if lam0 is None else float(lam0), o["bins"],
+                o["n_values"], o["n_ages"], o["n_times"], o["exclude"], notes, o["work_budget"])  # fmt: skip
+        kwargs = {"footprint": ("exact" if lam0 is not None else "own") if fp == "auto" else fp,
+                  "bin_rule": o["bin_rule"]}  # fmt: skip
+        reqs.append(((args, kwargs), notes))
+    tables = _poisson_tables([r[0] for r in reqs])
+    return [(t, r[1]) for t, r in zip(tables, reqs, strict=True)]
 
 
 def _regime(u: RequestReuse, lam0, form, notes) -> dict:

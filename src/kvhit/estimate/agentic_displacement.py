@@ -630,6 +630,17 @@ def _poisson_finish(states: list) -> list:
     # rows in (age, excluded template) order, so that the rows of one group (one sweep of the windows,
     # _levy_by_age) share a chunk
     perm = np.lexsort((t_c, x_c, a_c)) if LEVY_BY_AGE else np.arange(P)
+    dup = np.zeros(0, np.int64)
+    if len(states) > 1:
+        # a cell of several tables (the same (t, a, x)) is computed once, its row copied: its masses come from the
+        # same sweep with the same knots (the duplicates add none), so the copies are its own bits
+        key = np.stack([a_c, t_c, x_c.astype(np.float64)], axis=1)[perm]
+        same_prev = np.zeros(P, bool)
+        same_prev[1:] = (key[1:] == key[:-1]).all(axis=1)
+        first = perm[np.maximum.accumulate(np.where(same_prev, 0, np.arange(P)))]
+        dup = np.stack([perm[same_prev], first[same_prev]], axis=1)
+        perm = perm[~same_prev]
+        P = perm.shape[0]
     zero_cdf = None
     for c_lo in range(0, P, chunk):
         idx = perm[c_lo : min(P, c_lo + chunk)]
@@ -662,6 +673,8 @@ def _poisson_finish(states: list) -> list:
             for i in range(len(states)):
                 m = own[idx] == i
                 Hbs[i][loc[idx[m]], 1:] = cdf[m]
+    for j, f in dup:
+        Hbs[own[j]][loc[j]] = Hbs[own[f]][loc[f]]
     return [(Hb, delta, x["row"], x["same"]) for Hb, x in zip(Hbs, states, strict=True)]
 
 

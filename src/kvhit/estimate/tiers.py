@@ -68,13 +68,18 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from kvhit.estimate.agentic import estimate_trace
+from kvhit.estimate.agentic import estimate_trace, law_tables
 from kvhit.estimate.tiers_simple import estimate_simple_eager
 from kvhit.workload.reuse import RequestReuse, request_reuse
 
 __all__ = ["TierEstimate", "TierEstimateError", "estimate_tiers"]
 
 TIERS = ("native", "lmcache", "simple")
+
+#: build the GPU term's and the GPU tail's law tables together (:func:`kvhit.estimate.agentic.law_tables`: one Lévy
+#: sweep per age for both; equal to rounding, ``tests/test_tiers_shared_tables.py``); False: each its own (the
+#: reference)
+SHARE_TAIL_TABLE = True
 
 
 class TierEstimateError(ValueError):
@@ -275,7 +280,13 @@ def estimate_tiers(
             hit[sel] = np.nan
             host[sel] = np.nan
             continue
-        ge = estimate_trace(u, Ns[sel], engine=engine, lam0=lam0, mask=mask, per_request=True, **kw)
+        gkw = {"engine": engine, "lam0": lam0, "mask": mask, "per_request": True} | kw
+        # the GPU term and its tail: the same conversations and value grid, so their law tables are filled by one
+        # Lévy sweep per age (SHARE_TAIL_TABLE; equal to rounding to the tables built apart)
+        tabs = (
+            law_tables([(u, Ns[sel], gkw), (u_tail, Ns[sel], gkw)]) if u_tail is not None and SHARE_TAIL_TABLE else None
+        )
+        ge = estimate_trace(u, Ns[sel], **gkw, _table=None if tabs is None else tabs[0])
         g, G = ge.h, ge.per_request  # G[r, k]: expected GPU hit tokens of request r at Ns[sel][k]
         gpu[sel] = g
         den = float(u.prompt_tokens[mask].sum() if mask is not None else u.prompt_tokens.sum())
@@ -298,7 +309,7 @@ def estimate_tiers(
             H[:, j] = estimate_trace(_all_or_nothing(uc, int(Cs[j])), Cs[j : j + 1], **hkw, **kw).per_request[:, 0]
         host[sel] = H.sum(axis=0) / den
         tail = (
-            estimate_trace(u_tail, Ns[sel], engine=engine, lam0=lam0, mask=mask, per_request=True, **kw).per_request
+            estimate_trace(u_tail, Ns[sel], **gkw, _table=None if tabs is None else tabs[1]).per_request
             if u_tail is not None
             else np.zeros_like(G)
         )
