@@ -136,3 +136,21 @@ def test_one_state_is_the_table():
     b = AD._poisson_tables([(args, {"footprint": "own", "bin_rule": "br"})])[0]
     for x, y in zip(a, b, strict=True):
         assert np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
+
+
+@pytest.mark.parametrize("G,J", [(2048, 2049), (700, 701), (5, 6), (100, 40)])
+def test_cdf_running_sums_bit_for_bit(G, J):
+    """The fused pass (_cdf_running_sums: the CDF's clamps and the table's running sum in one compiled loop) is
+    numpy's ``cumsum(compound_poisson_cdf(ν)·δ)`` bit for bit, zero rows and heavy rows (CDF clamped at 1)
+    included."""
+    rng = np.random.default_rng(G)
+    P = 70
+    nu = rng.random((P, J)) * (rng.random((P, J)) < 0.05) * 2
+    nu[::7] = 0
+    nu[::11] *= 50
+    for delta in (1.0, 8.229, 59.390625):
+        ref = np.zeros((P, G + 1))
+        ref[:, 1:] = np.cumsum(AD.compound_poisson_cdf(nu, G) * delta, axis=1)
+        got = np.zeros((P, G + 1))
+        AD._cdf_running_sums(nu, G, delta, got, np.arange(P))
+        assert np.array_equal(ref, got)

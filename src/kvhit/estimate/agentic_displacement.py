@@ -89,6 +89,50 @@ def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
     return np.minimum(out, 1.0, out=out)
 
 
+def _cdf_running_sums(nu: np.ndarray, G: int, delta: float, Hb: np.ndarray, rows: np.ndarray) -> None:
+    """``Hb[rows[i], 1:] = cumsum(compound_poisson_cdf(nu)[i] · δ)``: the law table's running sums, the CDF's
+    clamps and both running sums in one compiled pass per row (:func:`_cdf_sums_kernel`) after the same FFT steps
+    as :func:`compound_poisson_cdf` — the same operations in the same order, bit for bit."""
+    nu = np.atleast_2d(np.asarray(nu, np.float64))
+    M = 1 << int(math.ceil(math.log2(max(2 * G, 8))))
+    J = nu.shape[1]
+    theta = 10.0 ** (-9.0 / M)
+    tilt = theta ** np.arange(M)
+    P = nu.shape[0]
+    step = max(1, (1 << 18) // M)
+    buf_all = np.zeros((min(step, P), M))
+    for r0 in range(0, P, step):
+        r1 = min(P, r0 + step)
+        buf = buf_all[: r1 - r0]
+        buf[:, 1:J] = nu[r0:r1, 1:J]
+        lam = buf.sum(axis=1, keepdims=True)
+        buf[:, :J] *= tilt[:J]
+        phi = np.fft.rfft(buf, axis=1)
+        phi -= lam
+        np.exp(phi, out=phi)
+        g = np.fft.irfft(phi, n=M, axis=1)
+        _cdf_sums_kernel(g, tilt, G, float(delta), Hb, rows[r0:r1])
+
+
+@njit(cache=True)
+def _cdf_sums_kernel(g, tilt, G, delta, Hb, rows):  # pragma: no cover
+    """Per row: ``v = max(g/θ^j, 0)`` (numpy's maximum: NaN kept, −0 → +0), ``c = min(Σ_{≤j} v, 1)`` and
+    ``Hb[row, j + 1] = Σ_{≤j} c·δ`` — numpy's ``cumsum`` adds left to right from the first element."""
+    for i in range(g.shape[0]):
+        r = rows[i]
+        s = 0.0
+        h = 0.0
+        for j in range(G):
+            v = g[i, j] / tilt[j]
+            if not (v > 0.0 or v != v):
+                v = 0.0
+            s = v if j == 0 else s + v
+            c = s if (s < 1.0 or s != s) else 1.0
+            d = c * delta
+            h = d if j == 0 else h + d
+            Hb[r, j + 1] = h
+
+
 # --------------------------------------------------------------------------------------------------
 # kernels
 # --------------------------------------------------------------------------------------------------
@@ -654,25 +698,24 @@ def _poisson_finish(states: list) -> list:
             for r_ in np.flatnonzero(xs > 0):
                 nu[r_] -= w1[idx[r_]] * _split_hist(np.array([xs[r_]]), delta, G)
             np.maximum(nu, 0.0, out=nu)
-        # rows without jumps (age 0) all have the CDF of ν = 0: computed once (a row's CDF is the same bits
-        # alone as in any batch, test_compound_poisson_rows_bit_for_bit_in_any_batch)
+        # rows without jumps (age 0) all have the law of ν = 0: its running sums computed once (a row's CDF is
+        # the same bits alone as in any batch, test_compound_poisson_rows_bit_for_bit_in_any_batch)
         z = ~nu[:, 1:].any(axis=1)
+        one = len(states) == 1
+        hb = Hbs[0] if one else np.zeros((idx.shape[0], G + 1))  # one table: its rows written in place
+        at = idx if one else np.arange(idx.shape[0])
         if z.any():
-            cdf = np.empty((idx.shape[0], G))
-            cdf[~z] = compound_poisson_cdf(nu[~z], G)
+            _cdf_running_sums(nu[~z], G, delta, hb, at[~z])
             if zero_cdf is None:
-                zero_cdf = compound_poisson_cdf(np.zeros((1, G + 1)), G)
-            cdf[z] = zero_cdf
+                zero_cdf = np.zeros((1, G + 1))
+                _cdf_running_sums(np.zeros((1, G + 1)), G, delta, zero_cdf, np.zeros(1, np.int64))
+            hb[at[z]] = zero_cdf[0]
         else:
-            cdf = compound_poisson_cdf(nu, G)
-        np.multiply(cdf, delta, out=cdf)
-        np.cumsum(cdf, axis=1, out=cdf)
-        if len(states) == 1:
-            Hbs[0][idx, 1:] = cdf
-        else:
+            _cdf_running_sums(nu, G, delta, hb, at)
+        if not one:
             for i in range(len(states)):
                 m = own[idx] == i
-                Hbs[i][loc[idx[m]], 1:] = cdf[m]
+                Hbs[i][loc[idx[m]]] = hb[m]
     for j, f in dup:
         Hbs[own[j]][loc[j]] = Hbs[own[f]][loc[f]]
     return [(Hb, delta, x["row"], x["same"]) for Hb, x in zip(Hbs, states, strict=True)]
