@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvhit.estimate.agentic_displacement as AD
 import kvhit.estimate.tiers as TI
@@ -154,3 +156,42 @@ def test_cdf_running_sums_bit_for_bit(G, J):
         got = np.zeros((P, G + 1))
         AD._cdf_running_sums(nu, G, delta, got, np.arange(P))
         assert np.array_equal(ref, got)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), W=st.integers(1, 6))
+def test_levy_by_age_cell_bound_too_small_is_swept_again(seed, W):
+    """A cell bound W below the footprints' cells makes _levy_by_age return G without writing; _levy_rows then
+    sweeps with W = G. Either way the masses are those of the full-width sweep (W = G), bit for bit."""
+    rng = np.random.default_rng(seed)
+    K = int(rng.integers(2, 6))
+    m = rng.integers(2, 5, K)
+    ts = np.concatenate([[0], np.cumsum(m)[:-1]]).astype(np.int64)
+    te = (ts + m).astype(np.int64)
+    tau = np.concatenate([np.sort(rng.uniform(0, 40, k)) - 0.0 for k in m])
+    for k in range(K):
+        tau[ts[k] : te[k]] -= tau[ts[k]]
+    fx_first = rng.integers(1, 60, int(m.sum())).astype(np.float64)
+    cumnew = np.concatenate([[0.0], np.cumsum(rng.integers(0, 30, int(m.sum())).astype(np.float64))])
+    s_grid = np.linspace(-50.0, 120.0, 5)
+    Lc = np.concatenate([[0.0], np.cumsum(rng.integers(1, 4, 4).astype(np.float64))])
+    G, delta = 64, float(rng.choice([1.0, 2.5, 7.0]))
+    t_rows = np.sort(rng.uniform(0, 100, 4))
+    foot, fbase = np.zeros(0), np.zeros(0, np.int64)
+    full = np.zeros((4, G + 1))
+    AD._levy_by_age(ts, te, tau, fx_first, cumnew, 9.0, -1, t_rows, s_grid, Lc, delta, G, 0.5, full, np.arange(4),
+                    foot, fbase, G)  # fmt: skip
+    small = np.zeros((4, G + 1))
+    r = AD._levy_by_age(ts, te, tau, fx_first, cumnew, 9.0, -1, t_rows, s_grid, Lc, delta, G, 0.5, small,
+                        np.arange(4), foot, fbase, W)  # fmt: skip
+    if r:
+        assert r == G and not small.any()
+        AD._levy_by_age(ts, te, tau, fx_first, cumnew, 9.0, -1, t_rows, s_grid, Lc, delta, G, 0.5, small,
+                        np.arange(4), foot, fbase, G)  # fmt: skip
+    assert np.array_equal(full, small)
+    # the bound _levy_rows uses holds every cell: no second sweep needed
+    Wb = AD._cell_bound(ts, te, fx_first, cumnew, foot, delta, G)
+    again = np.zeros((4, G + 1))
+    assert AD._levy_by_age(ts, te, tau, fx_first, cumnew, 9.0, -1, t_rows, s_grid, Lc, delta, G, 0.5, again,
+                           np.arange(4), foot, fbase, Wb) == 0  # fmt: skip
+    assert np.array_equal(full, again)

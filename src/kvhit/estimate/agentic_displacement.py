@@ -16,7 +16,8 @@ with the discrete marks kept instead of eq. (15)'s Gaussian). The law is compute
 exponentially tilted FFT (no wrap-around, :func:`compound_poisson_cdf`), tabulated over ``(t, a)`` and
 interpolated. The jump masses of the rows sharing an age (and excluded template) come from one sweep of the
 conversations' windows (:func:`_levy_by_age`; :func:`_levy_kernel`, row by row, is the reference: equal to
-rounding).
+rounding). Several tables on the same templates and value grid (the two-tier estimator's GPU and tail terms) can be
+filled by the same sweeps (:func:`_poisson_tables`; equal to rounding to each built apart).
 
 ``form="replay"`` (the working-set identity; :func:`_window_D`): ``D_r(a)`` = ``Σ_{src<q<r} (F_q − k_q)`` from
 the trace's own requests (``k_q`` = leading blocks of ``q`` already touched in the window), i.e. the trace's own
