@@ -195,3 +195,47 @@ def test_levy_by_age_cell_bound_too_small_is_swept_again(seed, W):
     assert AD._levy_by_age(ts, te, tau, fx_first, cumnew, 9.0, -1, t_rows, s_grid, Lc, delta, G, 0.5, again,
                            np.arange(4), foot, fbase, Wb) == 0  # fmt: skip
     assert np.array_equal(full, again)
+
+
+def _classes_reference(ts, te, tau, fx_first, cumnew):
+    """The loop over every template that _template_classes replaced (787eb77's _poisson_table, verbatim)."""
+    C = ts.shape[0]
+    rep = np.arange(C, dtype=np.int64)
+    seen: dict = {}
+    cn = np.diff(cumnew)
+    for k in range(C):
+        a_, b_ = int(ts[k]), int(te[k])
+        sig = (b_ - a_, tau[a_:b_].tobytes(), fx_first[a_:b_].tobytes(), cn[a_ + 1 : b_].tobytes())
+        rep[k] = seen.setdefault(sig, k)
+    return rep, len(seen)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), C=st.integers(0, 40), kinds=st.integers(1, 6))
+def test_template_classes_equal_the_loop(seed, C, kinds):
+    """Templates drawn from a few kinds (many exact copies, and near-copies that differ in one inner value only):
+    the same representatives and class count as the loop over every template."""
+    rng = np.random.default_rng(seed)
+    protos = []
+    for _ in range(kinds):
+        m = int(rng.integers(1, 4))
+        protos.append((np.sort(rng.integers(0, 3, m)).astype(np.float64), rng.integers(1, 4, m).astype(np.float64),
+                       rng.integers(0, 3, m).astype(np.float64)))  # fmt: skip
+    tau_l, fx_l, new_l, m_l = [], [], [], []
+    for _ in range(C):
+        t, f, n = (x.copy() for x in protos[int(rng.integers(0, kinds))])
+        if t.size > 2 and rng.random() < 0.3:
+            f[1] += 1.0  # differs inside only: the cheap key cannot tell it apart
+        tau_l.append(t - t[0])
+        fx_l.append(f)
+        new_l.append(n)
+        m_l.append(t.size)
+    m = np.array(m_l, np.int64)
+    ts = np.concatenate([[0], np.cumsum(m)[:-1]]).astype(np.int64) if C else np.zeros(0, np.int64)
+    te = ts + m
+    cat = (lambda xs: np.concatenate(xs)) if C else (lambda xs: np.zeros(0))
+    tau, fx_first, new = cat(tau_l), cat(fx_l), cat(new_l)
+    cumnew = np.concatenate([[0.0], np.cumsum(new)])
+    rep, n = AD._template_classes(ts, te, tau, fx_first, cumnew)
+    rref, nref = _classes_reference(ts, te, tau, fx_first, cumnew)
+    assert n == nref and np.array_equal(rep, rref)

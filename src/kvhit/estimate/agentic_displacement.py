@@ -454,6 +454,39 @@ def _unique_rows(k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return srt[new], inv
 
 
+def _template_classes(ts, te, tau, fx_first, cumnew) -> tuple[np.ndarray, int]:
+    """Identical templates (length, times, first footprints, new blocks): ``rep[k]`` = the first template of ``k``'s
+    class, and the number of classes. A cheap key that is a function of the signature (length, last time, first and
+    last footprint, last new-block count) settles every template whose key no other template has (its own class);
+    only the templates sharing a key are compared whole, in template order — the same classes and representatives
+    as comparing every template."""
+    C = ts.shape[0]
+    rep = np.arange(C, dtype=np.int64)
+    cn = np.diff(cumnew)
+    cand = np.arange(C)
+    if C:
+        last = te - 1
+        key = np.stack(
+            [
+                (te - ts).astype(np.float64),
+                tau[last],
+                fx_first[ts],
+                fx_first[last],
+                np.where(te - ts > 1, cn[last], 0.0),
+            ],
+            axis=1,
+        )
+        if np.isfinite(key).all():
+            inv = _unique_rows(key)[1]
+            cand = np.flatnonzero(np.bincount(inv)[inv] > 1)
+    seen: dict = {}
+    for k in cand:
+        a_, b_ = int(ts[k]), int(te[k])
+        sig = (b_ - a_, tau[a_:b_].tobytes(), fx_first[a_:b_].tobytes(), cn[a_ + 1 : b_].tobytes())
+        rep[k] = seen.setdefault(sig, int(k))
+    return rep, (C - cand.shape[0]) + len(seen)
+
+
 def _split_hist(f: np.ndarray, delta: float, G: int) -> np.ndarray:
     """Counts of the values ``f`` on the grid ``jδ`` (a value between two knots split in proportion; ``≥ Gδ``
     clamped to ``G``), as the kernel bins jumps."""
@@ -538,14 +571,7 @@ def _poisson_prepare(
         # Identical templates (copies of one conversation in a resampled stream) form one class, and leaving
         # out any copy is the same, so cells are keyed by the class's first template; with more than 64
         # classes the Palm factor (C − 1)/C is used instead (``exclude="auto"``)
-        rep = np.arange(C, dtype=np.int64)
-        seen: dict = {}
-        cn = np.diff(cumnew)
-        for k in range(C):
-            a_, b_ = int(ts[k]), int(te[k])
-            sig = (b_ - a_, tau[a_:b_].tobytes(), fx_first[a_:b_].tobytes(), cn[a_ + 1 : b_].tobytes())
-            rep[k] = seen.setdefault(sig, k)
-        n_classes = len(seen)
+        rep, n_classes = _template_classes(ts, te, tau, fx_first, cumnew)
         excl_on = n_classes <= 64 if exclude == "auto" else bool(exclude)
         tmpl_of = np.full(int(u.session.max()) + 1 if n else 1, -1, np.int64)
         tmpl_of[t_sess] = rep
