@@ -55,24 +55,19 @@ __all__ = ["compound_poisson_cdf"]
 # --------------------------------------------------------------------------------------------------
 
 
-def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
-    """CDF on ``0..G−1`` of ``D = Σ_{k ≤ K} X_k``, ``K`` Poisson, jump masses ``nu[j] = E[#jumps of size j]``
-    (``j ≥ 1``; ``nu[0]`` ignored; rows of a 2-D ``nu`` are independent laws). Jumps ``≥ G`` must be
-    clamped to ``G`` by the caller (they only matter as "≥ G"). Exponential tilting ``θ^j`` with
-    ``θ^M = 10⁻⁹`` (``M ≥ 2G`` the FFT size, a power of two) removes the FFT's wrap-around: the returned
-    CDF is exact up to ~1e-9 relative (closed form: ``P(D = x) θ^x = IDFT[exp(DFT(ν θ^j) − Λ)]``)."""
-    nu = np.atleast_2d(np.asarray(nu, np.float64))
+def _tilted_blocks(nu: np.ndarray, G: int):
+    """The FFT steps of :func:`compound_poisson_cdf` (a generator): per block of rows ``[r0, r1)`` of the 2-D
+    ``nu``, ``(r0, r1, g, tilt)`` with ``g = IDFT[exp(DFT(ν θ^j) − Λ)]`` (all ``M`` columns; ``g[:, x] / θ^x`` is
+    P(D = x)). Rows are independent: blocks of ~2 MB of buffer (cache-resident; every row's arithmetic is the same
+    as in one batch, bit for bit), the steps in place; one buffer for every block: columns ≥ J stay 0 (0·θ^j = 0
+    exactly, so only [0, J) is tilted) and column 0 is never written, so each block's rows hold the same values as
+    a fresh zeroed buffer, bit for bit. ``g`` is read before the next block is drawn."""
     M = 1 << int(math.ceil(math.log2(max(2 * G, 8))))
     J = nu.shape[1]
     theta = 10.0 ** (-9.0 / M)
     tilt = theta ** np.arange(M)
     P = nu.shape[0]
-    out = np.empty((P, G))
-    # rows are independent: blocks of ~2 MB of buffer (cache-resident; every row's arithmetic is the same as in
-    # one batch, bit for bit), the steps in place
     step = max(1, (1 << 18) // M)
-    # one buffer for every block: columns ≥ J stay 0 (0·θ^j = 0 exactly, so only [0, J) is tilted) and column 0
-    # is never written; each block's rows hold the same values as a fresh zeroed buffer, bit for bit
     buf_all = np.zeros((min(step, P), M))
     for r0 in range(0, P, step):
         r1 = min(P, r0 + step)
@@ -83,7 +78,19 @@ def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
         phi = np.fft.rfft(buf, axis=1)
         phi -= lam
         np.exp(phi, out=phi)
-        g = np.fft.irfft(phi, n=M, axis=1)[:, :G]
+        yield r0, r1, np.fft.irfft(phi, n=M, axis=1), tilt
+
+
+def compound_poisson_cdf(nu: np.ndarray, G: int) -> np.ndarray:
+    """CDF on ``0..G−1`` of ``D = Σ_{k ≤ K} X_k``, ``K`` Poisson, jump masses ``nu[j] = E[#jumps of size j]``
+    (``j ≥ 1``; ``nu[0]`` ignored; rows of a 2-D ``nu`` are independent laws). Jumps ``≥ G`` must be
+    clamped to ``G`` by the caller (they only matter as "≥ G"). Exponential tilting ``θ^j`` with
+    ``θ^M = 10⁻⁹`` (``M ≥ 2G`` the FFT size, a power of two) removes the FFT's wrap-around: the returned
+    CDF is exact up to ~1e-9 relative (closed form: ``P(D = x) θ^x = IDFT[exp(DFT(ν θ^j) − Λ)]``)."""
+    nu = np.atleast_2d(np.asarray(nu, np.float64))
+    out = np.empty((nu.shape[0], G))
+    for r0, r1, g, tilt in _tilted_blocks(nu, G):
+        g = g[:, :G]
         g /= tilt[:G]
         np.maximum(g, 0.0, out=g)
         np.cumsum(g, axis=1, out=out[r0:r1])
@@ -94,24 +101,7 @@ def _cdf_running_sums(nu: np.ndarray, G: int, delta: float, Hb: np.ndarray, rows
     """``Hb[rows[i], 1:] = cumsum(compound_poisson_cdf(nu)[i] · δ)``: the law table's running sums, the CDF's
     clamps and both running sums in one compiled pass per row (:func:`_cdf_sums_kernel`) after the same FFT steps
     as :func:`compound_poisson_cdf` — the same operations in the same order, bit for bit."""
-    nu = np.atleast_2d(np.asarray(nu, np.float64))
-    M = 1 << int(math.ceil(math.log2(max(2 * G, 8))))
-    J = nu.shape[1]
-    theta = 10.0 ** (-9.0 / M)
-    tilt = theta ** np.arange(M)
-    P = nu.shape[0]
-    step = max(1, (1 << 18) // M)
-    buf_all = np.zeros((min(step, P), M))
-    for r0 in range(0, P, step):
-        r1 = min(P, r0 + step)
-        buf = buf_all[: r1 - r0]
-        buf[:, 1:J] = nu[r0:r1, 1:J]
-        lam = buf.sum(axis=1, keepdims=True)
-        buf[:, :J] *= tilt[:J]
-        phi = np.fft.rfft(buf, axis=1)
-        phi -= lam
-        np.exp(phi, out=phi)
-        g = np.fft.irfft(phi, n=M, axis=1)
+    for r0, r1, g, tilt in _tilted_blocks(np.atleast_2d(np.asarray(nu, np.float64)), G):
         _cdf_sums_kernel(g, tilt, G, float(delta), Hb, rows[r0:r1])
 
 
