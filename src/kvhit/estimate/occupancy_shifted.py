@@ -58,21 +58,28 @@ def series_terms(u, kmax):  # pragma: no cover - numba
 
 
 @njit(cache=True)
-def _shifted_kernel(c, e, w, e0, R, Mk, W, mean, sd, p, out):  # pragma: no cover - numba
-    """``out[j]`` = Σ_q p_q Σ_e w_e Φ((c_j − e + ½ − m_q)/s_q) (a step ``c_j − e ≥ m_q`` where s_q = 0)."""
-    nq = mean.shape[0]
-    K = Mk.shape[0] - 1
-    inv_sqrt2pi = 1.0 / math.sqrt(2.0 * math.pi)
-    # per component: the number of series terms (0: sum directly)
-    nterm = np.zeros(nq, np.int64)
-    for q in range(nq):
+def _component_terms(R, sd, kmax):  # pragma: no cover - numba
+    """Per Gaussian component (sd ``sd[q]``) of ends spread ±``R``: the number of series terms
+    (:func:`series_terms`), 0 where it is summed directly (sd = 0, or R/sd > ``U_MAX``)."""
+    nterm = np.zeros(sd.shape[0], np.int64)
+    for q in range(sd.shape[0]):
         s = sd[q]
         if s <= 0.0:
             continue
         u = R / s
         if u > U_MAX:
             continue
-        nterm[q] = series_terms(u, K)
+        nterm[q] = series_terms(u, kmax)
+    return nterm
+
+
+@njit(cache=True)
+def _shifted_kernel(c, e, w, e0, R, Mk, W, mean, sd, p, out):  # pragma: no cover - numba
+    """``out[j]`` = Σ_q p_q Σ_e w_e Φ((c_j − e + ½ − m_q)/s_q) (a step ``c_j − e ≥ m_q`` where s_q = 0)."""
+    nq = mean.shape[0]
+    K = Mk.shape[0] - 1
+    inv_sqrt2pi = 1.0 / math.sqrt(2.0 * math.pi)
+    nterm = _component_terms(R, sd, K)
     for j in range(c.shape[0]):
         cj = c[j]
         tot = 0.0
@@ -121,15 +128,7 @@ def _values_kernel(c, e, e0, R, mean, sd, p, out):  # pragma: no cover - numba
     ne = e.shape[0]
     Kmax = 96
     inv_sqrt2pi = 1.0 / math.sqrt(2.0 * math.pi)
-    nterm = np.zeros(nq, np.int64)
-    for q in range(nq):
-        s = sd[q]
-        if s <= 0.0:
-            continue
-        u = R / s
-        if u > U_MAX:
-            continue
-        nterm[q] = series_terms(u, Kmax)
+    nterm = _component_terms(R, sd, Kmax)
     v = np.empty(ne)
     for i in range(ne):
         v[i] = (e[i] - e0) / R if R > 0 else 0.0
