@@ -759,14 +759,15 @@ def estimate_fleet_kv_curve(
                 groups.setdefault(walked[key], (rep, []))
             groups[walked[key]][1].append(i)
     hu = np.empty(uN.size)
-    runs = [list(groups.values())]
-    if not bitwise and len(groups) > 1:
+    grouped = list(groups.values())
+    share = not bitwise and len(grouped) > 1
+    runs = [grouped]
+    if share:
         from kvhit.fleet.shared_tables import SharedTables, share_runs
 
-        runs = share_runs(trace, [g[0] for g in groups.values()])
-        runs = [[list(groups.values())[i] for i in run] for run in runs]
+        runs = [[grouped[i] for i in run] for run in share_runs(trace, [rep for rep, _ in grouped])]
     for run in runs:
-        shared = None if bitwise or len(groups) < 2 else SharedTables(trace, [rep for rep, _ in run], R)
+        shared = SharedTables(trace, [rep for rep, _ in run], R) if share else None
         for rep, idx in run:
             tables = None if shared is None else shared.for_routing(rep)
             hu[idx] = estimate_fleet_curve(trace, rep, R, uN[idx], tables=tables, **kw)
