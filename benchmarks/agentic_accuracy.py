@@ -242,7 +242,9 @@ def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray
     replacement (seeds 100 / 101 / 102 / 103 / 104 / 105; ``held-35c`` added after the start-bin rule was fixed,
     ``held-35d`` after the replays' order option was coded, issue 23 §2, ``held-35e`` after the ``keep-span`` law was
     coded and the rule choosing the default fixed, ``held-35f`` after that rule failed on held-35e and a second rule
-    was fixed, docs/estimators.md §4.1) from
+    was fixed, docs/estimators.md §4.1; ``held-35h`` / ``held-35i`` (seeds 106 / 107) after the exchangeable
+    expected value ``expected_replays`` was coded and the rule judging it fixed — not the fleet benchmark's
+    ``held-35g``, another draw) from
     the 7 held-out files trace_0030 … trace_0037, ids re-namespaced per draw (each copy is a distinct
     conversation: only 7 held-out files exist, so a held-out pool of 30–40 must repeat shapes); ``all-34``: every
     stored file (27 design + 7 held-out; not held out for the point estimator)."""
@@ -251,7 +253,8 @@ def band_pools(quick: bool) -> list[tuple[str, bool, ProductionTrace, np.ndarray
     out.append(("design-27", False, d, np.arange(int(d.session.max()) + 1)))
     h = read_weka(weka_files(True))
     Ch = int(h.session.max()) + 1
-    for tag, s in (("a", 100), ("b", 101), ("c", 102), ("d", 103), ("e", 104), ("f", 105))[: 1 if quick else 6]:
+    tags = (("a", 100), ("b", 101), ("c", 102), ("d", 103), ("e", 104), ("f", 105), ("h", 106), ("i", 107))
+    for tag, s in tags[: 1 if quick else len(tags)]:
         out.append((f"held-35{tag}", True, h, np.random.default_rng(s).integers(0, Ch, 35)))
     if not quick:
         a = read_weka(sorted(str(p) for p in WEKA.glob("trace_*.json")))
@@ -285,12 +288,15 @@ def band_rows(
     sim_seeds: int | None = None,
     arrivals=("uniform", "poisson", "poisson-shuffled"),
     orders=None,
+    expected_se: float | None = None,
 ):
     """``seeds_mean`` realisations with an estimate; the simulated mean of target (b) is over ``sim_seeds``
     (≥ ``seeds_mean``, default equal) realisations: more simulated seeds shrink the reference's own error.
     ``orders``: the replays' start laws (``keep`` / ``random`` / ``keep-span``), one row each on the same seeds and
-    references."""
-    from kvhit.estimate.band import DEFAULT_ORDER, estimate_trace_band
+    references. ``expected_se``: also the exchangeable law's expected value
+    :func:`~kvhit.estimate.band.expected_replays` at that standard error for each band seed (``h_exp``; its
+    errors in the row's ``exp_*`` fields)."""
+    from kvhit.estimate.band import DEFAULT_ORDER, estimate_trace_band, expected_replays
 
     orders = list(orders or [DEFAULT_ORDER])
 
@@ -313,6 +319,7 @@ def band_rows(
                 t0 = time.perf_counter()
                 sims, ests = [], []
                 mcs, cover, widths, val, gaps, own = ({o: [] for o in orders} for _ in range(6))
+                exps, exp_se, exp_k = [], [], []
                 h_max = N_min = None
                 for s, pt in enumerate(traces):
                     rq = pt.to_block_requests()
@@ -329,6 +336,11 @@ def band_rows(
                     if s >= seeds_mean:  # a reference-only realisation: no estimate
                         sims.append(sim)
                         continue
+                    if s < seeds_band and expected_se:
+                        ev = expected_replays(pt, Ns, engine=eng, se=expected_se, seed=1000 + s)
+                        exps.append(ev.h)
+                        exp_se.append(float(np.nanmax(ev.se)))
+                        exp_k.append(ev.replays)
                     if s < seeds_band:
                         for o in orders:  # same seed per order: the draws' multiset is the same, only the order differs
                             e, _ = estimate_trace_band(
@@ -351,6 +363,29 @@ def band_rows(
                 ms = S.mean(axis=0)
                 se = S.std(axis=0, ddof=1) / math.sqrt(S.shape[0])
                 mb = (Ns >= N_min) & (ms >= 0.1 * h_max) & (ms <= 0.9 * h_max) & np.isfinite(ms)
+                exp_row = {}
+                if exps and mb.any():
+                    X = np.array(exps)
+                    d_seed = np.abs(X - ms)[:, mb].max(axis=1)
+                    exp_row = {
+                        "exp_se_target": expected_se,
+                        "exp_mean_err_max": float(np.abs(X.mean(axis=0) - ms)[mb].max()),
+                        "exp_mean_signed_at_worst": float(
+                            (X.mean(axis=0) - ms)[mb][np.argmax(np.abs(X.mean(axis=0) - ms)[mb])]
+                        ),
+                        "exp_seed_err_max": [float(x) for x in d_seed],
+                        "exp_seeds_within_0.01": int((d_seed <= 0.01).sum()),
+                        "exp_se_max": exp_se,
+                        "exp_replays": exp_k,
+                    }
+                    worst, signed = exp_row["exp_mean_err_max"], exp_row["exp_mean_signed_at_worst"]
+                    within = exp_row["exp_seeds_within_0.01"]
+                    print(
+                        f"  h_exp (exchangeable law, se {expected_se}): mean over {len(exps)} seeds max|E-sim| "
+                        f"{worst:.4f} (signed {signed:+.4f}); per seed {' '.join(f'{x:.4f}' for x in d_seed)} "
+                        f"({within}/{len(exps)} within 0.01); replays {exp_k}; reference se {float(se[mb].max()):.4f}",
+                        flush=True,
+                    )
                 for o in orders:
                     cover_o, widths_o, gaps_o, mcs_o, val_o = cover[o], widths[o], gaps[o], mcs[o], val[o]
                     cov = np.concatenate(cover_o) if cover_o else np.zeros(0, bool)
@@ -402,7 +437,7 @@ def band_rows(
                         "replays": replays,
                         "level": level,
                         "elapsed_s": time.perf_counter() - t0,
-                    }
+                    } | exp_row
                     out.append(r)
                     print(
                         f"{name:10s} {'held-out' if held else 'design':8s} {arrival:16s} {eng:9s} {o:6s} "
@@ -595,6 +630,12 @@ def main() -> None:
         "default the band's)",
     )
     ap.add_argument("--level", type=float, default=0.9, help="band: level")
+    ap.add_argument(
+        "--expected-se",
+        type=float,
+        default=None,
+        help="band: also the exchangeable law's expected value by replays to this standard error (h_exp)",
+    )
     ap.add_argument("--engines", nargs="*", default=None, help="band: vllm vllm-0.23 (default both; --quick vllm)")
     ap.add_argument(
         "--pools", nargs="*", default=None, help="band: design-27 held-35a held-35b held-35c all-34 (default all)"
@@ -626,6 +667,7 @@ def main() -> None:
             a.sim_seeds,
             a.arrivals,
             a.band_orders,
+            a.expected_se,
         )
         if a.json:
             a.json.write_text(json.dumps(out_b, indent=1))

@@ -56,11 +56,14 @@ def _print_trace_estimate(res) -> None:
     t = Table(title=f"predicted hit ratio ({what})")
     t.add_column(f"N ({res.unit})", justify="right")
     banded = [e for e in engines if any(r.h_lo.get(e) is not None for r in res.rows)]
+    expected = [e for e in engines if any(r.h_exp.get(e) is not None for r in res.rows)]
     for e in engines:
         t.add_column(e, justify="right")
         if e in banded:
             label = "error band (stationary)" if res.level is None else f"{res.level:.0%} band"
             t.add_column(f"{e} {label}", justify="right", overflow="fold")
+        if e in expected:
+            t.add_column(f"{e} expected (replays ± se)", justify="right", overflow="fold")
 
     def cells(r) -> list[str]:
         out = []
@@ -69,6 +72,9 @@ def _print_trace_estimate(res) -> None:
             if e in banded:
                 lo, hi = r.h_lo.get(e), r.h_hi.get(e)
                 out.append("–" if lo is None else f"{lo:.4f}–{hi:.4f}")
+            if e in expected:
+                x, xs = r.h_exp.get(e), r.h_exp_se.get(e)
+                out.append("–" if x is None else f"{x:.4f} ± {xs:.4f}")
         return out
 
     t.add_column("refused (requests / tokens)", justify="right")
@@ -78,7 +84,7 @@ def _print_trace_estimate(res) -> None:
         else:
             t.add_row(
                 _fmt(r.N),
-                *["–" for _ in range(len(engines) + len(banded))],
+                *["–" for _ in range(len(engines) + len(banded) + len(expected))],
                 f"[yellow]infeasible: {100 * r.refused_request_share:.2f}% / {100 * r.refused_token_share:.2f}%[/]",
             )
     console.print(t)
@@ -112,6 +118,7 @@ def estimate(
     metric: Annotated[str, _opt(svc.TraceEstimateRequest, "metric", "--metric")] = "tokens",
     page_size: Annotated[int | None, _opt(svc.TraceEstimateRequest, "page_size", "--page-size")] = None,
     replays: Annotated[int | None, _opt(svc.TraceEstimateRequest, "replays", "--replays")] = None,
+    expected_se: Annotated[float | None, _opt(svc.TraceEstimateRequest, "expected_se", "--expected-se")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Mean-field estimate from a workload spec: moments, T_C, h_max and h (base eq. (25), practical eq. (32)).
@@ -131,6 +138,8 @@ def estimate(
         _fail("--page-size: applies to --trace/--blocks-trace with --engine sglang")
     if blocks_trace is None and replays is not None:
         _fail("--replays: applies to --blocks-trace with --engine sglang")
+    if blocks_trace is None and expected_se is not None:
+        _fail("--expected-se: applies to --blocks-trace")
     if trace is not None or blocks_trace is not None:
         if spec is not None or any(v is not None for v in (p, mean_turns, x_mean, y_mean, w_mean, w_dist, w_cv)):
             _fail("--trace/--blocks-trace: not with --spec or spec flags (the trace is the workload)")
@@ -149,6 +158,7 @@ def estimate(
             lam0=lam0,
             page_size=page_size,
             replays=replays,
+            expected_se=expected_se,
         )
         if as_json:
             _print_json(res)

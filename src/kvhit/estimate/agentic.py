@@ -136,6 +136,10 @@ class AgenticEstimate:
     #: the Monte Carlo standard error s/√K of ``h_mc`` (the replays' mean is itself an estimate of the expected
     #: value under the fitted start law, docs/estimators.md §4.1)
     h_mc_se: np.ndarray | None = None
+    #: the expected hit ratio over the exchangeable start law by exact replays to a requested standard error
+    #: (:func:`kvhit.estimate.band.expected_replays`; ``band["expected"]`` says how many), and that error
+    h_exp: np.ndarray | None = None
+    h_exp_se: np.ndarray | None = None
 
     def to_dict(self) -> dict:
         def fl(x):
@@ -164,6 +168,9 @@ class AgenticEstimate:
                 "h_mc": fl(self.h_mc),
                 "h_mc_se": None if self.h_mc_se is None else fl(self.h_mc_se),
                 "level": self.level,
+            }
+            | ({} if self.h_exp is None else {"h_exp": fl(self.h_exp), "h_exp_se": fl(self.h_exp_se)})
+            | {
                 "band": self.band,
             }
         )

@@ -61,6 +61,9 @@ __all__ = [
     "draw_span_starts",
     "draw_starts",
     "estimate_trace_band",
+    "expected_replays",
+    "ExpectedValue",
+    "EXPECTED_SE",
     "in_validated_region",
     "keep_order",
     "prediction_factor",
@@ -164,8 +167,9 @@ def restart_sessions(pt, starts: np.ndarray):
 
 #: the replays' start laws (``order``): ``random`` and ``keep`` — :func:`draw_starts` (the estimator's start
 #: histogram, the order redrawn or kept); ``keep-span`` — :func:`draw_span_starts` (the order kept, starts uniform
-#: on the observed span widened by one mean spacing unless a KS test rejects uniformity: the fleet replays' law)
-ORDERS = ("keep", "random", "keep-span")
+#: on the observed span widened by one mean spacing unless a KS test rejects uniformity: the fleet replays' law);
+#: ``random-span`` — the same law with the order redrawn (the exchangeable law of :func:`expected_replays`)
+ORDERS = ("keep", "random", "keep-span", "random-span")
 #: the band's default (docs/estimators.md §4.1, issue 23 §2), chosen by rules fixed before each fresh pool was run:
 #: on held-35d ``keep`` lost to ``random`` (so ``random`` stayed); on held-35e ``keep-span`` beat ``random`` in every
 #: row but missed the first rule's absolute 0.01 (0.0108), so ``random`` stayed again; on held-35f the second rule
@@ -224,7 +228,7 @@ def start_law(first) -> str:
     return "histogram" if kstest(f, "uniform", args=(lo, hi - lo)).pvalue < UNIFORM_KS_LEVEL else "uniform"
 
 
-def draw_span_starts(first, rng: np.random.Generator, law: str) -> np.ndarray:
+def draw_span_starts(first, rng: np.random.Generator, law: str, keep: bool = True) -> np.ndarray:
     """C start times that keep the sessions' observed order: C draws sorted and handed out by the rank of
     ``first`` (ties by session id). ``"uniform"`` — i.i.d. uniform on ``[min − d, max + d]``, ``d = (max − min)/(C −
     1)`` (the unbiased estimate of a uniform law's support from C draws; ``[min, max]`` alone would pack the sessions
@@ -237,27 +241,60 @@ def draw_span_starts(first, rng: np.random.Generator, law: str) -> np.ndarray:
     uniform law is, up to a jitter of the span (sd ≈ 4 % at C = 35), the exact conditional law of i.i.d. uniform
     starts and of the benchmark's ordered Poisson starts given the order and the first and last start (the inner
     starts uniform between them), whose replay mean is unbiased for E[h]: the two gave means ≤ 0.001 apart on
-    held-35new (``benchmarks/fleet_bias_diagnosis.py --law``)."""
+    held-35new (``benchmarks/fleet_bias_diagnosis.py --law``). ``keep=False`` (``order="random-span"``): the same
+    draws (same ``rng`` calls) handed out i.i.d. — session ``k`` gets the ``k``-th — so the order is redrawn: the
+    exchangeable law (i.i.d. starts, every order equally likely) whose mean is E[h] itself, not E[h | order]."""
     f = np.asarray(first, float)
     if law == "histogram":
-        return draw_starts(f, rng, order="keep")
+        return draw_starts(f, rng, order="keep" if keep else "random")
     C = f.shape[0]
     lo, hi = float(f.min()), float(f.max())
     d = (hi - lo) / (C - 1) if C > 1 else 0.0
-    return keep_order(f, rng.uniform(lo - d, hi + d, C))
+    x = rng.uniform(lo - d, hi + d, C)
+    return keep_order(f, x) if keep else x
+
+
+def _realisation_stream(pt, seed, order: str, bins=None, bin_rule: str = "br"):
+    """Endless re-timed traces of ``pt`` by the law ``order`` from one ``default_rng(seed)`` (``seed``: an int or a
+    sequence of ints): the first ``K`` are :func:`realisations` ``(pt, K, seed, …)``."""
+    first = session_starts(pt)
+    rng = np.random.default_rng(seed)
+    law = start_law(first) if order in ("keep-span", "random-span") else None
+    keep = order == "keep-span"
+    while True:
+        yield restart_sessions(
+            pt, draw_span_starts(first, rng, law, keep) if law else draw_starts(first, rng, bins, bin_rule, order)
+        )
 
 
 def realisations(pt, replays: int, seed: int, order: str = DEFAULT_ORDER, bins=None, bin_rule: str = "br"):
     """The ``replays`` re-timed traces of ``pt`` (generator): session starts drawn by the law ``order``
-    (:func:`draw_span_starts` for ``keep-span``, :func:`draw_starts` for ``random`` / ``keep``) from one
-    ``default_rng(seed)``, in order — the realisations every band (vLLM, SGLang, tiers) replays at that seed."""
-    first = session_starts(pt)
-    rng = np.random.default_rng(seed)
-    law = start_law(first) if order == "keep-span" else None
-    for _ in range(replays):
-        yield restart_sessions(
-            pt, draw_span_starts(first, rng, law) if law else draw_starts(first, rng, bins, bin_rule, order)
+    (:func:`draw_span_starts` for ``keep-span`` / ``random-span``, :func:`draw_starts` for ``random`` / ``keep``)
+    from one ``default_rng(seed)``, in order — the realisations every band (vLLM, SGLang, tiers) replays at that
+    seed."""
+    from itertools import islice
+
+    yield from islice(_realisation_stream(pt, seed, order, bins, bin_rule), replays)
+
+
+def _replay_rows(pts, Ns: np.ndarray, engine: str, metric: str):
+    """Exact hit ratios (one row per re-timed trace of the iterable ``pts``) at the capacities ``Ns`` (all
+    feasible), by :func:`kvhit.sim.vllm.curve.block_curve` (one all-capacity pass each)."""
+    from kvhit.sim.vllm.curve import block_curve
+
+    key = "token_hit_ratio" if metric == "tokens" else "block_hit_ratio"
+    for p2 in pts:
+        rq = p2.to_block_requests()
+        c = block_curve(
+            rq.prompt_tokens,
+            rq.hash_offsets,
+            rq.hashes,
+            block_size=rq.block_size,
+            Ns=Ns,
+            engine=engine,
+            fallback="nan",
         )
+        yield c[key]
 
 
 def realisation_replays(
@@ -273,30 +310,106 @@ def realisation_replays(
     order: str = DEFAULT_ORDER,
 ) -> np.ndarray:
     """Exact hit ratios (``replays`` × len(Ns)) of ``replays`` start-time realisations of ``pt``'s sessions
-    (:func:`draw_starts` with ``order`` ``random`` / ``keep``, :func:`draw_span_starts` with ``keep-span``; seeded), by
-    :func:`kvhit.sim.vllm.curve.block_curve`; NaN below ``N_min``."""
-    from kvhit.sim.vllm.curve import block_curve
-
+    (:func:`draw_starts` with ``order`` ``random`` / ``keep``, :func:`draw_span_starts` with ``keep-span`` /
+    ``random-span``; seeded), by :func:`kvhit.sim.vllm.curve.block_curve`; NaN below ``N_min``."""
     Ns = np.asarray(Ns, np.int64)
-    key = "token_hit_ratio" if metric == "tokens" else "block_hit_ratio"
     out = np.full((replays, Ns.shape[0]), np.nan)
     N_min = int(pt.prompt_blocks.max()) if pt.n_requests else 0
     ok = Ns >= N_min
     if not ok.any():
         return out
-    for k, p2 in enumerate(realisations(pt, replays, seed, order, bins, bin_rule)):
-        rq = p2.to_block_requests()
-        c = block_curve(
-            rq.prompt_tokens,
-            rq.hash_offsets,
-            rq.hashes,
-            block_size=rq.block_size,
-            Ns=Ns[ok],
-            engine=engine,
-            fallback="nan",
-        )
-        out[k, ok] = c[key]
+    for k, row in enumerate(
+        _replay_rows(realisations(pt, replays, seed, order, bins, bin_rule), Ns[ok], engine, metric)
+    ):
+        out[k, ok] = row
     return out
+
+
+#: :func:`expected_replays`' defaults: the Monte Carlo standard error asked of the expected value at every feasible
+#: capacity, the replays added per round, the fewest and the most replays
+EXPECTED_SE = 0.004
+EXPECTED_BATCH = 16
+EXPECTED_MIN = 32
+EXPECTED_MAX = 512
+
+
+@dataclass(frozen=True)
+class ExpectedValue:
+    """:func:`expected_replays`: ``h`` the mean of ``replays`` exact replays (NaN where infeasible), ``se`` its
+    standard error s/√K, ``reached`` whether ``max(se) ≤ se_target`` at every feasible capacity."""
+
+    N: np.ndarray
+    h: np.ndarray
+    se: np.ndarray
+    replays: int
+    se_target: float
+    reached: bool
+    law: str
+
+    def info(self) -> dict:
+        return {
+            "law": self.law,
+            "replays": int(self.replays),
+            "se_target": float(self.se_target),
+            "se_max": float(np.nanmax(self.se)) if np.isfinite(self.se).any() else None,
+            "reached": bool(self.reached),
+        }
+
+
+def expected_replays(
+    pt,
+    Ns: Any,
+    *,
+    engine: str = "vllm",
+    metric: str = "tokens",
+    se: float = EXPECTED_SE,
+    seed: int = 0,
+    min_replays: int = EXPECTED_MIN,
+    max_replays: int = EXPECTED_MAX,
+    batch: int = EXPECTED_BATCH,
+) -> ExpectedValue:
+    """The expected hit ratio E[h(N)] over the *exchangeable* start law (``order="random-span"``: i.i.d. starts
+    uniform on the observed span widened by one mean spacing — the estimator's histogram where a KS test rejects
+    uniformity — every order of the conversations equally likely), by exact replays added ``batch`` at a time until
+    the standard error s/√K is ≤ ``se`` at every feasible capacity (at least ``min_replays``, at most
+    ``max_replays``). The replays come from ``default_rng([seed, 1])``, a stream apart from the band's
+    (``default_rng(seed)``), so the result is a function of ``seed`` alone, bit for bit.
+
+    Why a second set of replays: the band's replays (``keep-span``) keep the trace's order of conversations and
+    estimate E[h | order], which spreads across realisations of the order by as much as ±0.05 on 35-conversation
+    WEKA pools (docs/estimators.md §4.1) — the right centre for *this* trace's next realisation, a noisy estimate of
+    the expectation over the start law. NOT modelled: a process that keeps the conversations' order from one
+    realisation to the next (then E[h | order], ``h_mc``, is its expectation)."""
+    if not (isinstance(se, float | int) and 0.0 < float(se) < 1.0):
+        raise AgenticError(f"expected_se: expected a standard error in (0, 1), got {se!r}")
+    for name, v in (("min_replays", min_replays), ("max_replays", max_replays), ("batch", batch)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 2:
+            raise AgenticError(f"{name}: expected an integer ≥ 2, got {v!r}")
+    if max_replays < min_replays:
+        raise AgenticError(f"max_replays ({max_replays}) < min_replays ({min_replays})")
+    Ns = np.asarray(Ns, np.int64)
+    N_min = int(pt.prompt_blocks.max()) if pt.n_requests else 0
+    ok = Ns >= N_min
+    h = np.full(Ns.shape[0], np.nan)
+    s_e = np.full(Ns.shape[0], np.nan)
+    if not ok.any():
+        return ExpectedValue(Ns, h, s_e, 0, float(se), True, "random-span")
+    rows = _replay_rows(_realisation_stream(pt, [int(seed), 1], "random-span"), Ns[ok], engine, metric)
+    K = 0
+    buf = []
+    while True:
+        for _ in range(batch if K >= min_replays or K + batch <= min_replays else min_replays - K):
+            buf.append(next(rows))
+        K = len(buf)
+        H = np.array(buf)
+        m = H.mean(axis=0)
+        sd = H.std(axis=0, ddof=1)
+        e = sd / math.sqrt(K)
+        reached = bool(np.nanmax(e) <= se) if np.isfinite(e).any() else True
+        if K >= min_replays and (reached or K >= max_replays):
+            break
+    h[ok], s_e[ok] = m, e
+    return ExpectedValue(Ns, h, s_e, K, float(se), reached, "random-span")
 
 
 def _start_bins_of(pt, bin_rule: str) -> int:
@@ -332,6 +445,7 @@ def estimate_trace_band(
     reuse=None,
     bin_rule: str = "br",
     order: str = DEFAULT_ORDER,
+    expected_se: float | None = None,
     **kwargs: Any,
 ):
     """:func:`~kvhit.estimate.agentic.estimate_trace` (time-varying form) of a
@@ -340,7 +454,8 @@ def estimate_trace_band(
     widened capacities). ``order``: ``"keep"`` — the replays keep the sessions' observed start order, ``"random"``
     — they redraw it (:func:`draw_starts`), ``"keep-span"`` — the order kept, starts uniform on the widened span
     (:func:`draw_span_starts`). ``reuse``: a precomputed :func:`~kvhit.workload.reuse.request_reuse`
-    of ``pt``.
+    of ``pt``. ``expected_se``: also the expected value over the exchangeable start law, ``h_exp`` / ``h_exp_se``, by
+    :func:`expected_replays` to that standard error (its own replays; ``band["expected"]`` says how many).
     ``kwargs`` go to the estimator (``lam0`` and ``mask`` are refused: no realisation band for them)."""
     if not (isinstance(level, float | int) and 0.5 <= float(level) < 1.0):
         raise AgenticError(f"level: expected a probability in [0.5, 1), got {level!r}")
@@ -412,5 +527,26 @@ def estimate_trace_band(
         "order": order,
         "start_bins": int(bins) if bins else _start_bins_of(pt, bin_rule),
     }
-    est = replace(est, h_lo=lo, h_hi=hi, h_mc=m, h_mc_se=se, level=float(level), band=band, regime=regime)
+    h_exp = h_exp_se = None
+    if expected_se is not None:
+        ev = expected_replays(pt, est.N, engine=engine, metric=metric, se=expected_se, seed=seed)
+        h_exp, h_exp_se = np.where(ok, ev.h, np.nan), np.where(ok, ev.se, np.nan)
+        band["expected"] = ev.info()
+        if not ev.reached:
+            notes.append(
+                f"the expected value h_exp: standard error {ev.info()['se_max']:.4f} after {ev.replays} replays, "
+                f"above the {expected_se} asked"
+            )
+    est = replace(
+        est,
+        h_lo=lo,
+        h_hi=hi,
+        h_mc=m,
+        h_mc_se=se,
+        h_exp=h_exp,
+        h_exp_se=h_exp_se,
+        level=float(level),
+        band=band,
+        regime=regime,
+    )
     return est, BandInfo(N=est.N, h=H, mean=m, sd=s, level=float(level), seed=int(seed))

@@ -34,10 +34,13 @@ def agentic_estimates(
     level: float = 0.9,
     replays: int = 16,
     seed: int = 0,
+    expected_se: float | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per engine: ``h``, ``h_lo``, ``h_hi``, ``h_mc``, ``h_mc_se`` (arrays over ``Ns``, NaN where infeasible or no
     band), ``level``,
-    ``regime`` (``validated``, ``notes``), ``band`` (how it was made) and ``h_max``."""
+    ``regime`` (``validated``, ``notes``), ``band`` (how it was made) and ``h_max``; with ``expected_se`` also
+    ``h_exp`` / ``h_exp_se``, the expected value over the exchangeable start law by exact replays to that standard
+    error (:func:`kvhit.estimate.band.expected_replays`; NaN without a realisation band)."""
     from kvhit.estimate.agentic import estimate_trace
     from kvhit.estimate.band import estimate_trace_band
     from kvhit.workload.reuse import request_reuse
@@ -58,12 +61,24 @@ def agentic_estimates(
     for e in engines:
         if why_no_band is None:
             est, _ = estimate_trace_band(
-                pt, Ns, engine=e, metric=metric, level=level, replays=replays, seed=seed, reuse=reuse
+                pt,
+                Ns,
+                engine=e,
+                metric=metric,
+                level=level,
+                replays=replays,
+                seed=seed,
+                reuse=reuse,
+                expected_se=expected_se,
             )
             lo, hi = np.asarray(est.h_lo, float), np.asarray(est.h_hi, float)
             mc, mc_se = np.asarray(est.h_mc, float), np.asarray(est.h_mc_se, float)
+            if est.h_exp is not None:
+                ex, ex_se = np.asarray(est.h_exp, float), np.asarray(est.h_exp_se, float)
+            else:
+                ex = ex_se = np.full(Ns.shape[0], np.nan)
         else:
-            mc = mc_se = np.full(Ns.shape[0], np.nan)
+            mc = mc_se = ex = ex_se = np.full(Ns.shape[0], np.nan)
             est = estimate_trace(reuse, Ns, engine=e, metric=metric, lam0=lam0, mask=mask)
             lo = hi = np.full(Ns.shape[0], np.nan)
             if lam0 is not None and est.h_lo is not None and band:
@@ -92,6 +107,8 @@ def agentic_estimates(
             # Monte Carlo standard error; NaN without a realisation band
             "h_mc": np.where(est.infeasible, np.nan, mc),
             "h_mc_se": np.where(est.infeasible, np.nan, mc_se),
+            "h_exp": np.where(est.infeasible, np.nan, ex),
+            "h_exp_se": np.where(est.infeasible, np.nan, ex_se),
             "level": level if why_no_band is None else None,  # the stationary error band has no level
             "regime": regime,
             "band": est.band,
@@ -106,7 +123,8 @@ def _f(x) -> float | None:
 
 
 def band_rows(ests: dict[str, dict[str, Any]], Ns) -> list[dict[str, Any]]:
-    """One JSON row per (engine, N): ``N``, ``engine``, ``h``, ``h_lo``, ``h_hi``, ``h_mc``, ``h_mc_se``, ``level``,
+    """One JSON row per (engine, N): ``N``, ``engine``, ``h``, ``h_lo``, ``h_hi``, ``h_mc``, ``h_mc_se``, ``h_exp``,
+    ``h_exp_se``, ``level``,
     ``validated``."""
     rows = []
     for e, d in ests.items():
@@ -121,6 +139,8 @@ def band_rows(ests: dict[str, dict[str, Any]], Ns) -> list[dict[str, Any]]:
                     "h_hi": _f(d["h_hi"][k]),
                     "h_mc": _f(d["h_mc"][k]) if "h_mc" in d else None,
                     "h_mc_se": _f(d["h_mc_se"][k]) if "h_mc_se" in d else None,
+                    "h_exp": _f(d["h_exp"][k]) if "h_exp" in d else None,
+                    "h_exp_se": _f(d["h_exp_se"][k]) if "h_exp_se" in d else None,
                     "level": d["level"],
                     "validated": bool(d["regime"].get("validated", False)),
                 }

@@ -75,8 +75,19 @@ class TraceEstimateRequest(Request):
         "(the analytic estimate, no band).",
     )
 
+    expected_se: float | None = Field(
+        None,
+        gt=0,
+        lt=0.1,
+        description="--blocks-trace (vLLM): also h_exp, the expected hit ratio over the exchangeable start law "
+        "(i.i.d. starts on the trace's widened span, every order of the conversations equally likely), by exact "
+        "replays added 16 at a time until its standard error is at most this at every feasible capacity (32–512 "
+        "replays, ~0.15–0.4 s each on a 35-conversation WEKA pool); in (0, 0.1); default none.",
+    )
+
     FLAGS = {
         "N": "--N",
+        "expected_se": "--expected-se",
         "blocks_trace": "--blocks-trace",
         "lam0": "--lam0",
         "page_size": "--page-size",
@@ -103,6 +114,11 @@ class TraceEstimateRow(Response):
         "SGLang with --replays).",
     )
     h_mc_se: dict[str, float | None] = Field(default_factory=dict, description="Monte Carlo standard error of h_mc.")
+    h_exp: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="--expected-se: the expected hit ratio over the exchangeable start law (exact replays).",
+    )
+    h_exp_se: dict[str, float | None] = Field(default_factory=dict, description="Monte Carlo standard error of h_exp.")
 
 
 class TraceEstimateResponse(Response):
@@ -143,6 +159,11 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
 
     if (req.trace is None) == (req.blocks_trace is None):
         raise InputError("--trace / --blocks-trace: give exactly one")
+    if req.expected_se is not None and (req.blocks_trace is None or req.engine == "sglang" or req.lam0 is not None):
+        raise InputError(
+            "--expected-se: applies to --blocks-trace at the trace's own load with the vLLM engines (it redraws the "
+            "trace's start times; not with --trace, --lam0 or --engine sglang)"
+        )
     if req.engine == "sglang":
         return _sglang(req)
     if req.replays is not None:
@@ -157,15 +178,22 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
     hi: dict[str, np.ndarray] = {}
     mc: dict[str, np.ndarray] = {}
     mc_se: dict[str, np.ndarray] = {}
+    ex: dict[str, np.ndarray] = {}
+    ex_se: dict[str, np.ndarray] = {}
     level = None
     if req.blocks_trace is not None:
         from kvhit.service.agentic_band import agentic_estimates
 
         pt = _read_blocks(req)
         with translating(str(req.blocks_trace)):
-            for e, d in agentic_estimates(pt, Ns, engines, metric=req.metric, lam0=req.lam0, seed=req.seed).items():
+            ests = agentic_estimates(
+                pt, Ns, engines, metric=req.metric, lam0=req.lam0, seed=req.seed, expected_se=req.expected_se
+            )
+            for e, d in ests.items():
                 h[e], lo[e], hi[e] = d["h"], d["h_lo"], d["h_hi"]
                 mc[e], mc_se[e] = d["h_mc"], d["h_mc_se"]
+                if req.expected_se is not None:
+                    ex[e], ex_se[e] = d["h_exp"], d["h_exp_se"]
                 regime[e] = d["regime"]
                 level = d["level"]
                 h_max = d["h_max"]
@@ -199,6 +227,8 @@ def trace_estimate(req: TraceEstimateRequest) -> TraceEstimateResponse:
                 h_hi={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in hi.items()},
                 h_mc={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in mc.items()},
                 h_mc_se={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in mc_se.items()},
+                h_exp={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in ex.items()},
+                h_exp_se={e: (float(v[k]) if ok and np.isfinite(v[k]) else None) for e, v in ex_se.items()},
             )
         )
     return TraceEstimateResponse(
