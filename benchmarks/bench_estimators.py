@@ -50,7 +50,9 @@ FAMILIES = (
 #: selectable with ``--families``, not run by default: the "before" of the KV-aware fleet curve, and the KV-aware
 #: curve under load (holds T / 10,000 s: the router reads in-flight load; llm-d's KV usage A/N makes its routing
 #: depend on N)
-EXTRA_FAMILIES = ("fleet-kv-per-call", "fleet-kv-load-dynamo", "fleet-kv-load-llm-d")
+#: ``tiers-simple-onedim``: simple eager by the one-displacement model, what ``kvhit tiers --blocks-trace`` runs on
+#: WEKA / Mooncake (the store-time recency model of ``tiers-simple`` is for chat traces; docs/estimators.md §5.2)
+EXTRA_FAMILIES = ("fleet-kv-per-call", "fleet-kv-load-dynamo", "fleet-kv-load-llm-d", "tiers-simple-onedim")
 
 
 def _timed(fn):
@@ -123,6 +125,10 @@ def _calls(name, src, fam, b, Ns, hbm, host):
 
         tier = fam.removeprefix("tiers-")
         kw, per = {}, 1
+        if tier == "simple-onedim":
+            if name == "sharegpt":
+                return None
+            tier, kw = "simple", {"simple_model": "onedim"}
         if tier == "lmcache":
             ct = 256 if 256 % b == 0 else b
             kw, per = {"chunk_tokens": ct}, ct // b
