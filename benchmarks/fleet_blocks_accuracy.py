@@ -152,6 +152,10 @@ FRESH_POOL_SEED = 20261204
 #: --replay-se 0.003`` prints (replays' seed 0 as the command, adaptive count until s/√K ≤ 0.003 at every capacity);
 #: rule fixed before it was run: the gap (Poisson arm) / paired gap (uniform arm) within 0.01 at every point
 G_POOL_SEED = 20261206
+#: the fifth held-out WEKA pool (``held-35k``), drawn on 2026-12-03 (night) after ``--exchangeable`` (the replays
+#: redraw the sessions' order: their mean estimates E[h]) was coded; rule fixed before it was run (docs/estimators.md
+#: §6): under uniform and Poisson-shuffled starts the gap of the exchangeable replays' mean within 0.01 at every point
+K_POOL_SEED = 20261207
 
 
 #: timing presets of ``--only replay --timing`` (kvhit.fleet.timing.FleetTiming per router class): ``speed`` holds
@@ -183,7 +187,7 @@ def preset_timing(preset: str, router: str, speed: float):
 
 
 def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, routers, speed, replays, Ns_fixed=None,
-                timing="speed", replay_seed="fixed", se_target=None):  # fmt: skip
+                timing="speed", replay_seed="fixed", se_target=None, keep=True):  # fmt: skip
     """The replay mean as the expected value (docs/estimators.md §6, block-id traces): for each (R, router, N) the
     mean over ``sim_seeds`` start-time realisations of the exact fleet ratio, the mean over ``seeds`` of the replays'
     mean at that realisation (:func:`fleet_replays_blocks`, seed 0 as ``fleet simulate``), the coverage of the
@@ -191,7 +195,8 @@ def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, rout
     ``replay_seed="fixed"``: generator seed 0 at every realisation (what ``fleet simulate`` answers); under a start
     law with one order (the Poisson arm) every realisation then replays the same patterns, so the mean over
     realisations keeps one answer's Monte Carlo error (``mc_se``); ``"per-realisation"``: seed 1000 + start seed, so
-    the gap measures the start law's bias. ``se_target``: :func:`fleet_replays_blocks`' adaptive count."""
+    the gap measures the start law's bias. ``se_target``: :func:`fleet_replays_blocks`' adaptive count. ``keep=False``:
+    the replays redraw the sessions' order (the exchangeable law: their mean estimates E[h], not E[h | order])."""
     pts = {s: pt_of_seed(s) for s in sorted(set(sim_seeds) | set(seeds))}
     for R in replicas:
         for router in routers:
@@ -206,7 +211,7 @@ def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, rout
                                     seed=0, timing=tm) for s in pts}  # fmt: skip
             rep = {s: fleet_replays_blocks(pts[s], router, caps, replays=replays,
                                            seed=0 if replay_seed == "fixed" else 1000 + s, timing=tm,
-                                           se_target=se_target) for s in seeds}  # fmt: skip
+                                           se_target=se_target, keep=keep) for s in seeds}  # fmt: skip
             dt = time.time() - t0
             for j, N in enumerate(Ns):
                 S = np.array([sim[s][j] for s in sim_seeds])
@@ -222,7 +227,7 @@ def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, rout
                 d = np.array([rep[s][:, j].mean() - sim[s][j] for s in seeds] * (1 if len(seeds) > 1 else 2))
                 r = {
                     "workload": name, "arrival": arrival, "R": R, "router": router, "N": int(N), "speed": sp,
-                    "timing": timing,
+                    "timing": timing, "law": "keep-span" if keep else "random-span",
                     "sim_seeds": len(sim_seeds), "seeds": len(seeds), "replays": replays,
                     "sim_mean": float(S.mean()),
                     "sim_se": float(S.std(ddof=1) / np.sqrt(S.size)) if S.size > 1 else 0.0,
@@ -237,7 +242,7 @@ def replay_rows(out, name, pt_of_seed, sim_seeds, seeds, replicas, arrival, rout
                 }  # fmt: skip
                 out.append(r)
                 print(
-                    f"{name:9s} {arrival:8s} {timing:8s} R={R} {router:11s} N={N:6d}: "
+                    f"{name:9s} {arrival:8s} {timing:8s} {r['law']:11s} R={R} {router:11s} N={N:6d}: "
                     f"sim {r['sim_mean']:.4f}±{r['sim_se']:.4f} "
                     f"exp {r['exp_mean']:.4f} gap {r['gap']:+.4f} "
                     f"paired {r['paired_gap']:+.4f}±{r['paired_gap_se']:.4f} "
@@ -252,8 +257,13 @@ def main(argv=None) -> None:
     ap.add_argument("--only", nargs="+", default=["weka", "mooncake", "kv"],
                     choices=["weka", "mooncake", "kv", "replay"])  # fmt: skip
     ap.add_argument("--pools", nargs="*", default=["held-35a"],
-                    choices=["held-35a", "held-35new", "held-35fresh", "held-35g"])  # fmt: skip
+                    choices=["held-35a", "held-35new", "held-35fresh", "held-35g", "held-35k"])  # fmt: skip
     ap.add_argument("--replay-seed", default="fixed", choices=["fixed", "per-realisation"])
+    ap.add_argument(
+        "--exchangeable",
+        action="store_true",
+        help="replay: the replays redraw the sessions' order (their mean estimates E[h], not E[h | order])",
+    )
     ap.add_argument(
         "--se-target", type=float, default=None, help="replay: adaptive replay count (fleet_replays_blocks)"
     )
@@ -296,6 +306,7 @@ def main(argv=None) -> None:
             "held-35new": np.random.default_rng(NEW_POOL_SEED).integers(0, Ch, 35),
             "held-35fresh": np.random.default_rng(FRESH_POOL_SEED).integers(0, Ch, 35),
             "held-35g": np.random.default_rng(G_POOL_SEED).integers(0, Ch, 35),
+            "held-35k": np.random.default_rng(K_POOL_SEED).integers(0, Ch, 35),
         }
         for pool in a.pools:
             for arrival in a.arrivals:
@@ -305,7 +316,8 @@ def main(argv=None) -> None:
 
                 replay_rows(rows, pool, of_seed, list(range(a.sim_seeds)), a.seeds, a.replicas, arrival,
                             list(a.routers) + list(a.kv_routers), a.kv_speed, a.replays,
-                            timing=a.timing, replay_seed=a.replay_seed, se_target=a.se_target)  # fmt: skip
+                            timing=a.timing, replay_seed=a.replay_seed, se_target=a.se_target,
+                            keep=not a.exchangeable)  # fmt: skip
         if "mooncake" in a.only:
             mc = read_mooncake(MOON)
             replay_rows(rows, "mooncake", lambda s: mc, [0], [0], a.replicas, "own",

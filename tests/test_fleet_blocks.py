@@ -146,7 +146,7 @@ def _hand_timing(p2, tm):
     return off, hs, kw
 
 
-def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None, tm=None):
+def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None, tm=None, keep=True):
     """The replays by hand: K start-time draws (one generator; uniform on the starts' range widened by one mean
     spacing each side unless a KS test rejects uniformity, then draw_starts' histogram; sorted and handed out in
     the sessions' observed order), each a plain simulate_fleet call on the re-timed trace (holds T/speed, or the
@@ -164,10 +164,12 @@ def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None, tm=None
     out = []
     for _ in range(K):
         d = (hi - lo) / (C - 1) if C > 1 else 0.0
-        x = np.sort(rng.uniform(lo - d, hi + d, C) if uniform else draw_starts(first, rng))
+        x = rng.uniform(lo - d, hi + d, C) if uniform else draw_starts(first, rng)
         starts = np.empty(C)
         for rank, k in enumerate(sorted(range(C), key=lambda k: (first[k], k))):  # the observed order, kept
-            starts[k] = x[rank]
+            starts[k] = np.sort(x)[rank]
+        if not keep:  # the exchangeable law: session k gets the k-th draw
+            starts = x
         p2 = restart_sessions(pt, starts)
         if tm is None:
             off, hs = p2.hash_offsets, p2.hashes
@@ -205,6 +207,23 @@ def test_replay_mean_is_the_mean_of_direct_simulate_fleet_calls(router, speed, p
     assert b["h_mc"] == pytest.approx(H[:, 1].mean(), abs=1e-12)
     assert b["h_se"] == pytest.approx(H[:, 1].std(ddof=1) / np.sqrt(K), abs=1e-12)
     assert b["h_lo"] < b["h_mc"] < b["h_hi"] and b["method"] == "replay-mean"
+
+
+@pytest.mark.parametrize(("router", "speed"), [("round-robin", None), ("dynamo", 20000.0)])
+def test_exchangeable_replays_redraw_the_order(router, speed):
+    """keep=False: the same draws handed out i.i.d. (session k the k-th), replay by replay a direct simulate_fleet
+    loop; the ratios differ from the order-keeping replays at the same seed."""
+    from kvhit.fleet.blocks import fleet_replays_blocks
+
+    pt = read_weka([str(DATA / f) for f in WEKA3])
+    R, K, seed = 3, 4, 6
+    Nmin = int(pt.prompt_blocks.max())
+    caps = [[Nmin] * R, [2 * Nmin, Nmin, Nmin]]
+    H = fleet_replays_blocks(pt, router, caps, speed=speed, replays=K, seed=seed, keep=False)
+    for i, Ns in enumerate(caps):
+        want = _direct_replays(pt, router, Ns, seed=seed, K=K, speed=speed, keep=False)
+        assert H[:, i] == pytest.approx(want, abs=1e-12)
+    assert not np.allclose(H, fleet_replays_blocks(pt, router, caps, speed=speed, replays=K, seed=seed))
 
 
 #: timing cases: (router, router params, hand timing); hit_token_seconds on an oblivious router runs the compiled

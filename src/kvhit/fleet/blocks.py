@@ -356,6 +356,7 @@ def fleet_replays_blocks(
     timing=None,
     se_target: float | None = None,
     max_replays: int = 1024,
+    keep: bool = True,
 ) -> np.ndarray:
     """Exact fleet hit ratios (``replays`` × P) of ``pt`` re-timed at ``replays`` start-time draws
     (:func:`draw_fleet_starts` with the law :func:`start_law` picks, or ``law``; generator ``seed``;
@@ -370,7 +371,11 @@ def fleet_replays_blocks(
     first ``replays`` rows are those of the fixed count) until the Monte Carlo standard error of the mean, ``s/√K``,
     is at most ``se_target`` at every capacity, or ``max_replays`` rows. The replays' mean is an estimate of
     E[h | order] with that error (docs/estimators.md §6, block-id traces: the error of 16 replays, not the start law,
-    is what ``benchmarks/fleet_bias_diagnosis.py`` found behind the held-35new miss)."""
+    is what ``benchmarks/fleet_bias_diagnosis.py`` found behind the held-35new miss).
+
+    ``keep=False``: the same draws handed out i.i.d. (the order of the sessions redrawn: the exchangeable law of
+    :func:`kvhit.estimate.band.expected_replays`), so the mean estimates E[h] over the start law instead of E[h |
+    order]."""
     from kvhit.estimate.band import restart_sessions, session_starts
 
     tmg = replay_timing(speed, timing)
@@ -387,7 +392,7 @@ def fleet_replays_blocks(
     while K < cap:
         if K >= max(K0, 2) and float(H[:K].std(axis=0, ddof=1).max()) / math.sqrt(K) <= se_target:
             break
-        p2 = restart_sessions(pt, draw_fleet_starts(first, rng, law))
+        p2 = restart_sessions(pt, draw_fleet_starts(first, rng, law, keep))
         H[K] = _fleet_ratios(p2, router, caps, engine=engine, router_params=router_params, lag=lag, seed=seed,
                              timing=tmg)  # fmt: skip
         K += 1
