@@ -146,7 +146,7 @@ def _hand_timing(p2, tm):
     return off, hs, kw
 
 
-def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None, tm=None, keep=True):
+def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None, tm=None, keep=True, start_seed=None):
     """The replays by hand: K start-time draws (one generator; uniform on the starts' range widened by one mean
     spacing each side unless a KS test rejects uniformity, then draw_starts' histogram; sorted and handed out in
     the sessions' observed order), each a plain simulate_fleet call on the re-timed trace (holds T/speed, or the
@@ -160,7 +160,7 @@ def _direct_replays(pt, router, Ns, *, seed, K, speed=None, params=None, tm=None
     np.minimum.at(first, pt.session, pt.time)
     lo, hi = first.min(), first.max()
     uniform = C < 3 or kstest(first, "uniform", args=(lo, hi - lo)).pvalue >= 0.05
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed if start_seed is None else start_seed)
     out = []
     for _ in range(K):
         d = (hi - lo) / (C - 1) if C > 1 else 0.0
@@ -395,6 +395,36 @@ def test_fleet_simulate_replays_and_replay_se(monkeypatch, tmp_path):
                        (["--replay-se", "0.5"], "--replay-se")):  # fmt: skip
         r = runner.invoke(app, [*base, *args])
         assert r.exit_code == 2 and flag in r.output and "Traceback" not in r.output, r.output
+
+
+def test_fleet_simulate_expected_se(tmp_path):
+    """``--expected-se S``: beside the row's replay mean (E[h | order]) the band carries h_exp, the mean of replays
+    that redraw the sessions' order (start generator [seed, 1], at least 32, until s/√K ≤ S) — by a direct loop over
+    simulate_fleet; the row's own estimate is unchanged; without --blocks-trace it is refused in one line."""
+    import shutil
+
+    for f in WEKA3:
+        shutil.copy(DATA / f, tmp_path / f)
+    wk = read_production(tmp_path)
+    base = ["fleet", "simulate", "--blocks-trace", str(tmp_path), "--replicas", "2", "--N", "1500", "--router",
+            "round-robin", "--seed", "1", "--replays", "4"]  # fmt: skip
+    X = _direct_replays(wk, "round-robin", [1500, 1500], seed=1, K=64, keep=False, start_seed=[1, 1])
+    se = np.array([X[:k].std(ddof=1) / np.sqrt(k) for k in range(2, 65)])
+    S = float(se[40 - 2]) * 1.0000001  # met at 40 replays at the latest
+    K = 32 + int(np.flatnonzero(se[32 - 2 :] <= S)[0])
+    r = runner.invoke(app, [*base, "--expected-se", repr(S), "--json"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)["rows"][0]
+    b = row["estimate_band"]
+    assert b["exp_replays"] == K and b["h_exp"] == pytest.approx(X[:K].mean(), abs=1e-12)
+    assert b["h_exp_se"] == pytest.approx(se[K - 2], abs=1e-12)
+    H = _direct_replays(wk, "round-robin", [1500, 1500], seed=1, K=4)
+    assert row["estimate"] == pytest.approx(H.mean(), abs=1e-12)  # the row's own replays: untouched
+    t = runner.invoke(app, [*base, "--expected-se", repr(S)], env={"COLUMNS": "200"})
+    assert t.exit_code == 0 and f"{X[:K].mean():.4f} ± {se[K - 2]:.4f}" in t.output, t.output
+    bad = runner.invoke(app, ["fleet", "simulate", "--trace", str(tmp_path / "t.parquet"), "--replicas", "2", "--N",
+                              "100", "--expected-se", "0.01"])  # fmt: skip
+    assert bad.exit_code == 2 and "--expected-se" in bad.output and "Traceback" not in bad.output, bad.output
 
 
 def test_fleet_simulate_blocks_trace_estimates_under_timing(monkeypatch, tmp_path):

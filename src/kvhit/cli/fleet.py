@@ -151,6 +151,7 @@ def fleet_simulate(
     no_estimates: Annotated[bool, typer.Option("--no-estimates", help="Skip the fleet estimator.")] = False,
     replays: Annotated[int, _fopt("replays", "--replays")] = FR.model_fields["replays"].default,
     replay_se: Annotated[float | None, _fopt("replay_se", "--replay-se")] = None,
+    expected_se: Annotated[float | None, _fopt("expected_se", "--expected-se")] = None,
     plot: Annotated[Path | None, _fopt("plot", "--plot")] = None,
     engine_steps: Annotated[bool, _fopt("engine_steps", "--engine-steps")] = False,
     as_json: JsonOpt = False,
@@ -202,9 +203,16 @@ def fleet_simulate(
             )
         )
         for r in res.rows:  # a --replay-se target the replay budget stopped short of
-            for n in (r.get("estimate_band") or {}).get("notes", []):
-                if n.startswith("--replay-se"):
+            b = r.get("estimate_band") or {}
+            for n in b.get("notes", []):
+                if n.startswith(("--replay-se", "the expected value h_exp")):
                     console.print(Text(f"note: {r['router']}, R = {r['replicas']}: {n}", style="italic"))
+            if b.get("h_exp") is not None:
+                console.print(
+                    f"{r['router']}, R = {r['replicas']}: expected over the start law (order redrawn, "
+                    f"{b['exp_replays']} replays) {b['h_exp']:.4f} ± {b['h_exp_se']:.4f}; for this trace's order "
+                    f"{b['h_mc']:.4f} ± {b['h_se']:.4f}"
+                )
     _print_notes(res.notes, style="italic")
     if res.figure:
         console.print("wrote " + ", ".join(res.figure))

@@ -357,6 +357,7 @@ def fleet_replays_blocks(
     se_target: float | None = None,
     max_replays: int = 1024,
     keep: bool = True,
+    start_seed=None,
 ) -> np.ndarray:
     """Exact fleet hit ratios (``replays`` × P) of ``pt`` re-timed at ``replays`` start-time draws
     (:func:`draw_fleet_starts` with the law :func:`start_law` picks, or ``law``; generator ``seed``;
@@ -375,14 +376,15 @@ def fleet_replays_blocks(
 
     ``keep=False``: the same draws handed out i.i.d. (the order of the sessions redrawn: the exchangeable law of
     :func:`kvhit.estimate.band.expected_replays`), so the mean estimates E[h] over the start law instead of E[h |
-    order]."""
+    order]. ``start_seed`` (default ``seed``): the start-time generator's seed alone (an int or a sequence of ints),
+    the routers keep ``seed``."""
     from kvhit.estimate.band import restart_sessions, session_starts
 
     tmg = replay_timing(speed, timing)
     caps = np.atleast_2d(np.asarray(caps, np.int64))
     first = session_starts(pt)
     law = law or start_law(first)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed if start_seed is None else start_seed)
     if se_target is not None and not se_target > 0:
         raise ValueError(f"se_target: expected a positive standard error, got {se_target}")
     K0 = int(replays)
@@ -436,6 +438,7 @@ def fleet_band_blocks(
     timing=None,
     se_target: float | None = None,
     max_replays: int = 1024,
+    expected_se: float | None = None,
 ) -> dict:
     """Expected value and band (B1) for one realisation of the start times of a fleet on ``pt`` (one capacity per
     replica in ``Ns``) behind any router ``simulate_fleet`` runs (oblivious, or KV-aware through the compiled fleet
@@ -445,7 +448,10 @@ def fleet_band_blocks(
     widened to contain ``est`` (an estimator's value, when given) if they disagree by more than ``tol`` + 2
     standard errors, and by :data:`~kvhit.estimate.band.WIDEN` on each side. Returns ``h_lo``, ``h_hi``, ``h_mc``,
     ``h_se``, ``level``, ``replays`` (drawn: more than asked with ``se_target``, :func:`fleet_replays_blocks`),
-    ``seed``, ``validated`` (False), ``method``, ``notes``."""
+    ``seed``, ``validated`` (False), ``method``, ``notes``. ``expected_se``: also ``h_exp`` / ``h_exp_se`` /
+    ``exp_replays``, the mean of replays that redraw the sessions' order (``keep=False``: E[h] over the exchangeable
+    start law, not E[h | order]; generator ``[seed, 1]``, at least 32, until s/√K ≤ ``expected_se`` or
+    ``max_replays``)."""
     from kvhit.estimate.band import WIDEN, session_starts
 
     Ns = [int(x) for x in Ns]
@@ -455,7 +461,19 @@ def fleet_band_blocks(
                              max_replays=max_replays)[:, 0]  # fmt: skip
     lo, hi, m, se, notes = band_from_replays(H, est, level=level, tol=tol)
     notes.append(f"not validated (docs/estimators.md §6, block-id traces): widened by ±{WIDEN}")
-    return {
+    exp = {}
+    if expected_se is not None:
+        X = fleet_replays_blocks(pt, router, [Ns], engine=engine, router_params=router_params, speed=speed, lag=lag,
+                                 replays=32, seed=seed, start_seed=[int(seed), 1], law=law, timing=timing,
+                                 se_target=expected_se, max_replays=max(32, max_replays), keep=False)[:, 0]  # fmt: skip
+        exp = {"h_exp": float(X.mean()), "h_exp_se": float(X.std(ddof=1) / math.sqrt(X.shape[0])),
+               "exp_replays": int(X.shape[0])}  # fmt: skip
+        if exp["h_exp_se"] > expected_se:
+            notes.append(
+                f"the expected value h_exp: standard error {exp['h_exp_se']:.4f} after {X.shape[0]} replays, above "
+                f"the {expected_se:g} asked"
+            )
+    return exp | {
         "h_lo": lo,
         "h_hi": hi,
         "h_mc": m,

@@ -248,6 +248,15 @@ class FleetRequest(FleetWorkloadFields):
         "0.1]; default: off (exactly --replays). E.g. 0.003 for an expected value within ±0.006 (2 se).",
     )
 
+    expected_se: float | None = Field(
+        None,
+        gt=0,
+        lt=0.1,
+        description="--blocks-trace: also the expected hit ratio over the exchangeable start law (replays that redraw "
+        "the sessions' order: E[h], where the row's replay mean is E[h | the trace's order]), by at least 32 more "
+        "replays until its standard error is at most this (within the replay budget); in (0, 0.1); default: off.",
+    )
+
     engine_steps: bool = Field(
         False,
         description="Each replica is vLLM's scheduler pass by pass, timed as NVIDIA Dynamo's mocker times its engine "
@@ -257,7 +266,8 @@ class FleetRequest(FleetWorkloadFields):
     )
 
     FLAGS = {"N": "--N", "replicas": "--replicas", "router": "--router", "blocks_trace": "--blocks-trace",
-             "replay_se": "--replay-se", "engine_steps": "--engine-steps"}  # fmt: skip
+             "replay_se": "--replay-se", "engine_steps": "--engine-steps",
+             "expected_se": "--expected-se"}  # fmt: skip
 
 
 class FleetResponse(Response):
@@ -546,11 +556,15 @@ def _row_estimate_blocks(req: FleetRequest, wl: FleetWorkload, name: str, params
     pt = wl.source
     st = wl.stream
     if pt.session is not None and replays_affordable(pt, req.replays):
-        K_max = max(max_affordable_replays(pt, cap=MAX_REPLAYS), req.replays) if req.replay_se else req.replays
+        K_max = (
+            max(max_affordable_replays(pt, cap=MAX_REPLAYS), req.replays)
+            if req.replay_se or req.expected_se
+            else req.replays
+        )
         with translating("estimate"):
             band = fleet_band_blocks(
                 pt, name, Ns, engine=req.engine, router_params=params, lag=req.lag, replays=req.replays,
-                seed=req.seed, timing=tmg, se_target=req.replay_se, max_replays=K_max,
+                seed=req.seed, timing=tmg, se_target=req.replay_se, max_replays=K_max, expected_se=req.expected_se,
             )  # fmt: skip
         if req.replay_se is not None and band["h_se"] > req.replay_se:
             band["notes"].append(
@@ -643,6 +657,8 @@ def fleet_simulate(req: FleetRequest, progress=None) -> FleetResponse:
     for N in req.N:
         check_capacity_memory(N * (req.replicas[0] if len(req.N) == 1 else 1), "--N")
     params = router_params(req, list(req.router))
+    if req.expected_se is not None and req.blocks_trace is None:
+        raise InputError("--expected-se: applies to --blocks-trace (the replays redraw the trace's start times)")
     if req.engine_steps:
         _check_engine_steps(req)
     fleet_timing(req, list(req.router))  # refused before the workload is read
